@@ -1,0 +1,3 @@
+from maintenance.cli import run
+
+run()

@@ -1,0 +1,134 @@
+"""The ``core-jobs`` command line.
+
+Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries);
+2 a configuration or usage error, reported before any data is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+
+from harness.retry import compute_delay, max_retry_window
+from maintenance import migrate
+from maintenance.db import Database
+from maintenance.logs import configure_logging, get_logger
+from maintenance.registry import jobs
+from maintenance.runner import build_jobs, run_jobs
+from maintenance.settings import ConfigError, Settings, format_duration, load_settings
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_CONFIG = 2
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    conninfo = settings.conninfo()
+    log = get_logger()
+    before = migrate.current_revision(conninfo)
+    migrate.upgrade(conninfo, args.revision)
+    after = migrate.current_revision(conninfo)
+    log.info("maintenance.migrate.done", from_revision=before, to_revision=after, changed=before != after)
+    return EXIT_OK
+
+
+def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
+    conninfo = settings.conninfo()
+    before = migrate.current_revision(conninfo)
+    migrate.downgrade(conninfo, args.revision)
+    get_logger().info("maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo))
+    return EXIT_OK
+
+
+def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
+    out = sys.stdout
+    out.write("Effective settings (secrets redacted):\n")
+    for name, value in settings.effective().items():
+        out.write(f"  {name}={value}\n")
+    out.write("\nRetry policies (J-B3) and their worst-case retry windows:\n")
+    for queue, policy in settings.retry_policies().items():
+        label = "default" if queue is None else f"queue {queue}"
+        if queue is not None:
+            out.write(f"  {label}: justification: {settings.retry_overrides[queue].justification}\n")
+        nominal = [
+            format_duration(compute_delay(policy, k, random=lambda: 0.5)) for k in range(1, policy.max_attempts)
+        ]
+        out.write(
+            f"  {label}: {policy.max_attempts} attempts, nominal delays {', '.join(nominal) or 'none'};"
+            f" window {format_duration(max_retry_window(policy))}\n"
+        )
+    out.write(f"  broker redelivery horizon: {format_duration(settings.broker_redelivery_horizon)}\n")
+    guard = settings.ttl_guard()
+    out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
+    out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
+    return EXIT_OK if guard.ok else EXIT_CONFIG
+
+
+def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
+    db = Database(settings.conninfo())
+    built = build_jobs(settings, db, args.jobs)
+    outcomes = run_jobs(built, db)
+    return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.demo import run_demo
+
+    return run_demo(settings, keep=args.keep)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="core-jobs",
+        description="Maintenance and alerting jobs for core.processed_jobs and core.dead_letters.",
+        epilog="Exit codes: 0 ok, 1 a job failed, 2 configuration or usage error. "
+        "Settings come from CORE_JOBS_* environment variables (see check-config).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("migrate", help="apply the schema migrations (idempotent)")
+    p.add_argument("--revision", default="head", help="target revision (default: head)")
+    p.set_defaults(handler=cmd_migrate)
+
+    p = sub.add_parser("downgrade", help="revert the schema to REVISION ('base' removes it all)")
+    p.add_argument("revision")
+    p.set_defaults(handler=cmd_downgrade)
+
+    p = sub.add_parser("check-config", help="print the effective settings and the TTL/retry-window guard")
+    p.set_defaults(handler=cmd_check_config, needs_database=False)
+
+    p = sub.add_parser("run-once", help="run the named jobs once (all when none is named)")
+    p.add_argument("jobs", nargs="*", metavar="JOB")
+    p.set_defaults(handler=cmd_run_once)
+
+    p = sub.add_parser("demo", help="run the jobs against an embedded PostgreSQL with realistic data")
+    p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")
+    p.set_defaults(handler=cmd_demo)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse: --help exits 0, a usage error 2
+        return int(exc.code or 0)
+    try:
+        settings = load_settings()
+    except ConfigError as exc:
+        print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    configure_logging(fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values())
+    try:
+        return args.handler(args, settings)
+    except ConfigError as exc:
+        print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+
+
+def run() -> None:
+    sys.exit(main())

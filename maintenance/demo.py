@@ -1,0 +1,108 @@
+"""``core-jobs demo``: every job, once, against a throwaway database full of realistic rows.
+
+With no ``CORE_JOBS_DATABASE_URL`` it starts an embedded PostgreSQL (pgserver, Unix socket
+only, data under the system temp dir) and removes it afterwards. With one configured it never
+touches that database: it creates a scratch database ``core_jobs_demo_<random>`` on the same
+server and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from pydantic import SecretStr
+from psycopg import sql
+
+from maintenance import migrate
+from maintenance.db import Database
+from maintenance.demo_data import seed
+from maintenance.runner import build_jobs, run_jobs
+from maintenance.settings import Settings
+
+
+@contextlib.contextmanager
+def embedded_postgres(keep: bool = False) -> Iterator[str]:
+    """An embedded PostgreSQL for the duration of the block; yields its libpq URL."""
+    warnings.filterwarnings("ignore", module="platformdirs")
+    import pgserver  # heavy import: only the demo and the tests' last resort need it
+
+    pgdata = tempfile.mkdtemp(prefix="core-jobs-demo-")
+    server = pgserver.get_server(pgdata, cleanup_mode=None if keep else "delete")
+    try:
+        yield server.get_uri("postgres")
+    finally:
+        server.cleanup()
+
+
+def _with_database(url: str, name: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/" + name))
+
+
+@contextlib.contextmanager
+def scratch_database(server_url: str) -> Iterator[str]:
+    """A new, empty database on ``server_url``'s server, dropped afterwards."""
+    name = f"core_jobs_demo_{secrets.token_hex(4)}"
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        yield _with_database(server_url, name)
+    finally:
+        with psycopg.connect(server_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def table_counts(db: Database) -> dict[str, int]:
+    """Rows per table of schema core (the version table aside)."""
+    with db.connect(autocommit=True) as conn:
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'core' AND tablename <> 'alembic_version' ORDER BY 1"
+            )
+        ]
+        return {
+            t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
+            for t in tables
+        }
+
+
+def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
+    out = out or sys.stdout
+    with contextlib.ExitStack() as stack:
+        if settings.database_url is None:
+            out.write("Starting an embedded PostgreSQL (pgserver) under the system temp dir...\n")
+            url = stack.enter_context(embedded_postgres(keep))
+        else:
+            url = stack.enter_context(scratch_database(settings.conninfo()))
+            out.write("Using a scratch database on the configured server (dropped afterwards).\n")
+        demo_settings = settings.model_copy(update={"database_url": SecretStr(url)})
+        db = Database(url)
+        migrate.upgrade(url)
+        out.write(f"Migrated to {migrate.current_revision(url)}.\n")
+        story = seed(db)
+        before = table_counts(db)
+        out.write("\nSeeded:\n" + "".join(f"  - {line}\n" for line in story))
+        built = build_jobs(demo_settings, db)
+        outcomes = run_jobs(built, db)
+        after = table_counts(db)
+
+        out.write("\nJobs run once:\n")
+        if not outcomes:
+            out.write("  (no jobs registered yet)\n")
+        for outcome in outcomes:
+            shown = ", ".join(f"{k}={v}" for k, v in outcome.fields.items())
+            status = "ok" if outcome.ok else f"FAILED: {outcome.error}"
+            out.write(f"  {outcome.name}: {status}; {shown}\n")
+        out.write("\nRows per table (before -> after):\n")
+        for table in sorted(before):
+            out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")
+        out.write("\nDemo finished; the database is being removed.\n" if not keep else "\nDemo finished.\n")
+        return 0 if all(o.ok for o in outcomes) else 1

@@ -1,0 +1,80 @@
+"""Logging: structlog events with stable dotted names and snake_case fields, secrets redacted.
+
+Output is JSON lines on stdout when stdout is not a TTY (Kubernetes, Better Stack's log
+collector), a readable console on a TTY; ``CORE_JOBS_LOG_FORMAT`` forces either. Every string
+in every event — including formatted exceptions — passes through :class:`SecretRedactor`, which
+masks passwords in URLs, ``Bearer`` tokens and every configured secret value, so a token never
+reaches a log line however it got there.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+from collections.abc import Iterable, MutableMapping
+from typing import Any, TextIO
+
+import structlog
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.I)
+_BEARER = re.compile(r"(?P<head>Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
+MASK = "***"
+
+
+class SecretRedactor:
+    """A structlog processor that masks secrets in every string of an event."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # Longest first, so a secret that contains another is masked whole.
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def redact(self, text: str) -> str:
+        for secret in self.secrets:
+            text = text.replace(secret, MASK)
+        text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
+        return _BEARER.sub(lambda m: m["head"] + MASK, text)
+
+    def _walk(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.redact(value)
+        if isinstance(value, dict):
+            return {k: self._walk(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return type(value)(self._walk(v) for v in value)
+        if isinstance(value, BaseException):
+            return self.redact(f"{type(value).__name__}: {value}")
+        return value
+
+    def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+        return {key: self._walk(value) for key, value in event_dict.items()}
+
+
+def configure_logging(
+    *, fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = (), stream: TextIO | None = None
+) -> None:
+    """Configure structlog for the whole process. Safe to call more than once."""
+    out = stream if stream is not None else sys.stdout
+    as_json = fmt == "json" or (fmt == "auto" and not out.isatty())
+    renderer: Any = (
+        structlog.processors.JSONRenderer(sort_keys=False)
+        if as_json
+        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            structlog.processors.format_exc_info,
+            SecretRedactor(secrets),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+
+
+def get_logger(**initial: Any) -> structlog.typing.FilteringBoundLogger:
+    return structlog.get_logger(**initial)

@@ -1,0 +1,61 @@
+"""The registry of scheduled jobs that `core-jobs run-once` and `core-jobs serve` run.
+
+A job module registers a :class:`JobSpec`; its ``build`` validates the configuration (raising
+``ConfigError``, so a bad setting exits 2 before any data is touched) and returns an object
+with ``run_once(now) -> Result``. A result has ``ok`` and ``fields()`` (the fixed keys of the
+job's stop event); ``zero_fields()`` gives the same keys with zero counts for the error event.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from maintenance.db import Database
+from maintenance.settings import Settings
+
+
+class JobResult(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+    def fields(self) -> dict[str, Any]: ...
+
+
+class Job(Protocol):
+    def run_once(self, now: datetime) -> JobResult: ...
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    name: str
+    summary: str
+    build: Callable[[Settings, Database], Job]
+    zero_fields: Callable[[], dict[str, Any]]
+    event_prefix: str = ""
+
+    @property
+    def events(self) -> str:
+        return self.event_prefix or f"maintenance.{self.name}"
+
+
+# Modules that register jobs, in the order `run-once` runs them when no job is named.
+JOB_MODULES: tuple[str, ...] = (
+)
+
+_JOBS: dict[str, JobSpec] = {}
+
+
+def register(spec: JobSpec) -> JobSpec:
+    _JOBS[spec.name] = spec
+    return spec
+
+
+def jobs() -> dict[str, JobSpec]:
+    """Every registered job by name, in run order."""
+    for module in JOB_MODULES:
+        importlib.import_module(module)
+    return dict(_JOBS)

@@ -1,0 +1,59 @@
+"""Runs registered jobs once: the shared start/stop/error events and the exit status.
+
+Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result fields, or
+``<job>.error`` with the same fields at zero plus ``error``; all carry ``job`` and
+``duration_s``. The clock is PostgreSQL's, read once per job run and passed to ``run_once``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from maintenance.db import Database
+from maintenance.logs import get_logger
+from maintenance.registry import Job, JobSpec, jobs
+from maintenance.settings import ConfigError, Settings
+
+
+@dataclass
+class JobOutcome:
+    name: str
+    ok: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+
+
+def build_jobs(settings: Settings, db: Database, names: Iterable[str] = ()) -> list[tuple[JobSpec, Job]]:
+    """Validate and build the named jobs (all when none is named); ConfigError on any problem."""
+    registered = jobs()
+    wanted = list(names) or list(registered)
+    unknown = [n for n in wanted if n not in registered]
+    if unknown:
+        valid = ", ".join(registered) or "(none registered)"
+        raise ConfigError(f"unknown job {', '.join(unknown)}; valid jobs: {valid}")
+    return [(registered[n], registered[n].build(settings, db)) for n in wanted]
+
+
+def run_job(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
+    """Run one job once; never raises (a failure becomes ok=False and an error event)."""
+    log = get_logger(job=spec.name)
+    started = time.monotonic()
+    log.info(f"{spec.events}.start")
+    try:
+        now = db.server_now()
+        result = job.run_once(now)
+    except Exception as exc:  # a job failure must not stop the next job
+        fields = spec.zero_fields()
+        error = f"{type(exc).__name__}: {exc}"
+        log.error(f"{spec.events}.error", **fields, duration_s=round(time.monotonic() - started, 3), error=error)
+        return JobOutcome(spec.name, False, fields, error)
+    fields = result.fields()
+    log.info(f"{spec.events}.stop", **fields, ok=result.ok, duration_s=round(time.monotonic() - started, 3))
+    return JobOutcome(spec.name, result.ok, fields)
+
+
+def run_jobs(built: list[tuple[JobSpec, Job]], db: Database) -> list[JobOutcome]:
+    return [run_job(spec, job, db) for spec, job in built]

@@ -1,0 +1,375 @@
+"""Settings: every knob of core-jobs, read from ``CORE_JOBS_*`` environment variables.
+
+Durations accept ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``) or a number of seconds (``30``,
+``0.5``). An unknown ``CORE_JOBS_*`` variable is an error that names it and suggests the
+closest valid name, so a typo never silently falls back to a default. Every problem is
+reported as :class:`ConfigError` (exit code 2) before any data is touched.
+
+The table of settings (name, unit, default, meaning) is in README.md; each field below
+carries the same description. Secrets (the database URL's password, the Better Stack token,
+the heartbeat URL) are ``SecretStr`` and are shown redacted everywhere.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
+
+from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
+
+ENV_PREFIX = "CORE_JOBS_"
+
+# Variables with our prefix that are not settings of the application itself.
+FOREIGN_VARIABLES = frozenset({"CORE_JOBS_TEST_DATABASE_URL"})
+
+
+class ConfigError(Exception):
+    """A configuration problem; the message names the setting. The CLI exits 2 on it."""
+
+
+_ISO_DURATION = re.compile(
+    r"^P(?!$)(?:(?P<weeks>\d+(?:\.\d+)?)W)?(?:(?P<days>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?=\d)(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse an ISO-8601 duration (``P7D``, ``PT30S``) or a number of seconds into a timedelta.
+
+    Months and years are refused: their length is ambiguous. A leading ``-`` is accepted so
+    that range checks can name the real problem ("must be positive").
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError("duration must be finite")
+        return timedelta(seconds=value)
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+    text = value.strip()
+    sign = 1
+    if text.startswith("-"):
+        sign, text = -1, text[1:]
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError("duration must be finite")
+        return timedelta(seconds=sign * seconds)
+    match = _ISO_DURATION.match(text.upper())
+    if not match:
+        raise ValueError(
+            f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30"
+        )
+    parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
+    return sign * timedelta(**parts)
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+
+
+def format_duration(delta: timedelta) -> str:
+    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``)."""
+    total = delta.total_seconds()
+    sign = "-" if total < 0 else ""
+    total = abs(total)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    date_part = f"{int(days)}D" if days else ""
+    time_part = "".join(
+        f"{n}{unit}"
+        for n, unit in ((int(hours), "H"), (int(minutes), "M"))
+        if n
+    )
+    if seconds:
+        time_part += f"{seconds:g}S"
+    if not date_part and not time_part:
+        return "PT0S"
+    return f"{sign}P{date_part}" + (f"T{time_part}" if time_part else "")
+
+
+@dataclass(frozen=True)
+class TtlGuard:
+    """TTL versus the retry window (J-B7): a fence must outlive every retry and redelivery."""
+
+    ttl: timedelta
+    window: timedelta
+    margin: float
+
+    @property
+    def required(self) -> timedelta:
+        return self.window * self.margin
+
+    @property
+    def ok(self) -> bool:
+        return self.ttl >= self.required
+
+    def explain(self) -> str:
+        verdict = "ok" if self.ok else "TOO SHORT"
+        text = (
+            f"{ENV_PREFIX}PROCESSED_JOBS_TTL={format_duration(self.ttl)} vs {ENV_PREFIX}TTL_MARGIN={self.margin:g}"
+            f" x max retry window {format_duration(self.window)} = {format_duration(self.required)}: {verdict}"
+        )
+        if not self.ok:
+            text += (
+                f"; raise {ENV_PREFIX}PROCESSED_JOBS_TTL to at least {format_duration(self.required)},"
+                f" or shorten the retry policies ({ENV_PREFIX}RETRY_*, {ENV_PREFIX}RETRY_OVERRIDES)"
+                f" or {ENV_PREFIX}BROKER_REDELIVERY_HORIZON"
+            )
+        return text
+
+
+class RetryOverride(BaseModel):
+    """A per-queue retry policy. J-B3: overriding the default needs a written justification."""
+
+    model_config = {"extra": "forbid"}
+
+    justification: str = Field(description="Why this queue needs a policy other than the default.")
+    max_attempts: int | None = None
+    base_delay: Duration | None = None
+    max_delay: Duration | None = None
+    jitter: float | None = None
+    retry_after_cap: Duration | None = None
+
+    @field_validator("justification")
+    @classmethod
+    def _justification_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must explain why this queue overrides the default retry policy (J-B3)")
+        return value.strip()
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept ``postgresql://`` and ``postgresql+psycopg://`` (SQLAlchemy style); return libpq's."""
+    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql://" + url[len(prefix):]
+    if not url.startswith("postgresql://"):
+        raise ValueError("must start with postgresql:// or postgresql+psycopg://")
+    return url
+
+
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@", re.I)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced by ``***`` (for logs, errors and check-config)."""
+    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+
+
+class Settings(BaseSettings):
+    """All settings. Field descriptions double as the README's settings table."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    # --- foundation -------------------------------------------------------------------------
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://). Required for every "
+        "command but `demo`, which starts an embedded PostgreSQL when it is unset.",
+    )
+    processed_jobs_ttl: Duration = Field(
+        default=timedelta(days=7),
+        description="How long a processed_jobs fence is kept (J-B7). Must exceed "
+        "TTL_MARGIN x the maximum retry window.",
+    )
+    ttl_margin: float = Field(
+        default=2.0, ge=1.0,
+        description="Safety factor: the TTL must be at least this many times the maximum retry window.",
+    )
+    retry_max_attempts: int = Field(default=5, ge=1, description="Total attempts per job, the first included (J-B3).")
+    retry_base_delay: Duration = Field(default=timedelta(seconds=30), description="Delay before the first retry; doubles each retry.")
+    retry_max_delay: Duration = Field(default=timedelta(hours=1), description="Cap on any single retry delay.")
+    retry_jitter: float = Field(default=0.2, ge=0.0, lt=1.0, description="Jitter fraction: each delay is multiplied by U(1-j, 1+j).")
+    retry_after_max: Duration = Field(
+        default=timedelta(seconds=120),
+        description="Bound on an honoured Retry-After from a provider (R-2).",
+    )
+    retry_overrides: dict[str, RetryOverride] = Field(
+        default_factory=dict,
+        description='Per-queue retry policies as JSON: {"queue": {"max_attempts": 8, '
+        '"justification": "why"}}. A missing justification is an error (J-B3).',
+    )
+    broker_redelivery_horizon: Duration = Field(
+        default=timedelta(0),
+        description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
+        "added to the retry window by the TTL guard.",
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        default="auto", description="auto: JSON lines when stdout is not a TTY, readable console on a TTY."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Minimum log level.")
+
+    # --- purge (issue 3) ----------------------------------------------------------------------
+
+    # --- alerts (issue 4) ---------------------------------------------------------------------
+
+    # --- metrics and scheduler (issue 5) ------------------------------------------------------
+
+    # --- harness, worker and operator actions (issue 6) ---------------------------------------
+
+    # --- validators -------------------------------------------------------------------------
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _normalize_url(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        return SecretStr(normalize_database_url(raw))
+
+    @field_validator("processed_jobs_ttl", "retry_base_delay", "retry_max_delay")
+    @classmethod
+    def _positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
+
+    @field_validator("retry_after_max", "broker_redelivery_horizon")
+    @classmethod
+    def _not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
+
+    # --- derived ------------------------------------------------------------------------------
+    def conninfo(self) -> str:
+        """The libpq URL of the database; ConfigError when none is configured."""
+        if self.database_url is None:
+            raise ConfigError(f"{ENV_PREFIX}DATABASE_URL is not set: point it at the PostgreSQL that holds schema core")
+        return self.database_url.get_secret_value()
+
+    def default_retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            base_delay=self.retry_base_delay,
+            max_delay=self.retry_max_delay,
+            jitter=self.retry_jitter,
+            retry_after_cap=self.retry_after_max,
+        )
+
+    def retry_policy(self, queue: str | None = None) -> RetryPolicy:
+        """The policy of ``queue``: its justified override on top of the defaults, or the defaults."""
+        default = self.default_retry_policy()
+        override = self.retry_overrides.get(queue) if queue is not None else None
+        if override is None:
+            return default
+        fields = override.model_dump(exclude={"justification"}, exclude_none=True)
+        values = {
+            "max_attempts": default.max_attempts,
+            "base_delay": default.base_delay,
+            "max_delay": default.max_delay,
+            "jitter": default.jitter,
+            "retry_after_cap": default.retry_after_cap,
+        } | fields
+        return RetryPolicy(**values)
+
+    def retry_policies(self) -> dict[str | None, RetryPolicy]:
+        """Every configured policy: ``None`` for the default, then each overridden queue."""
+        return {None: self.default_retry_policy()} | {q: self.retry_policy(q) for q in self.retry_overrides}
+
+    def max_retry_window(self) -> timedelta:
+        """The longest time a job may still be retried: worst policy + broker redelivery horizon."""
+        worst = max(max_retry_window(p) for p in self.retry_policies().values())
+        return worst + self.broker_redelivery_horizon
+
+    def ttl_guard(self) -> TtlGuard:
+        """The J-B7 check: the fence TTL must be at least TTL_MARGIN x the maximum retry window."""
+        return TtlGuard(ttl=self.processed_jobs_ttl, window=self.max_retry_window(), margin=self.ttl_margin)
+
+    def secret_values(self) -> list[str]:
+        """Every secret string configured, for the log redactor."""
+        secrets: list[str] = []
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, SecretStr):
+                raw = value.get_secret_value()
+                if raw:
+                    secrets.append(raw)
+        return secrets
+
+    def effective(self) -> dict[str, str]:
+        """Every setting as ``CORE_JOBS_NAME -> value``, secrets redacted, for check-config."""
+        shown: dict[str, str] = {}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if name == "database_url" and value is not None:
+                text = redact_url(value.get_secret_value())
+            elif isinstance(value, SecretStr):
+                text = "***" if value.get_secret_value() else ""
+            elif isinstance(value, timedelta):
+                text = format_duration(value)
+            elif isinstance(value, dict):
+                text = json.dumps({k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+                                   for k, v in value.items()})
+            elif value is None:
+                text = ""
+            else:
+                text = str(value)
+            shown[ENV_PREFIX + name.upper()] = text
+        return shown
+
+
+def known_variables() -> list[str]:
+    return [ENV_PREFIX + name.upper() for name in Settings.model_fields]
+
+
+def _check_unknown_variables(environ: Mapping[str, str]) -> None:
+    known = set(known_variables())
+    for key in sorted(environ):
+        if not key.startswith(ENV_PREFIX) or key in known or key in FOREIGN_VARIABLES:
+            continue
+        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else f"; see `core-jobs check-config` for the valid names"
+        raise ConfigError(f"unknown setting {key}{hint}")
+
+
+def _describe(error: Mapping[str, Any]) -> str:
+    loc = [str(part) for part in error.get("loc", ())]
+    name = ENV_PREFIX + loc[0].upper() if loc else ENV_PREFIX
+    if len(loc) > 1:
+        name += "[" + "].[".join(loc[1:]) + "]"
+    message = error.get("msg", "invalid")
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    if error.get("type") == "missing":
+        message = "is required"
+    return f"{name}: {message}"
+
+
+def load_settings() -> Settings:
+    """Read the settings from the environment; raise ConfigError naming the problem.
+
+    Error messages never echo the value given: it could be a secret.
+    """
+    _check_unknown_variables(os.environ)
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        raise ConfigError("; ".join(_describe(e) for e in exc.errors())) from None
+    except SettingsError as exc:
+        # pydantic-settings fails this way when a JSON-valued variable does not parse.
+        field = re.search(r'field "?(\w+)"?', str(exc))
+        name = ENV_PREFIX + (field.group(1).upper() if field else "*")
+        raise ConfigError(f"{name}: not valid JSON") from None
+    try:
+        settings.retry_policies()
+    except RetryPolicyError as exc:
+        raise ConfigError(f"{ENV_PREFIX}RETRY_*: {exc}") from None
+    return settings

@@ -1,0 +1,22 @@
+"""Alembic environment for core-jobs.
+
+Run through `core-jobs migrate` (maintenance/migrate.py), which hands over an open SQLAlchemy
+connection in ``config.attributes["connection"]``. The version table lives in schema ``core``
+next to the tables it versions. A transaction-scoped advisory lock serialises concurrent
+migrators (two pods running the pre-upgrade hook at once).
+"""
+
+from alembic import context
+from sqlalchemy import text
+
+MIGRATION_LOCK = "core_jobs.migrate"
+
+connection = context.config.attributes.get("connection")
+if connection is None:  # pragma: no cover - only reachable through the bare alembic CLI
+    raise RuntimeError("run migrations with `core-jobs migrate`, which supplies the connection")
+
+connection.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": MIGRATION_LOCK})
+connection.execute(text("CREATE SCHEMA IF NOT EXISTS core"))
+context.configure(connection=connection, version_table_schema="core", transactional_ddl=True)
+with context.begin_transaction():
+    context.run_migrations()

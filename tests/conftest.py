@@ -1,0 +1,136 @@
+"""Test fixtures: a real PostgreSQL, and a fresh migrated database per test.
+
+Where the server comes from, in order: ``CORE_JOBS_TEST_DATABASE_URL`` when set; else
+Testcontainers when a Docker engine answers; else an embedded pgserver. Once per session the
+schema is migrated into a template database; each test gets its own copy
+(``CREATE DATABASE … TEMPLATE``, a few milliseconds), dropped afterwards. Names carry the
+process id, so parallel sessions on one server never collide.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+import warnings
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from maintenance import migrate
+from maintenance.db import Database
+from maintenance.settings import ENV_PREFIX
+
+TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@contextlib.contextmanager
+def _server_url() -> Iterator[str]:
+    configured = os.environ.get(TEST_URL_VARIABLE)
+    if configured:
+        yield configured.replace("postgresql+psycopg://", "postgresql://")
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    warnings.filterwarnings("ignore", module="platformdirs")
+    import pgserver
+
+    pgdata = tempfile.mkdtemp(prefix="core-jobs-tests-")
+    server = pgserver.get_server(pgdata, cleanup_mode="delete")
+    try:
+        yield server.get_uri("postgres")
+    finally:
+        server.cleanup()
+
+
+def with_database(url: str, name: str) -> str:
+    """``url`` pointing at database ``name`` instead."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def create_database(server_url: str, name: str, template: str | None = None) -> str:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        query = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template:
+            query += sql.SQL(" TEMPLATE {}").format(sql.Identifier(template))
+        conn.execute(query)
+    return with_database(server_url, name)
+
+
+def drop_database(server_url: str, name: str) -> None:
+    with psycopg.connect(server_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture(scope="session")
+def pg_server_url() -> Iterator[str]:
+    """A URL of the PostgreSQL server the tests run against (its default database)."""
+    with _server_url() as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def template_database(pg_server_url: str) -> Iterator[str]:
+    """Name of a database migrated to head, used as the template of every test database."""
+    name = f"core_jobs_tpl_{os.getpid()}_{secrets.token_hex(3)}"
+    url = create_database(pg_server_url, name)
+    migrate.upgrade(url)
+    yield name
+    drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+def empty_database_url(pg_server_url: str) -> Iterator[str]:
+    """A new database with nothing in it (for migration tests)."""
+    name = f"core_jobs_t_{os.getpid()}_{secrets.token_hex(4)}"
+    url = create_database(pg_server_url, name)
+    yield url
+    drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+def database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
+    """A fresh database at the newest schema, private to this test."""
+    name = f"core_jobs_t_{os.getpid()}_{secrets.token_hex(4)}"
+    url = create_database(pg_server_url, name, template=template_database)
+    yield url
+    drop_database(pg_server_url, name)
+
+
+@pytest.fixture
+def db(database_url: str) -> Database:
+    return Database(database_url)
+
+
+@pytest.fixture
+def conn(database_url: str) -> Iterator[psycopg.Connection]:
+    """An autocommit connection to this test's database, for arranging and asserting rows."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        yield connection
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No CORE_JOBS_* setting from the outside leaks into the test."""
+    for key in list(os.environ):
+        if key.startswith(ENV_PREFIX) and key != TEST_URL_VARIABLE:
+            monkeypatch.delenv(key)
+    return monkeypatch

@@ -1,0 +1,92 @@
+"""The core-jobs CLI: commands and documented exit codes (issue 2, point 7)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import psycopg
+import pytest
+
+from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+
+
+def test_migrate_twice_succeeds_on_an_empty_database(clean_env, empty_database_url, capsys):
+    """`core-jobs migrate` creates the schema, and a second run is a no-op that still exits 0."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
+    assert main(["migrate"]) == EXIT_OK
+    assert main(["migrate"]) == EXIT_OK
+    lines = [line for line in capsys.readouterr().out.splitlines() if "maintenance.migrate.done" in line]
+    assert '"changed": true' in lines[0] and '"changed": false' in lines[1]
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regclass('core.dead_letters') IS NOT NULL").fetchone()[0]
+
+
+def test_downgrade_command_reverts_the_schema(clean_env, empty_database_url):
+    """`core-jobs downgrade base` removes the tables the migrations created."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
+    assert main(["migrate"]) == EXIT_OK
+    assert main(["downgrade", "base"]) == EXIT_OK
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regclass('core.dead_letters')").fetchone()[0] is None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CORE_JOBS_PROCESED_JOBS_TTL", "P7D"),
+        ("CORE_JOBS_PROCESSED_JOBS_TTL", "-P1D"),
+        ("CORE_JOBS_PROCESSED_JOBS_TTL", "a week"),
+        ("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"max_attempts": 9}}'),
+    ],
+)
+def test_bad_setting_exits_2_naming_it_before_touching_data(clean_env, empty_database_url, capsys, name, value):
+    """A bad setting exits 2 with a message naming it, and migrate has not run."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
+    clean_env.setenv(name, value)
+    assert main(["migrate"]) == EXIT_CONFIG
+    assert name in capsys.readouterr().err
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('core')").fetchone()[0] is None
+
+
+def test_missing_database_url_exits_2(clean_env, capsys):
+    """Commands that need the database exit 2 and say which setting is missing."""
+    assert main(["run-once"]) == EXIT_CONFIG
+    assert "CORE_JOBS_DATABASE_URL is not set" in capsys.readouterr().err
+
+
+def test_unknown_job_exits_2(clean_env, database_url, capsys):
+    """run-once with a job name that is not registered exits 2 and lists the valid ones."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    assert main(["run-once", "no-such-job"]) == EXIT_CONFIG
+    assert "unknown job no-such-job" in capsys.readouterr().err
+
+
+def test_usage_error_exits_2(clean_env):
+    """An unknown command is a usage error: exit 2."""
+    assert main(["frobnicate"]) == EXIT_CONFIG
+
+
+def test_check_config_shows_redacted_settings_and_the_guard(clean_env, capsys):
+    """check-config prints every setting with the password masked, and the TTL guard computation."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-secret-1@db/core")
+    assert main(["check-config"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "CORE_JOBS_DATABASE_URL=postgresql://app:***@db/core" in out
+    assert "pw-secret-1" not in out
+    assert "max retry window PT11M12S = PT22M24S: ok" in out
+
+
+def test_check_config_exits_2_when_the_ttl_guard_fails(clean_env, capsys):
+    """check-config exits 2 when the TTL is shorter than margin x retry window."""
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
+    assert main(["check-config"]) == EXIT_CONFIG
+    assert "TOO SHORT" in capsys.readouterr().out
+
+
+def test_python_dash_m_maintenance_runs_the_cli(clean_env):
+    """`python -m maintenance --help` is the same CLI and exits 0."""
+    done = subprocess.run([sys.executable, "-m", "maintenance", "--help"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    assert "run-once" in done.stdout

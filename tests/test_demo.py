@@ -1,0 +1,31 @@
+"""`core-jobs demo` runs every job on realistic data and cleans up after itself (issue 2, point 8)."""
+
+from __future__ import annotations
+
+import psycopg
+
+from maintenance.cli import EXIT_OK, main
+
+
+def demo_databases(server_url: str) -> set[str]:
+    with psycopg.connect(server_url) as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'core_jobs_demo_%'")}
+
+
+def test_demo_on_a_configured_server_uses_a_scratch_database(clean_env, pg_server_url, capsys):
+    """With a database configured, the demo seeds a scratch database, prints its summary, and drops it."""
+    before = demo_databases(pg_server_url)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", pg_server_url)
+    assert main(["demo"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "Seeded:" in out and "Rows per table (before -> after):" in out
+    assert "core.dead_letters: 31 ->" in out
+    assert demo_databases(pg_server_url) == before
+
+
+def test_demo_without_a_database_starts_an_embedded_one(clean_env, capsys):
+    """With no database configured, the demo starts an embedded PostgreSQL and exits 0."""
+    assert main(["demo"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "Starting an embedded PostgreSQL" in out
+    assert "Demo finished" in out

@@ -1,0 +1,157 @@
+"""Settings: names, defaults, durations, and errors that name the setting (issue 2, point 3)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from maintenance.settings import ConfigError, format_duration, load_settings, parse_duration, redact_url
+
+
+def test_defaults_follow_the_seed(clean_env):
+    """With nothing set, the TTL is 7 days and the retry policy is J-B3's 5 x 30 s .. 1 h, jitter 20 %."""
+    s = load_settings()
+    assert s.processed_jobs_ttl == timedelta(days=7)
+    assert (s.retry_max_attempts, s.retry_base_delay, s.retry_max_delay, s.retry_jitter) == (
+        5, timedelta(seconds=30), timedelta(hours=1), 0.2,
+    )
+    assert s.ttl_margin == 2
+    assert s.database_url is None
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("P7D", timedelta(days=7)),
+        ("PT30S", timedelta(seconds=30)),
+        ("P1DT12H", timedelta(days=1, hours=12)),
+        ("PT1H30M", timedelta(hours=1, minutes=30)),
+        ("P2W", timedelta(weeks=2)),
+        ("30", timedelta(seconds=30)),
+        ("0.5", timedelta(milliseconds=500)),
+        ("pt5m", timedelta(minutes=5)),
+    ],
+)
+def test_durations_accept_iso_8601_or_seconds(text, expected):
+    """A duration is ISO-8601 or a number of seconds."""
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["7 days", "P", "PT", "P1M", "P1Y", "nan", "inf", "", "1h"])
+def test_unparsable_durations_are_refused(text):
+    """Anything else — including months and years, whose length is ambiguous — is an error."""
+    with pytest.raises(ValueError):
+        parse_duration(text)
+
+
+def test_format_duration_round_trips():
+    """Durations print back as compact ISO-8601."""
+    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5)):
+        assert parse_duration(format_duration(delta)) == delta
+
+
+def test_unknown_variable_is_named_with_a_suggestion(clean_env):
+    """A misspelt CORE_JOBS_ variable is an error naming it and the closest valid name."""
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOB_TTL", "P7D")
+    with pytest.raises(ConfigError, match="unknown setting CORE_JOBS_PROCESSED_JOB_TTL; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"):
+        load_settings()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("CORE_JOBS_PROCESSED_JOBS_TTL", "-P1D", "CORE_JOBS_PROCESSED_JOBS_TTL: must be positive"),
+        ("CORE_JOBS_PROCESSED_JOBS_TTL", "seven days", "CORE_JOBS_PROCESSED_JOBS_TTL: 'seven days' is not a duration"),
+        ("CORE_JOBS_RETRY_MAX_ATTEMPTS", "0", "CORE_JOBS_RETRY_MAX_ATTEMPTS"),
+        ("CORE_JOBS_RETRY_JITTER", "1.5", "CORE_JOBS_RETRY_JITTER"),
+        ("CORE_JOBS_TTL_MARGIN", "0.5", "CORE_JOBS_TTL_MARGIN"),
+        ("CORE_JOBS_DATABASE_URL", "mysql://x", "CORE_JOBS_DATABASE_URL: must start with postgresql://"),
+        ("CORE_JOBS_RETRY_OVERRIDES", "{not json", "CORE_JOBS_RETRY_OVERRIDES"),
+    ],
+)
+def test_bad_values_name_the_setting(clean_env, name, value, message):
+    """A bad value is a ConfigError whose message starts with the setting's name."""
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        load_settings()
+
+
+def test_retry_override_without_justification_is_an_error(clean_env):
+    """J-B3: a per-queue retry override with no justification is refused, naming the queue."""
+    clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"max_attempts": 8}}')
+    with pytest.raises(ConfigError, match=r"CORE_JOBS_RETRY_OVERRIDES\[points.credit\].\[justification\]: is required"):
+        load_settings()
+
+
+def test_retry_override_with_blank_justification_is_an_error(clean_env):
+    """A justification of only spaces is no justification."""
+    clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"max_attempts": 8, "justification": "  "}}')
+    with pytest.raises(ConfigError, match="justification"):
+        load_settings()
+
+
+def test_justified_override_changes_only_its_queue(clean_env):
+    """An override applies to its queue on top of the defaults; other queues keep the defaults."""
+    clean_env.setenv(
+        "CORE_JOBS_RETRY_OVERRIDES",
+        '{"points.credit": {"max_attempts": 8, "base_delay": "PT10S", "justification": "ledger restarts take 20 min"}}',
+    )
+    s = load_settings()
+    assert s.retry_policy("points.credit").max_attempts == 8
+    assert s.retry_policy("points.credit").base_delay == timedelta(seconds=10)
+    assert s.retry_policy("points.credit").max_delay == timedelta(hours=1)
+    assert s.retry_policy("other").max_attempts == 5
+
+
+def test_override_that_makes_an_invalid_policy_is_an_error(clean_env):
+    """An override whose max_delay is below the base delay is refused before anything runs."""
+    clean_env.setenv(
+        "CORE_JOBS_RETRY_OVERRIDES", '{"q": {"max_delay": "PT1S", "justification": "test"}}'
+    )
+    with pytest.raises(ConfigError, match="max_delay"):
+        load_settings()
+
+
+def test_max_retry_window_takes_the_worst_policy_and_the_broker_horizon(clean_env):
+    """The guard's window is the longest policy window plus the broker's redelivery horizon."""
+    clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"slow": {"max_attempts": 7, "justification": "provider SLA"}}')
+    clean_env.setenv("CORE_JOBS_BROKER_REDELIVERY_HORIZON", "PT1H")
+    s = load_settings()
+    assert s.max_retry_window() > s.max_retry_window() - s.broker_redelivery_horizon
+    slow_only = s.retry_policy("slow")
+    from harness.retry import max_retry_window
+
+    assert s.max_retry_window() == max_retry_window(slow_only) + timedelta(hours=1)
+
+
+def test_ttl_guard_refuses_a_ttl_below_margin_times_window(clean_env):
+    """A TTL shorter than margin x window fails the guard; the explanation says what to change."""
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT20M")  # default window 11m12s x 2 = 22m24s
+    guard = load_settings().ttl_guard()
+    assert not guard.ok
+    assert guard.required == timedelta(minutes=22, seconds=24)
+    assert "raise CORE_JOBS_PROCESSED_JOBS_TTL to at least PT22M24S" in guard.explain()
+
+
+def test_database_url_accepts_sqlalchemy_style_and_is_redacted(clean_env):
+    """postgresql+psycopg:// is accepted; the password never shows in the effective settings."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql+psycopg://app:s3cr3t-pw@db:5432/core")
+    s = load_settings()
+    assert s.conninfo() == "postgresql://app:s3cr3t-pw@db:5432/core"
+    assert s.effective()["CORE_JOBS_DATABASE_URL"] == "postgresql://app:***@db:5432/core"
+    assert "s3cr3t-pw" not in repr(s)
+
+
+def test_redact_url_masks_only_the_password():
+    """redact_url keeps user, host and database and hides the password."""
+    assert redact_url("postgresql://u:p%40ss@h/db?sslmode=require") == "postgresql://u:***@h/db?sslmode=require"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_secret_value_is_not_echoed_in_errors(clean_env):
+    """A bad database URL's text (which may hold a password) is not repeated in the error."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "mysql://root:hunter2@db/x")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert "hunter2" not in str(info.value)
