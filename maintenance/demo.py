@@ -97,10 +97,12 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
         out.write("\nJobs run once:\n")
         if not outcomes:
             out.write("  (no jobs registered yet)\n")
-        for outcome in outcomes:
+        for (spec, _job), outcome in zip(built, outcomes, strict=True):
             shown = ", ".join(f"{k}={v}" for k, v in outcome.fields.items())
             status = "ok" if outcome.ok else f"FAILED: {outcome.error}"
             out.write(f"  {outcome.name}: {status}; {shown}\n")
+            if spec.demo_lines is not None and outcome.result is not None:
+                out.write("".join(f"      {line}\n" for line in spec.demo_lines(db, outcome.result)))
         out.write("\nRows per table (before -> after):\n")
         for table in sorted(before):
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")

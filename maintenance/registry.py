@@ -36,6 +36,8 @@ class JobSpec:
     build: Callable[[Settings, Database], Job]
     zero_fields: Callable[[], dict[str, Any]]
     event_prefix: str = ""
+    # Optional lines for `core-jobs demo` explaining a run: (database, result) -> lines.
+    demo_lines: Callable[[Database, Any], list[str]] | None = None
 
     @property
     def events(self) -> str:

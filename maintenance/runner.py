@@ -24,6 +24,7 @@ class JobOutcome:
     ok: bool
     fields: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
+    result: Any = None
 
 
 def build_jobs(settings: Settings, db: Database, names: Iterable[str] = ()) -> list[tuple[JobSpec, Job]]:
@@ -52,7 +53,7 @@ def run_job(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         return JobOutcome(spec.name, False, fields, error)
     fields = result.fields()
     log.info(f"{spec.events}.stop", **fields, ok=result.ok, duration_s=round(time.monotonic() - started, 3))
-    return JobOutcome(spec.name, result.ok, fields)
+    return JobOutcome(spec.name, result.ok, fields, result=result)
 
 
 def run_jobs(built: list[tuple[JobSpec, Job]], db: Database) -> list[JobOutcome]:
