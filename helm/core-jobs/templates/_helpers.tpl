@@ -68,7 +68,8 @@ app.kubernetes.io/part-of: {{ .ctx.Values.partOf | default .ctx.Chart.Name }}
 
 {{/*
 Every setting the ConfigMap carries: the values' `settings` plus the schedules (so the scheduler
-reads the same schedules the CronJobs use) and, in mode scheduler, the HTTP port. The schema keeps secret names out of `settings`.
+reads the same schedules the CronJobs use) and, in mode scheduler, the HTTP port. The schema
+keeps secret names out of `settings`.
 */}}
 {{- define "core-jobs.settings" -}}
 {{- $secretNames := list "CORE_JOBS_DATABASE_URL" "CORE_JOBS_BETTERSTACK_API_TOKEN" "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL" }}
