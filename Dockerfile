@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# The image the Helm chart (helm/core-jobs) runs: `core-jobs` as the entrypoint, non-root
+# user 10001, the locked dependencies only. Build from the repository root:
+#   docker build -t core-jobs:0.1.0 .
+# Both stages use the same Python image, so the virtualenv's interpreter path
+# (/usr/local/bin/python3.11) is the same where it is built and where it runs.
+ARG PYTHON_IMAGE=python:3.11-slim
+ARG UV_VERSION=0.13.9
+
+FROM ghcr.io/astral-sh/uv:${UV_VERSION} AS uv
+
+FROM ${PYTHON_IMAGE} AS builder
+COPY --from=uv /uv /usr/local/bin/uv
+# Compile bytecode now (the runtime filesystem is read-only); copy, not hard-link, out of the
+# cache; never download a Python: use the image's.
+ENV UV_COMPILE_BYTECODE=1 \
+    UV_LINK_MODE=copy \
+    UV_PYTHON_DOWNLOADS=never \
+    UV_PROJECT_ENVIRONMENT=/app/.venv
+WORKDIR /src
+# Dependencies first, in their own layer: it is rebuilt only when the lockfile changes.
+COPY pyproject.toml uv.lock ./
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-install-project
+# Then the project itself, installed as a package (not editable): /src is not copied onward.
+COPY README.md ./
+COPY maintenance ./maintenance
+COPY alerts ./alerts
+COPY harness ./harness
+COPY migrations ./migrations
+RUN --mount=type=cache,target=/root/.cache/uv \
+    uv sync --frozen --no-dev --no-editable
+
+FROM ${PYTHON_IMAGE}
+RUN groupadd --system --gid 10001 core-jobs \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
+      --shell /usr/sbin/nologin core-jobs
+COPY --from=builder /app/.venv /app/.venv
+ENV PATH=/app/.venv/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+WORKDIR /app
+USER 10001:10001
+# /healthz and /metrics of `core-jobs serve`.
+EXPOSE 9108
+ENTRYPOINT ["core-jobs"]
+CMD ["--help"]
