@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+import structlog
 
 from harness.retry import RetryPolicy, compute_delay
 
@@ -110,7 +111,7 @@ class BetterStackClient:
         self._sleep = sleep
         self._monotonic = monotonic
         self._random = random
-        self._log = log
+        self._log = log or structlog.get_logger()
         self._next_slot = float("-inf")
         self._http: httpx.Client | None = None
 
@@ -141,9 +142,9 @@ class BetterStackClient:
         response = self._send("POST", INCIDENTS_PATH, json=body, ok=(201,), before_resend=created_anyway)
         if response is None:
             return found[0]
-        incident = _incident_from(_json(response).get("data"))
+        incident = _incident_from(self._body(response).get("data"))
         if incident is None:
-            raise BetterStackError(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", status=201)
+            raise self._error(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", 201)
         return incident
 
     def find_incident(self, key_name: str, key_value: str) -> Incident | None:
@@ -160,7 +161,7 @@ class BetterStackClient:
         for _ in range(MAX_PAGES):
             response = self._send("GET", url, params=params, ok=(200,))
             assert response is not None
-            page = _json(response)
+            page = self._body(response)
             for item in page.get("data") or []:
                 incident = _incident_from(item)
                 if incident is not None and key_value in incident.metadata_values(key_name):
@@ -234,21 +235,34 @@ class BetterStackClient:
                 if status in ok:
                     return response
                 if status != 429 and status < 500:
-                    raise BetterStackError(f"{method} {path}: HTTP {status}: {_excerpt(response)}", status=status)
+                    raise self._error(f"{method} {path}: HTTP {status}: {_excerpt(response)}", status)
                 reason = f"HTTP {status}"
                 retry_after = response.headers.get("Retry-After")
                 may_have_arrived = status != 429  # a 429 was refused before any processing
             if attempt >= self.retry_policy.max_attempts:
-                raise BetterStackError(f"{method} {path}: gave up after {attempt} attempts; last: {reason}")
+                raise self._error(f"{method} {path}: gave up after {attempt} attempts; last: {reason}", None)
             delay = compute_delay(self.retry_policy, attempt, retry_after=retry_after, random=self._random)
-            if self._log is not None:
-                self._log.warning(
-                    "alerts.betterstack.retry", method=method, path=path, attempt=attempt, reason=reason,
-                    delay_s=round(delay.total_seconds(), 3),
-                )
+            self._log.warning(
+                "alerts.betterstack.retry", method=method, path=path, attempt=attempt, reason=reason,
+                delay_s=round(delay.total_seconds(), 3),
+            )
             self._sleep(delay.total_seconds())
             if may_have_arrived and before_resend is not None and before_resend():
                 return None
+
+    def _body(self, response: httpx.Response) -> dict[str, Any]:
+        where = f"{response.request.method} {response.request.url.path}: HTTP {response.status_code}"
+        try:
+            body = response.json()
+        except ValueError:
+            raise self._error(f"{where} is not JSON: {_excerpt(response)}", response.status_code) from None
+        if not isinstance(body, dict):
+            raise self._error(f"{where}: expected a JSON object", response.status_code)
+        return body
+
+    def _error(self, message: str, status: int | None) -> BetterStackError:
+        """An error whose text can never carry the token, even if a server echoed it back."""
+        return BetterStackError(message.replace(self._token, "***"), status=status)
 
     def _same_origin(self, url: str) -> str:
         """A pagination link, refused unless it points at the configured API (the token goes along)."""
@@ -256,21 +270,8 @@ class BetterStackClient:
         if not target.scheme and not target.netloc:
             return url
         if (target.scheme, target.netloc) != (base.scheme, base.netloc):
-            raise BetterStackError(f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed")
+            raise self._error(f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed", None)
         return url
-
-
-def _json(response: httpx.Response) -> dict[str, Any]:
-    try:
-        body = response.json()
-    except ValueError:
-        raise BetterStackError(
-            f"{response.request.method} {response.request.url.path}: HTTP {response.status_code} is not JSON: {_excerpt(response)}",
-            status=response.status_code,
-        ) from None
-    if not isinstance(body, dict):
-        raise BetterStackError(f"{response.request.url.path}: expected a JSON object", status=response.status_code)
-    return body
 
 
 def _incident_from(data: Any) -> Incident | None:
