@@ -522,7 +522,7 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> P
     else:
         age = _human(config.stale_after)
         name = f"{n} {letters} in {where} unreviewed for over {age}"
-        summary = (f"{n} {letters} in {where} still pending review after {age}; the oldest was written "
+        summary = (f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
                    f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}")
         opening = (f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
                    f"more than {age} after they were written ({span}).")
@@ -543,7 +543,7 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> P
             lines.append(f"  {count} in {queue}" + (f": {link}" if link else ""))
         lines.append("")
     elif group.queue is not None and config.ops_url(group.queue):
-        lines += [f"Review: {config.ops_url(group.queue)}", ""]
+        lines += [f"Dead letters of this queue: {config.ops_url(group.queue)}", ""]
     lines.append(action)
     lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {group.alert_key}.")
     return PlannedIncident(group.kind, group.queue, group.alert_key, name, summary, "\n".join(lines), group.ids)
