@@ -58,6 +58,7 @@ class FakeBetterStack:
         self.heartbeats: list[Recorded] = []
         self.faults: dict[str, deque[Fault]] = {}
         self.ignore_metadata_filter = False  # behave like a server that dropped the filter
+        self.pagination_origin: str | None = None  # put another host in pagination.next
         self.arrived = threading.Event()  # set when a held request arrives
         self.release = threading.Event()  # set by the test to let a held request go on
         self._ids = itertools.count(1001)
@@ -153,7 +154,7 @@ class FakeBetterStack:
         next_url = None
         if page * per_page < len(matching):
             args = request.args.to_dict() | {"page": str(page + 1)}
-            next_url = f"{self.url}/api/v3/incidents?{urlencode(args)}"
+            next_url = f"{self.pagination_origin or self.url}/api/v3/incidents?{urlencode(args)}"
         return _json({"data": data, "pagination": {"next": next_url}}, 200)
 
     def _resolve(self, incident_id: str, body: dict[str, Any]) -> Response:

@@ -118,10 +118,14 @@ def test_find_uses_the_metadata_filter(fake_bs):
 
 
 def test_pagination_to_another_origin_is_refused(fake_bs):
-    """A pagination.next pointing at another host is not followed: the token never leaves."""
-    client = make_client(fake_bs)
+    """A pagination.next pointing at another host is not followed, so the token never goes there."""
+    client = make_client(fake_bs, max_requests_per_second=100)
+    for n in range(60):
+        client.create_incident(incident(), key_name=KEY, key_value=f"k-{n}")
+    fake_bs.ignore_metadata_filter = True
+    fake_bs.pagination_origin = "https://evil.example"
     with pytest.raises(BetterStackError, match="another origin"):
-        client._same_origin("https://evil.example/api/v3/incidents?page=2")
+        client.find_incident(KEY, "absent")
 
 
 def test_resolve_twice_reports_already_resolved(fake_bs):

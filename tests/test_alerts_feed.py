@@ -126,6 +126,21 @@ def test_already_resolved_409_counts_as_done(db, conn, fake_bs):
     assert alert_rows(conn)[0][2] == "resolved"
 
 
+def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, conn, fake_bs):
+    """Resolve answers 503 until the retries run out: not ok, still open; the next run resolves it."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    handle(conn, ids)
+    fake_bs.fail_next("resolve", *[Fault(status=503)] * 4)
+    failed = feed.run_once(server_now(conn))
+    assert (failed.ok, failed.resolve_failures, failed.incidents_resolved) == (False, 1, 0)
+    assert alert_rows(conn)[0][2] == "open"
+    retried = feed.run_once(server_now(conn))
+    assert (retried.ok, retried.incidents_resolved) == (True, 1)
+    assert alert_rows(conn)[0][2] == "resolved"
+
+
 def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_bs):
     """Five failing queues with a cap of 3: the two largest get their own, three fold into one summary."""
     for n, queue in enumerate(["q.a", "q.b", "q.c", "q.d", "q.e"]):
