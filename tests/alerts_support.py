@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import io
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
+import pytest
 
 from alerts.feed import AlertFeed, AlertFeedConfig
 from fake_betterstack import FakeBetterStack, make_client
 from maintenance.db import Database
+from maintenance.logs import configure_logging
+
+@pytest.fixture(autouse=True)
+def fresh_logs() -> Iterator[io.StringIO]:
+    """Logs of this test only: an earlier test may have left structlog on a closed capture stream."""
+    stream = io.StringIO()
+    configure_logging(fmt="json", stream=stream)
+    yield stream
+
 
 CONFIG = AlertFeedConfig(
     policy_id="P-new",

@@ -7,6 +7,7 @@ import io
 import pytest
 
 from alerts.betterstack import BetterStackClient, BetterStackError
+from alerts_support import fresh_logs  # noqa: F401  (fixture)
 from fake_betterstack import TOKEN, Fault, FakeClock, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
 from maintenance.logs import configure_logging, get_logger
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from alerts_support import add_dead_letters, alert_rows, make_feed
+from alerts_support import add_dead_letters, alert_rows, fresh_logs, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import server_now
 

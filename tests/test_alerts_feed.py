@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 
 from alerts.feed import METADATA_KEY, AlertFeedResult
-from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, handle, make_feed
+from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import advisory_lock, server_now
 from maintenance.logs import configure_logging

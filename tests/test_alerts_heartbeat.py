@@ -6,7 +6,7 @@ import io
 import socket
 
 from alerts.heartbeat import send_heartbeat
-from alerts_support import add_dead_letters
+from alerts_support import add_dead_letters, fresh_logs  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
 from maintenance.logs import configure_logging
