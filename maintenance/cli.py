@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+from alerts.heartbeat import send_heartbeat
 from harness.retry import compute_delay, max_retry_window
 from maintenance import migrate
 from maintenance.db import Database
@@ -71,6 +72,15 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     db = Database(settings.conninfo())
     built = build_jobs(settings, db, args.jobs)
     outcomes = run_jobs(built, db)
+    if settings.betterstack_heartbeat_url is not None:
+        # The dead-man's switch of the whole run; a failed ping is logged and changes nothing.
+        send_heartbeat(
+            settings.betterstack_heartbeat_url.get_secret_value(),
+            ran_jobs=[o.name for o in outcomes],
+            failed_jobs=[o.name for o in outcomes if not o.ok],
+            timeout=settings.betterstack_timeout.total_seconds(),
+            log=get_logger(),
+        )
     return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
 
 

@@ -1,0 +1,296 @@
+"""A small Better Stack Uptime API client (httpx): create, find and resolve incidents.
+
+What it does on each request
+----------------------------
+- **Rate limit**, client side: at most ``max_requests_per_second`` requests (default 8, the pace
+  the official Terraform provider keeps); a request that comes early waits for its slot.
+- **Timeouts**: ``timeout`` seconds for connect, read and write (default 10).
+- **Bounded retries** after a connection error, a timeout, ``429`` or a ``5xx``, waiting as the
+  retry policy says (``harness.retry.compute_delay``: backoff 1 s doubling, cap 30 s, jitter
+  ±20 %) or longer when the answer carries ``Retry-After`` (bounded by the policy's
+  ``retry_after_cap``). Default: 3 retries, so 4 attempts.
+- **Fail fast** on any other ``4xx``: :class:`BetterStackError` with the status and the start of
+  the response body (Better Stack says what was wrong there).
+- **No duplicate incidents**: a POST has no idempotency key at Better Stack, so a failure after
+  which the incident may exist anyway (timeout, dropped connection, 5xx) is not blindly
+  re-sent: :meth:`create_incident` first looks the incident up by its metadata key.
+- **The token** travels only in the ``Authorization`` header: never in a URL, an error, a log
+  line or ``repr``. ``pagination.next`` links are followed only on the configured origin, so
+  the token is never sent anywhere else.
+
+``sleep``, ``monotonic`` and ``random`` are injectable, so tests never wait in real time.
+
+Events: ``alerts.betterstack.retry`` (``method``, ``path``, ``attempt``, ``reason``,
+``delay_s``).
+"""
+
+from __future__ import annotations
+
+import random as _random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import structlog
+
+from harness.retry import RetryPolicy, compute_delay
+
+INCIDENTS_PATH = "/api/v3/incidents"
+# Better Stack's maximum page size for listing incidents.
+PAGE_SIZE = 50
+# A metadata lookup matches a handful of incidents; more pages than this means a broken filter.
+MAX_PAGES = 20
+# How much of an error response body goes into the exception.
+ERROR_BODY_CHARS = 500
+
+DEFAULT_RETRY_POLICY = RetryPolicy(
+    max_attempts=4, base_delay=timedelta(seconds=1), max_delay=timedelta(seconds=30), jitter=0.2,
+    retry_after_cap=timedelta(seconds=120),
+)
+
+# Failures that prove the request never reached the server: safe to send again as is.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+class BetterStackError(Exception):
+    """A request to Better Stack failed for good; ``status`` is the HTTP status when there was one."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Incident:
+    """The parts of a Better Stack incident the feed needs."""
+
+    id: str
+    status: str | None
+    metadata: Mapping[str, Any]
+
+    def metadata_values(self, key: str) -> list[str]:
+        """Values of metadata ``key``, whether Better Stack sent ``["v"]``, ``[{"value": "v"}]`` or ``"v"``."""
+        raw = self.metadata.get(key)
+        items = raw if isinstance(raw, list) else [raw] if raw is not None else []
+        return [str(i.get("value")) if isinstance(i, Mapping) else str(i) for i in items]
+
+
+class BetterStackClient:
+    """One Better Stack Uptime API account (one token, optionally one team)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        team_name: str | None = None,
+        timeout: float = 10.0,
+        retry_policy: RetryPolicy = DEFAULT_RETRY_POLICY,
+        max_requests_per_second: float = 8.0,
+        sleep: Callable[[float], None] = time.sleep,
+        monotonic: Callable[[], float] = time.monotonic,
+        random: Callable[[], float] = _random.random,
+        log: Any = None,
+    ) -> None:
+        if not token:
+            raise ValueError("a Better Stack API token is required")
+        if max_requests_per_second <= 0:
+            raise ValueError(f"max_requests_per_second must be positive, got {max_requests_per_second}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        self.base_url = base_url.rstrip("/")
+        self.team_name = team_name
+        self.timeout = timeout
+        self.retry_policy = retry_policy
+        self._token = token
+        self._interval = 1.0 / max_requests_per_second
+        self._sleep = sleep
+        self._monotonic = monotonic
+        self._random = random
+        self._log = log or structlog.get_logger()
+        self._next_slot = float("-inf")
+        self._http: httpx.Client | None = None
+
+    def __repr__(self) -> str:
+        return f"BetterStackClient(base_url={self.base_url!r}, team_name={self.team_name!r}, token='***')"
+
+    # --- the API --------------------------------------------------------------------------------
+    def create_incident(self, fields: Mapping[str, Any], *, key_name: str, key_value: str) -> Incident:
+        """POST an incident whose metadata carries ``key_name: [key_value]``; return it once confirmed.
+
+        Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
+        have created it anyway, the incident is looked up by that metadata and returned if found.
+        """
+        body = dict(fields)
+        metadata = dict(body.get("metadata") or {})
+        metadata[key_name] = [key_value]
+        body["metadata"] = metadata
+        if self.team_name:
+            body["team_name"] = self.team_name
+        found: list[Incident] = []
+
+        def created_anyway() -> bool:
+            incident = self.find_incident(key_name, key_value)
+            if incident is not None:
+                found.append(incident)
+            return incident is not None
+
+        response = self._send("POST", INCIDENTS_PATH, json=body, ok=(201,), before_resend=created_anyway)
+        if response is None:
+            return found[0]
+        incident = _incident_from(self._body(response).get("data"))
+        if incident is None:
+            raise self._error(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", 201)
+        return incident
+
+    def find_incident(self, key_name: str, key_value: str) -> Incident | None:
+        """The incident whose metadata ``key_name`` has ``key_value`` (resolved or not), if any.
+
+        Uses Better Stack's metadata filter and follows ``pagination.next``; each candidate's
+        metadata is checked here too, so a server that ignored the filter cannot fool it.
+        """
+        params: dict[str, Any] | None = {f"metadata[{key_name}][][value]": key_value, "per_page": PAGE_SIZE}
+        if self.team_name:
+            assert params is not None
+            params["team_name"] = self.team_name
+        url = INCIDENTS_PATH
+        for _ in range(MAX_PAGES):
+            response = self._send("GET", url, params=params, ok=(200,))
+            assert response is not None
+            page = self._body(response)
+            for item in page.get("data") or []:
+                incident = _incident_from(item)
+                if incident is not None and key_value in incident.metadata_values(key_name):
+                    return incident
+            next_url = (page.get("pagination") or {}).get("next")
+            if not next_url:
+                return None
+            url, params = self._same_origin(next_url), None
+        raise BetterStackError(f"GET {INCIDENTS_PATH}: more than {MAX_PAGES} pages for one metadata key")
+
+    def resolve_incident(self, incident_id: str, *, resolved_by: str) -> bool:
+        """Resolve an incident: True if this call resolved it, False if it was already resolved (409)."""
+        path = f"{INCIDENTS_PATH}/{_path_segment(incident_id)}/resolve"
+        response = self._send("POST", path, json={"resolved_by": resolved_by}, ok=(200, 201, 409))
+        assert response is not None
+        return response.status_code != 409
+
+    def close(self) -> None:
+        """Close the connection pool; the next request opens a new one."""
+        if self._http is not None:
+            self._http.close()
+            self._http = None
+
+    # --- transport ----------------------------------------------------------------------------
+    def _client(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client(
+                base_url=self.base_url,
+                timeout=self.timeout,
+                headers={
+                    "Authorization": f"Bearer {self._token}",
+                    "Accept": "application/json",
+                    "User-Agent": "core-jobs-alerts",
+                },
+                follow_redirects=False,
+            )
+        return self._http
+
+    def _throttle(self) -> None:
+        """Wait for this request's slot: requests start at least 1/rate seconds apart."""
+        now = self._monotonic()
+        start = max(now, self._next_slot)
+        if start > now:
+            self._sleep(start - now)
+        self._next_slot = start + self._interval
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        ok: tuple[int, ...],
+        before_resend: Callable[[], bool] | None = None,
+    ) -> httpx.Response | None:
+        """Send with rate limit and bounded retries; None when ``before_resend`` said it is done."""
+        path = urlsplit(url).path or url
+        attempt = 0
+        while True:
+            attempt += 1
+            self._throttle()
+            retry_after: str | None = None
+            try:
+                response = self._client().request(method, url, json=json, params=params)
+            except httpx.TransportError as exc:
+                reason = f"{type(exc).__name__}: {exc}".rstrip(": ")
+                may_have_arrived = not isinstance(exc, _NOT_SENT)
+            else:
+                status = response.status_code
+                if status in ok:
+                    return response
+                if status != 429 and status < 500:
+                    raise self._error(f"{method} {path}: HTTP {status}: {_excerpt(response)}", status)
+                reason = f"HTTP {status}"
+                retry_after = response.headers.get("Retry-After")
+                may_have_arrived = status != 429  # a 429 was refused before any processing
+            if attempt >= self.retry_policy.max_attempts:
+                raise self._error(f"{method} {path}: gave up after {attempt} attempts; last: {reason}", None)
+            delay = compute_delay(self.retry_policy, attempt, retry_after=retry_after, random=self._random)
+            self._log.warning(
+                "alerts.betterstack.retry", method=method, path=path, attempt=attempt, reason=reason,
+                delay_s=round(delay.total_seconds(), 3),
+            )
+            self._sleep(delay.total_seconds())
+            if may_have_arrived and before_resend is not None and before_resend():
+                return None
+
+    def _body(self, response: httpx.Response) -> dict[str, Any]:
+        where = f"{response.request.method} {response.request.url.path}: HTTP {response.status_code}"
+        try:
+            body = response.json()
+        except ValueError:
+            raise self._error(f"{where} is not JSON: {_excerpt(response)}", response.status_code) from None
+        if not isinstance(body, dict):
+            raise self._error(f"{where}: expected a JSON object", response.status_code)
+        return body
+
+    def _error(self, message: str, status: int | None) -> BetterStackError:
+        """An error whose text can never carry the token, even if a server echoed it back."""
+        return BetterStackError(message.replace(self._token, "***"), status=status)
+
+    def _same_origin(self, url: str) -> str:
+        """A pagination link, refused unless it points at the configured API (the token goes along)."""
+        target, base = urlsplit(url), urlsplit(self.base_url)
+        if not target.scheme and not target.netloc:
+            return url
+        if (target.scheme, target.netloc) != (base.scheme, base.netloc):
+            raise self._error(f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed", None)
+        return url
+
+
+def _incident_from(data: Any) -> Incident | None:
+    if not isinstance(data, Mapping):
+        return None
+    incident_id = data.get("id")
+    if incident_id is None or str(incident_id).strip() == "":
+        return None
+    attributes = data.get("attributes") if isinstance(data.get("attributes"), Mapping) else {}
+    metadata = attributes.get("metadata") if isinstance(attributes.get("metadata"), Mapping) else {}
+    return Incident(id=str(incident_id), status=attributes.get("status"), metadata=metadata)
+
+
+def _excerpt(response: httpx.Response) -> str:
+    text = response.text.strip().replace("\n", " ")
+    return text[:ERROR_BODY_CHARS] + ("…" if len(text) > ERROR_BODY_CHARS else "") if text else "(empty body)"
+
+
+def _path_segment(value: str) -> str:
+    if not value or "/" in value or value in (".", ".."):
+        raise BetterStackError(f"invalid incident id {value!r}")
+    return value

@@ -1,0 +1,565 @@
+"""The dead-letter alert feed: Better Stack incidents for new dead letters, escalations for stale
+ones, and auto-resolve once they are handled — each exactly once, across crashes and overlapping runs.
+
+What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once by the caller)
+--------------------------------------------------------------------------------------------
+1. Takes the advisory lock ``core_jobs.alerts``. If another runner holds it, the run is
+   skipped (``alerts.feed.skipped``, ``skipped=1``): one runner at a time.
+2. **New dead letters** (``pending_review``, younger than ``stale_after``, not yet covered by an
+   alert) → one incident **per queue**, e.g. ``12 new dead letters in points.credit``, with the
+   time range, the most frequent ``last_error`` values with counts, sample ``job_id`` /
+   ``correlation_id`` and a link from ``ops_url_template``; routed with ``policy_id``.
+3. **Stale dead letters** (still ``pending_review`` at ``now − stale_after``, not yet escalated)
+   → one escalation incident per queue, routed with ``escalation_policy_id``. A dead letter that
+   was never alerted because it was already stale when first seen is covered by the escalation
+   alone (one page, not two).
+4. **Storms**: at most ``max_incidents_per_run`` incidents per kind; the smallest groups beyond
+   that are folded into one summary incident (``312 new dead letters in 281 queues``).
+   Nothing is dropped.
+5. **Exactly once**: each incident is first recorded as an *intent* (``state='pending'``) with
+   a deterministic ``alert_key`` (kind + the dead-letter ids it covers) and its coverage rows,
+   in one transaction; then POSTed with the key in its ``metadata``; only a ``201`` with
+   ``data.id`` moves it to ``open``. An intent left ``pending`` by an earlier run (crash between
+   POST and record, or Better Stack down) is first looked up by that metadata: found → recorded,
+   not posted again; absent → posted. The dead-letter table is never written.
+6. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
+   resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``.
+7. After the first failure that says Better Stack is unreachable (or refuses the token), the
+   rest is left for the next run; a ``4xx`` about one incident's content skips only that one.
+
+Without a Better Stack client (no token) the run is **dry**: it logs each incident it would post
+(``alerts.feed.dry_run_incident`` with ``name`` and ``summary``) and writes nothing, so that
+configuring a token later still alerts everything.
+
+Options (:class:`AlertFeedConfig`)
+----------------------------------
+- ``stale_after``           duration, default 3 days: a pending dead letter older than this escalates.
+- ``max_incidents_per_run`` count ≥ 1, default 20: incidents per run and kind before folding.
+- ``policy_id``             Better Stack escalation policy of new-dead-letter incidents; default none.
+- ``escalation_policy_id``  policy of escalations; default none (then ``policy_id``).
+- ``requester_email``       ``requester_email`` of incidents and ``resolved_by``; default none.
+- ``ops_url_template``      link with ``{queue}``, e.g. ``https://ops.example/dead-letters?queue={queue}``.
+- ``top_errors``            count, default 3: most frequent errors listed per incident.
+- ``samples``               count, default 3: sample ``job_id`` / ``correlation_id`` per incident.
+
+Result (fixed keys, all numbers; the runner logs them in ``alerts.feed.stop``)
+------------------------------------------------------------------------------
+``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata after a
+crash), ``incidents_resolved``, ``dead_letters_alerted`` (covered by incidents confirmed this
+run), ``dead_letters_unalerted`` (pending, not covered by a confirmed incident),
+``dead_letters_unescalated`` (stale, not covered by a confirmed escalation), ``post_failures``
+(intents still unconfirmed after the run), ``resolve_failures``, ``skipped``, ``dry_run``,
+``dry_run_incidents``. ``ok`` is false when anything could not be posted or resolved.
+
+Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.incident_posted``,
+``alerts.feed.escalation_posted``, ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``,
+``alerts.feed.incident_resolved``, ``alerts.feed.resolve_failed``, ``alerts.feed.dry_run_incident``,
+``alerts.feed.dry_run_resolve``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from contextlib import closing
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import quote
+
+import psycopg
+import structlog
+
+from alerts.betterstack import BetterStackClient, BetterStackError
+from harness.pg import advisory_lock
+
+LOCK_NAME = "core_jobs.alerts"
+METADATA_KEY = "core_jobs_alert_key"
+NEW, STALE = "new", "stale"
+# A 4xx with one of these says nothing about one incident: the token or the account is wrong.
+_STOP_STATUSES = frozenset({401, 403})
+_ERROR_CHARS = 200
+
+
+@dataclass(frozen=True)
+class AlertFeedConfig:
+    """The feed's options; see the module docstring for each one's unit and default."""
+
+    stale_after: timedelta = timedelta(days=3)
+    max_incidents_per_run: int = 20
+    policy_id: str | None = None
+    escalation_policy_id: str | None = None
+    requester_email: str | None = None
+    ops_url_template: str | None = None
+    top_errors: int = 3
+    samples: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stale_after, timedelta) or self.stale_after <= timedelta(0):
+            raise ValueError(f"stale_after must be a positive duration, got {self.stale_after!r}")
+        for name in ("max_incidents_per_run", "top_errors", "samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
+        if self.ops_url_template is not None and "{queue}" not in self.ops_url_template:
+            raise ValueError("ops_url_template must contain the placeholder {queue}")
+
+    def ops_url(self, queue: str) -> str | None:
+        return self.ops_url_template.format(queue=quote(queue, safe="")) if self.ops_url_template else None
+
+
+@dataclass
+class AlertFeedResult:
+    incidents_posted: int = 0
+    escalations_posted: int = 0
+    incidents_recovered: int = 0
+    incidents_resolved: int = 0
+    dead_letters_alerted: int = 0
+    dead_letters_unalerted: int = 0
+    dead_letters_unescalated: int = 0
+    post_failures: int = 0
+    resolve_failures: int = 0
+    skipped: int = 0
+    dry_run: int = 0
+    dry_run_incidents: int = 0
+    # What a dry run would post, for the demo; not a result field.
+    planned: list[PlannedIncident] = field(default_factory=list, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.post_failures == 0 and self.resolve_failures == 0
+
+    def fields(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "planned"}
+
+    @classmethod
+    def zero_fields(cls) -> dict[str, int]:
+        return cls().fields()
+
+
+@dataclass(frozen=True)
+class DeadLetterGroup:
+    """Dead letters one incident will cover: one queue, or (``queue`` None) a folded storm."""
+
+    kind: str
+    queue: str | None
+    ids: tuple[int, ...]
+    first_created: datetime
+    last_created: datetime
+    errors: tuple[tuple[str, int], ...] = ()
+    samples: tuple[tuple[str, str | None], ...] = ()
+    queues: tuple[tuple[str, int], ...] = ()  # the folded queues and their counts
+
+    @property
+    def alert_key(self) -> str:
+        """Deterministic: the same kind and dead letters always give the same key."""
+        digest = hashlib.sha256(f"{self.kind}|{','.join(map(str, self.ids))}".encode()).hexdigest()[:16]
+        return f"core-jobs:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
+
+
+@dataclass(frozen=True)
+class PlannedIncident:
+    kind: str
+    queue: str | None
+    alert_key: str
+    name: str
+    summary: str
+    description: str
+    dead_letter_ids: tuple[int, ...]
+
+
+# --- SQL --------------------------------------------------------------------------------------
+# New: pending, younger than the stale cutoff, not covered by a 'new' alert. Walks the partial
+# index of pending dead letters only, so its cost follows the backlog, not the table's history.
+SCAN_NEW = """
+SELECT dl.queue, array_agg(dl.id ORDER BY dl.id), min(dl.created_at), max(dl.created_at)
+  FROM core.dead_letters AS dl
+ WHERE dl.status = 'pending_review'
+   AND dl.created_at > %(stale_cutoff)s
+   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
+                    WHERE c.dead_letter_id = dl.id AND c.kind = 'new')
+ GROUP BY dl.queue
+"""
+
+# Stale: pending at the cutoff, not yet covered by an escalation.
+SCAN_STALE = """
+SELECT dl.queue, array_agg(dl.id ORDER BY dl.id), min(dl.created_at), max(dl.created_at)
+  FROM core.dead_letters AS dl
+ WHERE dl.status = 'pending_review'
+   AND dl.created_at <= %(stale_cutoff)s
+   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
+                    WHERE c.dead_letter_id = dl.id AND c.kind = 'stale')
+ GROUP BY dl.queue
+"""
+
+# The most frequent errors of a set of dead letters, by their first line (tracebacks differ below it).
+TOP_ERRORS = """
+SELECT left(split_part(last_error, E'\\n', 1), %(chars)s) AS error, count(*) AS n
+  FROM core.dead_letters
+ WHERE id = ANY(%(ids)s)
+ GROUP BY 1
+ ORDER BY n DESC, error
+ LIMIT %(top)s
+"""
+
+SAMPLES = "SELECT id, job_id::text, correlation_id FROM core.dead_letters WHERE id = ANY(%(ids)s) ORDER BY id"
+
+# Pending dead letters not yet covered by a confirmed (open or resolved) alert, per kind.
+COUNT_UNALERTED = """
+SELECT count(*) FILTER (WHERE NOT EXISTS (
+           SELECT 1 FROM core.dead_letter_alert_coverage AS c
+             JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
+            WHERE c.dead_letter_id = dl.id AND c.kind = 'new' AND a.state <> 'pending')),
+       count(*) FILTER (WHERE dl.created_at <= %(stale_cutoff)s AND NOT EXISTS (
+           SELECT 1 FROM core.dead_letter_alert_coverage AS c
+             JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
+            WHERE c.dead_letter_id = dl.id AND c.kind = 'stale' AND a.state <> 'pending'))
+  FROM core.dead_letters AS dl
+ WHERE dl.status = 'pending_review'
+"""
+
+RECORD_INTENT = """
+INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, name, summary, description, num_dead_letters, created_at)
+VALUES (%(alert_key)s, %(kind)s, %(queue)s, %(name)s, %(summary)s, %(description)s, %(num)s, %(now)s)
+RETURNING id
+"""
+
+# The intent covers its dead letters for its kind; an escalation also covers, as 'new', those
+# never alerted before (a dead letter already stale when first seen pages once, not twice).
+RECORD_COVERAGE = """
+INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
+SELECT id, %(kind)s, %(alert_id)s FROM unnest(%(ids)s::bigint[]) AS id
+"""
+RECORD_NEW_COVERAGE_OF_ESCALATION = """
+INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
+SELECT u.id, 'new', %(alert_id)s FROM unnest(%(ids)s::bigint[]) AS u(id)
+ WHERE NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c WHERE c.dead_letter_id = u.id AND c.kind = 'new')
+"""
+
+PENDING_INTENTS = """
+SELECT id, alert_key, kind, queue, name, summary, description, num_dead_letters
+  FROM core.dead_letter_alerts WHERE state = 'pending' ORDER BY id
+"""
+
+MARK_OPEN = """
+UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %(incident_id)s, posted_at = %(now)s
+ WHERE id = %(id)s AND state = 'pending'
+"""
+
+# Open incidents none of whose dead letters is still pending review: due for auto-resolve.
+HANDLED_OPEN_ALERTS = """
+SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
+  FROM core.dead_letter_alerts AS a
+ WHERE a.state = 'open'
+   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
+                     JOIN core.dead_letters AS dl ON dl.id = c.dead_letter_id
+                    WHERE c.alert_id = a.id AND dl.status = 'pending_review')
+ ORDER BY a.id
+"""
+
+MARK_RESOLVED = """
+UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s WHERE id = %(id)s AND state = 'open'
+"""
+
+
+@dataclass(frozen=True)
+class _Intent:
+    id: int
+    alert_key: str
+    kind: str
+    queue: str | None
+    name: str
+    summary: str
+    description: str
+    num_dead_letters: int
+
+
+class _Stop(Exception):
+    """Better Stack is unreachable or refuses us: leave the rest of the work to the next run."""
+
+
+class AlertFeed:
+    """One dead-letter alert feed: a database and, unless dry, a Better Stack client."""
+
+    def __init__(
+        self,
+        config: AlertFeedConfig,
+        connect: Callable[[], psycopg.Connection],
+        client: BetterStackClient | None,
+        *,
+        log: Any = None,
+    ) -> None:
+        self.config = config
+        self.connect = connect
+        self.client = client
+        self.log = log or structlog.get_logger(job="alerts")
+
+    @property
+    def dry_run(self) -> bool:
+        return self.client is None
+
+    def run_once(self, now: datetime) -> AlertFeedResult:
+        with closing(self.connect()) as conn:
+            conn.autocommit = True
+            with advisory_lock(conn, LOCK_NAME) as acquired:
+                if not acquired:
+                    self.log.info("alerts.feed.skipped", reason="another run holds the lock", lock=LOCK_NAME)
+                    return AlertFeedResult(skipped=1)
+                try:
+                    return self._run_locked(conn, now)
+                finally:
+                    if self.client is not None:
+                        self.client.close()
+
+    # --- the run ------------------------------------------------------------------------------
+    def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
+        result = AlertFeedResult(dry_run=int(self.dry_run))
+        planned = plan_incidents(conn, now, self.config)
+        if self.dry_run:
+            self._dry_run(conn, planned, result)
+        else:
+            earlier = {intent.id for intent in _pending_intents(conn)}
+            for incident in planned:
+                self._record_intent(conn, incident, now)
+            try:
+                self._deliver(conn, now, earlier, result)
+                self._resolve_handled(conn, now, result)
+            except _Stop:
+                pass
+            result.post_failures = len(_pending_intents(conn))
+        stale_cutoff = now - self.config.stale_after
+        row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
+        result.dead_letters_unalerted, result.dead_letters_unescalated = row
+        return result
+
+    def _dry_run(self, conn: psycopg.Connection, planned: list[PlannedIncident], result: AlertFeedResult) -> None:
+        pending = _pending_intents(conn)
+        for intent in pending:
+            self.log.info("alerts.feed.dry_run_incident", kind=intent.kind, queue=intent.queue, name=intent.name,
+                          summary=intent.summary, num_dead_letters=intent.num_dead_letters, alert_key=intent.alert_key)
+        for incident in planned:
+            self.log.info("alerts.feed.dry_run_incident", kind=incident.kind, queue=incident.queue, name=incident.name,
+                          summary=incident.summary, num_dead_letters=len(incident.dead_letter_ids),
+                          alert_key=incident.alert_key)
+        for row in conn.execute(HANDLED_OPEN_ALERTS).fetchall():
+            self.log.info("alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4])
+        result.dry_run_incidents = len(pending) + len(planned)
+        result.planned = planned
+
+    def _record_intent(self, conn: psycopg.Connection, incident: PlannedIncident, now: datetime) -> None:
+        """Intent and coverage in one transaction, before anything is sent."""
+        ids = list(incident.dead_letter_ids)
+        with conn.transaction():
+            alert_id = conn.execute(RECORD_INTENT, {
+                "alert_key": incident.alert_key, "kind": incident.kind, "queue": incident.queue,
+                "name": incident.name, "summary": incident.summary, "description": incident.description,
+                "num": len(ids), "now": now,
+            }).fetchone()[0]
+            conn.execute(RECORD_COVERAGE, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
+            if incident.kind == STALE:
+                conn.execute(RECORD_NEW_COVERAGE_OF_ESCALATION, {"alert_id": alert_id, "ids": ids})
+        self.log.info("alerts.feed.intent_recorded", alert_id=alert_id, alert_key=incident.alert_key,
+                      kind=incident.kind, queue=incident.queue, num_dead_letters=len(ids))
+
+    def _deliver(self, conn: psycopg.Connection, now: datetime, earlier: set[int], result: AlertFeedResult) -> None:
+        """Post every pending intent; one left by an earlier run is first looked up by its key."""
+        assert self.client is not None
+        for intent in _pending_intents(conn):
+            try:
+                incident = None
+                if intent.id in earlier:
+                    incident = self.client.find_incident(METADATA_KEY, intent.alert_key)
+                recovered = incident is not None
+                if incident is None:
+                    incident = self.client.create_incident(
+                        self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key
+                    )
+            except BetterStackError as exc:
+                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
+                               queue=intent.queue, status=exc.status, error=str(exc))
+                _stop_unless_about_this_one(exc)
+                continue
+            record_posted(conn, intent.id, incident.id, now)
+            result.dead_letters_alerted += intent.num_dead_letters
+            fields_ = {"alert_key": intent.alert_key, "incident_id": incident.id, "kind": intent.kind,
+                       "queue": intent.queue, "num_dead_letters": intent.num_dead_letters, "name": intent.name}
+            if recovered:
+                result.incidents_recovered += 1
+                self.log.info("alerts.feed.incident_recovered", **fields_)
+            elif intent.kind == STALE:
+                result.escalations_posted += 1
+                self.log.info("alerts.feed.escalation_posted", **fields_)
+            else:
+                result.incidents_posted += 1
+                self.log.info("alerts.feed.incident_posted", **fields_)
+
+    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, result: AlertFeedResult) -> None:
+        assert self.client is not None
+        due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
+        for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
+            try:
+                resolved_now = self.client.resolve_incident(
+                    incident_id, resolved_by=self.config.requester_email or "core-jobs"
+                )
+            except BetterStackError as exc:
+                self.log.error("alerts.feed.resolve_failed", incident_id=incident_id, alert_key=alert_key,
+                               status=exc.status, error=str(exc))
+                result.resolve_failures += 1
+                try:
+                    _stop_unless_about_this_one(exc)
+                except _Stop:
+                    result.resolve_failures += len(due) - position - 1
+                    raise
+                continue
+            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now})
+            result.incidents_resolved += 1
+            self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
+                          kind=kind, queue=queue, already_resolved=not resolved_now)
+
+    def incident_fields(self, intent: _Intent) -> dict[str, Any]:
+        """The POST body of an intent (the client adds the key to ``metadata`` and ``team_name``)."""
+        config = self.config
+        policy = (config.escalation_policy_id or config.policy_id) if intent.kind == STALE else config.policy_id
+        body: dict[str, Any] = {
+            "name": intent.name,
+            "summary": intent.summary,
+            "description": intent.description,
+            "email": True,
+            "push": True,
+            "call": False,
+            "sms": False,
+            "critical_alert": False,
+            "metadata": {
+                "core_jobs_kind": ["escalation" if intent.kind == STALE else "new_dead_letters"],
+                "queue": [intent.queue or "(several)"],
+                "dead_letters": [str(intent.num_dead_letters)],
+            },
+        }
+        if config.requester_email:
+            body["requester_email"] = config.requester_email
+        if policy:
+            body["policy_id"] = policy
+        return body
+
+
+def record_posted(conn: psycopg.Connection, alert_id: int, incident_id: str, now: datetime) -> None:
+    """Better Stack confirmed the incident: the intent becomes an open alert with its id."""
+    conn.execute(MARK_OPEN, {"id": alert_id, "incident_id": incident_id, "now": now})
+
+
+def _stop_unless_about_this_one(exc: BetterStackError) -> None:
+    if exc.status is None or exc.status in _STOP_STATUSES or exc.status == 429 or exc.status >= 500:
+        raise _Stop from exc
+
+
+def _pending_intents(conn: psycopg.Connection) -> list[_Intent]:
+    return [_Intent(*row) for row in conn.execute(PENDING_INTENTS).fetchall()]
+
+
+# --- planning: scan, group, cap, compose --------------------------------------------------------
+def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[DeadLetterGroup]:
+    """Every group of dead letters due for an incident (new, then stale), capped and with details."""
+    cutoff = now - config.stale_after
+    groups: list[DeadLetterGroup] = []
+    for kind, query in ((NEW, SCAN_NEW), (STALE, SCAN_STALE)):
+        rows = conn.execute(query, {"stale_cutoff": cutoff}).fetchall()
+        found = [DeadLetterGroup(kind, queue, tuple(ids), first, last) for queue, ids, first, last in rows]
+        groups += _cap(found, config.max_incidents_per_run)
+    return _with_details(conn, groups, config)
+
+
+def plan_incidents(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[PlannedIncident]:
+    """The incidents this run would post, composed (name, summary, description)."""
+    return [compose(group, now, config) for group in scan(conn, now, config)]
+
+
+def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
+    """At most ``limit`` groups: the largest keep their own incident, the rest fold into one."""
+    groups = sorted(groups, key=lambda g: (-len(g.ids), g.queue or ""))
+    if len(groups) <= limit:
+        return groups
+    keep, fold = groups[: limit - 1], groups[limit - 1:]
+    folded = DeadLetterGroup(
+        kind=fold[0].kind,
+        queue=None,
+        ids=tuple(sorted(i for g in fold for i in g.ids)),
+        first_created=min(g.first_created for g in fold),
+        last_created=max(g.last_created for g in fold),
+        queues=tuple((g.queue or "", len(g.ids)) for g in fold),
+    )
+    return keep + [folded]
+
+
+def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig) -> list[DeadLetterGroup]:
+    """Add the top errors and the samples of each group (two queries for all groups)."""
+    if not groups:
+        return []
+    detailed = []
+    sample_ids = [i for g in groups for i in g.ids[: config.samples]]
+    samples = {row[0]: (row[1], row[2]) for row in conn.execute(SAMPLES, {"ids": sample_ids})}
+    for group in groups:
+        params = {"ids": list(group.ids), "chars": _ERROR_CHARS, "top": config.top_errors}
+        errors = [(error, n) for error, n in conn.execute(TOP_ERRORS, params)]
+        detailed.append(DeadLetterGroup(
+            group.kind, group.queue, group.ids, group.first_created, group.last_created,
+            errors=tuple(errors), samples=tuple(samples[i] for i in group.ids[: config.samples]), queues=group.queues,
+        ))
+    return detailed
+
+
+def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> PlannedIncident:
+    """What the on-call person reads: name, one-line summary, and the full description."""
+    n = len(group.ids)
+    letters = "dead letter" if n == 1 else "dead letters"
+    where = group.queue if group.queue is not None else f"{len(group.queues)} queues"
+    span = f"{_when(group.first_created)} – {_when(group.last_created)}"
+    top = f" Most frequent error: {group.errors[0][0]} ({group.errors[0][1]}×)." if group.errors else ""
+    if group.kind == NEW:
+        name = f"{n} new {letters} in {where}"
+        summary = f"{n} {letters} in {where} waiting for review, written {span}.{top}"
+        opening = f"{n} new {letters} in {'queue ' + where if group.queue else where}, pending review, written {span}."
+        action = "Review them: replay once the cause is fixed, or discard with a reason."
+    else:
+        age = _human(config.stale_after)
+        name = f"{n} {letters} in {where} unreviewed for over {age}"
+        summary = (f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
+                   f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}")
+        opening = (f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
+                   f"more than {age} after they were written ({span}).")
+        action = "Nobody has reviewed these yet: replay or discard each, with a reason."
+    lines = [opening, ""]
+    if group.errors:
+        lines.append("Most frequent errors:")
+        lines += [f"  {count} × {error}" for error, count in group.errors]
+        lines.append("")
+    if group.samples:
+        lines.append("Samples (job_id / correlation_id):")
+        lines += [f"  {job_id} / {correlation_id or '-'}" for job_id, correlation_id in group.samples]
+        lines.append("")
+    if group.queues:
+        lines.append("Queues:")
+        for queue, count in group.queues:
+            link = config.ops_url(queue)
+            lines.append(f"  {count} in {queue}" + (f": {link}" if link else ""))
+        lines.append("")
+    elif group.queue is not None and config.ops_url(group.queue):
+        lines += [f"Dead letters of this queue: {config.ops_url(group.queue)}", ""]
+    lines.append(action)
+    lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {group.alert_key}.")
+    return PlannedIncident(group.kind, group.queue, group.alert_key, name, summary, "\n".join(lines), group.ids)
+
+
+def _when(moment: datetime) -> str:
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _human(delta: timedelta) -> str:
+    """3 days, 5 days 2 hours, 40 minutes: the two largest units."""
+    seconds = int(delta.total_seconds())
+    parts = []
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
+    return " ".join(parts[:2]) or "less than a minute"
+

@@ -1,0 +1,247 @@
+"""The dead-letter alert feed: real PostgreSQL, and a real local HTTP server as Better Stack (issue 4)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from alerts.feed import METADATA_KEY, AlertFeedResult
+from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
+from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+from harness.pg import advisory_lock, server_now
+from maintenance.logs import configure_logging
+
+
+def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
+    """12 + 3 new dead letters in two queues give two incidents, each with counts, errors, samples and a link."""
+    add_dead_letters(conn, "points.credit", 9)
+    add_dead_letters(conn, "points.credit", 3, error="PoisonMessage: payload failed schema validation\nTraceback ...")
+    add_dead_letters(conn, "notifications.email", 3)
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+
+    assert (result.incidents_posted, result.dead_letters_alerted, result.dead_letters_unalerted) == (2, 15, 0)
+    assert result.ok
+    bodies = {p.body["name"]: p.body for p in fake_bs.posts()}
+    assert set(bodies) == {"12 new dead letters in points.credit", "3 new dead letters in notifications.email"}
+    credit = bodies["12 new dead letters in points.credit"]
+    assert credit["policy_id"] == "P-new" and credit["requester_email"] == "oncall@example.com"
+    assert "9 × ProviderUnavailable: HTTP 503 from loyalty ledger" in credit["description"]
+    assert "3 × PoisonMessage: payload failed schema validation" in credit["description"]
+    assert "Traceback" not in credit["description"]  # first line of each error only
+    assert "corr-points.credit-1" in credit["description"]
+    assert "https://ops.example/dead-letters?queue=points.credit" in credit["description"]
+    assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
+    assert credit["metadata"][METADATA_KEY][0].startswith("core-jobs:new:")
+    assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
+        ("new", "points.credit", "open"), ("new", "notifications.email", "open")
+    ]
+    assert all(row[3] in fake_bs.incidents for row in alert_rows(conn))
+    assert coverage(conn) == {"new": 15}
+
+
+def test_no_second_incident_on_the_next_run(db, conn, fake_bs):
+    """A second run over the same dead letters posts nothing."""
+    add_dead_letters(conn, "points.credit", 4)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    again = feed.run_once(server_now(conn))
+    assert again.incidents_posted == 0 and again.ok
+    assert len(fake_bs.posts()) == 1
+
+
+def test_a_new_dead_letter_after_that_gets_exactly_one_more_incident(db, conn, fake_bs):
+    """One dead letter arriving after the first incident gives exactly one more, covering only it."""
+    add_dead_letters(conn, "points.credit", 4)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    [late] = add_dead_letters(conn, "points.credit", 1, age="1 minute")
+    result = feed.run_once(server_now(conn))
+    assert result.incidents_posted == 1 and result.dead_letters_alerted == 1
+    assert [p.body["name"] for p in fake_bs.posts()] == ["4 new dead letters in points.credit",
+                                                         "1 new dead letter in points.credit"]
+    assert str(late) in fake_bs.posts()[1].body["description"]
+
+
+def test_stale_dead_letters_escalate_once_with_the_escalation_policy(db, conn, fake_bs):
+    """Two days old: an incident; past three days (PostgreSQL's now moved on): one escalation, then none."""
+    add_dead_letters(conn, "points.expire", 2, age="2 days")
+    add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    assert feed.run_once(now).incidents_posted == 1
+    later = feed.run_once(now + timedelta(hours=2))  # only the 2-days-23-hours one crossed 3 days
+    assert (later.escalations_posted, later.dead_letters_unescalated) == (1, 0)
+    escalation = fake_bs.posts()[-1].body
+    assert escalation["policy_id"] == "P-esc"
+    assert escalation["name"] == "1 dead letter in points.expire unreviewed for over 3 days"
+    assert "ESCALATION" in escalation["description"]
+    assert feed.run_once(now + timedelta(hours=3)).escalations_posted == 0
+    final = feed.run_once(now + timedelta(days=2))
+    assert final.escalations_posted == 1 and fake_bs.posts()[-1].body["name"].startswith("2 dead letters")
+    assert len(fake_bs.posts()) == 3
+    assert coverage(conn) == {"new": 3, "stale": 3}
+
+
+def test_a_dead_letter_already_stale_when_first_seen_pages_once(db, conn, fake_bs):
+    """Unalerted and already stale: one escalation covers it as new and stale; no separate new incident."""
+    add_dead_letters(conn, "points.expire", 4, age="5 days")
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (result.incidents_posted, result.escalations_posted) == (0, 1)
+    assert (result.dead_letters_unalerted, result.dead_letters_unescalated) == (0, 0)
+    assert coverage(conn) == {"new": 4, "stale": 4}
+
+
+def test_resolves_when_every_dead_letter_is_handled(db, conn, fake_bs):
+    """The incident stays open while one dead letter is pending, and is resolved once all are handled."""
+    ids = add_dead_letters(conn, "points.credit", 3)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    [incident_id] = list(fake_bs.incidents)
+    handle(conn, ids[:2])
+    assert feed.run_once(server_now(conn)).incidents_resolved == 0
+    assert fake_bs.incidents[incident_id]["status"] == "Started"
+    conn.execute("UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'dup' WHERE id = %s", (ids[2],))
+    result = feed.run_once(server_now(conn))
+    assert result.incidents_resolved == 1 and result.ok
+    assert fake_bs.incidents[incident_id]["status"] == "Resolved"
+    assert fake_bs.incidents[incident_id]["resolved_by"] == "oncall@example.com"
+    assert alert_rows(conn)[0][2] == "resolved"
+    assert feed.run_once(server_now(conn)).incidents_resolved == 0
+
+
+def test_already_resolved_409_counts_as_done(db, conn, fake_bs):
+    """An incident someone resolved by hand answers 409, and the feed records it resolved without failing."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    [incident_id] = list(fake_bs.incidents)
+    fake_bs.incidents[incident_id]["status"] = "Resolved"
+    handle(conn, ids)
+    result = feed.run_once(server_now(conn))
+    assert result.incidents_resolved == 1 and result.ok
+    assert alert_rows(conn)[0][2] == "resolved"
+
+
+def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, conn, fake_bs):
+    """Resolve answers 503 until the retries run out: not ok, still open; the next run resolves it."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    handle(conn, ids)
+    fake_bs.fail_next("resolve", *[Fault(status=503)] * 4)
+    failed = feed.run_once(server_now(conn))
+    assert (failed.ok, failed.resolve_failures, failed.incidents_resolved) == (False, 1, 0)
+    assert alert_rows(conn)[0][2] == "open"
+    retried = feed.run_once(server_now(conn))
+    assert (retried.ok, retried.incidents_resolved) == (True, 1)
+    assert alert_rows(conn)[0][2] == "resolved"
+
+
+def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_bs):
+    """Five failing queues with a cap of 3: the two largest get their own, three fold into one summary."""
+    for n, queue in enumerate(["q.a", "q.b", "q.c", "q.d", "q.e"]):
+        add_dead_letters(conn, queue, 10 - n)
+    feed = make_feed(db, fake_bs, replace(CONFIG, max_incidents_per_run=3))
+    result = feed.run_once(server_now(conn))
+    names = [p.body["name"] for p in fake_bs.posts()]
+    assert names == ["10 new dead letters in q.a", "9 new dead letters in q.b", "21 new dead letters in 3 queues"]
+    summary = fake_bs.posts()[2].body["description"]
+    assert "8 in q.c: https://ops.example/dead-letters?queue=q.c" in summary and "6 in q.e" in summary
+    assert (result.incidents_posted, result.dead_letters_alerted, result.dead_letters_unalerted) == (3, 40, 0)
+    assert feed.run_once(server_now(conn)).incidents_posted == 0
+
+
+def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs):
+    """Without a token nothing is sent or written; setting one later still alerts everything."""
+    add_dead_letters(conn, "points.credit", 5)
+    add_dead_letters(conn, "points.expire", 2, age="4 days")
+    stream = io.StringIO()
+    configure_logging(fmt="json", stream=stream)
+    dry = make_feed(db, None).run_once(server_now(conn))
+    assert (dry.dry_run, dry.dry_run_incidents, dry.dead_letters_unalerted, dry.ok) == (1, 2, 7, True)
+    assert [p.name for p in dry.planned] == ["5 new dead letters in points.credit",
+                                             "2 dead letters in points.expire unreviewed for over 3 days"]
+    assert '"event": "alerts.feed.dry_run_incident"' in stream.getvalue()
+    assert '"name": "5 new dead letters in points.credit"' in stream.getvalue()
+    assert alert_rows(conn) == [] and coverage(conn) == {}
+    assert fake_bs.requests == []
+    live = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (live.incidents_posted, live.escalations_posted, live.dry_run) == (1, 1, 0)
+
+
+def test_two_runs_at_once_post_one_set_of_incidents(db, conn, fake_bs):
+    """A run started while another is mid-POST is skipped; one incident per queue exists afterwards."""
+    add_dead_letters(conn, "points.credit", 3)
+    add_dead_letters(conn, "notifications.email", 2)
+    fake_bs.fail_next("create", Fault(hold=True))
+    now = server_now(conn)
+    first: list[AlertFeedResult] = []
+    runner = threading.Thread(target=lambda: first.append(make_feed(db, fake_bs, timeout=30).run_once(now)))
+    runner.start()
+    assert fake_bs.arrived.wait(timeout=30)  # the first run is inside its first POST, holding the lock
+    second = make_feed(db, fake_bs).run_once(now)
+    fake_bs.release.set()
+    runner.join(timeout=30)
+    assert second.skipped == 1 and second.incidents_posted == 0 and second.ok
+    assert first[0].incidents_posted == 2
+    assert len(fake_bs.posts()) == 2 and len(fake_bs.incidents) == 2
+
+
+def test_a_run_is_skipped_while_another_session_holds_the_lock(db, conn, fake_bs):
+    """With core_jobs.alerts held elsewhere the run sends nothing and records nothing."""
+    add_dead_letters(conn, "points.credit", 3)
+    with db.connect(autocommit=True) as other, advisory_lock(other, "core_jobs.alerts") as held:
+        assert held
+        result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert result.fields() == AlertFeedResult.zero_fields() | {"skipped": 1}
+    assert fake_bs.requests == [] and alert_rows(conn) == []
+
+
+def test_better_stack_down_fails_the_run_and_the_next_run_posts_it(db, conn, fake_bs):
+    """503s until the retries run out: nothing recorded as alerted, ok is False; the next run posts both."""
+    add_dead_letters(conn, "points.credit", 3)
+    add_dead_letters(conn, "notifications.email", 2)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    feed = make_feed(db, fake_bs)
+    down = feed.run_once(server_now(conn))
+    assert (down.ok, down.incidents_posted, down.post_failures, down.dead_letters_unalerted) == (False, 0, 2, 5)
+    assert {row[2] for row in alert_rows(conn)} == {"pending"}
+    assert len(fake_bs.posts()) == 4  # the first intent's attempts; the second waits for the next run
+    back = feed.run_once(server_now(conn))
+    assert (back.ok, back.incidents_posted, back.post_failures, back.dead_letters_unalerted) == (True, 2, 0, 0)
+    assert len(fake_bs.incidents) == 2
+
+
+def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
+    """A 422 for one incident leaves it pending and failing the run, while the other queue is posted."""
+    add_dead_letters(conn, "points.credit", 3)
+    add_dead_letters(conn, "notifications.email", 2)
+    fake_bs.fail_next("create", Fault(status=422))
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (result.incidents_posted, result.post_failures, result.ok) == (1, 1, False)
+    assert sorted(row[2] for row in alert_rows(conn)) == ["open", "pending"]
+
+
+def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs):
+    """Retries, a failure and a success later, the captured logs never contain the API token."""
+    add_dead_letters(conn, "points.credit", 3)
+    stream = io.StringIO()
+    configure_logging(fmt="json", stream=stream)  # no secrets registered: nothing masks it for us
+    fake_bs.fail_next("create", Fault(status=500), *[Fault(status=429, headers={"Retry-After": "3"})] * 3)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    feed.run_once(server_now(conn))
+    logged = stream.getvalue()
+    assert "alerts.betterstack.retry" in logged and "alerts.feed.post_failed" in logged
+    assert "alerts.feed.incident_posted" in logged
+    assert TOKEN not in logged
+
+
+@pytest.mark.parametrize("field", list(AlertFeedResult.zero_fields()))
+def test_result_fields_are_numbers_with_fixed_keys(field):
+    """Every result field is a number, so the metrics exporter can export each of them."""
+    assert isinstance(AlertFeedResult.zero_fields()[field], int)

@@ -1,0 +1,71 @@
+"""The alert state's invariants live in the database (migration 0003_alerts)."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+
+from alerts_support import add_dead_letters
+from maintenance import migrate
+
+INSERT_ALERT = """
+INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, name, summary, description, num_dead_letters)
+VALUES (%s, 'new', 'points.credit', 'n', 's', 'd', 1) RETURNING id
+"""
+
+
+@pytest.fixture
+def alert_id(conn) -> int:
+    return conn.execute(INSERT_ALERT, ("k-1",)).fetchone()[0]
+
+
+def test_an_alert_is_open_only_with_a_confirmed_incident_id(conn, alert_id):
+    """Moving to open without Better Stack's id is refused."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="confirmed_has_incident"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'open' WHERE id = %s", (alert_id,))
+
+
+def test_an_intent_cannot_jump_to_resolved(conn, alert_id):
+    """pending -> resolved is refused: the only transitions are pending -> open -> resolved."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="only transitions"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), incident_id = '9'"
+                     " WHERE id = %s", (alert_id,))
+
+
+def test_a_confirmed_incident_id_never_changes(conn, alert_id):
+    """Once open with an incident id, another id cannot be written over it."""
+    conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = '9' WHERE id = %s", (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot change"):
+        conn.execute("UPDATE core.dead_letter_alerts SET incident_id = '10' WHERE id = %s", (alert_id,))
+
+
+def test_what_an_alert_says_is_immutable(conn, alert_id):
+    """The name (like the key, kind, queue and text) cannot be rewritten."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="only its state"):
+        conn.execute("UPDATE core.dead_letter_alerts SET name = 'other' WHERE id = %s", (alert_id,))
+
+
+def test_a_dead_letter_is_covered_once_per_kind(conn, alert_id):
+    """A second 'new' coverage of one dead letter is refused by the primary key; a 'stale' one is allowed."""
+    [dead_letter] = add_dead_letters(conn, "points.credit", 1)
+    other = conn.execute(INSERT_ALERT, ("k-2",)).fetchone()[0]
+    cover = "INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, %s, %s)"
+    conn.execute(cover, (dead_letter, "new", alert_id))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        conn.execute(cover, (dead_letter, "new", other))
+    conn.execute(cover, (dead_letter, "stale", other))
+
+
+def test_downgrade_removes_everything_the_alerts_migration_created(database_url):
+    """Down to the foundation: the alert tables, their functions and the extra index are gone."""
+    migrate.downgrade(database_url, "0001_foundation")
+    with psycopg.connect(database_url) as conn:
+        left = conn.execute(
+            "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = 'core' AND c.relname LIKE ANY (ARRAY['dead_letter_alert%%', 'dead_letters_pending_created_idx'])"
+        ).fetchone()[0]
+        functions = conn.execute(
+            "SELECT count(*) FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'core' AND p.proname LIKE 'dead_letter_alert%%'"
+        ).fetchone()[0]
+    assert (left, functions) == (0, 0)

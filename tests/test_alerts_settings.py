@@ -1,0 +1,59 @@
+"""The alert feed's settings: validated before any data is touched, secrets never shown (issue 4)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from maintenance.alerts_job import betterstack_client, feed_config
+from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.settings import load_settings
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("CORE_JOBS_OPS_URL_TEMPLATE", "https://ops.example/dead-letters", "must contain the placeholder {queue}"),
+        ("CORE_JOBS_OPS_URL_TEMPLATE", "https://ops.example/{tenant}/{queue}", "only the placeholder {queue}"),
+        ("CORE_JOBS_DEAD_LETTER_STALE_AFTER", "-P1D", "must be positive"),
+        ("CORE_JOBS_BETTERSTACK_API_URL", "uptime.betterstack.com", "http:// or https://"),
+        ("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.betterstack.com", "with a path"),
+        ("CORE_JOBS_ALERTS_MAX_INCIDENTS_PER_RUN", "0", "greater than or equal to 1"),
+        ("CORE_JOBS_BETTERSTACK_MAX_REQUESTS_PER_SECOND", "0", "greater than 0"),
+    ],
+)
+def test_bad_alert_setting_exits_2_naming_it(clean_env, capsys, name, value, problem):
+    """A bad alert setting is a configuration error (exit 2) that names the variable and the problem."""
+    clean_env.setenv(name, value)
+    assert main(["check-config"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert name in err and problem in err
+
+
+def test_check_config_redacts_the_token_and_the_heartbeat_url(clean_env, capsys):
+    """check-config shows *** for the API token and the heartbeat URL (its path is a token)."""
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "tok-live-123456")
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.betterstack.com/api/v1/heartbeat/hb-998877")
+    assert main(["check-config"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "CORE_JOBS_BETTERSTACK_API_TOKEN=***" in out and "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL=***" in out
+    assert "tok-live-123456" not in out and "hb-998877" not in out
+
+
+def test_settings_map_onto_the_feed_config_and_client(clean_env):
+    """Durations, routing and client limits reach the feed; no token means no client (dry run)."""
+    clean_env.setenv("CORE_JOBS_DEAD_LETTER_STALE_AFTER", "P1DT12H")
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_POLICY_ID", "P-1")
+    clean_env.setenv("CORE_JOBS_OPS_URL_TEMPLATE", "https://ops.example/dl?queue={queue}")
+    settings = load_settings()
+    config = feed_config(settings)
+    assert config.stale_after == timedelta(days=1, hours=12) and config.policy_id == "P-1"
+    assert config.ops_url("points credit/x") == "https://ops.example/dl?queue=points%20credit%2Fx"
+    assert config.max_incidents_per_run == 20
+    assert betterstack_client(settings) is None
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "tok-live-123456")
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_MAX_RETRIES", "5")
+    client = betterstack_client(load_settings())
+    assert client is not None and client.retry_policy.max_attempts == 6 and client.timeout == 10.0
+    assert "tok-live-123456" not in repr(client)
