@@ -87,6 +87,9 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.demo import run_demo
 
+    if not args.verbose:
+        # The demo prints its own human summary; the job events would drown it.
+        configure_logging(fmt=settings.log_format, level="WARNING", secrets=settings.secret_values())
     return run_demo(settings, keep=args.keep)
 
 
@@ -116,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="run the jobs against an embedded PostgreSQL with realistic data")
     p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")
+    p.add_argument("--verbose", action="store_true", help="also print every job's log events")
     p.set_defaults(handler=cmd_demo)
 
     return parser

@@ -64,19 +64,18 @@ SEED_SQL = {
                5, 'DeadlockDetected: deadlock detected while expiring points', 'corr-stale-' || g,
                '00000000-0000-4000-8000-000000000004', 'points.expire', now() - interval '5 days' - g * interval '1 hour'
           FROM generate_series(1, 4) AS g""",
-    # Handled history: replayed and discarded dead letters (inserted pending, then reviewed).
+    # Handled history: replayed and discarded dead letters. Inserted pending, then reviewed in a
+    # second statement: an UPDATE cannot see rows that its own statement's CTE inserted.
     "dead_letters_handled": """
-        WITH d AS (
-            INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at)
-            SELECT gen_random_uuid(), 'points.credit', jsonb_build_object('member_id', 'm-h-' || g, 'points', 5),
-                   5, 'ProviderUnavailable: HTTP 503 from loyalty ledger', 'corr-h-' || g, now() - interval '8 days'
-              FROM generate_series(1, 8) AS g
-            RETURNING id
-        )
-        UPDATE core.dead_letters AS dl
-           SET status = CASE WHEN dl.id % 3 = 0 THEN 'discarded' ELSE 'replayed' END,
-               discard_reason = CASE WHEN dl.id % 3 = 0 THEN 'duplicate of a manual credit, ticket OPS-1422' END
-          FROM d WHERE dl.id = d.id""",
+        INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at)
+        SELECT gen_random_uuid(), 'points.credit', jsonb_build_object('member_id', 'm-h-' || g, 'points', 5),
+               5, 'ProviderUnavailable: HTTP 503 from loyalty ledger', 'corr-h-' || g, now() - interval '8 days'
+          FROM generate_series(1, 8) AS g;
+        UPDATE core.dead_letters
+           SET status = CASE WHEN right(correlation_id, 1)::int % 3 = 0 THEN 'discarded' ELSE 'replayed' END,
+               discard_reason = CASE WHEN right(correlation_id, 1)::int % 3 = 0
+                                     THEN 'duplicate of a manual credit, ticket OPS-1422' END
+         WHERE correlation_id LIKE 'corr-h-%'""",
 }
 
 STORY = {
@@ -84,9 +83,9 @@ STORY = {
     "fences_fresh": "60 fresh fences expiring in 7 days",
     "fences_short_ttl": "8 fences written with a 1-minute TTL 5 minutes ago (expired, but inside the retry window)",
     "fences_with_pending_dead_letter": "4 expired fences whose job has a dead letter pending review (a replay needs them)",
-    "dead_letters_new": "15 new dead letters: 12 in points.credit, 3 in notifications.email",
+    "dead_letters_new": "15 new dead letters: 12 in points.credit (16 with the 4 above), 3 in notifications.email",
     "dead_letters_stale": "4 dead letters in points.expire unreviewed for 5 days (stale)",
-    "dead_letters_handled": "8 handled dead letters (replayed or discarded with a reason)",
+    "dead_letters_handled": "8 handled dead letters: 6 replayed, 2 discarded with a reason",
 }
 
 

@@ -50,11 +50,22 @@ class SecretRedactor:
         return {key: self._walk(value) for key, value in event_dict.items()}
 
 
+class _CurrentStdout:
+    """sys.stdout as it is at each write, so a replaced stdout (pytest capture) is followed."""
+
+    def write(self, text: str) -> int:
+        return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        sys.stdout.flush()
+
+
 def configure_logging(
     *, fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = (), stream: TextIO | None = None
 ) -> None:
     """Configure structlog for the whole process. Safe to call more than once."""
     out = stream if stream is not None else sys.stdout
+    sink = stream if stream is not None else _CurrentStdout()
     as_json = fmt == "json" or (fmt == "auto" and not out.isatty())
     renderer: Any = (
         structlog.processors.JSONRenderer(sort_keys=False)
@@ -71,7 +82,7 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=structlog.PrintLoggerFactory(sink),
         cache_logger_on_first_use=False,
     )
 

@@ -29,3 +29,12 @@ def test_demo_without_a_database_starts_an_embedded_one(clean_env, capsys):
     out = capsys.readouterr().out
     assert "Starting an embedded PostgreSQL" in out
     assert "Demo finished" in out
+
+
+def test_demo_seed_places_rows_in_every_state_it_describes(db, conn):
+    """The seed leaves 6 replayed and 2 discarded dead letters beside the pending ones, as its story says."""
+    from maintenance.demo_data import seed
+
+    seed(db)
+    counts = dict(conn.execute("SELECT status, count(*) FROM core.dead_letters GROUP BY status").fetchall())
+    assert counts == {"pending_review": 23, "replayed": 6, "discarded": 2}
