@@ -29,7 +29,8 @@ connection; a second run logs ``maintenance.purge.skipped`` and exits 0.
 Options (environment variables; durations are ISO-8601 or seconds)
 -----------------------------------------------------------------
 - ``CORE_JOBS_PURGE_BATCH_SIZE``            rows, default 10000: fences per batch.
-- ``CORE_JOBS_PURGE_MIN_BATCH_SIZE``        rows, default 100: the batch size never shrinks below this.
+- ``CORE_JOBS_PURGE_MIN_BATCH_SIZE``        rows, default 100: the batch size never shrinks below
+  this (nor shrinks at all when the batch size is already smaller).
 - ``CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK`` count, default 2: consecutive statement timeouts
   after which the batch size is halved (as River's JobCleaner does). At the minimum size,
   that many more timeouts stop the run with ok=false (exit 1); the next run starts afresh.
@@ -213,11 +214,6 @@ class Purger:
         guard = config.guard
         if not guard.ok:
             raise ConfigError(f"purge refused, nothing deleted: {guard.explain()}")
-        if config.min_batch_size > config.batch_size:
-            raise ConfigError(
-                f"CORE_JOBS_PURGE_MIN_BATCH_SIZE={config.min_batch_size} exceeds "
-                f"CORE_JOBS_PURGE_BATCH_SIZE={config.batch_size}"
-            )
         if config.batch_size < 1 or config.min_batch_size < 1 or config.timeouts_before_shrink < 1:
             raise ConfigError("CORE_JOBS_PURGE_BATCH_SIZE, _MIN_BATCH_SIZE and _TIMEOUTS_BEFORE_SHRINK must be >= 1")
         if config.statement_timeout <= timedelta(0) or config.batch_pause < timedelta(0):
@@ -276,11 +272,12 @@ class Purger:
                 )
                 if timeouts_in_a_row < cfg.timeouts_before_shrink:
                     continue
-                if result.batch_size <= cfg.min_batch_size:
+                floor = min(cfg.min_batch_size, cfg.batch_size)
+                if result.batch_size <= floor:
                     result.gave_up = 1
                     self._log.error(f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts)
                     return
-                previous, result.batch_size = result.batch_size, max(cfg.min_batch_size, result.batch_size // 2)
+                previous, result.batch_size = result.batch_size, max(floor, result.batch_size // 2)
                 timeouts_in_a_row = 0
                 self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
                 continue
