@@ -18,7 +18,7 @@ import pytest
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.logs import configure_logging
-from maintenance.purge import LOCK_NAME, PurgeConfig, Purger
+from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -124,7 +124,12 @@ def test_keeps_fences_inside_retry_window(db, conn, now):
     assert result.num_deleted == 1
 
 
-def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now):
+# Both spellings of the replay guard: a hash of the pending job_ids, or an index probe per row.
+REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_LIMIT, 0], ids=["hashed", "probed"])
+
+
+@REPLAY_GUARDS
+def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit):
     """A pending dead letter holds its fence; replayed or discarded ones do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
     add_dead_letter(conn, pending)
@@ -132,7 +137,7 @@ def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, co
     add_dead_letter(conn, discarded, "discarded")
     add_dead_letter(conn, replayed_then_pending, "replayed")
     add_dead_letter(conn, replayed_then_pending)  # failed again after the replay: pending once more
-    result = purger(db).run_once(now)
+    result = purger(db, hashed_pending_limit=hashed_pending_limit).run_once(now)
     assert remaining(conn) == {pending, replayed_then_pending}
     assert result.num_deleted == 3
     assert alone not in remaining(conn)
@@ -149,13 +154,14 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
     assert 0 < result.longest_batch_ms < 5000
 
 
-def test_guarded_rows_do_not_end_the_run_early(db, conn, now):
+@REPLAY_GUARDS
+def test_guarded_rows_do_not_end_the_run_early(db, conn, now, hashed_pending_limit):
     """Guarded rows interleaved in expiry order are skipped over, not counted as a short batch."""
     ids = add_old_expired_fences(conn, now, 30)
     held = ids[::3]  # every third fence has a pending dead letter
     for job_id in held:
         add_dead_letter(conn, job_id)
-    result = purger(db, batch_size=5, min_batch_size=1).run_once(now)
+    result = purger(db, batch_size=5, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
     assert remaining(conn) == set(held)
     assert (result.num_deleted, result.num_batches) == (20, 5)
 
