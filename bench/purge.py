@@ -136,13 +136,27 @@ class Run:
     busy: tuple[float, float]  # monotonic window of the run
 
 
-def latency_figures(samples: list[tuple[float, float]], window: tuple[float, float]) -> str:
+@dataclass
+class Latency:
+    p50: float
+    p99: float
+    max: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.p50:7.2f} {self.p99:7.2f} {self.max:8.2f} {self.n:7d}"
+
+
+def latency(samples: list[tuple[float, float]], window: tuple[float, float]) -> Latency:
+    """The writer's latency (ms) of the inserts that started inside ``window``."""
     inside = sorted(lat * 1000 for start, lat in samples if window[0] <= start <= window[1])
     if not inside:
-        return "   (no samples)"
-    p50 = inside[len(inside) // 2]
-    p99 = inside[min(len(inside) - 1, int(len(inside) * 0.99))]
-    return f"{p50:7.2f} {p99:7.2f} {inside[-1]:8.2f} {len(inside):7d}"
+        return Latency(float("nan"), float("nan"), float("nan"), 0)
+    return Latency(inside[len(inside) // 2], inside[min(len(inside) - 1, int(len(inside) * 0.99))], inside[-1], len(inside))
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
 
 
 def run_on_copy(server: str, template: str, label: str, action, rate: float, idle_s: float):
@@ -229,11 +243,22 @@ def main(argv: list[str] | None = None) -> int:
           f" one transaction of {delete.longest_ms:.0f} ms")
     print(f"ratio purge / single DELETE rows/s: {purge_rate / delete_rate:.2f}")
     print()
+    during_purge = latency(purge_samples, purge.busy)
+    idle_purge = latency(purge_samples, purge.idle)
     print("writer latency (ms)      p50     p99      max       n")
-    print(f"  idle, copy (a)     {latency_figures(purge_samples, purge.idle)}")
-    print(f"  during the purge   {latency_figures(purge_samples, purge.busy)}")
-    print(f"  idle, copy (b)     {latency_figures(delete_samples, delete.idle)}")
-    print(f"  during the DELETE  {latency_figures(delete_samples, delete.busy)}")
+    print(f"  idle, copy (a)     {idle_purge}")
+    print(f"  during the purge   {during_purge}")
+    print(f"  idle, copy (b)     {latency(delete_samples, delete.idle)}")
+    print(f"  during the DELETE  {latency(delete_samples, delete.busy)}")
+    print()
+    ratio = purge_rate / delete_rate
+    print("targets (issue 3):")
+    print(f"  purge >= 0.5 x single DELETE rows/s: {ratio:.2f} {verdict(ratio >= 0.5)}")
+    print(f"  longest purge transaction <= 25 ms: {purge.longest_ms:.1f} ms {verdict(purge.longest_ms <= 25)}")
+    print(f"  writer p99 <= 5 ms during the purge: {during_purge.p99:.2f} ms {verdict(during_purge.p99 <= 5)}"
+          f" (idle p99 on the same copy {idle_purge.p99:.2f} ms; p99 during / idle {during_purge.p99 / idle_purge.p99:.2f})")
+    if args.shuffled:
+        print(f"  shuffled layout >= 250 000 rows/s: {purge_rate:,.0f} {verdict(purge_rate >= 250_000)}")
     return 0
 
 

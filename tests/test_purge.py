@@ -72,18 +72,21 @@ def now(db) -> datetime:
     return db.server_now()
 
 
+class LoggedEvents:
+    """The structured events logged since it was created (debug included)."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        configure_logging(fmt="json", level="DEBUG", stream=self.stream)
+
+    def named(self, name: str) -> list[dict]:
+        parsed = (json.loads(line) for line in self.stream.getvalue().splitlines())
+        return [event for event in parsed if event["event"] == name]
+
+
 @pytest.fixture
-def events() -> list[dict]:
-    """The structured events logged during the test (debug included), parsed."""
-    stream = io.StringIO()
-    configure_logging(fmt="json", level="DEBUG", stream=stream)
-
-    class Events(list):
-        def named(self, name: str) -> list[dict]:
-            self[:] = [json.loads(line) for line in stream.getvalue().splitlines()]
-            return [e for e in self if e["event"] == name]
-
-    return Events()
+def events() -> LoggedEvents:
+    return LoggedEvents()
 
 
 def test_defaults(clean_env):
@@ -279,3 +282,25 @@ def test_demo_explains_what_was_deleted_and_kept(clean_env, pg_server_url, capsy
     assert "kept 4 expired fences whose job has a dead letter pending review" in out
     assert "kept 60 fences not expired yet" in out
     assert "core.processed_jobs: 312 -> 72" in out
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "problem"),
+    [
+        ("CORE_JOBS_PURGE_BATCH_SIZE", "0", "greater than or equal to 1"),
+        ("CORE_JOBS_PURGE_STATEMENT_TIMEOUT", "PT0S", "must be positive"),
+        ("CORE_JOBS_PURGE_MAX_RUNTIME", "-PT1M", "must be positive"),
+        ("CORE_JOBS_PURGE_BATCH_PAUSE", "-1", "must not be negative"),
+    ],
+)
+def test_bad_purge_settings_are_named(clean_env, name, value, problem):
+    """An invalid purge setting is a configuration error naming it."""
+    clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=f"{name}: .*{problem}"):
+        load_settings()
+
+
+def test_config_built_in_code_is_validated_too(db):
+    """A PurgeConfig with a zero batch size is refused with the setting's name."""
+    with pytest.raises(ConfigError, match="CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"):
+        Purger(PurgeConfig(guard=GUARD, batch_size=0), db)
