@@ -51,9 +51,10 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``num_deleted``        fences deleted by this run;
 - ``num_batches``        batches committed (a batch that deleted nothing counts too);
 - ``num_timeouts``       batches cancelled by the statement timeout (rolled back, retried);
-- ``rows_left``          deletable fences left when the run stopped on its budget, counted
-                         exactly up to ``ROWS_LEFT_CAP`` (100 000; the value then means "at
-                         least"); 0 when the run finished;
+- ``rows_left``          deletable fences left when the run stopped early (budget or
+                         gave_up), counted exactly up to ``ROWS_LEFT_CAP`` (100 000; the
+                         value then means "at least"); 0 when the run finished; -1 when the
+                         count itself hit the statement timeout;
 - ``stopped_on_budget``  1 when the time budget ended the run;
 - ``skipped``            1 when another run held the lock (nothing was done);
 - ``gave_up``            1 when timeouts persisted at the minimum batch size (ok=false);
@@ -62,7 +63,8 @@ numeric keys, all 0 on error; the metrics issue exports them:
 
 Per batch: ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``,
 ``batch_size``). Warnings: ``maintenance.purge.statement_timeout``,
-``maintenance.purge.batch_shrunk``, ``maintenance.purge.stopped_on_budget``; error:
+``maintenance.purge.batch_shrunk``, ``maintenance.purge.stopped_on_budget``,
+``maintenance.purge.rows_left_timeout``; error:
 ``maintenance.purge.gave_up``; info: ``maintenance.purge.skipped``.
 """
 
@@ -284,7 +286,7 @@ class Purger:
             "cursor": _BEGINNING,
         }
         timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
-        pending = conn.execute(COUNT_PENDING).fetchone()[0]
+        pending = _fetch_limited(conn, timeout, COUNT_PENDING, {})[0]
         delete_batch = DELETE_BATCH["hashed" if pending <= cfg.hashed_pending_limit else "probed"]
         timeouts_in_a_row = 0
         while True:
@@ -299,11 +301,7 @@ class Purger:
             params["batch_size"] = result.batch_size
             started = time.perf_counter()
             try:
-                with conn.transaction():
-                    conn.execute(SET_BATCH_LIMITS, (timeout,))
-                    # Never a prepared statement: after five runs PostgreSQL may switch to a generic
-                    # plan that ignores the cursor and got 10x slower in the benchmark.
-                    deleted, last_expires_at = conn.execute(delete_batch, params, prepare=False).fetchone()
+                deleted, last_expires_at = _fetch_limited(conn, timeout, delete_batch, params)
             except errors.QueryCanceled:
                 result.num_timeouts += 1
                 timeouts_in_a_row += 1
@@ -312,14 +310,15 @@ class Purger:
                 )
                 if timeouts_in_a_row < cfg.timeouts_before_shrink:
                     continue
-                floor = min(cfg.min_batch_size, cfg.batch_size)
-                if result.batch_size <= floor:
+                if not self._shrink(result):
                     result.gave_up = 1
-                    self._log.error(f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts)
+                    result.rows_left = self._rows_left(conn, params, timeout)
+                    self._log.error(
+                        f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts,
+                        rows_left=result.rows_left,
+                    )
                     return
-                previous, result.batch_size = result.batch_size, max(floor, result.batch_size // 2)
                 timeouts_in_a_row = 0
-                self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
                 continue
             batch_ms = (time.perf_counter() - started) * 1000
             timeouts_in_a_row = 0
@@ -335,11 +334,33 @@ class Purger:
             if cfg.batch_pause > timedelta(0):
                 self._sleep(cfg.batch_pause.total_seconds())
 
+    def _shrink(self, result: PurgeResult) -> bool:
+        """Halve the batch size down to the floor; False when it is already there."""
+        floor = min(self.config.min_batch_size, self.config.batch_size)
+        if result.batch_size <= floor:
+            return False
+        previous, result.batch_size = result.batch_size, max(floor, result.batch_size // 2)
+        self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
+        return True
+
     def _rows_left(self, conn: psycopg.Connection, params: dict[str, Any], timeout: str) -> int:
-        with conn.transaction():
-            conn.execute(SET_BATCH_LIMITS, (timeout,))
-            row = conn.execute(COUNT_ROWS_LEFT, params | {"cap": ROWS_LEFT_CAP}).fetchone()
-        return int(row[0])
+        """Deletable rows past the cursor, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
+        try:
+            return int(_fetch_limited(conn, timeout, COUNT_ROWS_LEFT, params | {"cap": ROWS_LEFT_CAP})[0])
+        except errors.QueryCanceled:
+            self._log.warning(f"{EVENTS}.rows_left_timeout", cap=ROWS_LEFT_CAP)
+            return -1
+
+
+def _fetch_limited(conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any]) -> tuple:
+    """One row of ``query``, run in its own transaction under the batch limits."""
+    with conn.transaction():
+        conn.execute(SET_BATCH_LIMITS, (timeout,))
+        # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
+        # and for the batch delete one such plan ran 10x slower in the benchmark.
+        row = conn.execute(query, params, prepare=False).fetchone()
+    assert row is not None
+    return row
 
 
 # --- demo -----------------------------------------------------------------------------------

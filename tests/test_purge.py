@@ -253,11 +253,24 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
         other.rollback()
     # 10 -> 2 timeouts -> 5: fences 1-5 go; 6-10 time out twice -> 2: 6-7 go; 8-9 time out at the floor.
     assert (result.num_deleted, result.num_timeouts, result.batch_size, result.gave_up, result.ok) == (7, 6, 2, 1, False)
+    assert result.rows_left == 3  # a plain count is not blocked by the row lock
     assert remaining(conn) == set(ids[7:])
     assert [e["batch_size"] for e in events.named("maintenance.purge.batch_shrunk")] == [5, 2]
     assert len(events.named("maintenance.purge.gave_up")) == 1
     after = Purger(config, db).run_once(now)  # the lock is gone: the next run starts afresh and finishes
     assert (after.num_deleted, after.batch_size, after.ok) == (3, 10, True)
+
+
+def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url):
+    """With the table locked by another session, the run gives up and says it could not count what is left."""
+    add_old_expired_fences(conn, now, 3)
+    config = PurgeConfig(guard=GUARD, batch_size=10, min_batch_size=10, statement_timeout=timedelta(milliseconds=50))
+    with psycopg.connect(database_url) as other:
+        other.execute("LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE")
+        result = Purger(config, db).run_once(now)
+        other.rollback()
+    assert (result.num_deleted, result.num_timeouts, result.gave_up, result.rows_left) == (0, 2, 1, -1)
+    assert len(remaining(conn)) == 3
 
 
 def test_can_run_repeatedly(db, conn, now):
