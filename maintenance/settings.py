@@ -30,7 +30,7 @@ from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
 ENV_PREFIX = "CORE_JOBS_"
 
 # Variables with our prefix that are not settings of the application itself.
-FOREIGN_VARIABLES = frozenset({"CORE_JOBS_TEST_DATABASE_URL"})
+FOREIGN_VARIABLES = frozenset({"CORE_JOBS_TEST_DATABASE_URL", "CORE_JOBS_BENCH_DATABASE_URL"})
 
 
 class ConfigError(Exception):
@@ -218,6 +218,45 @@ class Settings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(default="INFO", description="Minimum log level.")
 
     # --- purge (issue 3) ----------------------------------------------------------------------
+    purge_batch_size: int = Field(
+        default=10_000, ge=1,
+        description="Fences deleted per batch; each batch is its own short transaction.",
+    )
+    purge_min_batch_size: int = Field(
+        default=100, ge=1,
+        description="Floor the batch size may shrink to after repeated statement timeouts; "
+        "at this size, repeated timeouts stop the run (exit 1).",
+    )
+    purge_timeouts_before_shrink: int = Field(
+        default=2, ge=1,
+        description="Consecutive statement timeouts after which the batch size is halved.",
+    )
+    purge_statement_timeout: Duration = Field(
+        default=timedelta(seconds=5),
+        description="statement_timeout of each batch's DELETE (SET LOCAL).",
+    )
+    purge_batch_pause: Duration = Field(
+        default=timedelta(0),
+        description="Pause between batches, to leave I/O to the application.",
+    )
+    purge_max_runtime: Duration = Field(
+        default=timedelta(minutes=5),
+        description="Time budget of one run; no new batch starts after it and the run reports rows_left.",
+    )
+
+    @field_validator("purge_statement_timeout", "purge_max_runtime")
+    @classmethod
+    def _purge_positive(cls, value: timedelta) -> timedelta:
+        if value <= timedelta(0):
+            raise ValueError("must be positive")
+        return value
+
+    @field_validator("purge_batch_pause")
+    @classmethod
+    def _purge_not_negative(cls, value: timedelta) -> timedelta:
+        if value < timedelta(0):
+            raise ValueError("must not be negative")
+        return value
 
     # --- alerts (issue 4) ---------------------------------------------------------------------
     betterstack_api_url: str = Field(

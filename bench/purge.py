@@ -1,0 +1,266 @@
+"""Benchmark of the purge job against one unbounded DELETE, under a steady concurrent writer.
+
+    uv run python bench/purge.py                 # 2 M fences in expiry order
+    uv run python bench/purge.py --shuffled      # the same, rows not in expiry order
+    uv run python bench/purge.py --rows 200000   # smaller, quicker
+
+Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired ones held by
+a pending dead letter) into a template database, then on identical copies
+(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.purge.Purger``, default
+settings) and (b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy
+a writer process inserts fences at a steady 500/s, one per transaction, 10 % of them
+redeliveries (``ON CONFLICT DO NOTHING``); its latency is measured idle first, then during the
+run. Prints rows/s of each and their ratio, the longest purge transaction, and the writer's
+p50/p99/max latency. Ratios matter more than absolute figures on a shared machine.
+
+Server: ``CORE_JOBS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``
+(any database on the server; the benchmark creates and drops its own ``core_jobs_bench_*``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing as mp
+import os
+import random
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from harness.retry import RetryPolicy, max_retry_window  # noqa: E402
+from maintenance import migrate  # noqa: E402
+from maintenance.db import Database  # noqa: E402
+from maintenance.logs import configure_logging  # noqa: E402
+from maintenance.purge import PurgeConfig, Purger  # noqa: E402
+from maintenance.settings import TtlGuard  # noqa: E402
+
+DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+TTL = timedelta(days=7)
+
+# N fences: processed_at spread evenly over 10 days ending 3 days ago, each kept 7 days, so the
+# oldest 60 % have expired. Rows go in in expiry order, or shuffled. :layout is ORDER BY's key.
+LOAD_FENCES = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT gen_random_uuid(),
+       (ARRAY['points.credit', 'points.expire', 'points.adjust', 'notifications.email',
+              'notifications.push', 'ledger.sync', 'tiers.recompute', 'exports.daily'])[1 + g %% 8],
+       ('00000000-0000-4000-8000-' || lpad(to_hex(g %% 1000), 12, '0'))::uuid,
+       t.processed_at, t.processed_at + %(ttl)s
+  FROM generate_series(1, %(rows)s) AS g
+ CROSS JOIN LATERAL (SELECT now() - interval '13 days' + (g::float8 / %(rows)s) * interval '10 days'
+                     AS processed_at) AS t
+ ORDER BY {layout}"""
+
+# A few expired fences whose job sits in dead letters pending review: the purge keeps them.
+LOAD_PENDING_DEAD_LETTERS = """
+INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)
+SELECT job_id, consumer, '{}', 5, 'ProviderUnavailable: HTTP 503'
+  FROM core.processed_jobs TABLESAMPLE BERNOULLI (0.05) WHERE expires_at < now()"""
+
+# The writer: one fence per transaction; a redelivery hits the primary key and does nothing.
+INSERT_FENCE = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+VALUES (%s, 'points.credit', '00000000-0000-4000-8000-000000000001', now() + interval '7 days')
+ON CONFLICT (job_id, consumer) DO NOTHING"""
+
+# The baseline: every expired fence in one statement, one transaction.
+SINGLE_DELETE = "DELETE FROM core.processed_jobs WHERE expires_at < now()"
+
+
+def with_database(url: str, name: str) -> str:
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
+
+
+def admin(server: str, statement: sql.Composable) -> None:
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(statement)
+
+
+def build_template(server: str, name: str, rows: int, shuffled: bool) -> tuple[str, float]:
+    admin(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    url = with_database(server, name)
+    migrate.upgrade(url)
+    started = time.perf_counter()
+    layout = "random()" if shuffled else "t.processed_at"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "ttl": TTL})
+        conn.execute(LOAD_PENDING_DEAD_LETTERS)
+        # Hint bits, visibility map and statistics, so both copies start from the same warm state.
+        conn.execute("VACUUM (ANALYZE) core.processed_jobs")
+        conn.execute("VACUUM (ANALYZE) core.dead_letters")
+        conn.execute("CHECKPOINT")
+    return url, time.perf_counter() - started
+
+
+def writer(url: str, rate: float, stop: mp.Event, out: mp.Queue) -> None:
+    """Insert fences at ``rate``/s until ``stop``; send back (start, latency) per insert."""
+    rng = random.Random(7)
+    written: list[uuid.UUID] = []
+    samples: list[tuple[float, float]] = []
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("SELECT 1")
+        interval = 1.0 / rate
+        due = time.monotonic()
+        while not stop.is_set():
+            due += interval
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            redelivery = written and rng.random() < 0.10
+            job_id = rng.choice(written) if redelivery else uuid.uuid4()
+            started = time.monotonic()
+            conn.execute(INSERT_FENCE, (job_id,))
+            samples.append((started, time.monotonic() - started))
+            if not redelivery:
+                written.append(job_id)
+    out.put(samples)
+
+
+@dataclass
+class Run:
+    label: str
+    deleted: int
+    seconds: float
+    longest_ms: float
+    idle: tuple[float, float]  # monotonic window of the idle measurement
+    busy: tuple[float, float]  # monotonic window of the run
+
+
+@dataclass
+class Latency:
+    p50: float
+    p99: float
+    max: float
+    n: int
+
+    def __str__(self) -> str:
+        return f"{self.p50:7.2f} {self.p99:7.2f} {self.max:8.2f} {self.n:7d}"
+
+
+def latency(samples: list[tuple[float, float]], window: tuple[float, float]) -> Latency:
+    """The writer's latency (ms) of the inserts that started inside ``window``."""
+    inside = sorted(lat * 1000 for start, lat in samples if window[0] <= start <= window[1])
+    if not inside:
+        return Latency(float("nan"), float("nan"), float("nan"), 0)
+    return Latency(inside[len(inside) // 2], inside[min(len(inside) - 1, int(len(inside) * 0.99))], inside[-1], len(inside))
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "MISSED"
+
+
+def run_on_copy(server: str, template: str, label: str, action, rate: float, idle_s: float):
+    """Copy the template, start the writer, measure idle, run ``action(url)``, stop the writer."""
+    name = f"{template}_{label}"
+    admin(server, sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+    url = with_database(server, name)
+    stop, out = mp.Event(), mp.Queue()
+    proc = mp.Process(target=writer, args=(url, rate, stop, out), daemon=True)
+    try:
+        proc.start()
+        time.sleep(0.5)  # connection and first inserts
+        idle = (time.monotonic(), time.monotonic() + idle_s)
+        time.sleep(idle_s)
+        begin = time.monotonic()
+        deleted, longest_ms = action(url)
+        end = time.monotonic()
+        time.sleep(0.2)
+        stop.set()
+        samples = out.get(timeout=60)
+        proc.join(timeout=10)
+        return Run(label, deleted, end - begin, longest_ms, idle, (begin, end)), samples
+    finally:
+        stop.set()
+        if proc.is_alive():
+            proc.kill()
+        admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def purge_action(batch_size: int):
+    guard = TtlGuard(ttl=TTL, window=max_retry_window(RetryPolicy()), margin=2.0)
+
+    def action(url: str) -> tuple[int, float]:
+        db = Database(url)
+        result = Purger(PurgeConfig(guard=guard, batch_size=batch_size), db).run_once(db.server_now())
+        assert result.ok and not result.stopped_on_budget, result.fields()
+        return result.num_deleted, result.longest_batch_ms
+
+    return action
+
+
+def single_delete_action(url: str) -> tuple[int, float]:
+    with psycopg.connect(url) as conn:
+        started = time.perf_counter()
+        deleted = conn.execute(SINGLE_DELETE).rowcount
+        conn.commit()
+        return deleted, (time.perf_counter() - started) * 1000
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=2_000_000, help="fences to load (default 2 000 000)")
+    parser.add_argument("--shuffled", action="store_true", help="load rows in random order, not expiry order")
+    parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
+    parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
+    parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
+    args = parser.parse_args(argv)
+    configure_logging(fmt="console", level="WARNING", stream=sys.stderr)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+
+    server = os.environ.get("CORE_JOBS_BENCH_DATABASE_URL", DEFAULT_SERVER)
+    template = f"core_jobs_bench_{os.getpid()}"
+    layout = "shuffled (not in expiry order)" if args.shuffled else "in expiry order"
+    print(f"purge benchmark: {args.rows:,} fences, 60 % expired, 8 consumers, 1 000 tenants, layout {layout};")
+    print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}")
+    try:
+        _, load_s = build_template(server, template, args.rows, args.shuffled)
+        print(f"loaded template in {load_s:.1f} s")
+        purge, purge_samples = run_on_copy(
+            server, template, "purge", purge_action(args.batch_size), args.writer_rate, args.idle_seconds
+        )
+        delete, delete_samples = run_on_copy(
+            server, template, "delete", single_delete_action, args.writer_rate, args.idle_seconds
+        )
+    finally:
+        admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template)))
+
+    purge_rate = purge.deleted / purge.seconds
+    delete_rate = delete.deleted / delete.seconds
+    print()
+    print(f"(a) purge job     : {purge.deleted:>10,} rows in {purge.seconds:6.2f} s = {purge_rate:>10,.0f} rows/s;"
+          f" longest transaction {purge.longest_ms:.1f} ms")
+    print(f"(b) single DELETE : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s = {delete_rate:>10,.0f} rows/s;"
+          f" one transaction of {delete.longest_ms:.0f} ms")
+    print(f"ratio purge / single DELETE rows/s: {purge_rate / delete_rate:.2f}")
+    print()
+    during_purge = latency(purge_samples, purge.busy)
+    idle_purge = latency(purge_samples, purge.idle)
+    print("writer latency (ms)      p50     p99      max       n")
+    print(f"  idle, copy (a)     {idle_purge}")
+    print(f"  during the purge   {during_purge}")
+    print(f"  idle, copy (b)     {latency(delete_samples, delete.idle)}")
+    print(f"  during the DELETE  {latency(delete_samples, delete.busy)}")
+    print()
+    ratio = purge_rate / delete_rate
+    print("targets (issue 3):")
+    print(f"  purge >= 0.5 x single DELETE rows/s: {ratio:.2f} {verdict(ratio >= 0.5)}")
+    print(f"  longest purge transaction <= 25 ms: {purge.longest_ms:.1f} ms {verdict(purge.longest_ms <= 25)}")
+    print(f"  writer p99 <= 5 ms during the purge: {during_purge.p99:.2f} ms {verdict(during_purge.p99 <= 5)}"
+          f" (idle p99 on the same copy {idle_purge.p99:.2f} ms; p99 during / idle {during_purge.p99 / idle_purge.p99:.2f})")
+    if args.shuffled:
+        print(f"  shuffled layout >= 250 000 rows/s: {purge_rate:,.0f} {verdict(purge_rate >= 250_000)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
