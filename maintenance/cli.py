@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from harness.retry import compute_delay, max_retry_window
-from maintenance import migrate
+from maintenance import harness_cli, migrate
 from maintenance.db import Database
 from maintenance.logs import configure_logging, get_logger
 from maintenance.registry import jobs
@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="run the jobs against an embedded PostgreSQL with realistic data")
     p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")
     p.set_defaults(handler=cmd_demo)
+
+    # The consumer harness (issue 6): worker, enqueue, dead-letters.
+    harness_cli.add_commands(sub)
 
     return parser
 
