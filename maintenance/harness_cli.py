@@ -14,6 +14,7 @@ import json
 import signal
 import sys
 import uuid
+from datetime import timezone
 from typing import Any
 
 from harness.consumer import Consumer
@@ -91,7 +92,7 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     print(f"{'id':>6}  {'status':<14}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
     for r in rows:
-        print(f"{r.id:>6}  {r.status:<14}  {r.queue:<20}  {r.attempts:>3}  {r.created_at:%Y-%m-%d %H:%M:%S}  "
+        print(f"{r.id:>6}  {r.status:<14}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
               f"{r.job_id}  {_one_line(r.last_error, 80)}")
     return EXIT_OK
 
