@@ -17,6 +17,8 @@ import uuid
 from datetime import timezone
 from typing import Any
 
+from prometheus_client import start_http_server
+
 from harness.consumer import Consumer
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
@@ -57,6 +59,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         concurrency=args.concurrency or settings.worker_concurrency,
     )
     worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: worker.stop())
     try:
@@ -68,6 +72,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.queue.strip():
+        print("core-jobs: QUEUE must not be blank", file=sys.stderr)
+        return EXIT_USAGE
     try:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
@@ -136,6 +143,19 @@ def _one_line(text: str, width: int) -> str:
     return flat if len(flat) <= width else flat[: width - 1] + "…"
 
 
+def _bounded_int(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return parse
+
+
 def _default_operator() -> str:
     try:
         return getpass.getuser()
@@ -148,11 +168,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="run a consumer on the reference PostgreSQL queue (graceful on SIGTERM)")
     p.add_argument("--consumer", required=True, metavar="MODULE:OBJECT",
                    help="the Consumer to run, e.g. harness.examples.points:consumer")
-    p.add_argument("--concurrency", type=int, choices=range(1, 65), metavar="N",
-                   help="worker threads (default CORE_JOBS_WORKER_CONCURRENCY)")
-    p.add_argument("--batch-size", type=int, choices=range(1, 1001), metavar="N",
-                   help="messages claimed at once (default CORE_JOBS_WORKER_BATCH_SIZE)")
+    p.add_argument("--concurrency", type=_bounded_int(1, 64), metavar="N",
+                   help="worker threads, 1-64 (default CORE_JOBS_WORKER_CONCURRENCY)")
+    p.add_argument("--batch-size", type=_bounded_int(1, 1000), metavar="N",
+                   help="messages claimed at once, 1-1000 (default CORE_JOBS_WORKER_BATCH_SIZE)")
     p.add_argument("--once", action="store_true", help="stop when no message is ready instead of polling")
+    p.add_argument("--metrics-port", type=_bounded_int(1, 65535), metavar="PORT",
+                   help="serve the harness counters for Prometheus on this port (default: not served)")
     p.set_defaults(handler=cmd_worker)
 
     p = sub.add_parser("enqueue", help="publish one message on the reference queue")

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
 import uuid
 
+import httpx
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
@@ -205,3 +207,33 @@ def test_replaying_a_job_that_never_succeeded_applies_it_once(cli, database_url,
     assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana"]) == EXIT_CONFIG  # not pending any more
     assert run_worker(database_url).processed == 0
     assert points(conn, "m-1") == 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
+    """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics)."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+    port = free_port()
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)]) == EXIT_OK
+    body = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    line = next(x for x in body.splitlines() if x.startswith('harness_jobs_processed_total{consumer="points.credit"}'))
+    assert float(line.split()[-1]) >= 1
+
+
+@pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--batch-size", "1001"], ["--batch-size", "ten"]])
+def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
+    """--concurrency and --batch-size outside their ranges are usage errors (exit 2) naming the bound."""
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", *argv]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "is not between" in err or "is not a whole number" in err
+
+
+def test_enqueue_refuses_a_blank_queue(cli, conn):
+    """A blank queue name exits 2 and enqueues nothing."""
+    assert cli(["enqueue", " ", "--payload", "{}"]) == EXIT_CONFIG
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
