@@ -20,6 +20,12 @@ For the demo, the tests and small deployments. Every decision about time uses th
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
 publishes and marks its dead letter atomically.
+
+Claims, acks and releases commit with ``synchronous_commit = off``: they are cheap to lose. A
+server crash can forget only the last few of them (any later synchronous commit — a work
+transaction — flushes them too), and a forgotten claim or ack only means a redelivery, which
+the fence absorbs. It saves two disk flushes per batch. Publishing, retries and dead letters
+stay synchronous: losing those would lose a job or a failure record.
 """
 
 from __future__ import annotations
@@ -62,6 +68,9 @@ UPDATE core.queue_messages AS m
  WHERE m.id = ready.id
 RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.attempts, m.run_at
 """
+
+# Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
 
 # The fencing condition shared by every settling write: this lease, still alive.
 _HELD = "m.id = h.id AND m.lease_token = h.token AND m.lease_expires_at > now()"
@@ -128,6 +137,7 @@ class PgQueue:
     def claim(self, queue: str, limit: int) -> list[Delivery]:
         """Lease up to ``limit`` ready messages of ``queue``, oldest ``run_at`` first."""
         with self.conn.transaction():
+            self.conn.execute(ASYNC_COMMIT)
             rows = self.conn.execute(
                 CLAIM, {"queue": queue, "limit": limit, "lease": self.lease, "worker": self.worker}
             ).fetchall()
@@ -172,4 +182,5 @@ class PgQueue:
         ids = [d.receipt[0] for d in deliveries]
         tokens = [d.receipt[1] for d in deliveries]
         with self.conn.transaction():
+            self.conn.execute(ASYNC_COMMIT)
             return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
