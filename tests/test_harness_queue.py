@@ -10,8 +10,10 @@ from prometheus_client import CollectorRegistry
 
 from harness.dead_letters import DeadLetter
 from harness.examples.points import OutageLedger, consumer as points_consumer, make_consumer
+from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
+from harness.queue import Acked
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
@@ -104,14 +106,11 @@ def test_an_ack_after_the_lease_expired_changes_nothing_even_before_a_redelivery
 
 
 def test_a_redelivery_after_lease_expiry_is_absorbed_by_the_fence(database_url, conn, metrics):
-    """Work committed but never acked (lease lost) is redelivered after expiry; the fence makes it a duplicate."""
+    """Work committed but never acked (the worker died after its commit) is redelivered after expiry; the fence makes it a duplicate."""
     job_id = publish(conn, {"member_id": "a", "points": 10})
-    queue = PgQueue(conn)
-    queue.claim(QUEUE, 10)  # a worker took it, did the work below, and died before acking
-    conn.execute("INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)"
-                 " SELECT job_id, 'points.credit', tenant_id, now() + interval '7 days' FROM core.queue_messages")
-    conn.execute("INSERT INTO example.loyalty_points (tenant_id, member_id, points)"
-                 " SELECT tenant_id, 'a', 10 FROM core.queue_messages")
+    (first,) = PgQueue(conn).claim(QUEUE, 10)
+    assert handle(conn, points_consumer, first, policy=RetryPolicy(), fence_ttl=TTL, metrics=metrics) == Acked()
+    # ... and the worker dies here, before its ack.
     expire_leases(conn)
     stats = run_worker(database_url, points_consumer, metrics)
     assert (stats.processed, stats.duplicates) == (0, 1)
