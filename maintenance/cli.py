@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from alerts.heartbeat import send_heartbeat
 from harness.retry import compute_delay, max_retry_window
-from maintenance import migrate
+from maintenance import harness_cli, migrate
 from maintenance.db import Database
 from maintenance.logs import configure_logging, get_logger
 from maintenance.registry import jobs
@@ -121,6 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")
     p.add_argument("--verbose", action="store_true", help="also print every job's log events")
     p.set_defaults(handler=cmd_demo)
+
+    # The consumer harness (issue 6): worker, enqueue, dead-letters.
+    harness_cli.add_commands(sub)
 
     return parser
 

@@ -23,6 +23,7 @@ from psycopg import sql
 from maintenance import migrate
 from maintenance.db import Database
 from maintenance.demo_data import seed
+from maintenance.demo_harness import walk_through
 from maintenance.runner import build_jobs, run_jobs
 from maintenance.settings import Settings
 
@@ -106,5 +107,7 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
         out.write("\nRows per table (before -> after):\n")
         for table in sorted(before):
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")
+        out.write("\nThe consumer harness, with the example points consumer (harness/examples/points.py):\n")
+        walk_through(demo_settings, db, out)
         out.write("\nDemo finished; the database is being removed.\n" if not keep else "\nDemo finished.\n")
         return 0 if all(o.ok for o in outcomes) else 1

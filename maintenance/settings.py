@@ -359,6 +359,24 @@ class Settings(BaseSettings):
     # --- metrics and scheduler (issue 5) ------------------------------------------------------
 
     # --- harness, worker and operator actions (issue 6) ---------------------------------------
+    worker_lease: Duration = Field(
+        default=timedelta(seconds=30), gt=timedelta(0),
+        description="How long `core-jobs worker` holds a claimed message before another worker may take it "
+        "(the fencing lease). Must cover a whole batch of handler runs.",
+    )
+    worker_batch_size: int = Field(
+        default=10, ge=1, le=1000,
+        description="Messages a worker claims at once (FOR UPDATE SKIP LOCKED); successes are acked per batch.",
+    )
+    worker_poll_interval: Duration = Field(
+        default=timedelta(seconds=1), gt=timedelta(0),
+        description="How long an idle worker waits before looking for ready messages again.",
+    )
+    worker_concurrency: int = Field(
+        default=1, ge=1, le=64,
+        description="Worker threads per `core-jobs worker` process, each with its own connection.",
+    )
+
 
     # --- validators -------------------------------------------------------------------------
     @field_validator("database_url", mode="before")

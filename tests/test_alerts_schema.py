@@ -1,4 +1,4 @@
-"""The alert state's invariants live in the database (migration 0003_alerts)."""
+"""The alert state's invariants live in the database (migration 0002_alerts)."""
 
 from __future__ import annotations
 

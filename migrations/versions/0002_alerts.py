@@ -12,14 +12,14 @@
   letter and kind (``new``: the first incident; ``stale``: the escalation). The primary key is
   what makes "once per dead letter" hold even if two runners ever raced.
 
-Revision ID: 0003_alerts
+Revision ID: 0002_alerts
 Revises: 0001_foundation
 Create Date: 2026-11-30
 """
 
 from alembic import op
 
-revision = "0003_alerts"
+revision = "0002_alerts"
 down_revision = "0001_foundation"
 branch_labels = None
 depends_on = None

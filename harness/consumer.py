@@ -1,0 +1,96 @@
+"""Declaring a consumer: one object that says everything the harness needs to run it.
+
+    credit_points = Consumer(
+        name="points.credit",            # the fence's consumer column; stable across deploys
+        queue="points.credit",           # where its messages wait
+        payload_schema=CreditPoints,     # a pydantic model; a payload it rejects is poison (J-B5)
+        handler=credit,                  # handler(conn, payload, ctx), runs in the fence's transaction
+    )
+
+The handler gets the connection of the work transaction — the fence row is already inserted in
+it (J-B1) — the validated payload (an instance of ``payload_schema``) and a :class:`JobContext`.
+It must do its writes on that connection and must not commit or roll back: the harness does.
+It signals failures with the exceptions of :mod:`harness.errors`.
+
+Retry policy (J-B3): leave ``retry_policy`` unset and the consumer gets its queue's configured
+policy (the J-B3 defaults, or the queue's override in ``CORE_JOBS_RETRY_OVERRIDES``, which must
+carry a justification). A policy fixed in code needs a written ``retry_justification`` too, so
+an override is never silent.
+
+The fence TTL is deliberately not part of the declaration: it is one platform setting
+(``CORE_JOBS_PROCESSED_JOBS_TTL``) guarded against the retry window (J-B7), and the caller of
+:func:`harness.handling.handle` passes it, so no consumer can shorten it on its own.
+
+Extension point — seed 002's effect class. The declaration is a frozen, keyword-only dataclass
+whose optional fields all have defaults, so adding ``effect: Effect =
+Effect.IDEMPOTENT_WRITE`` (READ_ONLY / IDEMPOTENT_WRITE / NON_IDEMPOTENT_WRITE) breaks no
+existing declaration; the one place that would read it is ``handling.failure_outcome``, which
+decides retry versus dead letter (R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never
+retried automatically).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+from uuid import UUID
+
+import psycopg
+from pydantic import BaseModel
+
+from harness.retry import RetryPolicy
+
+__all__ = ["Consumer", "ConsumerError", "JobContext"]
+
+Payload = TypeVar("Payload", bound=BaseModel)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+class ConsumerError(ValueError):
+    """An invalid consumer declaration; the message names the field."""
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """What a handler may want to know about the delivery it is handling."""
+
+    job_id: UUID
+    tenant_id: UUID
+    correlation_id: str | None
+    attempt: int  # 1 on the first delivery
+    queue: str
+    consumer: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Consumer(Generic[Payload]):
+    """A consumer: see the module docstring."""
+
+    name: str
+    queue: str
+    payload_schema: type[Payload]
+    handler: Callable[[psycopg.Connection, Payload, JobContext], Any]
+    retry_policy: RetryPolicy | None = None
+    retry_justification: str | None = None
+
+    def __post_init__(self) -> None:
+        for field in ("name", "queue"):
+            value = getattr(self, field)
+            if not isinstance(value, str) or not _NAME.match(value):
+                raise ConsumerError(f"{field} must be a non-blank name of letters, digits and . _ : -, got {value!r}")
+        if not (isinstance(self.payload_schema, type) and issubclass(self.payload_schema, BaseModel)):
+            raise ConsumerError(f"payload_schema must be a pydantic model class, got {self.payload_schema!r}")
+        if not callable(self.handler):
+            raise ConsumerError(f"handler must be callable, got {self.handler!r}")
+        if self.retry_policy is not None and not (self.retry_justification or "").strip():
+            raise ConsumerError(
+                f"consumer {self.name}: a retry_policy other than the queue's configured one needs a "
+                "retry_justification (J-B3)"
+            )
+
+    def policy(self, configured: RetryPolicy) -> RetryPolicy:
+        """The retry policy in force: the declared one if justified, else the queue's configured one."""
+        return self.retry_policy if self.retry_policy is not None else configured

@@ -1,0 +1,86 @@
+"""Example consumer: credit loyalty points to a member, exactly once.
+
+Queue and consumer ``points.credit``; payload ``{"member_id": "m-42", "points": 50}``
+(``points`` a whole number from 1 to 1 000 000; anything else is poison). The handler confirms
+the credit with the loyalty ledger (a provider; the default one always agrees) and adds the
+points to ``example.loyalty_points`` — in the fence's transaction, so a duplicate delivery
+credits nothing and a crash credits nothing.
+
+Run it: ``core-jobs worker --consumer harness.examples.points:consumer``.
+
+:class:`OutageLedger` is a provider that fails on purpose, for the demo and the tests: it
+answers "timed out" (transient) for the first N attempts of chosen members, and "unknown
+member" (permanent) for others. It decides by the attempt number, so it behaves the same in
+every worker process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+import psycopg
+from pydantic import BaseModel, ConfigDict, Field
+
+from harness.consumer import Consumer, JobContext
+from harness.errors import PermanentError, TransientError
+
+__all__ = ["CreditPoints", "LoyaltyLedger", "OutageLedger", "consumer", "make_consumer"]
+
+
+class CreditPoints(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    member_id: str = Field(min_length=1, max_length=64)
+    points: int = Field(gt=0, le=1_000_000, strict=True)
+
+
+class LoyaltyLedger(Protocol):
+    def confirm(self, payload: CreditPoints, ctx: JobContext) -> None:
+        """Raise TransientError / PermanentError when the ledger cannot confirm the credit."""
+
+
+class AlwaysConfirms:
+    def confirm(self, payload: CreditPoints, ctx: JobContext) -> None:
+        return None
+
+
+class OutageLedger:
+    """Fails the first ``timeouts[member]`` attempts of a member, and always for ``unknown`` members."""
+
+    def __init__(self, timeouts: Mapping[str, int] | None = None, unknown: frozenset[str] = frozenset(),
+                 retry_after: float | None = None) -> None:
+        self.timeouts = dict(timeouts or {})
+        self.unknown = unknown
+        self.retry_after = retry_after
+
+    def confirm(self, payload: CreditPoints, ctx: JobContext) -> None:
+        if payload.member_id in self.unknown:
+            raise PermanentError(f"loyalty ledger has no member {payload.member_id}")
+        if ctx.attempt <= self.timeouts.get(payload.member_id, 0):
+            raise TransientError("loyalty ledger did not answer in 10 s", retry_after=self.retry_after)
+
+
+# Adds the points; the first credit of a member creates the balance row.
+CREDIT_POINTS = """
+INSERT INTO example.loyalty_points AS b (tenant_id, member_id, points)
+VALUES (%(tenant_id)s, %(member_id)s, %(points)s)
+ON CONFLICT (tenant_id, member_id)
+DO UPDATE SET points = b.points + EXCLUDED.points, updated_at = now()
+"""
+
+
+def make_consumer(ledger: LoyaltyLedger | None = None, *, name: str = "points.credit",
+                  queue: str = "points.credit") -> Consumer[CreditPoints]:
+    """The points consumer, confirming with ``ledger`` (default: one that always confirms)."""
+    provider = ledger or AlwaysConfirms()
+
+    def credit(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+        provider.confirm(payload, ctx)
+        conn.execute(CREDIT_POINTS, {"tenant_id": ctx.tenant_id, "member_id": payload.member_id,
+                                     "points": payload.points})
+
+    return Consumer(name=name, queue=queue, payload_schema=CreditPoints, handler=credit)
+
+
+consumer = make_consumer()

@@ -1,0 +1,149 @@
+"""Handling one delivery: the fence and the work in one transaction, then an outcome.
+
+1. The payload is validated against the consumer's schema. A payload it rejects is poison: a
+   dead letter at once, zero retries (J-B5, J-AC4).
+2. One transaction on the caller's connection (J-B1)::
+
+       INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+       VALUES (…, now() + fence_ttl) ON CONFLICT DO NOTHING RETURNING 1
+
+   No row back: the job was already done — roll back, outcome ``Duplicate`` (an ack and a
+   metric, no error, no row; J-B2). A row back: run the handler on the same connection and
+   commit. A parallel delivery of the same job blocks on the fence's primary key until this
+   transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
+   the work nor the fence (J-AC2).
+3. A failure rolls everything back, then:
+   ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
+   ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
+   once ``max_attempts`` deliveries have failed (J-AC3).
+
+Success writes nothing but the fence: it is counted in :mod:`harness.metrics` (J-B9, J-AC8).
+The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable
+from datetime import timedelta
+
+import psycopg
+from pydantic import ValidationError
+
+from harness.consumer import Consumer, JobContext
+from harness.dead_letters import DeadLetter, describe_error
+from harness.errors import PermanentError, PoisonMessage, TransientError
+from harness.metrics import METRICS, HarnessMetrics
+from harness.pg import server_now
+from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
+from harness.retry import RetryPolicy, compute_delay
+
+__all__ = ["handle", "failure_outcome", "INSERT_FENCE"]
+
+# The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.
+INSERT_FENCE = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+VALUES (%(job_id)s, %(consumer)s, %(tenant_id)s, now() + %(ttl)s)
+ON CONFLICT DO NOTHING
+RETURNING 1
+"""
+
+
+def handle(
+    conn: psycopg.Connection,
+    consumer: Consumer,
+    delivery: Delivery,
+    *,
+    policy: RetryPolicy,
+    fence_ttl: timedelta,
+    metrics: HarnessMetrics = METRICS,
+    random: Callable[[], float] = _random.random,
+) -> Outcome:
+    """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring."""
+    if fence_ttl <= timedelta(0):
+        raise ValueError(f"fence_ttl must be positive, got {fence_ttl}")
+    envelope = delivery.envelope
+    try:
+        payload = consumer.payload_schema.model_validate(envelope.payload)
+    except ValidationError as exc:
+        poison = PoisonMessage(f"payload failed schema validation: {_describe_validation(exc)}")
+        return _dead_letter(consumer, delivery, "poison", poison, metrics)
+
+    context = JobContext(
+        job_id=envelope.job_id,
+        tenant_id=envelope.tenant_id,
+        correlation_id=envelope.correlation_id,
+        attempt=delivery.attempt,
+        queue=delivery.queue,
+        consumer=consumer.name,
+    )
+    fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
+    duplicate = False
+    try:
+        with conn.transaction():
+            if conn.execute(INSERT_FENCE, fence).fetchone() is None:
+                duplicate = True
+                raise psycopg.Rollback()
+            consumer.handler(conn, payload, context)
+    except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
+        return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
+    if duplicate:
+        metrics.duplicates.labels(consumer.name).inc()
+        return Duplicate()
+    metrics.processed.labels(consumer.name).inc()
+    return Acked()
+
+
+def failure_outcome(
+    conn: psycopg.Connection,
+    consumer: Consumer,
+    delivery: Delivery,
+    error: Exception,
+    *,
+    policy: RetryPolicy,
+    metrics: HarnessMetrics = METRICS,
+    random: Callable[[], float] = _random.random,
+) -> Outcome:
+    """Retry or dead letter after a failed (rolled back) attempt.
+
+    This is where seed 002's effect class would decide too (see harness/consumer.py).
+    """
+    if isinstance(error, PermanentError):
+        return _dead_letter(consumer, delivery, "permanent", error, metrics)
+    if delivery.attempt >= policy.max_attempts:
+        return _dead_letter(consumer, delivery, "exhausted", error, metrics)
+    retry_after = error.retry_after if isinstance(error, TransientError) else None
+    # An HTTP-date Retry-After is measured against PostgreSQL's clock, like the schedule itself.
+    now = server_now(conn) if isinstance(retry_after, str) else None
+    delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
+    metrics.retries.labels(consumer.name).inc()
+    return RetryAfter(delay=delay, error=describe_error(error))
+
+
+def _dead_letter(
+    consumer: Consumer, delivery: Delivery, reason: str, error: Exception, metrics: HarnessMetrics
+) -> DeadLettered:
+    envelope = delivery.envelope
+    metrics.dead_lettered.labels(consumer.name, reason).inc()
+    return DeadLettered(
+        reason=reason,  # type: ignore[arg-type]
+        letter=DeadLetter(
+            job_id=envelope.job_id,
+            queue=delivery.queue,
+            consumer=consumer.name,
+            payload=envelope.payload,
+            attempts=delivery.attempt,
+            last_error=describe_error(error),
+            tenant_id=envelope.tenant_id,
+            correlation_id=envelope.correlation_id,
+        ),
+    )
+
+
+def _describe_validation(exc: ValidationError) -> str:
+    """``points: Input should be greater than 0; member_id: Field required`` — field and problem."""
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(p) for p in error.get("loc", ())) or "payload"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts)

@@ -1,0 +1,186 @@
+"""The reference queue adapter: messages in ``core.queue_messages``, on PostgreSQL's clock.
+
+For the demo, the tests and small deployments. Every decision about time uses the server's
+``now()``: no worker sleeps to wait for a retry and nothing is queued in memory (R-1).
+
+- **Claim**: up to ``limit`` ready messages (``run_at <= now()``, no live lease) in ``run_at``
+  order, ``FOR UPDATE SKIP LOCKED`` so concurrent workers never wait for each other. A claim
+  counts one attempt and takes a lease until ``now() + lease`` with a new **fencing token**
+  from a sequence.
+- **Ack** deletes the message — an acked message leaves no row (J-AC8). **Retry** records the
+  failed attempt (``last_error``, ``last_failed_at``) and ``run_at = now() + delay`` in one
+  statement. **Dead letter** deletes the message and inserts the dead letter in one
+  transaction. All three match on the token *and* an unexpired lease: a worker whose lease
+  expired changes nothing (its call returns False).
+- **Lease expiry**: a message whose lease expired is ready again; the redelivery counts an
+  attempt and the fence absorbs it if the first worker did commit its work.
+- **Release** gives claimed but unhandled messages back at once (a worker stopping), without
+  counting the attempt.
+
+Each method runs in its own transaction on the adapter's connection (autocommit mode); called
+inside an open transaction of that connection it joins it (a savepoint), which is how a replay
+publishes and marks its dead letter atomically.
+
+Claims, acks and releases commit with ``synchronous_commit = off``: they are cheap to lose. A
+server crash can forget only the last few of them (any later synchronous commit — a work
+transaction — flushes them too), and a forgotten claim or ack only means a redelivery, which
+the fence absorbs. It saves two disk flushes per batch. Publishing, retries and dead letters
+stay synchronous: losing those would lose a job or a failure record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from harness.dead_letters import DeadLetter, write_dead_letter
+from harness.queue import Delivery, Envelope
+
+__all__ = ["PgQueue"]
+
+PUBLISH = """
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, run_at)
+VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, now() + %(delay)s)
+RETURNING id
+"""
+
+# Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
+CLAIM = """
+WITH ready AS (
+    SELECT id
+      FROM core.queue_messages
+     WHERE queue = %(queue)s
+       AND run_at <= now()
+       AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+     ORDER BY run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE core.queue_messages AS m
+   SET attempts = m.attempts + 1,
+       lease_token = nextval('core.queue_lease_token_seq'),
+       lease_expires_at = now() + %(lease)s,
+       leased_by = %(worker)s
+  FROM ready
+ WHERE m.id = ready.id
+RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.attempts, m.run_at
+"""
+
+# Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
+ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+
+# The fencing condition shared by every settling write: this lease, still alive.
+_HELD = "m.id = h.id AND m.lease_token = h.token AND m.lease_expires_at > now()"
+
+ACK = f"""
+DELETE FROM core.queue_messages AS m
+ USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+ WHERE {_HELD}
+"""
+
+RETRY = f"""
+UPDATE core.queue_messages AS m
+   SET run_at = now() + %(delay)s,
+       last_error = %(error)s,
+       last_failed_at = now(),
+       lease_token = NULL, lease_expires_at = NULL, leased_by = NULL
+  FROM (VALUES (%(id)s::bigint, %(token)s::bigint)) AS h(id, token)
+ WHERE {_HELD}
+"""
+
+REMOVE_FOR_DEAD_LETTER = f"""
+DELETE FROM core.queue_messages AS m
+ USING (VALUES (%(id)s::bigint, %(token)s::bigint)) AS h(id, token)
+ WHERE {_HELD}
+RETURNING m.id
+"""
+
+RELEASE = f"""
+UPDATE core.queue_messages AS m
+   SET attempts = m.attempts - 1,
+       lease_token = NULL, lease_expires_at = NULL, leased_by = NULL
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+ WHERE {_HELD}
+"""
+
+
+class PgQueue:
+    """The reference :class:`~harness.queue.QueuePort` on ``core.queue_messages``."""
+
+    def __init__(self, conn: psycopg.Connection, *, lease: timedelta = timedelta(seconds=30), worker: str = "") -> None:
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
+        self.conn = conn
+        self.lease = lease
+        self.worker = worker
+
+    def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> int:
+        """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id."""
+        with self.conn.transaction():
+            row = self.conn.execute(
+                PUBLISH,
+                {
+                    "queue": queue,
+                    "job_id": envelope.job_id,
+                    "tenant_id": envelope.tenant_id,
+                    "correlation_id": envelope.correlation_id,
+                    "payload": Jsonb(envelope.payload),
+                    "delay": delay,
+                },
+            ).fetchone()
+        assert row is not None
+        return row[0]
+
+    def claim(self, queue: str, limit: int) -> list[Delivery]:
+        """Lease up to ``limit`` ready messages of ``queue``, oldest ``run_at`` first."""
+        with self.conn.transaction():
+            self.conn.execute(ASYNC_COMMIT)
+            rows = self.conn.execute(
+                CLAIM, {"queue": queue, "limit": limit, "lease": self.lease, "worker": self.worker}
+            ).fetchall()
+        rows.sort(key=lambda r: (r[7], r[0]))
+        return [
+            Delivery(
+                queue=queue,
+                envelope=Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id),
+                attempt=attempts,
+                receipt=(message_id, token),
+            )
+            for message_id, token, job_id, tenant_id, correlation_id, payload, attempts, _run_at in rows
+        ]
+
+    def ack(self, deliveries: Sequence[Delivery]) -> int:
+        """Delete the messages still leased by these deliveries; return how many were."""
+        return self._by_receipts(ACK, deliveries)
+
+    def release(self, deliveries: Sequence[Delivery]) -> int:
+        """Give unhandled deliveries back, ready now, their attempt not counted."""
+        return self._by_receipts(RELEASE, deliveries)
+
+    def retry(self, delivery: Delivery, delay: timedelta, error: str) -> bool:
+        """Record the failed attempt and schedule the next at ``now() + delay``, in one statement."""
+        message_id, token = delivery.receipt
+        with self.conn.transaction():
+            cursor = self.conn.execute(RETRY, {"id": message_id, "token": token, "delay": delay, "error": error})
+            return cursor.rowcount == 1
+
+    def dead_letter(self, delivery: Delivery, letter: DeadLetter) -> bool:
+        """Remove the message and write its dead letter, in one transaction; False if the lease was lost."""
+        message_id, token = delivery.receipt
+        with self.conn.transaction():
+            if self.conn.execute(REMOVE_FOR_DEAD_LETTER, {"id": message_id, "token": token}).fetchone() is None:
+                return False
+            write_dead_letter(self.conn, letter)
+            return True
+
+    def _by_receipts(self, statement: str, deliveries: Sequence[Delivery]) -> int:
+        if not deliveries:
+            return 0
+        ids = [d.receipt[0] for d in deliveries]
+        tokens = [d.receipt[1] for d in deliveries]
+        with self.conn.transaction():
+            self.conn.execute(ASYNC_COMMIT)
+            return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount

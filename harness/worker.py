@@ -1,0 +1,173 @@
+"""The worker loop: runs one consumer on the reference PostgreSQL queue.
+
+Each of ``concurrency`` threads holds its own connection and repeats: claim a batch (up to
+``batch_size`` ready messages), handle each (harness/handling.py), settle retries and dead
+letters at once, and ack the batch's successes and duplicates in one statement at its end (an
+ack lost to a crash only means a redelivery, which the fence absorbs). An empty claim waits
+``poll_interval`` — or, with ``once``, ends the thread.
+
+Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
+settled, the batch's successes are acked, and the claimed messages not yet started are
+released at once without using an attempt.
+
+The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
+redelivered and the fence absorbs the work already done — but it is wasted effort.
+
+Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts), ``harness.job.retry_scheduled``,
+``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import psycopg
+import structlog
+
+from harness.consumer import Consumer
+from harness.handling import handle
+from harness.metrics import METRICS, HarnessMetrics
+from harness.pgqueue import PgQueue
+from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
+from harness.retry import RetryPolicy
+
+__all__ = ["Worker", "WorkerConfig", "WorkerStats"]
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    fence_ttl: timedelta
+    lease: timedelta = timedelta(seconds=30)
+    batch_size: int = 10
+    poll_interval: timedelta = timedelta(seconds=1)
+    concurrency: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("fence_ttl", "lease", "poll_interval"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("batch_size", "concurrency"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+@dataclass
+class WorkerStats:
+    processed: int = 0
+    duplicates: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    leases_lost: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self, name, getattr(self, name) + n)
+
+    def fields(self) -> dict[str, int]:
+        return {
+            "num_processed": self.processed,
+            "num_duplicates": self.duplicates,
+            "num_retried": self.retried,
+            "num_dead_lettered": self.dead_lettered,
+            "num_leases_lost": self.leases_lost,
+        }
+
+
+class Worker:
+    def __init__(
+        self,
+        conninfo: str,
+        consumer: Consumer,
+        *,
+        policy: RetryPolicy,
+        config: WorkerConfig,
+        metrics: HarnessMetrics = METRICS,
+        application_name: str = "core-jobs-worker",
+    ) -> None:
+        self.conninfo = conninfo
+        self.consumer = consumer
+        self.policy = consumer.policy(policy)
+        self.config = config
+        self.metrics = metrics
+        self.application_name = application_name
+        self.stats = WorkerStats()
+        self._stopping = threading.Event()
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+
+    def stop(self) -> None:
+        """Finish the message in hand, then stop (safe from a signal handler)."""
+        self._stopping.set()
+
+    def run(self, *, once: bool = False) -> WorkerStats:
+        """Run until stopped (or, with ``once``, until no message is ready); return the counts."""
+        log.info("harness.worker.start", consumer=self.consumer.name, queue=self.consumer.queue,
+                 concurrency=self.config.concurrency, batch_size=self.config.batch_size, once=once)
+        errors: list[BaseException] = []
+
+        def loop(index: int) -> None:
+            try:
+                self._loop(f"{self.name}/{index}", once)
+            except BaseException as exc:  # reported by run(), after every thread ended
+                errors.append(exc)
+                self._stopping.set()
+
+        threads = [threading.Thread(target=loop, args=(i,), name=f"worker-{i}") for i in range(self.config.concurrency)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        log.info("harness.worker.stop", consumer=self.consumer.name, **self.stats.fields(), ok=not errors)
+        if errors:
+            raise errors[0]
+        return self.stats
+
+    def _loop(self, worker_name: str, once: bool) -> None:
+        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
+            queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
+            while not self._stopping.is_set():
+                batch = queue.claim(self.consumer.queue, self.config.batch_size)
+                if not batch:
+                    if once:
+                        return
+                    self._stopping.wait(self.config.poll_interval.total_seconds())
+                    continue
+                self._run_batch(conn, queue, batch)
+
+    def _run_batch(self, conn: psycopg.Connection, queue: PgQueue, batch: list[Delivery]) -> None:
+        done: list[Delivery] = []
+        try:
+            for index, delivery in enumerate(batch):
+                if self._stopping.is_set():
+                    queue.release(batch[index:])
+                    return
+                outcome = handle(conn, self.consumer, delivery, policy=self.policy,
+                                 fence_ttl=self.config.fence_ttl, metrics=self.metrics)
+                if isinstance(outcome, (Acked, Duplicate)):
+                    done.append(delivery)
+                    self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
+                    continue
+                fields = {"consumer": self.consumer.name, "job_id": str(delivery.envelope.job_id),
+                          "attempt": delivery.attempt, "correlation_id": delivery.envelope.correlation_id}
+                if not settle(queue, delivery, outcome):
+                    self.stats.add("leases_lost")
+                    log.warning("harness.job.lease_lost", **fields)
+                elif isinstance(outcome, RetryAfter):
+                    self.stats.add("retried")
+                    log.info("harness.job.retry_scheduled", **fields, delay_s=outcome.delay.total_seconds(),
+                             error=outcome.error)
+                elif isinstance(outcome, DeadLettered):
+                    self.stats.add("dead_lettered")
+                    log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason,
+                                error=outcome.letter.last_error)
+        finally:
+            acked = queue.ack(done) if done and not conn.closed else 0
+            if acked < len(done):
+                self.stats.add("leases_lost", len(done) - acked)
+                log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)

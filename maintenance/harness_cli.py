@@ -1,0 +1,210 @@
+"""The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard.
+
+Exit codes as for every command: 0 ok; 1 the worker failed; 2 a configuration or usage error,
+or an operator action refused as a whole (an unknown id, a dead letter that is not
+``pending_review``, a blank discard reason) — nothing changed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import importlib
+import json
+import signal
+import sys
+import uuid
+from datetime import timezone
+from typing import Any
+
+from prometheus_client import start_http_server
+
+from harness.consumer import Consumer
+from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
+from harness.pgqueue import PgQueue
+from harness.queue import NO_TENANT, Envelope
+from harness.worker import Worker, WorkerConfig
+from maintenance.db import Database
+from maintenance.logs import get_logger
+from maintenance.settings import ConfigError, Settings
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def load_consumer(reference: str) -> Consumer:
+    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong."""
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"--consumer {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--consumer {reference!r}: cannot import {module_name}: {exc}") from None
+    found = getattr(module, attribute, None)
+    if not isinstance(found, Consumer):
+        raise ConfigError(f"--consumer {reference!r}: {module_name}.{attribute} is not a harness Consumer")
+    return found
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    consumer = load_consumer(args.consumer)
+    guard = settings.ttl_guard()
+    if not guard.ok:  # a fence shorter than the retry window would let a late retry apply twice (J-B7)
+        raise ConfigError(guard.explain())
+    config = WorkerConfig(
+        fence_ttl=settings.processed_jobs_ttl,
+        lease=settings.worker_lease,
+        batch_size=args.batch_size or settings.worker_batch_size,
+        poll_interval=settings.worker_poll_interval,
+        concurrency=args.concurrency or settings.worker_concurrency,
+    )
+    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
+    if args.metrics_port:
+        start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: worker.stop())
+    try:
+        worker.run(once=args.once)
+    except Exception as exc:  # the stop event already carries the counts; say why
+        get_logger().error("harness.worker.error", consumer=consumer.name, error=f"{type(exc).__name__}: {exc}")
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.queue.strip():
+        print("core-jobs: QUEUE must not be blank", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        payload = json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        print(f"core-jobs: --payload is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    envelope = Envelope(job_id=args.job_id or uuid.uuid4(), payload=payload,
+                        tenant_id=args.tenant_id or NO_TENANT, correlation_id=args.correlation_id)
+    with Database(settings.conninfo()).connect(autocommit=True) as conn:
+        message_id = PgQueue(conn).publish(args.queue, envelope)
+    print(f"enqueued job {envelope.job_id} on {args.queue} (message {message_id})")
+    return EXIT_OK
+
+
+def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
+    with Database(settings.conninfo()).connect(autocommit=True) as conn:
+        rows = list_dead_letters(conn, queue=args.queue, status=args.status, limit=args.limit)
+    if args.json:
+        print(json.dumps([_as_json(r) for r in rows], indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no dead letters match")
+        return EXIT_OK
+    print(f"{'id':>6}  {'status':<14}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
+    for r in rows:
+        print(f"{r.id:>6}  {r.status:<14}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
+              f"{r.job_id}  {_one_line(r.last_error, 80)}")
+    return EXIT_OK
+
+
+def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int:
+    if bool(args.ids) == bool(args.all_pending):
+        print("core-jobs: give dead-letter IDs, or --queue Q --all-pending", file=sys.stderr)
+        return EXIT_USAGE
+    if args.all_pending and not args.queue:
+        print("core-jobs: --all-pending needs --queue Q", file=sys.stderr)
+        return EXIT_USAGE
+    return _act(settings, lambda conn: replay(conn, args.ids, queue=args.queue if args.all_pending else None,
+                                              operator=args.operator, reason=args.reason), "replayed")
+
+
+def cmd_dead_letters_discard(args: argparse.Namespace, settings: Settings) -> int:
+    return _act(settings, lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason), "discarded")
+
+
+def _act(settings: Settings, action: Any, verb: str) -> int:
+    try:
+        with Database(settings.conninfo()).connect(autocommit=True) as conn:
+            rows: list[DeadLetterRow] = action(conn)
+    except OperationRefused as exc:
+        for problem in exc.problems:
+            print(f"core-jobs: refused: {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    for r in rows:
+        print(f"{verb} dead letter {r.id} (job {r.job_id}, queue {r.queue})")
+    print(f"{len(rows)} dead letter(s) {verb}")
+    return EXIT_OK
+
+
+def _as_json(row: DeadLetterRow) -> dict[str, Any]:
+    return {k: (str(v) if isinstance(v, uuid.UUID) else v.isoformat() if hasattr(v, "isoformat") else v)
+            for k, v in row.__dict__.items()}
+
+
+def _one_line(text: str, width: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def _bounded_int(low: int, high: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not between {low} and {high}")
+        return value
+
+    return parse
+
+
+def _default_operator() -> str:
+    try:
+        return getpass.getuser()
+    except Exception:  # no $USER and no passwd entry (a bare container)
+        return ""
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register worker, enqueue and dead-letters on the ``core-jobs`` parser."""
+    p = sub.add_parser("worker", help="run a consumer on the reference PostgreSQL queue (graceful on SIGTERM)")
+    p.add_argument("--consumer", required=True, metavar="MODULE:OBJECT",
+                   help="the Consumer to run, e.g. harness.examples.points:consumer")
+    p.add_argument("--concurrency", type=_bounded_int(1, 64), metavar="N",
+                   help="worker threads, 1-64 (default CORE_JOBS_WORKER_CONCURRENCY)")
+    p.add_argument("--batch-size", type=_bounded_int(1, 1000), metavar="N",
+                   help="messages claimed at once, 1-1000 (default CORE_JOBS_WORKER_BATCH_SIZE)")
+    p.add_argument("--once", action="store_true", help="stop when no message is ready instead of polling")
+    p.add_argument("--metrics-port", type=_bounded_int(1, 65535), metavar="PORT",
+                   help="serve the harness counters for Prometheus on this port (default: not served)")
+    p.set_defaults(handler=cmd_worker)
+
+    p = sub.add_parser("enqueue", help="publish one message on the reference queue")
+    p.add_argument("queue", metavar="QUEUE")
+    p.add_argument("--payload", required=True, metavar="JSON")
+    p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")
+    p.add_argument("--tenant-id", type=uuid.UUID, metavar="UUID", help=f"default: {NO_TENANT} (no tenant)")
+    p.add_argument("--correlation-id", metavar="ID")
+    p.set_defaults(handler=cmd_enqueue)
+
+    dl = sub.add_parser("dead-letters", help="list, replay or discard dead letters (audited)")
+    dl_sub = dl.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p = dl_sub.add_parser("list", help="dead letters, oldest first")
+    p.add_argument("--queue")
+    p.add_argument("--status", choices=STATUSES)
+    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--json", action="store_true", help="JSON, payloads included")
+    p.set_defaults(handler=cmd_dead_letters_list)
+
+    operator = {"default": _default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
+    p = dl_sub.add_parser("replay", help="republish with the same job_id and mark replayed")
+    p.add_argument("ids", nargs="*", type=int, metavar="ID")
+    p.add_argument("--queue")
+    p.add_argument("--all-pending", action="store_true", help="every pending dead letter of --queue")
+    p.add_argument("--reason", help="why, for the audit ledger")
+    p.add_argument("--operator", **operator)
+    p.set_defaults(handler=cmd_dead_letters_replay)
+
+    p = dl_sub.add_parser("discard", help="mark discarded, with a reason")
+    p.add_argument("ids", nargs="+", type=int, metavar="ID")
+    p.add_argument("--reason", required=True, help="why (required, non-blank)")
+    p.add_argument("--operator", **operator)
+    p.set_defaults(handler=cmd_dead_letters_discard)

@@ -1,0 +1,78 @@
+"""Helpers shared by the harness tests: publishing, reading effects, waiting on PostgreSQL."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+
+from harness.pgqueue import PgQueue
+from harness.queue import Envelope
+
+TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
+TTL = timedelta(days=7)
+QUEUE = "points.credit"
+
+
+def publish(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
+            correlation_id: str | None = None, delay: timedelta = timedelta(0)) -> uuid.UUID:
+    job_id = job_id or uuid.uuid4()
+    envelope = Envelope(job_id=job_id, payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
+    PgQueue(conn).publish(queue, envelope, delay=delay)
+    return job_id
+
+
+def points(conn: psycopg.Connection, member: str) -> int:
+    row = conn.execute("SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s",
+                       (TENANT, member)).fetchone()
+    return row[0] if row else 0
+
+
+def fences(conn: psycopg.Connection, job_id: uuid.UUID) -> int:
+    return conn.execute("SELECT count(*) FROM core.processed_jobs WHERE job_id = %s", (job_id,)).fetchone()[0]
+
+
+def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
+    return conn.execute(query, params).fetchone()[0]
+
+
+def expire_leases(conn: psycopg.Connection) -> None:
+    """Move every lease into the past: what waiting out the lease duration would do."""
+    conn.execute("UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
+                 " WHERE lease_expires_at IS NOT NULL")
+
+
+def make_due(conn: psycopg.Connection) -> None:
+    """Move every scheduled run_at to now: what waiting out the retry delay would do."""
+    conn.execute("UPDATE core.queue_messages SET run_at = now() WHERE run_at > now()")
+
+
+def row_counts(conn: psycopg.Connection) -> dict[str, int]:
+    """Rows of every table in schemas core and example (the version table aside)."""
+    tables = [r[0] for r in conn.execute(
+        "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
+        " AND tablename <> 'alembic_version' ORDER BY 1")]
+    return {t: scalar(conn, f"SELECT count(*) FROM {t}") for t in tables}
+
+
+def wait_until_waiting_on_lock(conn: psycopg.Connection, pid: int, timeout: float = 20.0) -> None:
+    """Block until backend ``pid`` waits on a lock (an event on the server, not a timed sleep)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)):
+            return
+    raise AssertionError(f"backend {pid} never waited on a lock")
+
+
+def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float = 20.0) -> int:
+    """Block until some backend waits for advisory lock ``key``; return its pid."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                           " AND objid = %s", (key,)).fetchone()
+        if row:
+            return row[0]
+    raise AssertionError(f"nobody waited for advisory lock {key}")

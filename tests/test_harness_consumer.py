@@ -1,0 +1,61 @@
+"""Declaring a consumer and describing errors: pure logic (issue 6, point 1)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from pydantic import BaseModel
+
+from harness.consumer import Consumer, ConsumerError
+from harness.dead_letters import describe_error
+from harness.retry import RetryPolicy
+
+
+class Payload(BaseModel):
+    n: int
+
+
+def noop(conn, payload, ctx):
+    return None
+
+
+def test_a_consumer_without_a_policy_uses_its_queues_configured_one():
+    """No retry_policy declared: policy(configured) is the configured policy (J-B3 defaults or the queue's override)."""
+    configured = RetryPolicy(max_attempts=3)
+    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=Payload, handler=noop)
+    assert consumer.policy(configured) is configured
+
+
+def test_a_policy_fixed_in_code_needs_a_justification():
+    """J-B3: declaring a retry_policy without retry_justification is refused; with one, it wins."""
+    fixed = RetryPolicy(max_attempts=8, base_delay=timedelta(seconds=10))
+    with pytest.raises(ConsumerError, match="retry_justification"):
+        Consumer(name="c", queue="q", payload_schema=Payload, handler=noop, retry_policy=fixed)
+    consumer = Consumer(name="c", queue="q", payload_schema=Payload, handler=noop, retry_policy=fixed,
+                        retry_justification="the provider's outages last ~20 minutes")
+    assert consumer.policy(RetryPolicy()) is fixed
+
+
+@pytest.mark.parametrize(
+    ("field", "kwargs"),
+    [
+        ("name", {"name": " "}),
+        ("queue", {"queue": ""}),
+        ("payload_schema", {"payload_schema": dict}),
+        ("handler", {"handler": "not callable"}),
+    ],
+)
+def test_an_invalid_declaration_names_the_field(field, kwargs):
+    """Blank names, a schema that is not a pydantic model, or a non-callable handler are refused, naming the field."""
+    values = {"name": "c", "queue": "q", "payload_schema": Payload, "handler": noop} | kwargs
+    with pytest.raises(ConsumerError, match=field):
+        Consumer(**values)
+
+
+def test_describe_error_is_type_and_message_bounded():
+    """'Type: message', just 'Type' without a message, and never longer than the bound."""
+    assert describe_error(ValueError("bad points")) == "ValueError: bad points"
+    assert describe_error(TimeoutError()) == "TimeoutError"
+    long = describe_error(RuntimeError("y" * 5000), limit=100)
+    assert len(long) == 100 and long.startswith("RuntimeError: yyy") and long.endswith("[truncated]")

@@ -1,0 +1,173 @@
+"""Handling one delivery: the fence in the work transaction, duplicates, retries, poison (issue 6, point 2)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from harness.consumer import Consumer
+from harness.errors import PermanentError, TransientError
+from harness.examples.points import CreditPoints, OutageLedger, make_consumer
+from harness.handling import handle
+from harness.metrics import HarnessMetrics
+from harness.pgqueue import PgQueue
+from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Envelope, RetryAfter
+from harness.retry import RetryPolicy
+from harness_support import TENANT, TTL, fences, points, scalar, wait_until_waiting_on_lock
+
+POLICY = RetryPolicy()
+
+
+@pytest.fixture
+def metrics() -> HarnessMetrics:
+    return HarnessMetrics(CollectorRegistry())
+
+
+def delivery(payload, *, job_id=None, attempt=1, correlation_id="corr-1") -> Delivery:
+    envelope = Envelope(job_id=job_id or uuid.uuid4(), payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
+    return Delivery(queue="points.credit", envelope=envelope, attempt=attempt)
+
+
+def failing(error: Exception) -> Consumer:
+    """A points consumer whose handler credits, then raises ``error``."""
+    credit = make_consumer().handler
+
+    def handler(conn, payload, ctx):
+        credit(conn, payload, ctx)
+        raise error
+
+    return Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=handler)
+
+
+def test_success_commits_the_work_and_a_fence_expiring_after_the_ttl(conn, metrics):
+    """A handled job credits the points and writes one fence with expires_at = processed_at + TTL."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, make_consumer(), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert outcome == Acked()
+    assert points(conn, "m-1") == 50
+    row = conn.execute("SELECT consumer, tenant_id, expires_at - processed_at FROM core.processed_jobs"
+                       " WHERE job_id = %s", (d.envelope.job_id,)).fetchone()
+    assert row == ("points.credit", TENANT, TTL)
+    assert metrics.value("processed", consumer="points.credit") == 1
+
+
+def test_duplicate_delivery_acks_silently_with_a_metric_and_no_second_effect(conn, metrics):
+    """The same job handled again is a Duplicate: no second credit, no error, no row, one duplicate counted (J-B2)."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    consumer = make_consumer()
+    assert handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics) == Acked()
+    assert handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics) == Duplicate()
+    assert points(conn, "m-1") == 50
+    assert fences(conn, d.envelope.job_id) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+    assert metrics.value("duplicates", consumer="points.credit") == 1
+    assert metrics.value("processed", consumer="points.credit") == 1
+
+
+def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(database_url, conn, metrics):
+    """J-AC1: two threads handle one job at once; the second blocks on the fence, then sees a duplicate."""
+    d = delivery({"member_id": "m-par", "points": 7})
+    entered, release = threading.Event(), threading.Event()
+    credit = make_consumer().handler
+
+    def slow_credit(conn_, payload, ctx):
+        credit(conn_, payload, ctx)
+        entered.set()
+        assert release.wait(30)
+
+    first_consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints,
+                              handler=slow_credit)
+    outcomes: dict[str, object] = {}
+    with psycopg.connect(database_url, autocommit=True) as conn_a, psycopg.connect(database_url, autocommit=True) as conn_b:
+        def run(name, c, consumer):
+            outcomes[name] = handle(c, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+
+        a = threading.Thread(target=run, args=("a", conn_a, first_consumer))
+        a.start()
+        assert entered.wait(30)
+        b = threading.Thread(target=run, args=("b", conn_b, make_consumer()))
+        b.start()
+        wait_until_waiting_on_lock(conn, conn_b.info.backend_pid)  # b is inside its INSERT of the fence
+        release.set()
+        a.join(30)
+        b.join(30)
+    assert outcomes == {"a": Acked(), "b": Duplicate()}
+    assert points(conn, "m-par") == 7
+    assert fences(conn, d.envelope.job_id) == 1
+
+
+def test_a_failure_rolls_back_the_work_and_the_fence(conn, metrics):
+    """A handler that credits and then fails leaves neither the credit nor the fence (J-B1)."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, failing(TransientError("ledger timeout")), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, RetryAfter)
+    assert points(conn, "m-1") == 0
+    assert fences(conn, d.envelope.job_id) == 0
+
+
+def test_schema_invalid_payload_is_poison_with_zero_retries(conn, metrics):
+    """J-AC4: a payload the schema rejects is dead-lettered on its first attempt, naming the field, never run."""
+    d = delivery({"member_id": "m-1", "points": -5})
+    outcome = handle(conn, make_consumer(), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "poison"
+    assert outcome.letter.attempts == 1
+    assert outcome.letter.last_error.startswith("PoisonMessage: payload failed schema validation: points:")
+    assert metrics.value("retries", consumer="points.credit") == 0
+    assert metrics.value("dead_lettered", consumer="points.credit", reason="poison") == 1
+    assert fences(conn, d.envelope.job_id) == 0
+
+
+def test_permanent_error_is_dead_lettered_at_once(conn, metrics):
+    """J-B4: a handler's PermanentError on the first attempt is a dead letter, not a retry."""
+    consumer = make_consumer(OutageLedger(unknown=frozenset({"m-gone"})))
+    outcome = handle(conn, consumer, delivery({"member_id": "m-gone", "points": 5}), policy=POLICY,
+                     fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent"
+    assert outcome.letter.last_error == "PermanentError: loyalty ledger has no member m-gone"
+
+
+def test_an_unclassified_exception_is_retried_like_a_transient_error(conn, metrics):
+    """A bare exception from a handler is retried on the policy, not dropped and not dead-lettered."""
+    outcome = handle(conn, failing(KeyError("surprise")), delivery({"member_id": "m-1", "points": 1}),
+                     policy=POLICY, fence_ttl=TTL, metrics=metrics, random=lambda: 0.5)
+    assert outcome == RetryAfter(delay=timedelta(seconds=30), error="KeyError: 'surprise'")
+    assert metrics.value("retries", consumer="points.credit") == 1
+
+
+@pytest.mark.parametrize(("retry_after", "expected"), [(100, 100), ("1000", 120), (1, 30)])
+def test_retry_after_lengthens_the_delay_up_to_its_bound(conn, metrics, retry_after, expected):
+    """A Retry-After longer than the backoff wins, bounded to 120 s; a shorter one changes nothing (R-2)."""
+    outcome = handle(conn, failing(TransientError("429", retry_after=retry_after)),
+                     delivery({"member_id": "m-1", "points": 1}), policy=POLICY, fence_ttl=TTL, metrics=metrics,
+                     random=lambda: 0.5)
+    assert outcome.delay == timedelta(seconds=expected)
+
+
+def test_the_last_attempt_failing_is_a_dead_letter(conn, metrics):
+    """A transient failure on attempt max_attempts is dead-lettered as exhausted, with that attempt count."""
+    outcome = handle(conn, failing(TransientError("ledger timeout")), delivery({"member_id": "m-1", "points": 1},
+                     attempt=5), policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "exhausted"
+    assert outcome.letter.attempts == 5
+
+
+def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
+    """The written dead letter has payload, attempts, correlation id, tenant, queue, consumer, job id, error ≤ 2000 chars."""
+    payload = {"member_id": "m-1", "points": 3}
+    d = delivery(payload, attempt=1, correlation_id="corr-xyz")
+    outcome = handle(conn, failing(PermanentError("x" * 10_000)), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    queue = PgQueue(conn)
+    queue.publish("points.credit", d.envelope)
+    (claimed,) = queue.claim("points.credit", 1)
+    assert queue.dead_letter(claimed, outcome.letter)
+    row = conn.execute("SELECT job_id, queue, consumer, payload, attempts, correlation_id, tenant_id, last_error,"
+                       " status FROM core.dead_letters").fetchone()
+    assert row[:7] == (d.envelope.job_id, "points.credit", "points.credit", payload, 1, "corr-xyz", TENANT)
+    assert row[7].startswith("PermanentError: xxx") and len(row[7]) <= 2000 and row[7].endswith("[truncated]")
+    assert row[8] == "pending_review"
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0

@@ -1,0 +1,193 @@
+"""The reference PostgreSQL queue: claims, leases, fencing tokens, retries on the database clock (issue 6, point 4)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+
+from harness.dead_letters import DeadLetter
+from harness.examples.points import OutageLedger, consumer as points_consumer, make_consumer
+from harness.handling import handle
+from harness.metrics import HarnessMetrics
+from harness.pgqueue import PgQueue
+from harness.queue import Acked
+from harness.retry import RetryPolicy
+from harness.worker import Worker, WorkerConfig
+from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
+
+CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
+
+
+@pytest.fixture
+def metrics() -> HarnessMetrics:
+    return HarnessMetrics(CollectorRegistry())
+
+
+def run_worker(database_url, consumer, metrics, policy=RetryPolicy()):
+    return Worker(database_url, consumer, policy=policy, config=CONFIG, metrics=metrics).run(once=True)
+
+
+def letter_for(delivery) -> DeadLetter:
+    e = delivery.envelope
+    return DeadLetter(job_id=e.job_id, queue=delivery.queue, consumer="points.credit", payload=e.payload,
+                      attempts=delivery.attempt, last_error="TransientError: x")
+
+
+def test_claim_skips_rows_another_claimer_has_locked(database_url, conn):
+    """FOR UPDATE SKIP LOCKED: a claim never waits for a row another transaction holds; it takes the others."""
+    first = publish(conn, {"member_id": "a", "points": 1})
+    publish(conn, {"member_id": "b", "points": 1})
+    with psycopg.connect(database_url) as other:  # an open transaction holding the first message's row
+        other.execute("SELECT 1 FROM core.queue_messages WHERE job_id = %s FOR UPDATE", (first,))
+        claimed = PgQueue(conn).claim(QUEUE, 10)
+        assert [d.envelope.payload["member_id"] for d in claimed] == ["b"]
+
+
+def test_claim_takes_a_batch_in_run_at_order_and_counts_an_attempt(conn):
+    """A claim leases up to `limit` ready messages, oldest run_at first, each at attempt 1 with its own token."""
+    for member in ("a", "b", "c"):
+        publish(conn, {"member_id": member, "points": 1})
+    claimed = PgQueue(conn).claim(QUEUE, 2)
+    assert [d.envelope.payload["member_id"] for d in claimed] == ["a", "b"]
+    assert [d.attempt for d in claimed] == [1, 1]
+    assert len({d.receipt[1] for d in claimed}) == 2
+    assert [d.envelope.payload["member_id"] for d in PgQueue(conn).claim(QUEUE, 10)] == ["c"]
+
+
+def test_a_scheduled_message_is_not_delivered_before_its_run_at(conn):
+    """A message due in a minute is not claimable now; once its run_at has passed it is."""
+    publish(conn, {"member_id": "a", "points": 1}, delay=timedelta(minutes=1))
+    assert PgQueue(conn).claim(QUEUE, 10) == []
+    make_due(conn)
+    assert len(PgQueue(conn).claim(QUEUE, 10)) == 1
+
+
+def test_lease_expiry_redelivers_with_a_new_token_and_the_next_attempt(conn):
+    """A leased message is invisible until its lease expires; then it is delivered again, attempt 2, newer token."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    (first,) = queue.claim(QUEUE, 10)
+    assert queue.claim(QUEUE, 10) == []
+    expire_leases(conn)
+    (second,) = queue.claim(QUEUE, 10)
+    assert second.envelope == first.envelope
+    assert second.attempt == 2
+    assert second.receipt[1] > first.receipt[1]
+
+
+def test_a_stale_workers_late_ack_retry_and_dead_letter_change_nothing(conn):
+    """After its lease expired and another worker claimed the message, the first worker's writes match no row."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    (stale,) = queue.claim(QUEUE, 10)
+    expire_leases(conn)
+    (current,) = queue.claim(QUEUE, 10)
+    before = conn.execute("SELECT * FROM core.queue_messages").fetchall()
+    assert queue.ack([stale]) == 0
+    assert queue.retry(stale, timedelta(seconds=30), "TransientError: late") is False
+    assert queue.dead_letter(stale, letter_for(stale)) is False
+    assert conn.execute("SELECT * FROM core.queue_messages").fetchall() == before
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+    assert queue.ack([current]) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_an_ack_after_the_lease_expired_changes_nothing_even_before_a_redelivery(conn):
+    """A worker whose lease ran out cannot ack, even if nobody has claimed the message again yet."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    (late,) = queue.claim(QUEUE, 10)
+    expire_leases(conn)
+    assert queue.ack([late]) == 0
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
+
+
+def test_a_redelivery_after_lease_expiry_is_absorbed_by_the_fence(database_url, conn, metrics):
+    """Work committed but never acked (the worker died after its commit) is redelivered after expiry; the fence makes it a duplicate."""
+    job_id = publish(conn, {"member_id": "a", "points": 10})
+    (first,) = PgQueue(conn).claim(QUEUE, 10)
+    assert handle(conn, points_consumer, first, policy=RetryPolicy(), fence_ttl=TTL, metrics=metrics) == Acked()
+    # ... and the worker dies here, before its ack.
+    expire_leases(conn)
+    stats = run_worker(database_url, points_consumer, metrics)
+    assert (stats.processed, stats.duplicates) == (0, 1)
+    assert points(conn, "a") == 10 and fences(conn, job_id) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_a_retry_records_the_failure_and_schedules_on_the_database_clock(conn):
+    """One statement: last_error, last_failed_at = now(), run_at = now() + delay, lease cleared."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    (d,) = queue.claim(QUEUE, 10)
+    before = scalar(conn, "SELECT clock_timestamp()")
+    assert queue.retry(d, timedelta(seconds=27.5), "TransientError: ledger timeout")
+    after = scalar(conn, "SELECT clock_timestamp()")
+    run_at, failed_at, *rest = conn.execute("SELECT run_at, last_failed_at, last_error, lease_token,"
+                                            " lease_expires_at, attempts FROM core.queue_messages").fetchone()
+    assert before <= failed_at <= after
+    assert run_at - failed_at == timedelta(seconds=27.5)
+    assert rest == ["TransientError: ledger timeout", None, None, 1]
+
+
+def test_release_gives_messages_back_at_once_without_using_an_attempt(conn):
+    """Released deliveries are ready again immediately, their attempt count unchanged."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    claimed = queue.claim(QUEUE, 10)
+    assert queue.release(claimed) == 1
+    (again,) = queue.claim(QUEUE, 10)
+    assert again.attempt == 1
+
+
+def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_dead_letter(database_url, conn, metrics):
+    """J-AC3: 5 attempts; the 4 waits, read from the scheduled run_at on the database clock, grow within ±20 %."""
+    job_id = publish(conn, {"member_id": "m-down", "points": 5}, correlation_id="corr-down")
+    consumer = make_consumer(OutageLedger(timeouts={"m-down": 99}))
+    waits = []
+    for attempt in range(1, 6):
+        stats = run_worker(database_url, consumer, metrics)
+        assert stats.retried + stats.dead_lettered == 1, f"attempt {attempt} was not delivered"
+        if attempt < 5:
+            wait, attempts = conn.execute("SELECT run_at - last_failed_at, attempts FROM core.queue_messages").fetchone()
+            assert attempts == attempt
+            waits.append(wait.total_seconds())
+            assert run_worker(database_url, consumer, metrics).retried == 0  # not due yet: nothing delivered
+            make_due(conn)
+    nominal = [30, 60, 120, 240]
+    assert all(0.8 * n <= w <= 1.2 * n for w, n in zip(waits, nominal, strict=True)), waits
+    assert waits == sorted(waits) and len(set(waits)) == 4
+    assert waits != [float(n) for n in nominal]  # jittered, not the nominal schedule
+    row = conn.execute("SELECT job_id, attempts, last_error, correlation_id FROM core.dead_letters").fetchone()
+    assert row == (job_id, 5, "TransientError: loyalty ledger did not answer in 10 s", "corr-down")
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+    assert metrics.value("retries", consumer="points.credit") == 4
+    assert metrics.value("dead_lettered", consumer="points.credit", reason="exhausted") == 1
+
+
+def test_poison_through_the_queue_is_a_dead_letter_after_one_delivery(database_url, conn, metrics):
+    """J-AC4 end to end: the worker dead-letters a schema-invalid message on delivery 1 and leaves no message."""
+    job_id = publish(conn, {"member_id": "m-1", "points": "many"})
+    stats = run_worker(database_url, points_consumer, metrics)
+    assert (stats.dead_lettered, stats.retried) == (1, 0)
+    assert conn.execute("SELECT job_id, attempts FROM core.dead_letters").fetchone() == (job_id, 1)
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_successes_write_no_row_beyond_their_fences(database_url, conn, metrics):
+    """J-AC8: after N successful jobs, processed_jobs gained N rows and no other table gained any."""
+    members = [f"m-{i}" for i in range(25)]
+    conn.execute("INSERT INTO example.loyalty_points (tenant_id, member_id, points)"
+                 " SELECT '00000000-0000-4000-8000-0000000000aa', m, 0 FROM unnest(%s::text[]) AS m", (members,))
+    before = row_counts(conn)
+    for member in members:
+        publish(conn, {"member_id": member, "points": 2})
+    stats = run_worker(database_url, points_consumer, metrics)
+    assert stats.processed == 25
+    after = row_counts(conn)
+    assert after.pop("core.processed_jobs") == before.pop("core.processed_jobs") + 25
+    assert after == before
+    assert scalar(conn, "SELECT sum(points) FROM example.loyalty_points") == 50
