@@ -89,7 +89,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
     if not args.verbose:
         # The demo prints its own human summary; the job events would drown it.
-        configure_logging(fmt=settings.log_format, level="WARNING", secrets=settings.secret_values())
+        configure_logging(fmt=settings.log_format, level="ERROR", secrets=settings.secret_values())
     return run_demo(settings, keep=args.keep)
 
 
