@@ -46,6 +46,7 @@ class JobSpec:
 
 # Modules that register jobs, in the order `run-once` runs them when no job is named.
 JOB_MODULES: tuple[str, ...] = (
+    "maintenance.metrics",
 )
 
 _JOBS: dict[str, JobSpec] = {}
