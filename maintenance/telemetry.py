@@ -37,11 +37,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
 from prometheus_client.exposition import default_handler, push_to_gateway
 from prometheus_client.metrics_core import Metric
 
 from maintenance.logs import get_logger
+
+# No `<counter>_created` series: they double every counter on the Pushgateway for a start time
+# that, in run-once mode, is just the pod's.
+disable_created_metrics()
 
 PUSH_JOB = "core-jobs"
 JOB_LABEL = "job_name"
