@@ -301,9 +301,7 @@ class Settings(BaseSettings):
     @field_validator("metrics_push_timeout", "metrics_max_transaction", "scheduler_misfire_grace")
     @classmethod
     def _positive_metrics_durations(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be positive")
-        return value
+        return cls._positive(value)  # the foundation's check, below
 
     def schedule_of(self, job: str) -> str:
         """The crontab of ``job`` for `serve` (setting SCHEDULE_<JOB>); ConfigError when it has none."""
@@ -313,7 +311,6 @@ class Settings(BaseSettings):
                 f"job {job} has no schedule: add a setting {ENV_PREFIX}{name.upper()} (maintenance/settings.py)"
             )
         return getattr(self, name)
-
 
     # --- harness, worker and operator actions (issue 6) ---------------------------------------
 

@@ -153,9 +153,11 @@ def test_missed_runs_are_coalesced_and_late_ones_skipped_after_the_misfire_grace
     ("CORE_JOBS_SCHEDULE_METRICS", "61 * * * *"),
     ("CORE_JOBS_SCHEDULE_PURGE", "*/15 * * *"),
     ("CORE_JOBS_SCHEDULE_ALERTS", "0 9 * * 1"),
+    ("CORE_JOBS_SCHEDULER_MISFIRE_GRACE", "PT0S"),
+    ("CORE_JOBS_HTTP_PORT", "70000"),
 ])
 def test_invalid_cron_exits_2_naming_the_setting(clean_env, database_url, capsys, name, value):
-    """`core-jobs serve` with a bad crontab exits 2 at start and names the setting."""
+    """`core-jobs serve` with a bad crontab (or grace, or port) exits 2 at start and names the setting."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     clean_env.setenv(name, value)
     assert main(["serve"]) == EXIT_CONFIG
