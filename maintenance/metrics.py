@@ -131,7 +131,7 @@ SELECT min(a.xact_start) AS oldest_open,
   FROM pg_stat_activity a
  WHERE a.datname = current_database()
    AND a.pid <> pg_backend_pid()
-   AND a.backend_type <> 'autovacuum worker'
+   AND a.backend_type IS DISTINCT FROM 'autovacuum worker'  -- NULL for a hidden session: keep it
 """
 
 # count_successes: the fences between the old and the new watermark (half-open, so a fence on

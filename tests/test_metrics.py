@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
+from psycopg.conninfo import make_conninfo
 
 from maintenance.cli import EXIT_OK, main
 from maintenance.db import Database
@@ -185,6 +188,30 @@ def test_a_transaction_open_longer_than_max_transaction_stops_holding_the_count_
     assert result.horizon == "max_transaction"
     assert result.counted_until == now - timedelta(minutes=5)
     assert result.successes == {"points.credit": 3}
+
+
+def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(database_url, conn):
+    """Without pg_read_all_stats, sessions of other roles are hidden, so counting stops at now - max_transaction."""
+    role = f"core_jobs_metrics_{os.getpid()}_{secrets.token_hex(3)}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for grant in ("GRANT USAGE ON SCHEMA core TO {}",
+                      "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
+                      "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}"):
+            conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
+        now = server_now(conn)
+        add_fences(conn, "points.credit", 2, now - timedelta(minutes=10))
+        add_fences(conn, "points.credit", 1, now - timedelta(minutes=2))
+        as_role = Database(make_conninfo(database_url, user=role))
+
+        result = MetricsJob(as_role, MetricsConfig(max_transaction=timedelta(minutes=5))).run_once(now)
+
+        assert result.horizon == "max_transaction"
+        assert result.counted_until == now - timedelta(minutes=5)
+        assert result.successes == {"points.credit": 2}
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
 
 
 def test_the_watermark_never_moves_backwards(db, conn):
