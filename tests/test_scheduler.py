@@ -214,7 +214,8 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
         jobs.start()
         jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(timezone.utc))
         wait_until(lambda: conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
         ).fetchone()[0] == 1)
         stopping = threading.Thread(target=jobs.stop)
         stopping.start()
