@@ -319,6 +319,11 @@ class MetricsJob:
         self.config = config
 
     def run_once(self, now: datetime) -> MetricsResult:
+        """Count the successes since the watermark and read the dead-letter figures, as of ``now``.
+
+        ``now`` is PostgreSQL's clock read by the runner just before; the watermark never passes
+        ``now - 1 s``. (Tests pass a later ``now`` to stand for a later run.)
+        """
         tenant = "tenant_id::text" if self.config.tenant_label else "NULL::text"
         params = {"name": WATERMARK}
         # READ COMMITTED on purpose: count_successes must take its snapshot after success_horizon.
