@@ -76,6 +76,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from psycopg.types.json import Jsonb
@@ -324,35 +325,42 @@ class MetricsJob:
         ``now`` is PostgreSQL's clock read by the runner just before; the watermark never passes
         ``now - 1 s``. (Tests pass a later ``now`` to stand for a later run.)
         """
-        tenant = "tenant_id::text" if self.config.tenant_label else "NULL::text"
+        with self.db.connect() as conn:
+            # READ COMMITTED whatever the server's default: count_successes must take its own
+            # snapshot, after success_horizon (a single snapshot for the whole transaction, as in
+            # REPEATABLE READ, could miss a fence committed between the two).
+            conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+            with conn.transaction():
+                result = self._count_successes(conn, now)
+                result.dead_letters = [
+                    QueueFigures(queue, pending, _age(now, oldest), replayed, discarded)
+                    for queue, pending, oldest, replayed, discarded in conn.execute(DEAD_LETTER_FIGURES)
+                ]
+        get_logger(job="metrics").info("maintenance.metrics.collected", **result.log_figures())
+        return result
+
+    def _count_successes(self, conn: psycopg.Connection, now: datetime) -> MetricsResult:
+        """Lock the watermark, count up to the new horizon, store the totals and the new watermark."""
         params = {"name": WATERMARK}
-        # READ COMMITTED on purpose: count_successes must take its snapshot after success_horizon.
-        with self.db.connect() as conn, conn.transaction():
-            conn.execute(ENSURE_WATERMARK, params)
-            since, totals = conn.execute(LOCK_WATERMARK, params).fetchone()
-            since = NEVER if since is None else since  # NULL: nothing counted yet
-            oldest_open, hidden, prepared = conn.execute(SUCCESS_HORIZON).fetchone()
-            horizon, why = choose_horizon(
-                now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.config.max_transaction
-            )
-            until = max(since, horizon)  # never backwards
-            counts: dict[tuple[str, str | None], int] = {}
-            if until > since:
-                rows = conn.execute(COUNT_SUCCESSES.format(tenant=tenant), {"since": since, "until": until})
-                counts = {(consumer, t): n for consumer, t, n in rows}
-            totals = add_counts(totals or {}, counts, tenant_label=self.config.tenant_label,
-                                top_n=self.config.tenant_top_n)
-            conn.execute(ADVANCE_WATERMARK, {"until": until, "totals": Jsonb(totals), "now": now, **params})
-            queues = [
-                QueueFigures(queue, pending, _age(now, oldest), replayed, discarded)
-                for queue, pending, oldest, replayed, discarded in conn.execute(DEAD_LETTER_FIGURES)
-            ]
+        conn.execute(ENSURE_WATERMARK, params)
+        since, totals = conn.execute(LOCK_WATERMARK, params).fetchone()
+        since = NEVER if since is None else since  # NULL: nothing counted yet
+        oldest_open, hidden, prepared = conn.execute(SUCCESS_HORIZON).fetchone()
+        horizon, why = choose_horizon(
+            now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.config.max_transaction
+        )
+        until = max(since, horizon)  # never backwards
+        counts: dict[tuple[str, str | None], int] = {}
+        if until > since:
+            tenant = "tenant_id::text" if self.config.tenant_label else "NULL::text"
+            rows = conn.execute(COUNT_SUCCESSES.format(tenant=tenant), {"since": since, "until": until})
+            counts = {(consumer, t): n for consumer, t, n in rows}
+        totals = add_counts(totals or {}, counts, tenant_label=self.config.tenant_label, top_n=self.config.tenant_top_n)
+        conn.execute(ADVANCE_WATERMARK, {"until": until, "totals": Jsonb(totals), "now": now, **params})
         successes: dict[str, int] = {}
         for (consumer, _tenant), n in counts.items():
             successes[consumer] = successes.get(consumer, 0) + n
-        result = MetricsResult(since, until, why, now, successes, totals, queues, self.config.tenant_label)
-        get_logger(job="metrics").info("maintenance.metrics.collected", **result.log_figures())
-        return result
+        return MetricsResult(since, until, why, now, successes, totals, tenant_label=self.config.tenant_label)
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
