@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import threading
+import time
 from datetime import datetime, timedelta, timezone
 
 import psycopg
@@ -172,6 +174,34 @@ def test_a_fence_committed_late_by_an_open_transaction_is_counted_once(db, datab
     assert {c: t["total"] for c, t in again.totals.items()} == {"points.credit": 1, "points.expire": 3}
     count = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
     assert sum(t["total"] for t in again.totals.values()) == count
+
+
+def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_url, conn):
+    """Two replicas running at once both wait on the watermark row; together they count every fence once."""
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 5, now - timedelta(minutes=3))
+    results = []
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")
+        runs = [threading.Thread(target=lambda: results.append(MetricsJob(db).run_once(now))) for _ in range(2)]
+        for run in runs:
+            run.start()
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+        ).fetchone()[0] == 2)
+        blocker.commit()
+    for run in runs:
+        run.join(timeout=30)
+    assert sorted(sum(r.successes.values()) for r in results) == [0, 5]
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    """Bounded wait for a condition other threads bring about."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        threading.Event().wait(0.01)
 
 
 def test_a_transaction_open_longer_than_max_transaction_stops_holding_the_count_back(db, database_url, conn):
