@@ -57,7 +57,7 @@ INSERT INTO core.metrics_watermark (name) VALUES ('success_volume');
 #     is in every consumer's work transaction, and BRIN adds nothing to it while the tail
 #     range is unsummarized);
 #   one fence per committed transaction: btree x1.02, BRIN x1.02 (noise level);
-#   bulk insert of 200k: btree x1.24, BRIN x1.26 (earlier runs 1.06-1.42 vs 1.11-1.76: noise);
+#   bulk insert of 200k: btree x1.24, BRIN x1.26 (five runs: 1.06-1.42 vs 1.02-1.76: noise);
 #   count of the newest minute: none 62 ms, btree 0.46 ms, BRIN 1.65 ms; after 7 purge cycles
 #     (every fence replaced in reused pages): none 110 ms, btree 0.23 ms, BRIN 2.30 ms;
 #   size: btree 42,880 kB, BRIN 24 kB.
