@@ -18,6 +18,7 @@ from maintenance.logs import configure_logging, get_logger
 from maintenance.registry import jobs
 from maintenance.runner import build_jobs, run_jobs
 from maintenance.settings import ConfigError, Settings, format_duration, load_settings
+from maintenance.telemetry import push_configured
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -72,6 +73,8 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     db = Database(settings.conninfo())
     built = build_jobs(settings, db, args.jobs)
     outcomes = run_jobs(built, db)
+    for outcome in outcomes:
+        push_configured(settings, outcome.name)
     if settings.betterstack_heartbeat_url is not None:
         # The dead-man's switch of the whole run; a failed ping is logged and changes nothing.
         send_heartbeat(
@@ -82,6 +85,12 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
             log=get_logger(),
         )
     return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.scheduler import serve  # APScheduler and the HTTP server: only for serve
+
+    return serve(settings)
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
@@ -116,6 +125,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run-once", help="run the named jobs once (all when none is named)")
     p.add_argument("jobs", nargs="*", metavar="JOB")
     p.set_defaults(handler=cmd_run_once)
+
+    p = sub.add_parser("serve", help="run every job on its cron schedule, with /healthz and /metrics, until SIGTERM")
+    p.set_defaults(handler=cmd_serve)
 
     p = sub.add_parser("demo", help="run the jobs against an embedded PostgreSQL with realistic data")
     p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")

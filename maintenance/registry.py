@@ -48,6 +48,7 @@ class JobSpec:
 JOB_MODULES: tuple[str, ...] = (
     "maintenance.purge",
     "maintenance.alerts_job",
+    "maintenance.metrics",
 )
 
 _JOBS: dict[str, JobSpec] = {}

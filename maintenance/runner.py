@@ -16,6 +16,7 @@ from maintenance.db import Database
 from maintenance.logs import get_logger
 from maintenance.registry import Job, JobSpec, jobs
 from maintenance.settings import ConfigError, Settings
+from maintenance.telemetry import Telemetry, default
 
 
 @dataclass
@@ -25,6 +26,7 @@ class JobOutcome:
     fields: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     result: Any = None
+    duration_s: float = 0.0
 
 
 def build_jobs(settings: Settings, db: Database, names: Iterable[str] = ()) -> list[tuple[JobSpec, Job]]:
@@ -38,8 +40,17 @@ def build_jobs(settings: Settings, db: Database, names: Iterable[str] = ()) -> l
     return [(registered[n], registered[n].build(settings, db)) for n in wanted]
 
 
-def run_job(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
-    """Run one job once; never raises (a failure becomes ok=False and an error event)."""
+def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry | None = None) -> JobOutcome:
+    """Run one job once; never raises (a failure becomes ok=False and an error event).
+
+    The outcome is also recorded as Prometheus metrics in ``telemetry`` (default: the process's).
+    """
+    outcome = _run(spec, job, db)
+    (telemetry or default()).record(outcome)
+    return outcome
+
+
+def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
     log = get_logger(job=spec.name)
     started = time.monotonic()
     log.info(f"{spec.events}.start")
@@ -49,12 +60,14 @@ def run_job(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
     except Exception as exc:  # a job failure must not stop the next job
         fields = spec.zero_fields()
         error = f"{type(exc).__name__}: {exc}"
-        log.error(f"{spec.events}.error", **fields, duration_s=round(time.monotonic() - started, 3), error=error)
-        return JobOutcome(spec.name, False, fields, error)
+        duration_s = round(time.monotonic() - started, 3)
+        log.error(f"{spec.events}.error", **fields, duration_s=duration_s, error=error)
+        return JobOutcome(spec.name, False, fields, error, duration_s=duration_s)
     fields = result.fields()
-    log.info(f"{spec.events}.stop", **fields, ok=result.ok, duration_s=round(time.monotonic() - started, 3))
-    return JobOutcome(spec.name, result.ok, fields, result=result)
+    duration_s = round(time.monotonic() - started, 3)
+    log.info(f"{spec.events}.stop", **fields, ok=result.ok, duration_s=duration_s)
+    return JobOutcome(spec.name, result.ok, fields, result=result, duration_s=duration_s)
 
 
-def run_jobs(built: list[tuple[JobSpec, Job]], db: Database) -> list[JobOutcome]:
-    return [run_job(spec, job, db) for spec, job in built]
+def run_jobs(built: list[tuple[JobSpec, Job]], db: Database, telemetry: Telemetry | None = None) -> list[JobOutcome]:
+    return [run_job(spec, job, db, telemetry) for spec, job in built]

@@ -19,8 +19,9 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
@@ -172,6 +173,27 @@ _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*)
 def redact_url(url: str) -> str:
     """The URL with any password replaced by ``***`` (for logs, errors and check-config)."""
     return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+
+
+def check_crontab(expr: str) -> str:
+    """A 5-field crontab expression (UTC) that APScheduler 3 accepts; ValueError naming the problem.
+
+    Days of the week must be names (mon-fri, sun): APScheduler 3 numbers them from Monday=0
+    while crontab counts from Sunday=0, so a digit there would silently shift the day.
+    """
+    from apscheduler.triggers.cron import CronTrigger  # heavy import: only when a schedule is checked
+
+    text = " ".join(str(expr).split())
+    fields = text.split(" ") if text else []
+    if len(fields) != 5:
+        raise ValueError(f"not a crontab expression: expected 5 fields (minute hour day month weekday), got {len(fields)}")
+    if any(ch.isdigit() for ch in fields[4]):
+        raise ValueError("write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0")
+    try:
+        CronTrigger.from_crontab(text, timezone=timezone.utc)
+    except ValueError as exc:
+        raise ValueError(f"not a valid crontab expression: {exc}") from None
+    return text
 
 
 class Settings(BaseSettings):
@@ -357,6 +379,73 @@ class Settings(BaseSettings):
         return value
 
     # --- metrics and scheduler (issue 5) ------------------------------------------------------
+    metrics_pushgateway_url: str | None = Field(
+        default=None,
+        description="Prometheus Pushgateway base URL (http:// or https://, no credentials). When set, "
+        "every job run pushes its metrics there (job label core-jobs, grouped by job_name); a failed "
+        "push is logged, never fatal. Unset: metrics are only logged and served by `serve`.",
+    )
+    metrics_push_timeout: Duration = Field(
+        default=timedelta(seconds=10), description="Timeout of one Pushgateway push."
+    )
+    metrics_max_transaction: Duration = Field(
+        default=timedelta(minutes=5),
+        description="The longest a consumer's work transaction stays open. Success counting waits for "
+        "older open transactions only up to this long, and falls back to now minus this when it "
+        "cannot see every session (no pg_read_all_stats) or a prepared transaction exists.",
+    )
+    metrics_tenant_label: bool = Field(
+        default=False,
+        description="Add a tenant label to core_jobs_successes_total (at most METRICS_TENANT_TOP_N "
+        "tenants per consumer, the rest as tenant=\"other\").",
+    )
+    metrics_tenant_top_n: int = Field(
+        default=10, ge=1, le=100,
+        description="Named tenants per consumer when METRICS_TENANT_LABEL is on (cardinality cap).",
+    )
+    schedule_purge: str = Field(default="*/15 * * * *", description="`serve`: crontab (UTC) of the purge job.")
+    schedule_alerts: str = Field(default="*/5 * * * *", description="`serve`: crontab (UTC) of the alerts job.")
+    schedule_metrics: str = Field(default="* * * * *", description="`serve`: crontab (UTC) of the metrics job.")
+    scheduler_misfire_grace: Duration = Field(
+        default=timedelta(seconds=60),
+        description="`serve`: a run that starts later than this after its scheduled time is skipped "
+        "(missed runs of one job are coalesced into one).",
+    )
+    http_host: str = Field(default="0.0.0.0", description="`serve`: address of the /healthz and /metrics server.")
+    http_port: int = Field(
+        default=9108, ge=0, le=65535, description="`serve`: port of the /healthz and /metrics server (0: any free port)."
+    )
+
+    @field_validator("metrics_pushgateway_url", mode="before")
+    @classmethod
+    def _pushgateway_url(cls, value: Any) -> Any:
+        if value is None or str(value).strip() == "":
+            return None
+        parts = urlsplit(str(value).strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("must be an http:// or https:// URL of the Pushgateway")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("must not carry credentials (user:password@); protect the Pushgateway by network policy")
+        return str(value).strip().rstrip("/")
+
+    @field_validator("schedule_purge", "schedule_alerts", "schedule_metrics")
+    @classmethod
+    def _crontab(cls, value: str) -> str:
+        return check_crontab(value)
+
+    @field_validator("metrics_push_timeout", "metrics_max_transaction", "scheduler_misfire_grace")
+    @classmethod
+    def _positive_metrics_durations(cls, value: timedelta) -> timedelta:
+        return cls._positive(value)  # the foundation's check, below
+
+    def schedule_of(self, job: str) -> str:
+        """The crontab of ``job`` for `serve` (setting SCHEDULE_<JOB>); ConfigError when it has none."""
+        name = "schedule_" + job.replace("-", "_").replace(".", "_")
+        if name not in type(self).model_fields:
+            raise ConfigError(
+                f"job {job} has no schedule: add a setting {ENV_PREFIX}{name.upper()} (maintenance/settings.py)"
+            )
+        return getattr(self, name)
 
     # --- harness, worker and operator actions (issue 6) ---------------------------------------
     worker_lease: Duration = Field(

@@ -1,0 +1,136 @@
+"""`core-jobs serve`: every registered job on its own cron schedule, with /healthz and /metrics.
+
+APScheduler 3 (``BackgroundScheduler``, in-memory job store, UTC). Each registered job runs on
+the crontab of its setting ``CORE_JOBS_SCHEDULE_<JOB>``; a registered job without such a
+setting stops `serve` at start with a configuration error (exit 2) naming the setting to add,
+and so does an invalid expression. Per job: ``max_instances=1`` (a run still going when the
+next one is due makes that one skip, logged as ``maintenance.scheduler.skipped``),
+``coalesce=True`` (runs missed while the process was busy or paused become one run) and a
+misfire grace of ``CORE_JOBS_SCHEDULER_MISFIRE_GRACE`` (a run that could not start within it
+is skipped, logged as ``maintenance.scheduler.missed``). Jobs run in their own threads, so a
+long purge never delays the metrics.
+
+Each run goes through the same runner as `run-once` (start/stop/error events, PostgreSQL's
+clock, the run metrics) and is pushed to the Pushgateway when one is configured. Two replicas
+would not do the same work twice — the jobs take database locks — but one replica is the
+intended deployment.
+
+SIGTERM or SIGINT: scheduling stops at once, the runs in hand finish
+(``scheduler.shutdown(wait=True)``), the HTTP server closes, and the process exits 0. Give the
+pod a termination grace period longer than the longest run.
+
+Events: ``maintenance.serve.started`` (host, port, schedules), ``maintenance.serve.stopping``
+(signal), ``maintenance.serve.stopped``.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import timezone
+from typing import Any
+
+from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
+from apscheduler.executors.pool import ThreadPoolExecutor
+from apscheduler.schedulers.background import BackgroundScheduler
+from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
+from apscheduler.triggers.cron import CronTrigger
+
+from maintenance.db import Database
+from maintenance.http import make_server, serve_in_background
+from maintenance.logs import get_logger
+from maintenance.registry import Job, JobSpec
+from maintenance.runner import build_jobs, run_job
+from maintenance.settings import Settings
+from maintenance.telemetry import Telemetry, default, push_configured
+
+
+class JobScheduler:
+    """The registered jobs on an APScheduler scheduler (a BackgroundScheduler unless given one)."""
+
+    def __init__(self, settings: Settings, db: Database, built: list[tuple[JobSpec, Job]], *,
+                 scheduler: BaseScheduler | None = None, telemetry: Telemetry | None = None) -> None:
+        self.settings = settings
+        self.db = db
+        self.telemetry = telemetry or default()
+        # Every schedule is checked before anything starts (ConfigError names the setting).
+        self.schedules = {spec.name: settings.schedule_of(spec.name) for spec, _job in built}
+        self.scheduler = scheduler or BackgroundScheduler(
+            timezone=timezone.utc, executors={"default": ThreadPoolExecutor(max(1, len(built)))}
+        )
+        for spec, job in built:
+            self.scheduler.add_job(
+                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=timezone.utc),
+                args=(spec, job), id=spec.name, name=spec.name,
+                max_instances=1, coalesce=True,
+                misfire_grace_time=max(1, int(settings.scheduler_misfire_grace.total_seconds())),
+            )
+        self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
+
+    def _run(self, spec: JobSpec, job: Job) -> None:
+        run_job(spec, job, self.db, self.telemetry)
+        push_configured(self.settings, spec.name, self.telemetry)
+
+    def _not_run(self, event: JobEvent) -> None:
+        name = "maintenance.scheduler.missed" if event.code == EVENT_JOB_MISSED else "maintenance.scheduler.skipped"
+        reason = "misfire grace exceeded" if event.code == EVENT_JOB_MISSED else "previous run still going"
+        get_logger(job=event.job_id).warning(name, scheduled_at=event.scheduled_run_time.isoformat()
+                                             if getattr(event, "scheduled_run_time", None) else None, reason=reason)
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        """Stop scheduling and wait for the runs in hand."""
+        if self.scheduler.running:
+            self.scheduler.shutdown(wait=True)
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        ok = self.scheduler.state == STATE_RUNNING
+        jobs: dict[str, Any] = {}
+        for name, cron in self.schedules.items():
+            scheduled = self.scheduler.get_job(name)
+            last = self.telemetry.last_runs.get(name)
+            jobs[name] = {
+                "schedule": cron,
+                "next_run_time": scheduled.next_run_time.isoformat() if scheduled and scheduled.next_run_time else None,
+                "last_run": None if last is None else {
+                    "ok": last.ok, "finished_at": last.finished_at.isoformat(),
+                    "duration_s": last.duration_s, "error": last.error,
+                },
+            }
+        return ok, {"status": "ok" if ok else "stopped", "jobs": jobs}
+
+
+def serve(settings: Settings, *, stop: threading.Event | None = None) -> int:
+    """Run the scheduler and the HTTP server until SIGTERM/SIGINT (or ``stop``); 0 on a clean stop."""
+    log = get_logger()
+    db = Database(settings.conninfo())
+    jobs = JobScheduler(settings, db, build_jobs(settings, db))
+    server = make_server(settings.http_host, settings.http_port, health=jobs.health, registry=jobs.telemetry.registry)
+    stop = stop or threading.Event()
+    received: list[str] = []
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signal.Signals(signum).name)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    serving = False
+    try:
+        jobs.start()
+        serve_in_background(server)
+        serving = True
+        host, port = server.server_address[:2]
+        log.info("maintenance.serve.started", host=host, port=port, schedules=jobs.schedules)
+        stop.wait()
+        log.info("maintenance.serve.stopping", signal=received[0] if received else None)
+    finally:
+        jobs.stop()  # the runs in hand finish first
+        if serving:
+            server.shutdown()
+        server.server_close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    log.info("maintenance.serve.stopped")
+    return 0

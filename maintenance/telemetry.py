@@ -1,0 +1,182 @@
+"""Prometheus telemetry of job runs: recorded by the runner, pushed, served and shown by /healthz.
+
+Every run of every job is recorded generically (the runner calls :meth:`Telemetry.record`):
+
+========================================================  =======  =====================================
+metric                                                    type     meaning
+========================================================  =======  =====================================
+``core_jobs_job_runs_total{job_name,outcome}``            counter  runs by outcome (``success``/``failure``)
+``core_jobs_job_duration_seconds{job_name}``              gauge    wall-clock duration of the last run
+``core_jobs_job_last_success_timestamp_seconds{job_name}`` gauge   Unix time the last successful run ended
+``core_jobs_job_result{job_name,field}``                  gauge    each numeric field of the last result
+                                                                   (zeros after a failed run, like the
+                                                                   ``.error`` event)
+========================================================  =======  =====================================
+
+A job whose result has ``metric_families()`` (the metrics job) adds its own families; the
+latest ones are served and pushed with the job's run metrics.
+
+The label is ``job_name``, not ``job``: Prometheus and the Pushgateway own ``job`` (the scrape
+job, and the Pushgateway's grouping key, which overwrites a pushed ``job`` label).
+
+Pushing: with ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` set, :meth:`Telemetry.push` PUTs one job's
+series to ``<url>/metrics/job/core-jobs/job_name/<job>`` (the batch-job convention: one group
+per job, replaced by each push). A failed push logs ``maintenance.metrics.push_failed`` and
+returns False; it never fails the run. In run-once mode each process starts from zero, so a
+pushed ``core_jobs_job_runs_total`` only says how this process's run ended: alert on
+``core_jobs_job_last_success_timestamp_seconds`` (or the Pushgateway's ``push_time_seconds``)
+instead; under ``serve`` the counter is a real counter on /metrics.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
+from prometheus_client.exposition import default_handler, push_to_gateway
+from prometheus_client.metrics_core import Metric
+
+from maintenance.logs import get_logger
+
+# No `<counter>_created` series: they double every counter on the Pushgateway for a start time
+# that, in run-once mode, is just the pod's.
+disable_created_metrics()
+
+PUSH_JOB = "core-jobs"
+JOB_LABEL = "job_name"
+
+
+def numeric_fields(fields: dict[str, Any]) -> dict[str, float]:
+    """The numeric (int/float, not bool) fields of a result."""
+    return {k: float(v) for k, v in fields.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+@dataclass(frozen=True)
+class LastRun:
+    """What /healthz shows for one job."""
+
+    ok: bool
+    finished_at: datetime
+    duration_s: float
+    error: str | None
+
+
+class _JobFamilies:
+    """A collector yielding the job-specific families (e.g. success volume) of the latest runs."""
+
+    def __init__(self, telemetry: Telemetry, only: str | None = None) -> None:
+        self.telemetry = telemetry
+        self.only = only
+
+    def collect(self) -> Iterator[Metric]:
+        with self.telemetry._lock:
+            families = dict(self.telemetry._families)
+        for name, metrics in families.items():
+            if self.only is None or name == self.only:
+                yield from metrics
+
+
+class _OneJob:
+    """One job's slice of the registry: its run series and its own families (what a push sends)."""
+
+    def __init__(self, telemetry: Telemetry, name: str) -> None:
+        self.telemetry = telemetry
+        self.name = name
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.telemetry._run_registry.collect():
+            samples = [s for s in family.samples if s.labels.get(JOB_LABEL) == self.name]
+            if samples:
+                sliced = Metric(family.name, family.documentation, family.type, family.unit)
+                sliced.samples = samples
+                yield sliced
+        yield from _JobFamilies(self.telemetry, only=self.name).collect()
+
+
+class Telemetry:
+    """The run metrics of this process and the latest job-specific families, in one registry."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._families: dict[str, list[Metric]] = {}
+        self.last_runs: dict[str, LastRun] = {}
+        self._run_registry = CollectorRegistry(auto_describe=True)
+        self.runs = Counter(
+            "core_jobs_job_runs", "Job runs by outcome (success or failure).", [JOB_LABEL, "outcome"],
+            registry=self._run_registry,
+        )
+        self.duration = Gauge(
+            "core_jobs_job_duration_seconds", "Wall-clock duration of the job's last run.", [JOB_LABEL],
+            registry=self._run_registry,
+        )
+        self.last_success = Gauge(
+            "core_jobs_job_last_success_timestamp_seconds", "Unix time at which the job's last successful run ended.",
+            [JOB_LABEL], registry=self._run_registry,
+        )
+        self.result = Gauge(
+            "core_jobs_job_result", "Numeric fields of the job's last result (0 after a failed run).",
+            [JOB_LABEL, "field"], registry=self._run_registry,
+        )
+        # What /metrics serves: the run series plus every job's own families.
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self._run_registry)
+        self.registry.register(_JobFamilies(self))
+
+    def record(self, outcome: Any) -> None:
+        """Record one run (a runner ``JobOutcome``: name, ok, fields, duration_s, error, result)."""
+        name, ok, fields, duration_s = outcome.name, outcome.ok, outcome.fields, outcome.duration_s
+        error, result = outcome.error, outcome.result
+        finished = time.time()
+        self.runs.labels(name, "success" if ok else "failure").inc()
+        self.duration.labels(name).set(duration_s)
+        if ok:
+            self.last_success.labels(name).set(finished)
+        for field, value in numeric_fields(fields).items():
+            self.result.labels(name, field).set(value)
+        families = getattr(result, "metric_families", None)
+        with self._lock:
+            if callable(families):
+                self._families[name] = list(families())
+            self.last_runs[name] = LastRun(ok, datetime.fromtimestamp(finished, timezone.utc), duration_s, error)
+
+    def job_registry(self, name: str) -> CollectorRegistry:
+        """A registry holding only job ``name``'s series: what its push sends."""
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_OneJob(self, name))
+        return registry
+
+    def push(self, gateway_url: str | None, name: str, *, timeout_s: float = 10.0) -> bool:
+        """PUT job ``name``'s series to the Pushgateway; False (and a log event) when it fails."""
+        if not gateway_url:
+            return False
+        log = get_logger(job=name)
+        try:
+            push_to_gateway(
+                gateway_url, job=PUSH_JOB, registry=self.job_registry(name),
+                grouping_key={JOB_LABEL: name}, timeout=timeout_s, handler=default_handler,
+            )
+        except Exception as exc:  # a monitoring outage must not fail the job
+            log.warning("maintenance.metrics.push_failed", gateway=gateway_url, error=f"{type(exc).__name__}: {exc}")
+            return False
+        log.info("maintenance.metrics.pushed", gateway=gateway_url, grouping_key=f"{JOB_LABEL}={name}")
+        return True
+
+
+def push_configured(settings: Any, name: str, telemetry: Telemetry | None = None) -> bool:
+    """Push job ``name``'s series when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
+    return (telemetry or default()).push(
+        settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
+    )
+
+
+_DEFAULT = Telemetry()
+
+
+def default() -> Telemetry:
+    """The process-wide telemetry that the runner records into and `serve` exposes."""
+    return _DEFAULT

@@ -1,0 +1,370 @@
+"""The metrics job (issue 5): success volume since a watermark, dead-letter gauges, export."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from maintenance.cli import EXIT_OK, main
+from maintenance.db import Database
+from maintenance.logs import configure_logging
+from maintenance.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
+from maintenance.registry import JobSpec
+from maintenance.runner import run_job
+from maintenance.telemetry import Telemetry
+
+TENANT = "00000000-0000-4000-8000-{:012x}"
+PUSH_PATH = "/metrics/job/core-jobs/job_name/metrics"
+
+
+@pytest.fixture(autouse=True)
+def json_logs() -> None:
+    """Log events go, as JSON, to this test's captured stdout (an earlier test may have pointed them elsewhere)."""
+    configure_logging(fmt="json")
+
+
+def add_fences(conn: psycopg.Connection, consumer: str, n: int, processed_at: datetime | None = None,
+               tenant: int = 1) -> None:
+    """n fences of ``consumer``; processed_at defaults to now() of the inserting transaction."""
+    conn.execute(
+        """INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+           SELECT gen_random_uuid(), %(c)s, %(t)s::uuid, coalesce(%(at)s, now()), coalesce(%(at)s, now()) + interval '7 days'
+             FROM generate_series(1, %(n)s)""",
+        {"c": consumer, "t": TENANT.format(tenant), "at": processed_at, "n": n},
+    )
+
+
+def add_dead_letter(conn: psycopg.Connection, queue: str, created_at: datetime, status: str = "pending_review") -> None:
+    row = conn.execute(
+        """INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
+           VALUES (gen_random_uuid(), %s, '{}', 5, 'ProviderTimeout', %s) RETURNING id""",
+        (queue, created_at),
+    ).fetchone()
+    if status != "pending_review":
+        conn.execute(
+            "UPDATE core.dead_letters SET status = %s, discard_reason = %s WHERE id = %s",
+            (status, "duplicate of an applied job" if status == "discarded" else None, row[0]),
+        )
+
+
+def server_now(conn: psycopg.Connection) -> datetime:
+    return conn.execute("SELECT now()").fetchone()[0]
+
+
+def core_row_counts(conn: psycopg.Connection) -> dict[str, int]:
+    tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'core' ORDER BY 1")]
+    return {t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
+            for t in tables}
+
+
+def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
+    """Prometheus text -> {sample name: {sorted label items: value}}."""
+    samples: dict[str, dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for s in family.samples:
+            samples.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    return samples
+
+
+def collected_event(out: str) -> dict:
+    return next(json.loads(line) for line in out.splitlines() if '"maintenance.metrics.collected"' in line)
+
+
+# --- export --------------------------------------------------------------------------------------
+def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, database_url, conn, httpserver, capsys):
+    """`core-jobs run-once metrics` PUTs each consumer's success count to the Pushgateway and logs the same figures."""
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 7, now - timedelta(minutes=30))
+    add_fences(conn, "points.expire", 3, now - timedelta(minutes=20))
+    add_fences(conn, "notifications.email", 1, now - timedelta(hours=2))
+    add_dead_letter(conn, "points.credit", now - timedelta(minutes=10))
+    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
+
+    assert main(["run-once", "metrics"]) == EXIT_OK
+
+    (request, _response), = httpserver.log
+    pushed = pushed_families(request.get_data())
+    assert pushed["core_jobs_successes_total"] == {
+        (("consumer", "notifications.email"),): 1.0,
+        (("consumer", "points.credit"),): 7.0,
+        (("consumer", "points.expire"),): 3.0,
+    }
+    assert pushed["core_jobs_dead_letters_pending"] == {(("queue", "points.credit"),): 1.0}
+    assert pushed["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 11.0
+    assert (("job_name", "metrics"), ("outcome", "success")) in pushed["core_jobs_job_runs_total"]
+    event = collected_event(capsys.readouterr().out)
+    assert event["successes_total"] == {"notifications.email": 1, "points.credit": 7, "points.expire": 3}
+    assert event["successes"] == {"notifications.email": 1, "points.credit": 7, "points.expire": 3}
+    assert event["dead_letters"]["points.credit"]["pending"] == 1
+
+
+def test_a_failed_push_is_logged_and_the_run_still_succeeds(clean_env, database_url, httpserver, capsys):
+    """A Pushgateway answering 500 makes a push_failed event, and run-once still exits 0."""
+    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("down", status=500)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
+
+    assert main(["run-once", "metrics"]) == EXIT_OK
+
+    out = capsys.readouterr().out
+    assert '"maintenance.metrics.push_failed"' in out
+    assert '"maintenance.metrics.stop"' in out
+
+
+def test_pushgateway_url_with_credentials_is_refused(clean_env, capsys):
+    """A Pushgateway URL carrying user:password exits 2 naming the setting, without echoing the password."""
+    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "https://ops:hunter22@push.example")
+    assert main(["check-config"]) == 2
+    err = capsys.readouterr().err
+    assert "CORE_JOBS_METRICS_PUSHGATEWAY_URL" in err and "hunter22" not in err
+
+
+# --- the watermark -------------------------------------------------------------------------------
+def test_counts_back_dated_fences_once_on_each_side_of_the_watermark(db, conn):
+    """Fences before a run's cutoff are counted by it; those after by the next run; none twice."""
+    job = MetricsJob(db)
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 2, now - timedelta(hours=1))
+    add_fences(conn, "points.credit", 1, now - SETTLE - timedelta(milliseconds=1))  # just inside
+    add_fences(conn, "points.credit", 4, now + timedelta(minutes=10))  # beyond this run's cutoff
+
+    first = job.run_once(now)
+    second = job.run_once(now + timedelta(minutes=20))
+    third = job.run_once(now + timedelta(minutes=21))
+
+    assert first.successes == {"points.credit": 3}
+    assert second.successes == {"points.credit": 4}
+    assert third.successes == {}
+    assert third.totals["points.credit"]["total"] == 7
+    assert first.counted_until == second.counted_from
+
+
+def test_a_fence_committed_late_by_an_open_transaction_is_counted_once(db, database_url, conn):
+    """A work transaction that started before newer committed fences holds the watermark back until it commits."""
+    job = MetricsJob(db)
+    with psycopg.connect(database_url) as in_flight:  # a consumer's work transaction, still open
+        add_fences(in_flight, "points.credit", 1)  # processed_at = its start
+        started = server_now(in_flight)
+        add_fences(conn, "points.expire", 2)  # committed, newer processed_at
+        add_fences(conn, "points.expire", 1, started - timedelta(minutes=1))  # committed, older
+
+        run_while_open = job.run_once(server_now(conn) + timedelta(seconds=5))
+        assert run_while_open.horizon == "open_transaction"
+        assert run_while_open.counted_until == started
+        assert run_while_open.successes == {"points.expire": 1}
+        in_flight.commit()
+
+    after_commit = job.run_once(server_now(conn) + timedelta(seconds=5))
+    again = job.run_once(server_now(conn) + timedelta(seconds=6))
+
+    assert after_commit.successes == {"points.credit": 1, "points.expire": 2}
+    assert again.successes == {}
+    assert {c: t["total"] for c, t in again.totals.items()} == {"points.credit": 1, "points.expire": 3}
+    count = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
+    assert sum(t["total"] for t in again.totals.values()) == count
+
+
+def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_url, conn):
+    """Two replicas running at once both wait on the watermark row; together they count every fence once."""
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 5, now - timedelta(minutes=3))
+    results = []
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")
+        runs = [threading.Thread(target=lambda: results.append(MetricsJob(db).run_once(now))) for _ in range(2)]
+        for run in runs:
+            run.start()
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+        ).fetchone()[0] == 2)
+        blocker.commit()
+    for run in runs:
+        run.join(timeout=30)
+    assert sorted(sum(r.successes.values()) for r in results) == [0, 5]
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    """Bounded wait for a condition other threads bring about."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        threading.Event().wait(0.01)
+
+
+def test_a_transaction_open_longer_than_max_transaction_stops_holding_the_count_back(db, database_url, conn):
+    """An open transaction older than METRICS_MAX_TRANSACTION is not waited for: counting goes on to now - lag."""
+    job = MetricsJob(db, MetricsConfig(max_transaction=timedelta(minutes=5)))
+    with psycopg.connect(database_url) as forgotten:
+        forgotten.execute("SELECT 1")  # an idle-in-transaction session
+        now = server_now(conn) + timedelta(minutes=30)
+        add_fences(conn, "points.credit", 3, now - timedelta(minutes=6))
+        add_fences(conn, "points.credit", 1, now - timedelta(minutes=4))
+
+        result = job.run_once(now)
+
+    assert result.horizon == "max_transaction"
+    assert result.counted_until == now - timedelta(minutes=5)
+    assert result.successes == {"points.credit": 3}
+
+
+def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(database_url, conn):
+    """Without pg_read_all_stats, sessions of other roles are hidden, so counting stops at now - max_transaction."""
+    role = f"core_jobs_metrics_{os.getpid()}_{secrets.token_hex(3)}"
+    conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
+    try:
+        for grant in ("GRANT USAGE ON SCHEMA core TO {}",
+                      "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
+                      "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}"):
+            conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
+        now = server_now(conn)
+        add_fences(conn, "points.credit", 2, now - timedelta(minutes=10))
+        add_fences(conn, "points.credit", 1, now - timedelta(minutes=2))
+        as_role = Database(make_conninfo(database_url, user=role))
+
+        result = MetricsJob(as_role, MetricsConfig(max_transaction=timedelta(minutes=5))).run_once(now)
+
+        assert result.horizon == "max_transaction"
+        assert result.counted_until == now - timedelta(minutes=5)
+        assert result.successes == {"points.credit": 2}
+    finally:
+        conn.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(role)))
+        conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_watermark_never_moves_backwards(db, conn):
+    """The database refuses to move counted_until back, and a run with an earlier clock counts nothing."""
+    job = MetricsJob(db)
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 2, now - timedelta(minutes=3))
+    job.run_once(now)
+    earlier = job.run_once(now - timedelta(minutes=10))
+    assert earlier.successes == {} and earlier.counted_until == earlier.counted_from
+    with pytest.raises(psycopg.errors.CheckViolation, match="cannot move back"):
+        conn.execute("UPDATE core.metrics_watermark SET counted_until = counted_until - interval '1 second'")
+
+
+def test_writes_no_row_except_its_watermark(db, conn):
+    """Row counts of every table in schema core are the same before and after a run; only the watermark changed."""
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 5, now - timedelta(minutes=2))
+    add_dead_letter(conn, "points.credit", now - timedelta(hours=1))
+    add_dead_letter(conn, "points.credit", now - timedelta(hours=2), status="replayed")
+    before = core_row_counts(conn)
+    watermark_before = conn.execute("SELECT counted_until, totals FROM core.metrics_watermark").fetchall()
+
+    MetricsJob(db).run_once(now)
+
+    assert core_row_counts(conn) == before
+    assert before["metrics_watermark"] == 1
+    watermark_after = conn.execute("SELECT counted_until, totals FROM core.metrics_watermark").fetchall()
+    assert watermark_before == [(None, {})]
+    assert watermark_after[0][1] == {"points.credit": {"total": 5, "tenants": {}}}
+
+
+def test_a_deleted_watermark_row_restarts_the_counters(db, conn):
+    """Deleting the watermark row (an operator's reset) makes the next run recount the fences still stored."""
+    now = server_now(conn)
+    add_fences(conn, "points.credit", 2, now - timedelta(minutes=3))
+    job = MetricsJob(db)
+    job.run_once(now)
+    conn.execute("DELETE FROM core.metrics_watermark")
+    assert job.run_once(now).totals == {"points.credit": {"total": 2, "tenants": {}}}
+
+
+# --- dead letters --------------------------------------------------------------------------------
+def test_dead_letter_gauges_per_queue(db, conn):
+    """Pending count, oldest pending age by the run's now, and replayed/discarded totals, per queue."""
+    now = server_now(conn)
+    add_dead_letter(conn, "points.credit", now - timedelta(minutes=90))
+    add_dead_letter(conn, "points.credit", now - timedelta(minutes=5))
+    add_dead_letter(conn, "points.credit", now - timedelta(days=2), status="replayed")
+    add_dead_letter(conn, "notifications.email", now - timedelta(days=3), status="discarded")
+    add_dead_letter(conn, "notifications.email", now - timedelta(days=3), status="replayed")
+
+    result = MetricsJob(db).run_once(now)
+
+    figures = {q.queue: q for q in result.dead_letters}
+    assert figures["points.credit"].pending == 2
+    assert figures["points.credit"].oldest_pending_age_seconds == 5400.0
+    assert (figures["points.credit"].replayed, figures["points.credit"].discarded) == (1, 0)
+    assert figures["notifications.email"].pending == 0
+    assert figures["notifications.email"].oldest_pending_age_seconds is None
+    assert (figures["notifications.email"].replayed, figures["notifications.email"].discarded) == (1, 1)
+    assert result.fields()["dead_letters_oldest_pending_age_seconds"] == 5400.0
+
+
+# --- tenants -------------------------------------------------------------------------------------
+def test_tenant_label_names_the_top_tenants_and_sums_the_rest_as_other(db, conn):
+    """With the tenant label and TOP_N=2, the two largest tenants get a series and the others sum to 'other'."""
+    job = MetricsJob(db, MetricsConfig(tenant_label=True, tenant_top_n=2))
+    now = server_now(conn)
+    for tenant, n in ((1, 5), (2, 3), (3, 2), (4, 1)):
+        add_fences(conn, "points.credit", n, now - timedelta(minutes=10), tenant=tenant)
+    first = job.run_once(now)
+    add_fences(conn, "points.credit", 9, now + timedelta(minutes=1), tenant=4)  # big now, but no slot left
+    add_fences(conn, "points.credit", 1, now + timedelta(minutes=1), tenant=1)
+    second = job.run_once(now + timedelta(minutes=5))
+
+    t = TENANT.format
+    assert first.totals_by_series() == {("points.credit", t(1)): 5, ("points.credit", t(2)): 3,
+                                        ("points.credit", "other"): 3}
+    assert second.totals_by_series() == {("points.credit", t(1)): 6, ("points.credit", t(2)): 3,
+                                         ("points.credit", "other"): 12}
+    families = {f.name: f for f in second.metric_families()}
+    assert {tuple(s.labels.values()) for s in families["core_jobs_successes"].samples} == {
+        ("points.credit", t(1)), ("points.credit", t(2)), ("points.credit", "other")}
+
+
+def test_lowering_top_n_folds_the_smallest_named_tenants_into_other():
+    """When TOP_N shrinks, the largest named tenants keep their series and the total is unchanged."""
+    totals = {"c": {"total": 20, "tenants": {"a": 9, "b": 6, "x": 2}}}
+    new = add_counts(totals, {("c", "b"): 1}, tenant_label=True, top_n=2)
+    assert new == {"c": {"total": 21, "tenants": {"a": 9, "b": 7}}}
+
+
+def test_horizon_is_the_oldest_open_transaction_within_bounds():
+    """The cutoff is the oldest open transaction's start, at most now - 1 s, at least now - max_transaction."""
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    lag = timedelta(minutes=5)
+    assert choose_horizon(now, None, hidden=0, prepared=0, max_transaction=lag) == (now - SETTLE, "settle")
+    opened = now - timedelta(seconds=30)
+    assert choose_horizon(now, opened, hidden=0, prepared=0, max_transaction=lag) == (opened, "open_transaction")
+    old = now - timedelta(hours=1)
+    assert choose_horizon(now, old, hidden=0, prepared=0, max_transaction=lag) == (now - lag, "max_transaction")
+    assert choose_horizon(now, None, hidden=1, prepared=0, max_transaction=lag) == (now - lag, "max_transaction")
+    assert choose_horizon(now, None, hidden=0, prepared=1, max_transaction=lag) == (now - lag, "max_transaction")
+
+
+# --- run metrics of every job --------------------------------------------------------------------
+def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
+    """A success sets runs_total{success}, duration, last success and result fields; a failure zeros the fields."""
+    telemetry = Telemetry()
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    run_job(spec, MetricsJob(db), db, telemetry)
+    broken = Database(empty_database_url)  # no schema: the job fails
+    failing = JobSpec(name="broken", summary="", build=lambda s, d: MetricsJob(d),
+                      zero_fields=lambda: {"num_successes": 0})
+    run_job(failing, MetricsJob(broken), broken, telemetry)
+
+    value = telemetry.registry.get_sample_value
+    assert value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 1
+    assert value("core_jobs_job_runs_total", {"job_name": "broken", "outcome": "failure"}) == 1
+    assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "metrics"}) > 0
+    assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "broken"}) is None
+    assert value("core_jobs_job_duration_seconds", {"job_name": "broken"}) >= 0
+    assert value("core_jobs_job_result", {"job_name": "broken", "field": "num_successes"}) == 0
+    assert value("core_jobs_job_result", {"job_name": "metrics", "field": "num_consumers"}) == 0
+    assert telemetry.last_runs["broken"].ok is False and "UndefinedTable" in telemetry.last_runs["broken"].error

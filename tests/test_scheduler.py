@@ -1,0 +1,272 @@
+"""`core-jobs serve` (issue 5): cron per job, coalescing and misfire grace, /healthz and /metrics, SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import httpx
+import psycopg
+import pytest
+from apscheduler.executors.debug import DebugExecutor
+from apscheduler.schedulers.base import BaseScheduler
+from apscheduler.triggers.cron import CronTrigger
+from freezegun import freeze_time
+from prometheus_client.parser import text_string_to_metric_families
+
+from maintenance.cli import EXIT_CONFIG, main
+from maintenance.db import Database
+from maintenance.http import make_server, serve_in_background
+from maintenance.logs import configure_logging
+from maintenance.metrics import MetricsJob
+from maintenance.registry import JobSpec
+from maintenance.runner import build_jobs
+from maintenance.scheduler import JobScheduler
+from maintenance.settings import ConfigError, Settings
+from maintenance.telemetry import Telemetry
+
+START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+def json_logs() -> None:
+    """Log events go, as JSON, to this test's captured stdout."""
+    configure_logging(fmt="json")
+
+
+class SteppedScheduler(BaseScheduler):
+    """An APScheduler that never waits: the test calls step() at each (frozen) instant."""
+
+    def shutdown(self, wait: bool = True) -> None:
+        super().shutdown(wait)
+
+    def wakeup(self) -> None:  # nothing sleeps, so nothing to wake
+        pass
+
+    def step(self) -> None:
+        self._process_jobs()
+
+
+def stepped() -> SteppedScheduler:
+    return SteppedScheduler(timezone=timezone.utc, executors={"default": DebugExecutor()})
+
+
+class Recorder:
+    """A job that records the instants it ran at (the scheduler's behaviour is what is under test)."""
+
+    def __init__(self) -> None:
+        self.ran_at: list[datetime] = []
+
+    def run_once(self, now: datetime) -> Recorder:
+        self.ran_at.append(datetime.now(timezone.utc))
+        return self
+
+    ok = True
+
+    def fields(self) -> dict[str, int]:
+        return {"num_runs": len(self.ran_at)}
+
+
+def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
+    job = Recorder()
+    return JobSpec(name=name, summary="records", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0}), job
+
+
+def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
+    trigger = CronTrigger.from_crontab(cron, timezone=timezone.utc)
+    times, previous, now = [], None, start
+    while (fire := trigger.get_next_fire_time(previous, now)) and fire <= end:
+        times.append(fire)
+        previous, now = fire, fire
+    return times
+
+
+def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
+    """Over 30 frozen minutes, each registered job runs exactly at the fire times of its crontab setting."""
+    settings = Settings(database_url=database_url, schedule_metrics="*/2 * * * *",
+                        schedule_purge="*/15 * * * *", schedule_alerts="*/5 * * * *")
+    telemetry = Telemetry()
+    built = build_jobs(settings, db)
+    end = START + timedelta(minutes=30)
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, built, scheduler=stepped(), telemetry=telemetry)
+        jobs.start()
+        while datetime.now(timezone.utc) < end:
+            clock.tick(timedelta(minutes=1))
+            jobs.scheduler.step()
+        jobs.stop()
+
+    assert [spec.name for spec, _ in built]  # at least the metrics job is registered
+    for spec, _job in built:
+        expected = len(fire_times(settings.schedule_of(spec.name), START, end))
+        ran = telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": spec.name, "outcome": "success"})
+        assert ran == expected, spec.name
+    assert telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 15
+
+
+def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
+    """purge every 15 min, alerts every 5 and metrics every minute fire at their own instants, side by side."""
+    settings = Settings(database_url=database_url)
+    (purge, purged), (alerts, alerted) = recorder_spec("purge"), recorder_spec("alerts")
+    metrics = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {})
+    telemetry = Telemetry()
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, [(purge, purged), (alerts, alerted), (metrics, MetricsJob(db))],
+                            scheduler=stepped(), telemetry=telemetry)
+        jobs.start()
+        for _ in range(16):
+            clock.tick(timedelta(minutes=1))
+            jobs.scheduler.step()
+        jobs.stop()
+
+    # Ticks land 30 s after each minute: a job runs at the first tick after its fire time.
+    assert purged.ran_at == [START + timedelta(minutes=15)]
+    assert alerted.ran_at == [START + timedelta(minutes=m) for m in (5, 10, 15)]
+    assert telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 16
+
+
+def test_missed_runs_are_coalesced_and_late_ones_skipped_after_the_misfire_grace(db, database_url, capsys):
+    """Three missed minutes become one run within the grace; a run later than the grace is skipped and logged."""
+    settings = Settings(database_url=database_url, scheduler_misfire_grace="PT45S")
+    spec, job = recorder_spec("metrics")
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, [(spec, job)], scheduler=stepped(), telemetry=Telemetry())
+        jobs.start()
+        clock.move_to(START.replace(second=0) + timedelta(minutes=3, seconds=30))  # 12:01, :02, :03 missed
+        jobs.scheduler.step()
+        clock.move_to(START.replace(second=0) + timedelta(minutes=10, seconds=50))  # 12:10 is 50 s late
+        jobs.scheduler.step()
+        jobs.stop()
+
+    assert job.ran_at == [START.replace(second=0) + timedelta(minutes=3, seconds=30)]
+    assert '"maintenance.scheduler.missed"' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("CORE_JOBS_SCHEDULE_METRICS", "61 * * * *"),
+    ("CORE_JOBS_SCHEDULE_PURGE", "*/15 * * *"),
+    ("CORE_JOBS_SCHEDULE_ALERTS", "0 9 * * 1"),
+    ("CORE_JOBS_SCHEDULER_MISFIRE_GRACE", "PT0S"),
+    ("CORE_JOBS_HTTP_PORT", "70000"),
+])
+def test_invalid_cron_exits_2_naming_the_setting(clean_env, database_url, capsys, name, value):
+    """`core-jobs serve` with a bad crontab (or grace, or port) exits 2 at start and names the setting."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv(name, value)
+    assert main(["serve"]) == EXIT_CONFIG
+    assert name in capsys.readouterr().err
+
+
+def test_a_job_without_a_schedule_setting_is_a_configuration_error():
+    """A registered job with no CORE_JOBS_SCHEDULE_<JOB> setting stops serve with the setting to add."""
+    with pytest.raises(ConfigError, match="CORE_JOBS_SCHEDULE_REINDEX"):
+        Settings().schedule_of("reindex")
+
+
+def test_healthz_and_metrics_answer_over_a_real_socket(db, database_url):
+    """/healthz is 200 with each job's last run while the scheduler runs, 503 after; /metrics is Prometheus text."""
+    settings = Settings(database_url=database_url)
+    telemetry = Telemetry()
+    jobs = JobScheduler(settings, db, build_jobs(settings, db, ["metrics"]), scheduler=stepped(), telemetry=telemetry)
+    server = make_server("127.0.0.1", 0, health=jobs.health, registry=telemetry.registry)
+    serve_in_background(server)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        with freeze_time(START) as clock:
+            jobs.start()
+            clock.tick(timedelta(minutes=1))
+            jobs.scheduler.step()
+        health = httpx.get(f"{base}/healthz")
+        metrics = httpx.get(f"{base}/metrics")
+        missing = httpx.get(f"{base}/nope")
+        jobs.stop()
+        stopped = httpx.get(f"{base}/healthz")
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert health.status_code == 200
+    body = health.json()
+    assert body["status"] == "ok"
+    assert body["jobs"]["metrics"]["last_run"]["ok"] is True
+    assert body["jobs"]["metrics"]["schedule"] == "* * * * *"
+    assert metrics.status_code == 200
+    names = {f.name for f in text_string_to_metric_families(metrics.text)}
+    assert {"core_jobs_job_runs", "core_jobs_successes", "core_jobs_dead_letters_pending"} <= names
+    assert missing.status_code == 404
+    assert stopped.status_code == 503
+
+
+def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
+    """stop() stops scheduling at once but returns only after the running job has finished, successfully."""
+    settings = Settings(database_url=database_url)
+    telemetry = Telemetry()
+    jobs = JobScheduler(settings, db, build_jobs(settings, db, ["metrics"]), telemetry=telemetry)  # real threads
+    with psycopg.connect(database_url) as blocker:
+        blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")  # the run will wait on this row
+        jobs.start()
+        jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(timezone.utc))
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+        ).fetchone()[0] == 1)
+        stopping = threading.Thread(target=jobs.stop)
+        stopping.start()
+        wait_until(lambda: not jobs.scheduler.running)
+        assert stopping.is_alive() and "metrics" not in telemetry.last_runs  # still waiting for the run
+        blocker.commit()
+    stopping.join(timeout=30)
+    assert not stopping.is_alive()
+    assert telemetry.last_runs["metrics"].ok is True
+
+
+def wait_until(condition, timeout: float = 20.0) -> None:
+    """Bounded wait for a condition another thread or process brings about."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        threading.Event().wait(0.01)
+
+
+def test_sigterm_stops_serve_and_exits_0(database_url):
+    """A `core-jobs serve` process answers /healthz, and on SIGTERM logs stopping/stopped and exits 0."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_") or k == "CORE_JOBS_TEST_DATABASE_URL"}
+    env |= {"CORE_JOBS_DATABASE_URL": database_url, "CORE_JOBS_HTTP_HOST": "127.0.0.1", "CORE_JOBS_HTTP_PORT": "0",
+            "CORE_JOBS_LOG_FORMAT": "json"}
+    proc = subprocess.Popen([sys.executable, "-m", "maintenance", "serve"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        started = read_event(proc, "maintenance.serve.started")
+        health = httpx.get(f"http://127.0.0.1:{started['port']}/healthz")
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        rest = proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert health.status_code == 200
+    assert code == 0
+    assert '"signal": "SIGTERM"' in rest and '"maintenance.serve.stopped"' in rest
+
+
+def read_event(proc: subprocess.Popen, event: str, timeout: float = 30.0) -> dict:
+    """The first JSON log line of ``proc`` with this event name (bounded wait)."""
+    selector = selectors.DefaultSelector()
+    selector.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if selector.select(timeout=deadline - time.monotonic()):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            if f'"{event}"' in line:
+                return json.loads(line)
+    raise AssertionError(f"{event} not logged; stderr: {proc.stderr.read() if proc.poll() is not None else ''}")
