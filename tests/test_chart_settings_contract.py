@@ -1,0 +1,136 @@
+"""The contract between the Helm chart and the application: what the chart gives a container,
+the application accepts.
+
+`load_settings` refuses an unknown ``CORE_JOBS_*`` variable (exit 2, the pod crash-loops), and
+argparse refuses an unknown subcommand. So for the default values, mode scheduler, and a
+``settings:`` map of real settings, every ``CORE_JOBS_*`` name a rendered container receives —
+literal ``env``, ``secretKeyRef`` env, and the keys of a ConfigMap it reads by ``envFrom`` — must
+be a real setting, the environment as a whole must load, and every ``core-jobs`` command line the
+chart runs must parse (``run-once`` naming registered jobs only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import helm_python
+import pytest
+
+from maintenance.cli import build_parser
+from maintenance.registry import jobs
+from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
+from test_helm_chart import CHART_DIR, pod_templates, render_objects, with_secret
+
+# Several real, non-secret settings with values the application accepts.
+REAL_SETTINGS = {
+    "CORE_JOBS_LOG_FORMAT": "json",
+    "CORE_JOBS_LOG_LEVEL": "WARNING",
+    "CORE_JOBS_PROCESSED_JOBS_TTL": "P14D",
+    "CORE_JOBS_PURGE_BATCH_SIZE": "5000",
+    "CORE_JOBS_DEAD_LETTER_STALE_AFTER": "P2D",
+    "CORE_JOBS_BETTERSTACK_POLICY_ID": "P-123",
+    "CORE_JOBS_ALERTS_MAX_INCIDENTS_PER_RUN": "50",
+    "CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091",
+    "CORE_JOBS_METRICS_TENANT_LABEL": "true",
+    "CORE_JOBS_SCHEDULER_MISFIRE_GRACE": "PT2M",
+}
+
+VALUE_SETS: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    "scheduler": {"mode": "scheduler"},
+    "settings": {"settings": REAL_SETTINGS},
+    "scheduler-settings-heartbeat": {
+        "mode": "scheduler",
+        "settings": REAL_SETTINGS,
+        "secrets": {"betterstackHeartbeatUrlKey": "heartbeat-url"},
+    },
+}
+
+# Stand-ins for what the Secret holds, by variable: the chart only names the keys.
+SECRET_VALUES = {
+    "CORE_JOBS_DATABASE_URL": "postgresql://core_jobs:pw@db.internal:5432/core",
+    "CORE_JOBS_BETTERSTACK_API_TOKEN": "bs-token",
+    "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL": "https://uptime.betterstack.com/api/v1/heartbeat/hb-token",
+}
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[helm_python.Chart]:
+    with helm_python.Chart.load(CHART_DIR) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="module", params=sorted(VALUE_SETS), ids=sorted(VALUE_SETS))
+def rendered(request: pytest.FixtureRequest, chart: helm_python.Chart) -> list[dict[str, Any]]:
+    return render_objects(chart, with_secret(VALUE_SETS[request.param]))
+
+
+def container_environments(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, str]]]:
+    """(workload/container, {variable: value}) of every container, envFrom ConfigMaps resolved.
+
+    A ``secretKeyRef`` variable gets its stand-in from SECRET_VALUES; an ``envFrom`` source the
+    chart does not render itself (a Secret, a foreign ConfigMap) fails the test: its keys would
+    be unknown here.
+    """
+    config_maps = {o["metadata"]["name"]: o.get("data") or {} for o in objects if o["kind"] == "ConfigMap"}
+    for workload, template in pod_templates(objects):
+        for container in template["spec"]["containers"]:
+            env: dict[str, str] = {}
+            for source in container.get("envFrom") or []:
+                assert set(source) <= {"configMapRef", "prefix"}, f"{workload}: envFrom {source} is not a chart ConfigMap"
+                name = source["configMapRef"]["name"]
+                assert name in config_maps, f"{workload}: envFrom names ConfigMap {name}, which the chart does not render"
+                env |= {source.get("prefix", "") + key: value for key, value in config_maps[name].items()}
+            for entry in container.get("env") or []:
+                if "value" in entry:
+                    env[entry["name"]] = entry["value"]
+                else:
+                    env[entry["name"]] = SECRET_VALUES.get(entry["name"], "placeholder")
+            yield f"{workload}/{container['name']}", env
+
+
+def command_lines(objects: list[dict[str, Any]]) -> Iterator[tuple[str, list[str]]]:
+    for workload, template in pod_templates(objects):
+        for container in template["spec"]["containers"]:
+            assert "command" not in container, f"{workload}: the image's entrypoint (core-jobs) must run"
+            yield workload, list(container.get("args") or [])
+
+
+def test_every_core_jobs_variable_the_chart_sets_is_a_real_setting(rendered):
+    """Each CORE_JOBS_* name a container gets (env, secretKeyRef, envFrom ConfigMap keys) is in known_variables()."""
+    known = set(known_variables())
+    seen = set()
+    for where, env in container_environments(rendered):
+        ours = {name for name in env if name.startswith(ENV_PREFIX)}
+        assert ours - known - FOREIGN_VARIABLES == set(), where
+        assert not ours & FOREIGN_VARIABLES, f"{where}: test-only variables do not belong in a pod"
+        seen |= ours
+    assert "CORE_JOBS_DATABASE_URL" in seen  # the collection found the env at all
+
+
+def test_every_container_environment_loads(rendered, clean_env):
+    """The whole environment of each container passes load_settings (names and values)."""
+    for where, env in container_environments(rendered):
+        for name, value in env.items():
+            clean_env.setenv(name, value)
+        settings = load_settings()
+        assert settings.conninfo(), where
+        for name in env:
+            clean_env.delenv(name)
+
+
+def test_every_command_the_chart_runs_parses(rendered):
+    """Each container's args form a core-jobs command line that build_parser() accepts."""
+    registered = set(jobs())
+    parser = build_parser()
+    ran = set()
+    for workload, args in command_lines(rendered):
+        try:
+            parsed = parser.parse_args(args)
+        except SystemExit:
+            pytest.fail(f"{workload}: core-jobs {' '.join(args)} is not a valid command line")
+        ran.add(parsed.command)
+        if parsed.command == "run-once":
+            assert set(parsed.jobs) <= registered, f"{workload}: runs an unregistered job {parsed.jobs}"
+    assert ran & {"run-once", "serve"}  # some workload runs the jobs
