@@ -20,7 +20,7 @@ import pytest
 from maintenance.cli import build_parser
 from maintenance.registry import jobs
 from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
-from test_helm_chart import CHART_DIR, pod_templates, render_objects, with_secret
+from test_helm_chart import chart, pod_templates, render_objects, with_secret  # noqa: F401  (chart: fixture)
 
 # Several real, non-secret settings with values the application accepts.
 REAL_SETTINGS = {
@@ -53,12 +53,6 @@ SECRET_VALUES = {
     "CORE_JOBS_BETTERSTACK_API_TOKEN": "bs-token",
     "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL": "https://uptime.betterstack.com/api/v1/heartbeat/hb-token",
 }
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART_DIR) as loaded:
-        yield loaded
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS), ids=sorted(VALUE_SETS))
