@@ -2,7 +2,7 @@
 
 * ``GET /healthz`` — 200 with JSON while the scheduler runs, 503 otherwise (starting, stopping).
   The body lists every scheduled job: its schedule, next run, and last run (ok, finished_at,
-  duration_s, error) since this process started.
+  duration_s, error — secrets masked as in the logs) since this process started.
 * ``GET /metrics`` — the Prometheus text format of the process's telemetry registry (every
   job's run metrics and the metrics job's latest success/dead-letter figures).
 

@@ -204,6 +204,38 @@ def test_healthz_and_metrics_answer_over_a_real_socket(db, database_url):
     assert stopped.status_code == 503
 
 
+class Leaky:
+    """A job that fails with an error quoting a secret (as a driver or HTTP library might)."""
+
+    def __init__(self, secret: str) -> None:
+        self.secret = secret
+
+    def run_once(self, now: datetime) -> Recorder:
+        raise RuntimeError(f"request with Authorization: {self.secret} failed")
+
+
+def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
+    """A job error quoting the API token, the heartbeat URL or the database password reaches /healthz masked."""
+    token, heartbeat = "bs-token-5e1f09c2", "https://uptime.example/api/v1/heartbeat/hb-token-77aa"
+    password_url = database_url.replace("postgresql://postgres@", "postgresql://postgres:pw-9c1d3e@")
+    settings = Settings(database_url=database_url, betterstack_api_token=token, betterstack_heartbeat_url=heartbeat)
+    spec = JobSpec(name="alerts", summary="", build=lambda s, d: None, zero_fields=lambda: {})
+    telemetry = Telemetry()
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, [(spec, Leaky(f"{token} {heartbeat}/fail {password_url}"))],
+                            scheduler=stepped(), telemetry=telemetry)
+        jobs.start()
+        clock.tick(timedelta(minutes=5))
+        jobs.scheduler.step()
+        _ok, body = jobs.health()
+        jobs.stop()
+
+    error = body["jobs"]["alerts"]["last_run"]["error"]
+    assert error.startswith("RuntimeError: request with Authorization: ***")
+    for secret in (token, "hb-token-77aa", "pw-9c1d3e"):
+        assert secret not in json.dumps(body)
+
+
 def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
     """stop() stops scheduling at once but returns only after the running job has finished, successfully."""
     settings = Settings(database_url=database_url)
