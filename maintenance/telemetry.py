@@ -19,9 +19,10 @@ latest ones are served and pushed with the job's run metrics.
 The label is ``job_name``, not ``job``: Prometheus and the Pushgateway own ``job`` (the scrape
 job, and the Pushgateway's grouping key, which overwrites a pushed ``job`` label).
 
-Pushing: with ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` set, :meth:`Telemetry.push` PUTs one job's
+Pushing: with ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` set, :meth:`Telemetry.push` sends one job's
 series to ``<url>/metrics/job/core-jobs/job_name/<job>`` (the batch-job convention: one group
-per job, replaced by each push). A failed push logs ``maintenance.metrics.push_failed`` and
+per job): PUT after a success (the group is replaced), POST after a failure (only the pushed
+families are replaced, so the last success timestamp of an earlier run survives). A failed push logs ``maintenance.metrics.push_failed`` and
 returns False; it never fails the run. In run-once mode each process starts from zero, so a
 pushed ``core_jobs_job_runs_total`` only says how this process's run ended: alert on
 ``core_jobs_job_last_success_timestamp_seconds`` (or the Pushgateway's ``push_time_seconds``)
@@ -38,7 +39,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.exposition import default_handler, push_to_gateway
+from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
 from maintenance.logs import get_logger
@@ -151,12 +152,20 @@ class Telemetry:
         return registry
 
     def push(self, gateway_url: str | None, name: str, *, timeout_s: float = 10.0) -> bool:
-        """PUT job ``name``'s series to the Pushgateway; False (and a log event) when it fails."""
+        """Push job ``name``'s series to the Pushgateway; False (and a log event) when it fails.
+
+        After a success: PUT, replacing the job's group (series that vanished, e.g. a queue's
+        age gauge, go with it). After a failure: POST, replacing only the families pushed, so
+        the last success timestamp an earlier run pushed stays (a PUT would delete it, and an
+        alert on ``time() - core_jobs_job_last_success_timestamp_seconds`` would fall silent).
+        """
         if not gateway_url:
             return False
         log = get_logger(job=name)
+        last = self.last_runs.get(name)
+        push = push_to_gateway if last is None or last.ok else pushadd_to_gateway
         try:
-            push_to_gateway(
+            push(
                 gateway_url, job=PUSH_JOB, registry=self.job_registry(name),
                 grouping_key={JOB_LABEL: name}, timeout=timeout_s, handler=default_handler,
             )

@@ -123,6 +123,41 @@ def test_a_failed_push_is_logged_and_the_run_still_succeeds(clean_env, database_
     assert '"maintenance.metrics.stop"' in out
 
 
+class PushgatewayStandIn:
+    """The Pushgateway's grouping semantics: PUT replaces the whole group, POST only the metric
+    families it carries (families without samples are dropped on arrival, as the real one does)."""
+
+    def __init__(self, httpserver) -> None:
+        self.families: dict[str, dict[tuple, float]] = {}
+        for method in ("PUT", "POST"):
+            httpserver.expect_request(PUSH_PATH, method=method).respond_with_handler(self.push)
+
+    def push(self, request):
+        from werkzeug import Response
+
+        pushed = {name: samples for name, samples in pushed_families(request.get_data()).items() if samples}
+        self.families = pushed if request.method == "PUT" else self.families | pushed
+        return Response("", status=200)
+
+
+def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, empty_database_url, httpserver):
+    """Run-once succeeds, then a later run-once (a new process) fails: last_success stays, the failure shows."""
+    gateway = PushgatewayStandIn(httpserver)
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    first, second = Telemetry(), Telemetry()  # two CronJob pods: each process starts from zero
+
+    run_job(spec, MetricsJob(db), db, first)
+    assert first.push(httpserver.url_for("/"), "metrics")
+    succeeded_at = gateway.families["core_jobs_job_last_success_timestamp_seconds"]
+    broken = Database(empty_database_url)  # no schema: this run fails
+    run_job(spec, MetricsJob(broken), broken, second)
+    assert second.push(httpserver.url_for("/"), "metrics")
+
+    assert gateway.families["core_jobs_job_last_success_timestamp_seconds"] == succeeded_at
+    assert gateway.families["core_jobs_job_runs_total"] == {(("job_name", "metrics"), ("outcome", "failure")): 1.0}
+    assert gateway.families["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 0.0
+
+
 def test_pushgateway_url_with_credentials_is_refused(clean_env, capsys):
     """A Pushgateway URL carrying user:password exits 2 naming the setting, without echoing the password."""
     clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "https://ops:hunter22@push.example")
