@@ -14,6 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
 from maintenance.db import Database
@@ -132,9 +133,7 @@ class PushgatewayStandIn:
         for method in ("PUT", "POST"):
             httpserver.expect_request(PUSH_PATH, method=method).respond_with_handler(self.push)
 
-    def push(self, request):
-        from werkzeug import Response
-
+    def push(self, request: Request) -> Response:
         pushed = {name: samples for name, samples in pushed_families(request.get_data()).items() if samples}
         self.families = pushed if request.method == "PUT" else self.families | pushed
         return Response("", status=200)
