@@ -74,10 +74,11 @@ class JobScheduler:
         push_configured(self.settings, spec.name, self.telemetry)
 
     def _not_run(self, event: JobEvent) -> None:
-        name = "maintenance.scheduler.missed" if event.code == EVENT_JOB_MISSED else "maintenance.scheduler.skipped"
-        reason = "misfire grace exceeded" if event.code == EVENT_JOB_MISSED else "previous run still going"
-        get_logger(job=event.job_id).warning(name, scheduled_at=event.scheduled_run_time.isoformat()
-                                             if getattr(event, "scheduled_run_time", None) else None, reason=reason)
+        if event.code == EVENT_JOB_MISSED:  # a JobExecutionEvent: one run time
+            name, reason, when = "maintenance.scheduler.missed", "misfire grace exceeded", event.scheduled_run_time
+        else:  # a JobSubmissionEvent: the run times it refused (one, as runs are coalesced)
+            name, reason, when = "maintenance.scheduler.skipped", "previous run still going", event.scheduled_run_times[-1]
+        get_logger(job=event.job_id).warning(name, scheduled_at=when.isoformat(), reason=reason)
 
     def start(self) -> None:
         self.scheduler.start()

@@ -16,6 +16,7 @@ import httpx
 import psycopg
 import pytest
 from apscheduler.executors.debug import DebugExecutor
+from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 from freezegun import freeze_time
@@ -132,21 +133,71 @@ def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
     assert telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 16
 
 
-def test_missed_runs_are_coalesced_and_late_ones_skipped_after_the_misfire_grace(db, database_url, capsys):
-    """Three missed minutes become one run within the grace; a run later than the grace is skipped and logged."""
-    settings = Settings(database_url=database_url, scheduler_misfire_grace="PT45S")
+MINUTE = START.replace(second=0)
+
+
+def run_after_a_pause(db, database_url, grace: str, resume_at: datetime) -> Recorder:
+    """A metrics-like job scheduled every minute, with the scheduler paused from START to ``resume_at``."""
+    settings = Settings(database_url=database_url, scheduler_misfire_grace=grace)
     spec, job = recorder_spec("metrics")
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=stepped(), telemetry=Telemetry())
         jobs.start()
-        clock.move_to(START.replace(second=0) + timedelta(minutes=3, seconds=30))  # 12:01, :02, :03 missed
-        jobs.scheduler.step()
-        clock.move_to(START.replace(second=0) + timedelta(minutes=10, seconds=50))  # 12:10 is 50 s late
+        clock.move_to(resume_at)
         jobs.scheduler.step()
         jobs.stop()
+    return job
 
-    assert job.ran_at == [START.replace(second=0) + timedelta(minutes=3, seconds=30)]
-    assert '"maintenance.scheduler.missed"' in capsys.readouterr().out
+
+def test_missed_runs_within_the_grace_are_coalesced_into_one(db, database_url):
+    """Three fire times missed while the process was busy, all within the grace, give one run, not three."""
+    resume_at = MINUTE + timedelta(minutes=3, seconds=30)  # 12:01, :02, :03 due, the oldest 150 s ago
+    assert run_after_a_pause(db, database_url, "PT5M", resume_at).ran_at == [resume_at]
+
+
+def test_a_run_later_than_the_misfire_grace_is_skipped_and_logged(db, database_url, capsys):
+    """A fire time 50 s past with a 45 s grace does not run, and maintenance.scheduler.missed names it."""
+    resume_at = MINUTE + timedelta(minutes=1, seconds=50)  # 12:01 is 50 s late
+    assert run_after_a_pause(db, database_url, "PT45S", resume_at).ran_at == []
+    missed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "maintenance.scheduler.missed" in line]
+    assert [(e["job"], e["scheduled_at"]) for e in missed] == [("metrics", (MINUTE + timedelta(minutes=1)).isoformat())]
+
+
+class Blocking(Recorder):
+    """A job whose run lasts until the test releases it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def run_once(self, now: datetime) -> Recorder:
+        super().run_once(now)
+        self.started.set()
+        assert self.release.wait(timeout=30)
+        return self
+
+
+def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, database_url, capsys):
+    """max_instances=1: the 12:02 run of a job still busy with its 12:01 run is skipped (maintenance.scheduler.skipped)."""
+    settings = Settings(database_url=database_url)
+    job = Blocking()
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0})
+    scheduler = SteppedScheduler(timezone=timezone.utc, executors={"default": ThreadPoolExecutor(2)})
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
+        jobs.start()
+        clock.move_to(MINUTE + timedelta(minutes=1, seconds=1))
+        jobs.scheduler.step()
+        assert job.started.wait(timeout=30)  # the 12:01 run is in hand, in its own thread
+        clock.move_to(MINUTE + timedelta(minutes=2, seconds=1))
+        jobs.scheduler.step()
+        job.release.set()
+        jobs.stop()
+
+    assert len(job.ran_at) == 1
+    skipped = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "maintenance.scheduler.skipped" in line]
+    assert [(e["job"], e["scheduled_at"]) for e in skipped] == [("metrics", (MINUTE + timedelta(minutes=2)).isoformat())]
 
 
 @pytest.mark.parametrize(("name", "value"), [
