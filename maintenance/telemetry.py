@@ -22,9 +22,11 @@ job, and the Pushgateway's grouping key, which overwrites a pushed ``job`` label
 Pushing: with ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` set, :meth:`Telemetry.push` sends one job's
 series to ``<url>/metrics/job/core-jobs/job_name/<job>`` (the batch-job convention: one group
 per job): PUT after a success (the group is replaced), POST after a failure (only the pushed
-families are replaced, so the last success timestamp of an earlier run survives). A failed push logs ``maintenance.metrics.push_failed`` and
-returns False; it never fails the run. In run-once mode each process starts from zero, so a
-pushed ``core_jobs_job_runs_total`` only says how this process's run ended: alert on
+families are replaced, so the last success timestamp of an earlier run survives). A failed
+push logs ``maintenance.metrics.push_failed`` and returns False; it never fails the run. Events
+show the gateway as ``scheme://host/…`` only: its path may carry a token. In run-once mode each
+process starts from zero, so a pushed ``core_jobs_job_runs_total`` only says how this process's
+run ended: alert on
 ``core_jobs_job_last_success_timestamp_seconds`` (or the Pushgateway's ``push_time_seconds``)
 instead; under ``serve`` the counter is a real counter on /metrics.
 """
@@ -42,6 +44,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
+from alerts.heartbeat import shown_url
 from maintenance.logs import get_logger
 
 # No `<counter>_created` series: they double every counter on the Pushgateway for a start time
@@ -170,9 +173,10 @@ class Telemetry:
                 grouping_key={JOB_LABEL: name}, timeout=timeout_s, handler=default_handler,
             )
         except Exception as exc:  # a monitoring outage must not fail the job
-            log.warning("maintenance.metrics.push_failed", gateway=gateway_url, error=f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}".replace(gateway_url, shown_url(gateway_url))
+            log.warning("maintenance.metrics.push_failed", gateway=shown_url(gateway_url), error=error)
             return False
-        log.info("maintenance.metrics.pushed", gateway=gateway_url, grouping_key=f"{JOB_LABEL}={name}")
+        log.info("maintenance.metrics.pushed", gateway=shown_url(gateway_url), grouping_key=f"{JOB_LABEL}={name}")
         return True
 
 

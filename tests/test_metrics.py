@@ -124,6 +124,25 @@ def test_a_failed_push_is_logged_and_the_run_still_succeeds(clean_env, database_
     assert '"maintenance.metrics.stop"' in out
 
 
+def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, capsys):
+    """A Pushgateway behind a path carrying a token: pushed and push_failed events show only scheme://host/…."""
+    gateway = httpserver.url_for("/gw-token-4d2c")
+    httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("", status=200)
+    httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("down", status=500)
+    telemetry = Telemetry()
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    run_job(spec, MetricsJob(db), db, telemetry)
+
+    assert telemetry.push(gateway, "metrics") is True
+    assert telemetry.push(gateway, "metrics") is False
+
+    out = capsys.readouterr().out
+    events = {e["event"]: e for e in map(json.loads, out.splitlines()) if e["event"].startswith("maintenance.metrics.push")}
+    assert set(events) == {"maintenance.metrics.pushed", "maintenance.metrics.push_failed"}
+    assert {e["gateway"] for e in events.values()} == {f"http://{httpserver.host}:{httpserver.port}/…"}
+    assert "gw-token-4d2c" not in out
+
+
 class PushgatewayStandIn:
     """The Pushgateway's grouping semantics: PUT replaces the whole group, POST only the metric
     families it carries (families without samples are dropped on arrival, as the real one does)."""
