@@ -1,8 +1,9 @@
 """The Better Stack heartbeat: a dead-man's switch for the whole maintenance run.
 
-After ``core-jobs run-once``, when ``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL`` is set, the run
-POSTs to that URL when every job succeeded, or to its ``/fail`` form when one failed, with a
-short plain-text body naming the failed jobs. Better Stack raises an incident when no ping
+After ``core-jobs run-once`` (and, under ``core-jobs serve``, after each scheduled run), when
+``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL`` is set, the run POSTs to that URL when every job
+succeeded, or to its ``/fail`` form when one failed, with a short plain-text body naming the
+failed jobs. Better Stack raises an incident when no ping
 arrives within the heartbeat's period (the CronJob stopped running) or when a ``/fail`` ping
 arrives (it ran and failed).
 
@@ -33,12 +34,12 @@ def heartbeat_target(url: str, failed_jobs: Sequence[str]) -> str:
     return f"{base}/fail" if failed_jobs else base
 
 
-def heartbeat_body(ran_jobs: Sequence[str], failed_jobs: Sequence[str]) -> str:
-    """One short line for Better Stack's heartbeat output."""
+def heartbeat_body(ran_jobs: Sequence[str], failed_jobs: Sequence[str], source: str = "core-jobs run-once") -> str:
+    """One short line for Better Stack's heartbeat output; ``source`` says what ran the jobs."""
     if failed_jobs:
-        text = f"core-jobs run-once: {len(failed_jobs)} of {len(ran_jobs)} jobs failed: {', '.join(failed_jobs)}"
+        text = f"{source}: {len(failed_jobs)} of {len(ran_jobs)} jobs failed: {', '.join(failed_jobs)}"
     else:
-        text = f"core-jobs run-once: ok ({', '.join(ran_jobs) or 'no jobs'})"
+        text = f"{source}: ok ({', '.join(ran_jobs) or 'no jobs'})"
     return text[:BODY_LIMIT]
 
 
@@ -54,6 +55,7 @@ def send_heartbeat(
     ran_jobs: Sequence[str],
     failed_jobs: Sequence[str],
     timeout: float = 10.0,
+    source: str = "core-jobs run-once",
     log: Any = None,
 ) -> bool:
     """Ping the heartbeat; True when Better Stack answered 2xx. Never raises for a network problem."""
@@ -64,7 +66,7 @@ def send_heartbeat(
         with httpx.Client(timeout=timeout, follow_redirects=False) as client:
             response = client.post(
                 target,
-                content=heartbeat_body(ran_jobs, failed_jobs).encode(),
+                content=heartbeat_body(ran_jobs, failed_jobs, source).encode(),
                 headers={"Content-Type": "text/plain; charset=utf-8", "User-Agent": "core-jobs-heartbeat"},
             )
     except httpx.HTTPError as exc:

@@ -10,10 +10,10 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
-from alerts.heartbeat import send_heartbeat
 from harness.retry import compute_delay, max_retry_window
 from maintenance import harness_cli, migrate
 from maintenance.db import Database
+from maintenance.heartbeat import ping_heartbeat
 from maintenance.logs import configure_logging, get_logger
 from maintenance.registry import jobs
 from maintenance.runner import build_jobs, run_jobs
@@ -75,15 +75,7 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     outcomes = run_jobs(built, db)
     for outcome in outcomes:
         push_configured(settings, outcome.name)
-    if settings.betterstack_heartbeat_url is not None:
-        # The dead-man's switch of the whole run; a failed ping is logged and changes nothing.
-        send_heartbeat(
-            settings.betterstack_heartbeat_url.get_secret_value(),
-            ran_jobs=[o.name for o in outcomes],
-            failed_jobs=[o.name for o in outcomes if not o.ok],
-            timeout=settings.betterstack_timeout.total_seconds(),
-            log=get_logger(),
-        )
+    ping_heartbeat(settings, outcomes, source="core-jobs run-once")  # the dead-man's switch of the whole run
     return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
 
 

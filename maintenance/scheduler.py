@@ -11,7 +11,9 @@ is skipped, logged as ``maintenance.scheduler.missed``). Jobs run in their own t
 long purge never delays the metrics.
 
 Each run goes through the same runner as `run-once` (start/stop/error events, PostgreSQL's
-clock, the run metrics) and is pushed to the Pushgateway when one is configured. Two replicas
+clock, the run metrics), is pushed to the Pushgateway when one is configured, and pings the
+Better Stack heartbeat when ``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL`` is set (its ``/fail`` form
+after a failed run; set the heartbeat's period to the longest gap between two runs). Two replicas
 would not do the same work twice — the jobs take database locks — but one replica is the
 intended deployment.
 
@@ -37,6 +39,7 @@ from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from maintenance.db import Database
+from maintenance.heartbeat import ping_heartbeat
 from maintenance.http import make_server, serve_in_background
 from maintenance.logs import SecretRedactor, get_logger
 from maintenance.registry import Job, JobSpec
@@ -70,8 +73,9 @@ class JobScheduler:
         self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
     def _run(self, spec: JobSpec, job: Job) -> None:
-        run_job(spec, job, self.db, self.telemetry)
+        outcome = run_job(spec, job, self.db, self.telemetry)
         push_configured(self.settings, spec.name, self.telemetry)
+        ping_heartbeat(self.settings, [outcome], source="core-jobs serve")
 
     def _not_run(self, event: JobEvent) -> None:
         if event.code == EVENT_JOB_MISSED:  # a JobExecutionEvent: one run time

@@ -305,7 +305,7 @@ class Settings(BaseSettings):
     )
     betterstack_heartbeat_url: SecretStr | None = Field(
         default=None,
-        description="Heartbeat URL pinged after `core-jobs run-once` (its /fail form when a job failed). "
+        description="Heartbeat URL pinged after `core-jobs run-once` and after each run of `serve` (its /fail form when a job failed). "
         "Secret: its path is a token.",
     )
     betterstack_timeout: Duration = Field(

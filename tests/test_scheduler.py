@@ -22,6 +22,7 @@ from apscheduler.triggers.cron import CronTrigger
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
+from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
 from maintenance.db import Database
 from maintenance.http import make_server, serve_in_background
@@ -285,6 +286,30 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
     assert error.startswith("RuntimeError: request with Authorization: ***")
     for secret in (token, "hb-token-77aa", "pw-9c1d3e"):
         assert secret not in json.dumps(body)
+
+
+def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
+    """With a heartbeat URL, every scheduled run pings it (its /fail form after a failed run), as run-once does."""
+    settings = Settings(database_url=database_url, betterstack_heartbeat_url=fake_bs.heartbeat_url(),
+                        schedule_alerts="*/2 * * * *")
+    (metrics, _), alerts = recorder_spec("metrics"), JobSpec(name="alerts", summary="", build=lambda s, d: None,
+                                                               zero_fields=lambda: {})
+    with freeze_time(START) as clock:
+        jobs = JobScheduler(settings, db, [(metrics, Recorder()), (alerts, Leaky("boom"))], scheduler=stepped(),
+                            telemetry=Telemetry())
+        jobs.start()
+        clock.tick(timedelta(minutes=1))  # 12:01:30: metrics
+        jobs.scheduler.step()
+        clock.tick(timedelta(minutes=1))  # 12:02:30: metrics and alerts, which fails
+        jobs.scheduler.step()
+        jobs.stop()
+
+    token_path = fake_bs.heartbeat_url().removeprefix(fake_bs.url)
+    assert sorted((p.path, p.body) for p in fake_bs.heartbeats) == [
+        (token_path, "core-jobs serve: ok (metrics)"),
+        (token_path, "core-jobs serve: ok (metrics)"),
+        (token_path + "/fail", "core-jobs serve: 1 of 1 jobs failed: alerts"),
+    ]
 
 
 def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
