@@ -56,6 +56,17 @@ def test_a_dead_letter_is_covered_once_per_kind(conn, alert_id):
     conn.execute(cover, (dead_letter, "stale", other))
 
 
+def test_coverage_can_be_neither_rewritten_nor_deleted(conn, alert_id):
+    """Coverage is append-only: an UPDATE or DELETE (which would page for the same dead letter again) is refused."""
+    [dead_letter] = add_dead_letters(conn, "points.credit", 1)
+    conn.execute("INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, 'new', %s)",
+                 (dead_letter, alert_id))
+    with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+        conn.execute("UPDATE core.dead_letter_alert_coverage SET kind = 'stale'")
+    with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+        conn.execute("DELETE FROM core.dead_letter_alert_coverage")
+
+
 def test_downgrade_removes_everything_the_alerts_migration_created(database_url):
     """Down to the foundation: the alert tables, their functions and the extra index are gone."""
     migrate.downgrade(database_url, "0001_foundation")

@@ -103,7 +103,8 @@ END $$;
 CREATE TRIGGER dead_letter_alerts_guard_update BEFORE UPDATE ON core.dead_letter_alerts
     FOR EACH ROW EXECUTE FUNCTION core.dead_letter_alerts_guard_update();
 
--- Coverage is a fact ("this alert covered that dead letter"): never rewritten.
+-- Coverage is a fact ("this alert covered that dead letter"): never rewritten nor deleted
+-- (a deleted row would make the next run page for that dead letter again).
 CREATE FUNCTION core.dead_letter_alert_coverage_forbid_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -111,7 +112,7 @@ BEGIN
         USING ERRCODE = 'check_violation';
 END $$;
 
-CREATE TRIGGER dead_letter_alert_coverage_forbid_update BEFORE UPDATE ON core.dead_letter_alert_coverage
+CREATE TRIGGER dead_letter_alert_coverage_forbid_update BEFORE UPDATE OR DELETE ON core.dead_letter_alert_coverage
     FOR EACH ROW EXECUTE FUNCTION core.dead_letter_alert_coverage_forbid_update();
 
 -- The stale scan: pending dead letters by age, whatever their queue.
