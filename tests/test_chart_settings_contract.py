@@ -128,3 +128,19 @@ def test_every_command_the_chart_runs_parses(rendered):
         if parsed.command == "run-once":
             assert set(parsed.jobs) <= registered, f"{workload}: runs an unregistered job {parsed.jobs}"
     assert ran & {"run-once", "serve"}  # some workload runs the jobs
+
+
+def test_the_scheduler_pod_waits_for_the_run_in_hand_before_sigkill(chart, clean_env):
+    """Default mode scheduler: terminationGracePeriodSeconds outlasts a purge run's budget plus its last batch.
+
+    `serve` lets the runs in hand finish on SIGTERM; a shorter grace means SIGKILL mid-run and exit 137.
+    """
+    objects = render_objects(chart, with_secret({"mode": "scheduler"}))
+    [(where, env)] = container_environments([o for o in objects if o["kind"] in ("Deployment", "ConfigMap")])
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    settings = load_settings()
+    [deployment] = [o for o in objects if o["kind"] == "Deployment"]
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    longest_run = settings.purge_max_runtime + settings.purge_statement_timeout
+    assert grace > longest_run.total_seconds(), where
