@@ -11,6 +11,8 @@ chart runs must parse (``run-once`` naming registered jobs only).
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +22,9 @@ import pytest
 from maintenance.cli import build_parser
 from maintenance.registry import jobs
 from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
-from test_helm_chart import chart, pod_templates, render_objects, with_secret  # noqa: F401  (chart: fixture)
+from test_helm_chart import (  # noqa: F401  (chart: fixture)
+    CHART_DIR, SECRET_SETTINGS, chart, pod_templates, render_objects, with_secret,
+)
 
 # Several real, non-secret settings with values the application accepts.
 REAL_SETTINGS = {
@@ -144,3 +148,18 @@ def test_the_scheduler_pod_waits_for_the_run_in_hand_before_sigkill(chart, clean
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     longest_run = settings.purge_max_runtime + settings.purge_statement_timeout
     assert grace > longest_run.total_seconds(), where
+
+
+def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
+    """settings: accepts every real non-secret setting the chart does not manage itself, and nothing else."""
+    schema = json.loads((CHART_DIR / "values.schema.json").read_text())
+    allowed = set(schema["definitions"]["knownSetting"]["enum"])
+    chart_managed = re.compile(r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT)$")
+    expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
+    assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"
+
+
+def test_a_misspelt_setting_is_refused_before_any_pod_starts(chart):
+    """A typo in settings: fails schema validation naming it, instead of pods that exit 2 at start."""
+    with pytest.raises(helm_python.HelmValuesError, match="CORE_JOBS_STALE_AFTER"):
+        chart.validate_schema(with_secret({"settings": {"CORE_JOBS_STALE_AFTER": "P2D"}}))
