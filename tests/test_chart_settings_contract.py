@@ -119,7 +119,10 @@ def test_every_container_environment_loads(rendered, clean_env):
 
 
 def test_every_command_the_chart_runs_parses(rendered):
-    """Each container's args form a core-jobs command line that build_parser() accepts."""
+    """Each container's args, after the image's entrypoint core-jobs, form a command line build_parser() accepts."""
+    dockerfile = (CHART_DIR.parents[1] / "Dockerfile").read_text()
+    [entrypoint] = re.findall(r"^ENTRYPOINT\s+(.+)$", dockerfile, re.MULTILINE)
+    assert json.loads(entrypoint) == ["core-jobs"]
     registered = set(jobs())
     parser = build_parser()
     ran = set()
