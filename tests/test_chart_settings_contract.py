@@ -6,7 +6,9 @@ argparse refuses an unknown subcommand. So for the default values, mode schedule
 ``settings:`` map of real settings, every ``CORE_JOBS_*`` name a rendered container receives —
 literal ``env``, ``secretKeyRef`` env, and the keys of a ConfigMap it reads by ``envFrom`` — must
 be a real setting, the environment as a whole must load, and every ``core-jobs`` command line the
-chart runs must parse (``run-once`` naming registered jobs only).
+chart runs must parse (``run-once`` naming registered jobs only). The values schema lets only the
+application's settings into ``settings:``, so a typo fails ``helm install`` instead of every pod;
+and the scheduler pod's termination grace outlasts a run, since ``serve`` waits for it.
 """
 
 from __future__ import annotations
