@@ -27,8 +27,9 @@ counted twice. Two bounds keep that honest:
   safety lag.
 
 So the guarantee is exact as long as no work transaction outlives ``METRICS_MAX_TRANSACTION``
-and consumers keep the default ``processed_at = now()``. The purge never deletes a fence this
-young (it keeps everything inside the retry window), so none disappears before it is counted.
+and consumers keep the default ``processed_at = now()``. The purge deletes fences only after
+their TTL (``PROCESSED_JOBS_TTL``, days), so none disappears before it is counted — unless this
+job has not run for that long: fences purged meanwhile are never counted.
 
 **Tenants** (``METRICS_TENANT_LABEL``): each consumer's counter is split by tenant, with at most
 ``METRICS_TENANT_TOP_N`` named tenants and the rest summed as ``tenant="other"``. A slot, once
