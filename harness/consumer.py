@@ -9,7 +9,9 @@
 
 The handler gets the connection of the work transaction — the fence row is already inserted in
 it (J-B1) — the validated payload (an instance of ``payload_schema``) and a :class:`JobContext`.
-It must do its writes on that connection and must not commit or roll back: the harness does.
+It must do its writes on that connection and must not commit or roll back: the harness does
+(a handler that ends the transaction is dead-lettered; one that leaves it aborted by a swallowed
+database error is retried — see ``harness.handling``).
 It signals failures with the exceptions of :mod:`harness.errors`.
 
 Retry policy (J-B3): leave ``retry_policy`` unset and the consumer gets its queue's configured

@@ -11,7 +11,10 @@
    metric, no error, no row; J-B2). A row back: run the handler on the same connection and
    commit. A parallel delivery of the same job blocks on the fence's primary key until this
    transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
-   the work nor the fence (J-AC2).
+   the work nor the fence (J-AC2). Before the commit the transaction must still be open and
+   healthy: a handler that swallowed a database error (transaction aborted, nothing would
+   commit) fails transiently; one that ran COMMIT or ROLLBACK itself fails permanently, since
+   its later writes escaped the fence and a retry could repeat them.
 3. A failure rolls everything back, then:
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
@@ -28,6 +31,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
@@ -85,6 +89,7 @@ def handle(
                 duplicate = True
                 raise psycopg.Rollback()
             consumer.handler(conn, payload, context)
+            _check_work_transaction(conn)
     except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
@@ -118,6 +123,22 @@ def failure_outcome(
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
     metrics.retries.labels(consumer.name).inc()
     return RetryAfter(delay=delay, error=describe_error(error))
+
+
+def _check_work_transaction(conn: psycopg.Connection) -> None:
+    """Refuse to commit unless the handler left the fence's transaction open and healthy.
+
+    A swallowed database error leaves it aborted: psycopg's COMMIT would then silently roll
+    back, and the job would be acked with nothing done. A COMMIT or ROLLBACK run by the handler
+    ends it early: writes after that escape the fence, so a retry could apply them twice.
+    """
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise TransientError("the handler caught a database error and carried on: its transaction was aborted,"
+                             " so nothing was committed")
+    if status != TransactionStatus.INTRANS:
+        raise PermanentError("the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
+                             " escaped the fence, so the job is not retried; fix the handler, then review the job")
 
 
 def _dead_letter(

@@ -171,3 +171,41 @@ def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
     assert row[7].startswith("PermanentError: xxx") and len(row[7]) <= 2000 and row[7].endswith("[truncated]")
     assert row[8] == "pending_review"
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_a_handler_that_swallows_a_database_error_is_retried_not_acked(conn, metrics):
+    """A handler that catches a database error and returns has nothing committed, so it is retried, never acked."""
+    credit = make_consumer().handler
+
+    def swallowing(conn_, payload, ctx):
+        credit(conn_, payload, ctx)
+        try:
+            conn_.execute("SELECT 1 / 0")
+        except psycopg.errors.DivisionByZero:
+            pass  # the transaction is now aborted; the harness's COMMIT would silently roll it back
+
+    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=swallowing)
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, RetryAfter), outcome
+    assert "aborted" in outcome.error
+    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
+    assert metrics.value("processed", consumer="points.credit") == 0
+
+
+@pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK"])
+def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_retried(conn, metrics, statement):
+    """A handler that runs COMMIT or ROLLBACK itself is a permanent dead letter: a retry could apply its escaped writes twice."""
+    credit = make_consumer().handler
+
+    def ending(conn_, payload, ctx):
+        conn_.execute(statement)  # the fence is committed or gone; the credit below runs outside it
+        credit(conn_, payload, ctx)
+
+    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=ending)
+    outcome = handle(conn, consumer, delivery({"member_id": "m-1", "points": 50}), policy=POLICY, fence_ttl=TTL,
+                     metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
+    assert "ended the work transaction" in outcome.letter.last_error
+    assert metrics.value("processed", consumer="points.credit") == 0
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
