@@ -23,10 +23,11 @@ from harness.consumer import Consumer
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
+from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
 from maintenance.db import Database
 from maintenance.logs import get_logger
-from maintenance.settings import ConfigError, Settings
+from maintenance.settings import ConfigError, Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -48,9 +49,14 @@ def load_consumer(reference: str) -> Consumer:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     consumer = load_consumer(args.consumer)
-    guard = settings.ttl_guard()
-    if not guard.ok:  # a fence shorter than the retry window would let a late retry apply twice (J-B7)
-        raise ConfigError(guard.explain())
+    # A fence shorter than the retry window would let a late retry apply twice (J-B7). The
+    # settings' guard sees the configured policies only; a policy fixed in the consumer's code counts too.
+    window = settings.max_retry_window()
+    if consumer.retry_policy is not None:
+        window = max(window, max_retry_window(consumer.retry_policy) + settings.broker_redelivery_horizon)
+    guard = TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
+    if not guard.ok:
+        raise ConfigError(f"--consumer {args.consumer}: {guard.explain()}")
     config = WorkerConfig(
         fence_ttl=settings.processed_jobs_ttl,
         lease=settings.worker_lease,

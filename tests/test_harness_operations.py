@@ -79,6 +79,15 @@ def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, cap
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
 
+def test_worker_refuses_a_consumer_whose_own_retry_policy_outlasts_the_fence_ttl(cli, conn, capsys, clean_env):
+    """J-B7: a retry_policy fixed in the consumer's code counts in the TTL guard; too long a window exits 2, nothing processed."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+    assert cli(["worker", "--consumer", "harness_consumers:patient", "--once"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "TOO SHORT" in err and "harness_consumers:patient" in err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
+
+
 def test_list_filters_by_queue_and_status_as_text_and_json(cli, conn, capsys):
     """`dead-letters list` shows matching letters; --json includes the payload and the error."""
     first, job_id = dead_letter(conn, {"member_id": "m-1", "points": 1})
