@@ -44,11 +44,16 @@ from pydantic import BaseModel
 
 from harness.retry import RetryPolicy
 
-__all__ = ["Consumer", "ConsumerError", "JobContext"]
+__all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
 
 Payload = TypeVar("Payload", bound=BaseModel)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+def valid_name(value: object) -> bool:
+    """Whether ``value`` can be a consumer's or a queue's name: letters, digits and . _ : -, no spaces."""
+    return isinstance(value, str) and _NAME.match(value) is not None
 
 
 class ConsumerError(ValueError):
@@ -81,7 +86,7 @@ class Consumer(Generic[Payload]):
     def __post_init__(self) -> None:
         for field in ("name", "queue"):
             value = getattr(self, field)
-            if not isinstance(value, str) or not _NAME.match(value):
+            if not valid_name(value):
                 raise ConsumerError(f"{field} must be a non-blank name of letters, digits and . _ : -, got {value!r}")
         if not (isinstance(self.payload_schema, type) and issubclass(self.payload_schema, BaseModel)):
             raise ConsumerError(f"payload_schema must be a pydantic model class, got {self.payload_schema!r}")

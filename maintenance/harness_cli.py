@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
-from harness.consumer import Consumer
+from harness.consumer import Consumer, valid_name
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
@@ -67,19 +67,22 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
     if args.metrics_port:
         start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: worker.stop())
+    previous = {signum: signal.signal(signum, lambda *_: worker.stop()) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
     except Exception as exc:  # the stop event already carries the counts; say why
         get_logger().error("harness.worker.error", consumer=consumer.name, error=f"{type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return EXIT_OK
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    if not args.queue.strip():
-        print("core-jobs: QUEUE must not be blank", file=sys.stderr)
+    if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
+        print(f"core-jobs: QUEUE {args.queue!r} is not a queue name (letters, digits and . _ : -, no spaces)",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         payload = json.loads(args.payload)
@@ -116,6 +119,9 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
         return EXIT_USAGE
     if args.all_pending and not args.queue:
         print("core-jobs: --all-pending needs --queue Q", file=sys.stderr)
+        return EXIT_USAGE
+    if args.queue and not args.all_pending:  # replay 7 --queue Q would silently replay 7 of any queue
+        print("core-jobs: --queue selects only with --all-pending; to replay by id, give the IDs alone", file=sys.stderr)
         return EXIT_USAGE
     return _act(settings, lambda conn: replay(conn, args.ids, queue=args.queue if args.all_pending else None,
                                               operator=args.operator, reason=args.reason), "replayed")
@@ -196,7 +202,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = dl_sub.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--queue")
     p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=_bounded_int(1, 1_000_000), default=100, metavar="N",
+                   help="at most N rows, 1-1000000 (default 100)")
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
     p.set_defaults(handler=cmd_dead_letters_list)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import uuid
 
@@ -127,10 +128,14 @@ def test_replay_all_pending_of_a_queue_leaves_other_queues_alone(cli, conn):
 
 
 @pytest.mark.parametrize("argv", [["dead-letters", "replay"], ["dead-letters", "replay", "--all-pending"],
-                                  ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"]])
+                                  ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"],
+                                  ["dead-letters", "replay", "1", "--queue", "notifications.email"]])
 def test_replay_needs_ids_or_a_queue_with_all_pending(cli, conn, argv):
-    """Neither ids nor --queue --all-pending (or both) is a usage error: exit 2."""
+    """Neither ids nor --queue --all-pending, both, or ids with a --queue that would be ignored: exit 2, nothing replayed."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    assert letter_id == 1
     assert cli(argv) == EXIT_CONFIG
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = 1") == "pending_review"
 
 
 def test_replaying_a_letter_that_is_not_pending_is_refused_and_changes_nothing(cli, conn, capsys):
@@ -242,7 +247,23 @@ def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
     assert "is not between" in err or "is not a whole number" in err
 
 
-def test_enqueue_refuses_a_blank_queue(cli, conn):
-    """A blank queue name exits 2 and enqueues nothing."""
-    assert cli(["enqueue", " ", "--payload", "{}"]) == EXIT_CONFIG
+@pytest.mark.parametrize("queue", [" ", " points.credit", "points credit"])
+def test_enqueue_refuses_a_queue_name_no_consumer_can_have(cli, conn, capsys, queue):
+    """A blank queue name, or one with spaces no consumer could declare, exits 2 and enqueues nothing."""
+    assert cli(["enqueue", queue, "--payload", "{}"]) == EXIT_CONFIG
+    assert "QUEUE" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "many"])
+def test_list_refuses_a_limit_that_is_not_a_positive_number(cli, conn, capsys, limit):
+    """`dead-letters list --limit` below 1 or not a number is a usage error (exit 2) with a message, not a traceback."""
+    assert cli(["dead-letters", "list", "--limit", limit]) == EXIT_CONFIG
+    assert "--limit" in capsys.readouterr().err
+
+
+def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
+    """`core-jobs worker` called in-process restores the SIGTERM and SIGINT handlers it replaced once it returns."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
+    assert {s: signal.getsignal(s) for s in before} == before
