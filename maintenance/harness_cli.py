@@ -67,7 +67,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
     if args.metrics_port:
         start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
-    previous = {signum: signal.signal(signum, lambda *_: worker.stop()) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        worker.stop()
+        get_logger().info("harness.worker.stopping", consumer=consumer.name, signal=signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
     except Exception as exc:  # the stop event already carries the counts; say why
