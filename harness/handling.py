@@ -19,6 +19,10 @@
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
    once ``max_attempts`` deliveries have failed (J-AC3).
+4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
+   workers died mid-job or lost their leases. It is not run again (a message that kills its
+   worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
+   (``exhausted``) at once.
 
 Success writes nothing but the fence: it is counted in :mod:`harness.metrics` (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
@@ -52,6 +56,12 @@ ON CONFLICT DO NOTHING
 RETURNING 1
 """
 
+FENCE_EXISTS = "SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s"
+
+
+class DeliveriesExhausted(Exception):
+    """Every attempt was used by deliveries that never settled: the job is dead-lettered unrun."""
+
 
 def handle(
     conn: psycopg.Connection,
@@ -82,6 +92,8 @@ def handle(
         consumer=consumer.name,
     )
     fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
+    if delivery.attempt > policy.max_attempts:
+        return _past_the_budget(conn, consumer, delivery, fence, policy, metrics)
     duplicate = False
     try:
         with conn.transaction():
@@ -123,6 +135,23 @@ def failure_outcome(
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
     metrics.retries.labels(consumer.name).inc()
     return RetryAfter(delay=delay, error=describe_error(error))
+
+
+def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict,
+                     policy: RetryPolicy, metrics: HarnessMetrics) -> Outcome:
+    """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
+
+    The handler is not run again — a job that kills its worker would otherwise do so forever —
+    unless the fence shows the work did commit, which makes this a plain duplicate.
+    """
+    if conn.execute(FENCE_EXISTS, fence).fetchone() is not None:
+        metrics.duplicates.labels(consumer.name).inc()
+        return Duplicate()
+    error = DeliveriesExhausted(
+        f"delivery {delivery.attempt} of a job allowed {policy.max_attempts} attempts: the earlier deliveries"
+        " never settled (the worker died or lost its lease each time), so the handler is not run again"
+    )
+    return _dead_letter(consumer, delivery, "exhausted", error, metrics)
 
 
 def _check_work_transaction(conn: psycopg.Connection) -> None:
