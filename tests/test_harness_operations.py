@@ -268,3 +268,16 @@ def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
     before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize("argv", [["dead-letters", "list"], ["enqueue", QUEUE, "--payload", "{}"],
+                                  ["dead-letters", "replay", "1"], ["dead-letters", "discard", "1", "--reason", "x"]])
+@pytest.mark.parametrize("url", ["postgresql://ops:s3cret-pw@127.0.0.1:1/test",
+                                 "postgresql://ops:s3cret-pw@[::1/test"])  # unreachable; malformed
+def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv, url):
+    """An unreachable or malformed database URL: exit 1, one 'database error' line on stderr, no traceback, no password."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", url)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("core-jobs: database error:") and err.count("\n") == 1, err
+    assert "s3cret-pw" not in err and "Traceback" not in err
