@@ -13,8 +13,8 @@
    transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
    the work nor the fence (J-AC2). Before the commit the transaction must still be open and
    healthy: a handler that swallowed a database error (transaction aborted, nothing would
-   commit) fails transiently; one that ran COMMIT or ROLLBACK itself fails permanently, since
-   its later writes escaped the fence and a retry could repeat them.
+   commit) or raised ``psycopg.Rollback`` fails transiently; one that ran COMMIT or ROLLBACK
+   itself fails permanently, since its later writes escaped the fence and a retry could repeat them.
 3. A failure rolls everything back, then:
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
@@ -100,7 +100,11 @@ def handle(
             if conn.execute(INSERT_FENCE, fence).fetchone() is None:
                 duplicate = True
                 raise psycopg.Rollback()
-            consumer.handler(conn, payload, context)
+            try:
+                consumer.handler(conn, payload, context)
+            except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
+                raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled back,"
+                                     " so nothing was committed") from exc
             _check_work_transaction(conn)
     except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)

@@ -209,3 +209,20 @@ def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_re
     assert "ended the work transaction" in outcome.letter.last_error
     assert metrics.value("processed", consumer="points.credit") == 0
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_a_handler_that_raises_psycopg_rollback_is_retried_not_acked(conn, metrics):
+    """psycopg.Rollback from a handler silently rolls back the work and the fence, so it is a failure (retried), never acked."""
+    credit = make_consumer().handler
+
+    def rolling_back(conn_, payload, ctx):
+        credit(conn_, payload, ctx)
+        raise psycopg.Rollback()  # psycopg ends the innermost transaction block quietly: here, the harness's
+
+    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=rolling_back)
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, RetryAfter), outcome
+    assert "Rollback" in outcome.error
+    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
+    assert metrics.value("processed", consumer="points.credit") == 0
