@@ -33,15 +33,27 @@ def delivery(payload, *, job_id=None, attempt=1, correlation_id="corr-1") -> Del
     return Delivery(queue="points.credit", envelope=envelope, attempt=attempt)
 
 
-def failing(error: Exception) -> Consumer:
-    """A points consumer whose handler credits, then raises ``error``."""
+def crediting(*, before=None, after=None) -> Consumer:
+    """A points consumer whose handler runs ``before(conn)``, credits, then runs ``after(conn)``."""
     credit = make_consumer().handler
 
     def handler(conn, payload, ctx):
+        if before:
+            before(conn)
         credit(conn, payload, ctx)
-        raise error
+        if after:
+            after(conn)
 
     return Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=handler)
+
+
+def failing(error: Exception) -> Consumer:
+    """A points consumer whose handler credits, then raises ``error``."""
+
+    def fail(conn):
+        raise error
+
+    return crediting(after=fail)
 
 
 def test_success_commits_the_work_and_a_fence_expiring_after_the_ttl(conn, metrics):
@@ -173,22 +185,24 @@ def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
-def test_a_handler_that_swallows_a_database_error_is_retried_not_acked(conn, metrics):
-    """A handler that catches a database error and returns has nothing committed, so it is retried, never acked."""
-    credit = make_consumer().handler
+def swallow_a_database_error(conn):
+    try:
+        conn.execute("SELECT 1 / 0")
+    except psycopg.errors.DivisionByZero:
+        pass  # the transaction is now aborted; psycopg's COMMIT of it would silently roll back
 
-    def swallowing(conn_, payload, ctx):
-        credit(conn_, payload, ctx)
-        try:
-            conn_.execute("SELECT 1 / 0")
-        except psycopg.errors.DivisionByZero:
-            pass  # the transaction is now aborted; the harness's COMMIT would silently roll it back
 
-    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=swallowing)
+def raise_rollback(conn):
+    raise psycopg.Rollback()  # psycopg ends the innermost transaction block quietly: here, the harness's
+
+
+@pytest.mark.parametrize(("after", "says"), [(swallow_a_database_error, "aborted"), (raise_rollback, "Rollback")])
+def test_a_handler_that_leaves_nothing_to_commit_is_retried_not_acked(conn, metrics, after, says):
+    """A handler that swallows a database error or raises psycopg.Rollback has nothing committed: retried, never acked."""
     d = delivery({"member_id": "m-1", "points": 50})
-    outcome = handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    outcome = handle(conn, crediting(after=after), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
     assert isinstance(outcome, RetryAfter), outcome
-    assert "aborted" in outcome.error
+    assert says in outcome.error
     assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
     assert metrics.value("processed", consumer="points.credit") == 0
 
@@ -196,33 +210,11 @@ def test_a_handler_that_swallows_a_database_error_is_retried_not_acked(conn, met
 @pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK"])
 def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_retried(conn, metrics, statement):
     """A handler that runs COMMIT or ROLLBACK itself is a permanent dead letter: a retry could apply its escaped writes twice."""
-    credit = make_consumer().handler
-
-    def ending(conn_, payload, ctx):
-        conn_.execute(statement)  # the fence is committed or gone; the credit below runs outside it
-        credit(conn_, payload, ctx)
-
-    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=ending)
+    # The fence is committed or gone; the credit after it runs outside the fence's transaction.
+    consumer = crediting(before=lambda c: c.execute(statement))
     outcome = handle(conn, consumer, delivery({"member_id": "m-1", "points": 50}), policy=POLICY, fence_ttl=TTL,
                      metrics=metrics)
     assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
     assert "ended the work transaction" in outcome.letter.last_error
     assert metrics.value("processed", consumer="points.credit") == 0
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-
-
-def test_a_handler_that_raises_psycopg_rollback_is_retried_not_acked(conn, metrics):
-    """psycopg.Rollback from a handler silently rolls back the work and the fence, so it is a failure (retried), never acked."""
-    credit = make_consumer().handler
-
-    def rolling_back(conn_, payload, ctx):
-        credit(conn_, payload, ctx)
-        raise psycopg.Rollback()  # psycopg ends the innermost transaction block quietly: here, the harness's
-
-    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=rolling_back)
-    d = delivery({"member_id": "m-1", "points": 50})
-    outcome = handle(conn, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
-    assert isinstance(outcome, RetryAfter), outcome
-    assert "Rollback" in outcome.error
-    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
-    assert metrics.value("processed", consumer="points.credit") == 0
