@@ -56,9 +56,6 @@ ON CONFLICT DO NOTHING
 RETURNING 1
 """
 
-FENCE_EXISTS = "SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s"
-
-
 class DeliveriesExhausted(Exception):
     """Every attempt was used by deliveries that never settled: the job is dead-lettered unrun."""
 
@@ -148,7 +145,11 @@ def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Del
     The handler is not run again — a job that kills its worker would otherwise do so forever —
     unless the fence shows the work did commit, which makes this a plain duplicate.
     """
-    if conn.execute(FENCE_EXISTS, fence).fetchone() is not None:
+    with conn.transaction():
+        # A probe, like the real fence: it waits for a worker still committing this job, then tells.
+        done = conn.execute(INSERT_FENCE, fence).fetchone() is None
+        raise psycopg.Rollback()  # this delivery writes no fence
+    if done:
         metrics.duplicates.labels(consumer.name).inc()
         return Duplicate()
     error = DeliveriesExhausted(

@@ -81,9 +81,12 @@ def test_duplicate_delivery_acks_silently_with_a_metric_and_no_second_effect(con
     assert metrics.value("processed", consumer="points.credit") == 1
 
 
-def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(database_url, conn, metrics):
-    """J-AC1: two threads handle one job at once; the second blocks on the fence, then sees a duplicate."""
+@pytest.mark.parametrize("second_attempt", [1, 6])
+def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(database_url, conn, metrics, second_attempt):
+    """J-AC1: two threads handle one job at once; the second blocks on the fence, then sees a duplicate — also when
+    it is a redelivery past the attempt budget (the first worker's lease ran out while it was still committing)."""
     d = delivery({"member_id": "m-par", "points": 7})
+    redelivery = delivery(d.envelope.payload, job_id=d.envelope.job_id, attempt=second_attempt)
     entered, release = threading.Event(), threading.Event()
     credit = make_consumer().handler
 
@@ -96,13 +99,13 @@ def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(databas
                               handler=slow_credit)
     outcomes: dict[str, object] = {}
     with psycopg.connect(database_url, autocommit=True) as conn_a, psycopg.connect(database_url, autocommit=True) as conn_b:
-        def run(name, c, consumer):
-            outcomes[name] = handle(c, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+        def run(name, c, consumer, this):
+            outcomes[name] = handle(c, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=metrics)
 
-        a = threading.Thread(target=run, args=("a", conn_a, first_consumer))
+        a = threading.Thread(target=run, args=("a", conn_a, first_consumer, d))
         a.start()
         assert entered.wait(30)
-        b = threading.Thread(target=run, args=("b", conn_b, make_consumer()))
+        b = threading.Thread(target=run, args=("b", conn_b, make_consumer(), redelivery))
         b.start()
         wait_until_waiting_on_lock(conn, conn_b.info.backend_pid)  # b is inside its INSERT of the fence
         release.set()
