@@ -43,7 +43,9 @@ def load_consumer(reference: str) -> Consumer:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--consumer {reference!r}: cannot import {module_name}: {exc}") from None
-    found = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigError(f"--consumer {reference!r}: module {module_name} has no {attribute}")
+    found = getattr(module, attribute)
     if not isinstance(found, Consumer):
         raise ConfigError(f"--consumer {reference!r}: {module_name}.{attribute} is not a harness Consumer")
     return found

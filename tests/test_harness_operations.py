@@ -62,6 +62,7 @@ def test_enqueue_then_worker_once_credits_the_points(cli, conn, capsys):
         (["worker", "--consumer", "harness.examples.points"], "expected module:object"),
         (["worker", "--consumer", "no_such_module:consumer"], "cannot import no_such_module"),
         (["worker", "--consumer", "harness.examples.points:CreditPoints"], "is not a harness Consumer"),
+        (["worker", "--consumer", "harness.examples.points:consumr"], "module harness.examples.points has no consumr"),
     ],
 )
 def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, capsys, argv, message):
