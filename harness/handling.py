@@ -170,7 +170,7 @@ def _check_work_transaction(conn: psycopg.Connection) -> None:
     if status == TransactionStatus.INERROR:
         raise TransientError("the handler caught a database error and carried on: its transaction was aborted,"
                              " so nothing was committed")
-    if status != TransactionStatus.INTRANS:
+    if status == TransactionStatus.IDLE:
         raise PermanentError("the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
                              " escaped the fence, so the job is not retried; fix the handler, then review the job")
 
