@@ -70,7 +70,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     )
     worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
     if args.metrics_port:
-        start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
+        try:
+            start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror or exc}") from None
 
     def on_signal(signum: int, _frame: Any) -> None:
         worker.stop()

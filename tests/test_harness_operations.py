@@ -241,6 +241,19 @@ def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
     assert float(line.split()[-1]) == before + 1
 
 
+def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
+    """--metrics-port on a port another process listens on exits 2 naming the port, before processing anything."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once",
+                    "--metrics-port", str(port)]) == EXIT_CONFIG
+    assert f"--metrics-port {port}" in capsys.readouterr().err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
+
+
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--batch-size", "1001"], ["--batch-size", "ten"]])
 def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
     """--concurrency and --batch-size outside their ranges are usage errors (exit 2) naming the bound."""
