@@ -26,9 +26,10 @@ The fence TTL is deliberately not part of the declaration: it is one platform se
 Extension point — seed 002's effect class. The declaration is a frozen, keyword-only dataclass
 whose optional fields all have defaults, so adding ``effect: Effect =
 Effect.IDEMPOTENT_WRITE`` (READ_ONLY / IDEMPOTENT_WRITE / NON_IDEMPOTENT_WRITE) breaks no
-existing declaration; the one place that would read it is ``handling.failure_outcome``, which
-decides retry versus dead letter (R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never
-retried automatically).
+existing declaration. It would be read in ``harness.handling``: by ``failure_outcome``, which
+decides retry versus dead letter after a failure, and before the handler runs again on a
+redelivery whose earlier delivery never settled (where a delivery past the attempt budget is
+stopped today; R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never retried automatically).
 """
 
 from __future__ import annotations
