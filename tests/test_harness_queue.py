@@ -10,6 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.consumer import Consumer
 from harness.dead_letters import DeadLetter
+from harness.errors import TransientError
 from harness.examples.points import CreditPoints, OutageLedger, consumer as points_consumer, make_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
@@ -232,3 +233,15 @@ def test_a_job_past_its_attempts_whose_work_committed_is_a_duplicate_not_a_dead_
     assert points(conn, "m-done") == 5 and fences(conn, job_id) == 1
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_an_error_message_with_a_nul_character_is_still_recorded(database_url, conn, metrics):
+    """A handler error whose message holds a NUL (which PostgreSQL text refuses) is retried with the NUL escaped, not a crashed worker."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+
+    def garbled(conn_, payload, ctx):
+        raise TransientError("ledger answered b'\\x00' as \x00")
+
+    consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=garbled)
+    assert run_worker(database_url, consumer, metrics).retried == 1
+    assert scalar(conn, "SELECT last_error FROM core.queue_messages") == "TransientError: ledger answered b'\\x00' as \\0"
