@@ -56,6 +56,7 @@ ON CONFLICT DO NOTHING
 RETURNING 1
 """
 
+
 class DeliveriesExhausted(Exception):
     """Every attempt was used by deliveries that never settled: the job is dead-lettered unrun."""
 
