@@ -9,7 +9,9 @@
 
 The handler gets the connection of the work transaction — the fence row is already inserted in
 it (J-B1) — the validated payload (an instance of ``payload_schema``) and a :class:`JobContext`.
-It must do its writes on that connection and must not commit or roll back: the harness does.
+It must do its writes on that connection and must not commit or roll back: the harness does
+(a handler that ends the transaction is dead-lettered; one that leaves it aborted by a swallowed
+database error is retried — see ``harness.handling``).
 It signals failures with the exceptions of :mod:`harness.errors`.
 
 Retry policy (J-B3): leave ``retry_policy`` unset and the consumer gets its queue's configured
@@ -24,9 +26,10 @@ The fence TTL is deliberately not part of the declaration: it is one platform se
 Extension point — seed 002's effect class. The declaration is a frozen, keyword-only dataclass
 whose optional fields all have defaults, so adding ``effect: Effect =
 Effect.IDEMPOTENT_WRITE`` (READ_ONLY / IDEMPOTENT_WRITE / NON_IDEMPOTENT_WRITE) breaks no
-existing declaration; the one place that would read it is ``handling.failure_outcome``, which
-decides retry versus dead letter (R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never
-retried automatically).
+existing declaration. It would be read in ``harness.handling``: by ``failure_outcome``, which
+decides retry versus dead letter after a failure, and before the handler runs again on a
+redelivery whose earlier delivery never settled (where a delivery past the attempt budget is
+stopped today; R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never retried automatically).
 """
 
 from __future__ import annotations
@@ -42,11 +45,16 @@ from pydantic import BaseModel
 
 from harness.retry import RetryPolicy
 
-__all__ = ["Consumer", "ConsumerError", "JobContext"]
+__all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
 
 Payload = TypeVar("Payload", bound=BaseModel)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+def valid_name(value: object) -> bool:
+    """Whether ``value`` can be a consumer's or a queue's name: letters, digits and . _ : -, no spaces."""
+    return isinstance(value, str) and _NAME.match(value) is not None
 
 
 class ConsumerError(ValueError):
@@ -79,7 +87,7 @@ class Consumer(Generic[Payload]):
     def __post_init__(self) -> None:
         for field in ("name", "queue"):
             value = getattr(self, field)
-            if not isinstance(value, str) or not _NAME.match(value):
+            if not valid_name(value):
                 raise ConsumerError(f"{field} must be a non-blank name of letters, digits and . _ : -, got {value!r}")
         if not (isinstance(self.payload_schema, type) and issubclass(self.payload_schema, BaseModel)):
             raise ConsumerError(f"payload_schema must be a pydantic model class, got {self.payload_schema!r}")

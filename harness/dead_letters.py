@@ -36,8 +36,12 @@ class DeadLetter:
 
 
 def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``"Type: message"`` (just the type when there is no message), cut to ``limit`` characters."""
-    message = str(error).strip()
+    """``"Type: message"`` (just the type when there is no message), cut to ``limit`` characters.
+
+    A NUL becomes the two characters ``\\0``: PostgreSQL text cannot hold it, and the retry or
+    dead letter that records the error must not fail because of the error's own text.
+    """
+    message = str(error).strip().replace("\x00", "\\0")
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
     if len(text) <= limit:
         return text

@@ -11,11 +11,18 @@
    metric, no error, no row; J-B2). A row back: run the handler on the same connection and
    commit. A parallel delivery of the same job blocks on the fence's primary key until this
    transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
-   the work nor the fence (J-AC2).
+   the work nor the fence (J-AC2). Before the commit the transaction must still be open and
+   healthy: a handler that swallowed a database error (transaction aborted, nothing would
+   commit) or raised ``psycopg.Rollback`` fails transiently; one that ran COMMIT or ROLLBACK
+   itself fails permanently, since its later writes escaped the fence and a retry could repeat them.
 3. A failure rolls everything back, then:
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
    once ``max_attempts`` deliveries have failed (J-AC3).
+4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
+   workers died mid-job or lost their leases. It is not run again (a message that kills its
+   worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
+   (``exhausted``) at once.
 
 Success writes nothing but the fence: it is counted in :mod:`harness.metrics` (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
@@ -28,6 +35,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
@@ -47,6 +55,10 @@ VALUES (%(job_id)s, %(consumer)s, %(tenant_id)s, now() + %(ttl)s)
 ON CONFLICT DO NOTHING
 RETURNING 1
 """
+
+
+class DeliveriesExhausted(Exception):
+    """Every attempt was used by deliveries that never settled: the job is dead-lettered unrun."""
 
 
 def handle(
@@ -78,13 +90,20 @@ def handle(
         consumer=consumer.name,
     )
     fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
+    if delivery.attempt > policy.max_attempts:
+        return _past_the_budget(conn, consumer, delivery, fence, policy, metrics)
     duplicate = False
     try:
         with conn.transaction():
             if conn.execute(INSERT_FENCE, fence).fetchone() is None:
                 duplicate = True
                 raise psycopg.Rollback()
-            consumer.handler(conn, payload, context)
+            try:
+                consumer.handler(conn, payload, context)
+            except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
+                raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled back,"
+                                     " so nothing was committed") from exc
+            _check_work_transaction(conn)
     except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
@@ -118,6 +137,43 @@ def failure_outcome(
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
     metrics.retries.labels(consumer.name).inc()
     return RetryAfter(delay=delay, error=describe_error(error))
+
+
+def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict,
+                     policy: RetryPolicy, metrics: HarnessMetrics) -> Outcome:
+    """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
+
+    The handler is not run again — a job that kills its worker would otherwise do so forever —
+    unless the fence shows the work did commit, which makes this a plain duplicate.
+    """
+    with conn.transaction():
+        # A probe, like the real fence: it waits for a worker still committing this job, then tells.
+        done = conn.execute(INSERT_FENCE, fence).fetchone() is None
+        raise psycopg.Rollback()  # this delivery writes no fence
+    if done:
+        metrics.duplicates.labels(consumer.name).inc()
+        return Duplicate()
+    error = DeliveriesExhausted(
+        f"delivery {delivery.attempt} of a job allowed {policy.max_attempts} attempts: the earlier deliveries"
+        " never settled (the worker died or lost its lease each time), so the handler is not run again"
+    )
+    return _dead_letter(consumer, delivery, "exhausted", error, metrics)
+
+
+def _check_work_transaction(conn: psycopg.Connection) -> None:
+    """Refuse to commit unless the handler left the fence's transaction open and healthy.
+
+    A swallowed database error leaves it aborted: psycopg's COMMIT would then silently roll
+    back, and the job would be acked with nothing done. A COMMIT or ROLLBACK run by the handler
+    ends it early: writes after that escape the fence, so a retry could apply them twice.
+    """
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise TransientError("the handler caught a database error and carried on: its transaction was aborted,"
+                             " so nothing was committed")
+    if status == TransactionStatus.IDLE:
+        raise PermanentError("the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
+                             " escaped the fence, so the job is not retried; fix the handler, then review the job")
 
 
 def _dead_letter(

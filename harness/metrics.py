@@ -10,6 +10,11 @@ metric                                 labels      counts
                                        reason      ``poison``, ``permanent`` or ``exhausted``
 =====================================  ==========  ===================================================
 
+The retry and dead-letter counters count the harness's decisions (:func:`harness.handling.handle`).
+A worker whose lease ran out cannot settle its decision — nothing is written, ``harness.job.lease_lost``
+is logged — and the next delivery decides again, so these two may count a job more than once;
+``core.dead_letters`` is the record of what was written.
+
 :data:`METRICS` lives in prometheus_client's default registry (what a ``/metrics`` endpoint
 serves); tests build their own :class:`HarnessMetrics` on a private registry.
 """

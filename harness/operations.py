@@ -70,12 +70,13 @@ SELECT {_COLUMNS}
  LIMIT %(limit)s
 """
 
-# The rows an action targets, locked so that two operators cannot act on one letter at once.
+# The rows an action targets, locked so that two operators cannot act on one letter at once —
+# both in id order, so that a replay by ids and one of a whole queue cannot deadlock.
 LOCK_BY_ID = f"SELECT {_COLUMNS} FROM core.dead_letters WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
 LOCK_PENDING_OF_QUEUE = f"""
 SELECT {_COLUMNS} FROM core.dead_letters
  WHERE queue = %(queue)s AND status = 'pending_review'
- ORDER BY created_at, id
+ ORDER BY id
    FOR UPDATE
 """
 

@@ -14,7 +14,8 @@ The lease must cover a whole batch: a batch that outlives it is not lost — its
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts), ``harness.job.retry_scheduled``,
-``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only.
+``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only. (``core-jobs
+worker`` adds ``harness.worker.stopping`` when a signal asks it to stop.)
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard.
 
-Exit codes as for every command: 0 ok; 1 the worker failed; 2 a configuration or usage error,
-or an operator action refused as a whole (an unknown id, a dead letter that is not
-``pending_review``, a blank discard reason) — nothing changed.
+Exit codes as for every command: 0 ok; 1 the worker failed, or the database could not be reached
+or failed the command (one ``database error`` line on stderr, secrets masked); 2 a configuration
+or usage error, or an operator action refused as a whole (an unknown id, a dead letter that is
+not ``pending_review``, a blank discard reason) — nothing changed.
 """
 
 from __future__ import annotations
@@ -17,16 +18,18 @@ import uuid
 from datetime import timezone
 from typing import Any
 
+import psycopg
 from prometheus_client import start_http_server
 
-from harness.consumer import Consumer
+from harness.consumer import Consumer, valid_name
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
+from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
 from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.settings import ConfigError, Settings
+from maintenance.logs import SecretRedactor, get_logger
+from maintenance.settings import ConfigError, Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -40,7 +43,9 @@ def load_consumer(reference: str) -> Consumer:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"--consumer {reference!r}: cannot import {module_name}: {exc}") from None
-    found = getattr(module, attribute, None)
+    if not hasattr(module, attribute):
+        raise ConfigError(f"--consumer {reference!r}: module {module_name} has no {attribute}")
+    found = getattr(module, attribute)
     if not isinstance(found, Consumer):
         raise ConfigError(f"--consumer {reference!r}: {module_name}.{attribute} is not a harness Consumer")
     return found
@@ -48,9 +53,14 @@ def load_consumer(reference: str) -> Consumer:
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     consumer = load_consumer(args.consumer)
-    guard = settings.ttl_guard()
-    if not guard.ok:  # a fence shorter than the retry window would let a late retry apply twice (J-B7)
-        raise ConfigError(guard.explain())
+    # A fence shorter than the retry window would let a late retry apply twice (J-B7). The
+    # settings' guard sees the configured policies only; a policy fixed in the consumer's code counts too.
+    window = settings.max_retry_window()
+    if consumer.retry_policy is not None:
+        window = max(window, max_retry_window(consumer.retry_policy) + settings.broker_redelivery_horizon)
+    guard = TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
+    if not guard.ok:
+        raise ConfigError(f"--consumer {args.consumer}: {guard.explain()}")
     config = WorkerConfig(
         fence_ttl=settings.processed_jobs_ttl,
         lease=settings.worker_lease,
@@ -60,20 +70,31 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     )
     worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
     if args.metrics_port:
-        start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: worker.stop())
+        try:
+            start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
+        except OSError as exc:
+            raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror or exc}") from None
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        worker.stop()
+        get_logger().info("harness.worker.stopping", consumer=consumer.name, signal=signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
     except Exception as exc:  # the stop event already carries the counts; say why
         get_logger().error("harness.worker.error", consumer=consumer.name, error=f"{type(exc).__name__}: {exc}")
         return EXIT_FAILED
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return EXIT_OK
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    if not args.queue.strip():
-        print("core-jobs: QUEUE must not be blank", file=sys.stderr)
+    if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
+        print(f"core-jobs: QUEUE {args.queue!r} is not a queue name (letters, digits and . _ : -, no spaces)",
+              file=sys.stderr)
         return EXIT_USAGE
     try:
         payload = json.loads(args.payload)
@@ -111,6 +132,9 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
     if args.all_pending and not args.queue:
         print("core-jobs: --all-pending needs --queue Q", file=sys.stderr)
         return EXIT_USAGE
+    if args.queue and not args.all_pending:  # replay 7 --queue Q would silently replay 7 of any queue
+        print("core-jobs: --queue selects only with --all-pending; to replay by id, give the IDs alone", file=sys.stderr)
+        return EXIT_USAGE
     return _act(settings, lambda conn: replay(conn, args.ids, queue=args.queue if args.all_pending else None,
                                               operator=args.operator, reason=args.reason), "replayed")
 
@@ -131,6 +155,20 @@ def _act(settings: Settings, action: Any, verb: str) -> int:
         print(f"{verb} dead letter {r.id} (job {r.job_id}, queue {r.queue})")
     print(f"{len(rows)} dead letter(s) {verb}")
     return EXIT_OK
+
+
+def _reporting_database_errors(command: Any) -> Any:
+    """``command`` with a database failure reported as one line on stderr (secrets masked), exit 1."""
+
+    def run(args: argparse.Namespace, settings: Settings) -> int:
+        try:
+            return command(args, settings)
+        except psycopg.Error as exc:
+            text = SecretRedactor(settings.secret_values()).redact(" ".join(str(exc).split()))
+            print(f"core-jobs: database error: {text}", file=sys.stderr)
+            return EXIT_FAILED
+
+    return run
 
 
 def _as_json(row: DeadLetterRow) -> dict[str, Any]:
@@ -183,16 +221,17 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")
     p.add_argument("--tenant-id", type=uuid.UUID, metavar="UUID", help=f"default: {NO_TENANT} (no tenant)")
     p.add_argument("--correlation-id", metavar="ID")
-    p.set_defaults(handler=cmd_enqueue)
+    p.set_defaults(handler=_reporting_database_errors(cmd_enqueue))
 
     dl = sub.add_parser("dead-letters", help="list, replay or discard dead letters (audited)")
     dl_sub = dl.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = dl_sub.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--queue")
     p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--limit", type=_bounded_int(1, 1_000_000), default=100, metavar="N",
+                   help="at most N rows, 1-1000000 (default 100)")
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
-    p.set_defaults(handler=cmd_dead_letters_list)
+    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_list))
 
     operator = {"default": _default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
     p = dl_sub.add_parser("replay", help="republish with the same job_id and mark replayed")
@@ -201,10 +240,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all-pending", action="store_true", help="every pending dead letter of --queue")
     p.add_argument("--reason", help="why, for the audit ledger")
     p.add_argument("--operator", **operator)
-    p.set_defaults(handler=cmd_dead_letters_replay)
+    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_replay))
 
     p = dl_sub.add_parser("discard", help="mark discarded, with a reason")
     p.add_argument("ids", nargs="+", type=int, metavar="ID")
     p.add_argument("--reason", required=True, help="why (required, non-blank)")
     p.add_argument("--operator", **operator)
-    p.set_defaults(handler=cmd_dead_letters_discard)
+    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_discard))

@@ -11,6 +11,7 @@ import psycopg
 
 from harness.consumer import Consumer, JobContext
 from harness.examples.points import CreditPoints, consumer as points
+from harness.retry import RetryPolicy
 
 LOCK_KEY = 424242
 
@@ -22,3 +23,9 @@ def _credit_then_wait(conn: psycopg.Connection, payload: CreditPoints, ctx: JobC
 
 
 blocking = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_credit_then_wait)
+
+# The points consumer with a retry policy fixed in code whose worst-case window (~10 days) outlasts
+# the default 7-day fence TTL: a late retry after the fence expired could credit twice (J-B7).
+patient = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=points.handler,
+                   retry_policy=RetryPolicy(max_attempts=200),
+                   retry_justification="test: a policy fixed in code that outlasts the fence")

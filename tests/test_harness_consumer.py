@@ -53,6 +53,11 @@ def test_an_invalid_declaration_names_the_field(field, kwargs):
         Consumer(**values)
 
 
+def test_describe_error_escapes_nul_characters_postgresql_text_cannot_hold():
+    """A NUL in an error message is written as the two characters \\0, so the retry or dead letter that stores it cannot fail."""
+    assert describe_error(ValueError("body: ab\x00cd")) == "ValueError: body: ab\\0cd"
+
+
 def test_describe_error_is_type_and_message_bounded():
     """'Type: message', just 'Type' without a message, and never longer than the bound."""
     assert describe_error(ValueError("bad points")) == "ValueError: bad points"

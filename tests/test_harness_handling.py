@@ -33,15 +33,27 @@ def delivery(payload, *, job_id=None, attempt=1, correlation_id="corr-1") -> Del
     return Delivery(queue="points.credit", envelope=envelope, attempt=attempt)
 
 
-def failing(error: Exception) -> Consumer:
-    """A points consumer whose handler credits, then raises ``error``."""
+def crediting(*, before=None, after=None) -> Consumer:
+    """A points consumer whose handler runs ``before(conn)``, credits, then runs ``after(conn)``."""
     credit = make_consumer().handler
 
     def handler(conn, payload, ctx):
+        if before:
+            before(conn)
         credit(conn, payload, ctx)
-        raise error
+        if after:
+            after(conn)
 
     return Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=handler)
+
+
+def failing(error: Exception) -> Consumer:
+    """A points consumer whose handler credits, then raises ``error``."""
+
+    def fail(conn):
+        raise error
+
+    return crediting(after=fail)
 
 
 def test_success_commits_the_work_and_a_fence_expiring_after_the_ttl(conn, metrics):
@@ -69,9 +81,12 @@ def test_duplicate_delivery_acks_silently_with_a_metric_and_no_second_effect(con
     assert metrics.value("processed", consumer="points.credit") == 1
 
 
-def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(database_url, conn, metrics):
-    """J-AC1: two threads handle one job at once; the second blocks on the fence, then sees a duplicate."""
+@pytest.mark.parametrize("second_attempt", [1, 6])
+def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(database_url, conn, metrics, second_attempt):
+    """J-AC1: two threads handle one job at once; the second blocks on the fence, then sees a duplicate — also when
+    it is a redelivery past the attempt budget (the first worker's lease ran out while it was still committing)."""
     d = delivery({"member_id": "m-par", "points": 7})
+    redelivery = delivery(d.envelope.payload, job_id=d.envelope.job_id, attempt=second_attempt)
     entered, release = threading.Event(), threading.Event()
     credit = make_consumer().handler
 
@@ -84,13 +99,13 @@ def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(databas
                               handler=slow_credit)
     outcomes: dict[str, object] = {}
     with psycopg.connect(database_url, autocommit=True) as conn_a, psycopg.connect(database_url, autocommit=True) as conn_b:
-        def run(name, c, consumer):
-            outcomes[name] = handle(c, consumer, d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+        def run(name, c, consumer, this):
+            outcomes[name] = handle(c, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=metrics)
 
-        a = threading.Thread(target=run, args=("a", conn_a, first_consumer))
+        a = threading.Thread(target=run, args=("a", conn_a, first_consumer, d))
         a.start()
         assert entered.wait(30)
-        b = threading.Thread(target=run, args=("b", conn_b, make_consumer()))
+        b = threading.Thread(target=run, args=("b", conn_b, make_consumer(), redelivery))
         b.start()
         wait_until_waiting_on_lock(conn, conn_b.info.backend_pid)  # b is inside its INSERT of the fence
         release.set()
@@ -171,3 +186,38 @@ def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
     assert row[7].startswith("PermanentError: xxx") and len(row[7]) <= 2000 and row[7].endswith("[truncated]")
     assert row[8] == "pending_review"
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def swallow_a_database_error(conn):
+    try:
+        conn.execute("SELECT 1 / 0")
+    except psycopg.errors.DivisionByZero:
+        pass  # the transaction is now aborted; psycopg's COMMIT of it would silently roll back
+
+
+def raise_rollback(conn):
+    raise psycopg.Rollback()  # psycopg ends the innermost transaction block quietly: here, the harness's
+
+
+@pytest.mark.parametrize(("after", "says"), [(swallow_a_database_error, "aborted"), (raise_rollback, "Rollback")])
+def test_a_handler_that_leaves_nothing_to_commit_is_retried_not_acked(conn, metrics, after, says):
+    """A handler that swallows a database error or raises psycopg.Rollback has nothing committed: retried, never acked."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, crediting(after=after), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert isinstance(outcome, RetryAfter), outcome
+    assert says in outcome.error
+    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
+    assert metrics.value("processed", consumer="points.credit") == 0
+
+
+@pytest.mark.parametrize("statement", ["COMMIT", "ROLLBACK"])
+def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_retried(conn, metrics, statement):
+    """A handler that runs COMMIT or ROLLBACK itself is a permanent dead letter: a retry could apply its escaped writes twice."""
+    # The fence is committed or gone; the credit after it runs outside the fence's transaction.
+    consumer = crediting(before=lambda c: c.execute(statement))
+    outcome = handle(conn, consumer, delivery({"member_id": "m-1", "points": 50}), policy=POLICY, fence_ttl=TTL,
+                     metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
+    assert "ended the work transaction" in outcome.letter.last_error
+    assert metrics.value("processed", consumer="points.credit") == 0
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

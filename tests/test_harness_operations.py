@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import uuid
 
@@ -13,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.examples.points import consumer as points_consumer
-from harness.metrics import HarnessMetrics
+from harness.metrics import METRICS, HarnessMetrics
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TENANT, TTL, fences, points, publish, scalar
@@ -61,6 +62,7 @@ def test_enqueue_then_worker_once_credits_the_points(cli, conn, capsys):
         (["worker", "--consumer", "harness.examples.points"], "expected module:object"),
         (["worker", "--consumer", "no_such_module:consumer"], "cannot import no_such_module"),
         (["worker", "--consumer", "harness.examples.points:CreditPoints"], "is not a harness Consumer"),
+        (["worker", "--consumer", "harness.examples.points:consumr"], "module harness.examples.points has no consumr"),
     ],
 )
 def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, capsys, argv, message):
@@ -76,6 +78,15 @@ def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, cap
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_CONFIG
     assert "TOO SHORT" in capsys.readouterr().err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
+
+
+def test_worker_refuses_a_consumer_whose_own_retry_policy_outlasts_the_fence_ttl(cli, conn, capsys, clean_env):
+    """J-B7: a retry_policy fixed in the consumer's code counts in the TTL guard; too long a window exits 2, nothing processed."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+    assert cli(["worker", "--consumer", "harness_consumers:patient", "--once"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "TOO SHORT" in err and "harness_consumers:patient" in err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
 
@@ -118,10 +129,14 @@ def test_replay_all_pending_of_a_queue_leaves_other_queues_alone(cli, conn):
 
 
 @pytest.mark.parametrize("argv", [["dead-letters", "replay"], ["dead-letters", "replay", "--all-pending"],
-                                  ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"]])
+                                  ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"],
+                                  ["dead-letters", "replay", "1", "--queue", "notifications.email"]])
 def test_replay_needs_ids_or_a_queue_with_all_pending(cli, conn, argv):
-    """Neither ids nor --queue --all-pending (or both) is a usage error: exit 2."""
+    """Neither ids nor --queue --all-pending, both, or ids with a --queue that would be ignored: exit 2, nothing replayed."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    assert letter_id == 1
     assert cli(argv) == EXIT_CONFIG
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = 1") == "pending_review"
 
 
 def test_replaying_a_letter_that_is_not_pending_is_refused_and_changes_nothing(cli, conn, capsys):
@@ -218,11 +233,25 @@ def free_port() -> int:
 def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
     """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics)."""
     publish(conn, {"member_id": "m-1", "points": 1})
+    before = METRICS.value("processed", consumer="points.credit")  # the default registry: earlier tests count too
     port = free_port()
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)]) == EXIT_OK
     body = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     line = next(x for x in body.splitlines() if x.startswith('harness_jobs_processed_total{consumer="points.credit"}'))
-    assert float(line.split()[-1]) >= 1
+    assert float(line.split()[-1]) == before + 1
+
+
+def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
+    """--metrics-port on a port another process listens on exits 2 naming the port, before processing anything."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once",
+                    "--metrics-port", str(port)]) == EXIT_CONFIG
+    assert f"--metrics-port {port}" in capsys.readouterr().err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--batch-size", "1001"], ["--batch-size", "ten"]])
@@ -233,7 +262,36 @@ def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
     assert "is not between" in err or "is not a whole number" in err
 
 
-def test_enqueue_refuses_a_blank_queue(cli, conn):
-    """A blank queue name exits 2 and enqueues nothing."""
-    assert cli(["enqueue", " ", "--payload", "{}"]) == EXIT_CONFIG
+@pytest.mark.parametrize("queue", [" ", " points.credit", "points credit"])
+def test_enqueue_refuses_a_queue_name_no_consumer_can_have(cli, conn, capsys, queue):
+    """A blank queue name, or one with spaces no consumer could declare, exits 2 and enqueues nothing."""
+    assert cli(["enqueue", queue, "--payload", "{}"]) == EXIT_CONFIG
+    assert "QUEUE" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+@pytest.mark.parametrize("limit", ["-1", "0", "many"])
+def test_list_refuses_a_limit_that_is_not_a_positive_number(cli, conn, capsys, limit):
+    """`dead-letters list --limit` below 1 or not a number is a usage error (exit 2) with a message, not a traceback."""
+    assert cli(["dead-letters", "list", "--limit", limit]) == EXIT_CONFIG
+    assert "--limit" in capsys.readouterr().err
+
+
+def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
+    """`core-jobs worker` called in-process restores the SIGTERM and SIGINT handlers it replaced once it returns."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+@pytest.mark.parametrize("argv", [["dead-letters", "list"], ["enqueue", QUEUE, "--payload", "{}"],
+                                  ["dead-letters", "replay", "1"], ["dead-letters", "discard", "1", "--reason", "x"]])
+@pytest.mark.parametrize("url", ["postgresql://ops:s3cret-pw@127.0.0.1:1/test",
+                                 "postgresql://ops:s3cret-pw@[::1/test"])  # unreachable; malformed
+def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv, url):
+    """An unreachable or malformed database URL: exit 1, one 'database error' line on stderr, no traceback, no password."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", url)
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("core-jobs: database error:") and err.count("\n") == 1, err
+    assert "s3cret-pw" not in err and "Traceback" not in err

@@ -8,8 +8,10 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 
+from harness.consumer import Consumer
 from harness.dead_letters import DeadLetter
-from harness.examples.points import OutageLedger, consumer as points_consumer, make_consumer
+from harness.errors import TransientError
+from harness.examples.points import CreditPoints, OutageLedger, consumer as points_consumer, make_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
@@ -191,3 +193,55 @@ def test_successes_write_no_row_beyond_their_fences(database_url, conn, metrics)
     assert after.pop("core.processed_jobs") == before.pop("core.processed_jobs") + 25
     assert after == before
     assert scalar(conn, "SELECT sum(points) FROM example.loyalty_points") == 50
+
+
+def crash_looping(calls: list) -> Consumer:
+    """The points consumer, recording each run of its handler."""
+    credit = points_consumer.handler
+
+    def handler(conn_, payload, ctx):
+        calls.append(ctx.attempt)
+        credit(conn_, payload, ctx)
+
+    return Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=handler)
+
+
+def test_a_job_whose_deliveries_never_settled_is_dead_lettered_without_running_again(database_url, conn, metrics):
+    """A message delivered max_attempts times without settling (each worker died mid-job) is dead-lettered on the next delivery, unrun."""
+    job_id = publish(conn, {"member_id": "m-crash", "points": 5}, correlation_id="corr-crash")
+    conn.execute("UPDATE core.queue_messages SET attempts = 5")  # five claims whose workers were killed
+    calls: list[int] = []
+    stats = run_worker(database_url, crash_looping(calls), metrics)
+    assert calls == [] and stats.dead_lettered == 1
+    row = conn.execute("SELECT job_id, attempts, last_error, correlation_id FROM core.dead_letters").fetchone()
+    assert row[:2] == (job_id, 6) and row[3] == "corr-crash"
+    assert row[2].startswith("DeliveriesExhausted: delivery 6 of a job allowed 5 attempts")
+    assert points(conn, "m-crash") == 0 and fences(conn, job_id) == 0
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+    assert metrics.value("dead_lettered", consumer="points.credit", reason="exhausted") == 1
+
+
+def test_a_job_past_its_attempts_whose_work_committed_is_a_duplicate_not_a_dead_letter(database_url, conn, metrics):
+    """Past max_attempts, a job whose fence exists (its work did commit before the worker died) is acked as a duplicate."""
+    job_id = publish(conn, {"member_id": "m-done", "points": 5})
+    (first,) = PgQueue(conn).claim(QUEUE, 10)
+    assert handle(conn, points_consumer, first, policy=RetryPolicy(), fence_ttl=TTL, metrics=metrics) == Acked()
+    conn.execute("UPDATE core.queue_messages SET attempts = 5, lease_token = NULL, lease_expires_at = NULL")
+    calls: list[int] = []
+    stats = run_worker(database_url, crash_looping(calls), metrics)
+    assert calls == [] and (stats.duplicates, stats.dead_lettered) == (1, 0)
+    assert points(conn, "m-done") == 5 and fences(conn, job_id) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_an_error_message_with_a_nul_character_is_still_recorded(database_url, conn, metrics):
+    """A handler error whose message holds a NUL (which PostgreSQL text refuses) is retried with the NUL escaped, not a crashed worker."""
+    publish(conn, {"member_id": "m-1", "points": 1})
+
+    def garbled(conn_, payload, ctx):
+        raise TransientError("ledger answered b'\\x00' as \x00")
+
+    consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=garbled)
+    assert run_worker(database_url, consumer, metrics).retried == 1
+    assert scalar(conn, "SELECT last_error FROM core.queue_messages") == "TransientError: ledger answered b'\\x00' as \\0"

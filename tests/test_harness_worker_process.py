@@ -44,13 +44,13 @@ class WorkerProcess:
             self.output.append(line)
             self.lines.put(line)
 
-    def wait_for_line(self, prefix: str, timeout: float = 30) -> str:
+    def wait_for_line(self, text: str, timeout: float = 30) -> str:
         while True:
             try:
                 line = self.lines.get(timeout=timeout)
             except queue_module.Empty:
-                raise AssertionError(f"no line starting {prefix!r}; output: {''.join(self.output)}") from None
-            if line.startswith(prefix):
+                raise AssertionError(f"no line with {text!r}; output: {''.join(self.output)}") from None
+            if text in line:
                 return line
 
 
@@ -93,6 +93,9 @@ def test_sigterm_finishes_the_message_in_hand_and_gives_back_the_rest(database_u
     worker.wait_for_line(f"in-handler {first}")
     wait_for_advisory_waiter(conn, LOCK_KEY)
     worker.process.send_signal(signal.SIGTERM)
+    # Let the job go on only once the worker has taken the signal: else, on a busy machine, it
+    # could finish this job and start the next before its main thread runs the signal handler.
+    worker.wait_for_line('"harness.worker.stopping"')
     held_lock.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
     assert worker.process.wait(30) == 0, "".join(worker.output)
     assert points(conn, "m-1") == 1 and fences(conn, first) == 1
