@@ -36,10 +36,10 @@ the same guards, so they delete the same rows):
 With ``CORE_JOBS_PURGE_STRATEGY=auto`` (the default) the run samples ~1 % of the pages
 (``TABLESAMPLE SYSTEM``, at least 200) for the fraction of deletable rows and reads the
 physical correlation of ``expires_at`` from ``pg_stats``, estimates each path's time from
-per-row costs measured with ``bench/purge.py``, and takes the cheaper: the sweep when many rows
-have expired and they lie scattered (in random order from ~3 % expired; in expiry order only
-past ~47 %). It walks the index when the table has never been analyzed. The decision is
-logged as ``maintenance.purge.strategy_chosen``.
+per-row costs measured with ``bench/purge.py``, and takes the sweep only when it is estimated at
+least 10 % faster: when many rows have expired and they lie scattered (in random order from ~3 %
+expired; in expiry order only past ~64 %). It walks the index when the table has never been
+analyzed. The decision is logged as ``maintenance.purge.strategy_chosen``.
 
 The pending dead letters are checked through a hash of their job_ids when there are at most
 50 000 of them (the common case; 15 ms instead of 24 ms per 10 000-row batch), else by one
@@ -87,7 +87,8 @@ numeric keys, all 0 on error; the metrics issue exports them:
 
 Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
-``table_blocks``, ``rows_per_page``, ``pending_dead_letters``, ``estimate_ms``). Per batch:
+``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
+``pending_dead_letters``, ``estimate_ms``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,
@@ -320,12 +321,15 @@ class Purger:
             self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
             return IndexWalk(guard), "the table was locked while estimating"
         strategy, reason = choose(self.config.strategy, estimates)
+        measured = estimates.expired_fraction is not None and estimates.correlation is not None
+        index_s, sweep_s = estimates.seconds() if measured else (None, None)
         self._log.info(
             f"{EVENTS}.strategy_chosen", strategy=strategy, setting=self.config.strategy, reason=reason,
-            expired_fraction=None if estimates.expired_fraction is None else round(estimates.expired_fraction, 4),
+            expired_fraction=_rounded(estimates.expired_fraction, 4),
             sampled_rows=estimates.sampled_rows,
-            correlation=None if estimates.correlation is None else round(estimates.correlation, 4),
+            correlation=_rounded(estimates.correlation, 4),
             table_blocks=estimates.table_blocks, rows_per_page=round(estimates.rows_per_page, 1),
+            estimated_index_s=_rounded(index_s, 3), estimated_sweep_s=_rounded(sweep_s, 3),
             pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
@@ -347,6 +351,11 @@ class Purger:
         except errors.QueryCanceled:
             self._log.warning(f"{EVENTS}.rows_left_timeout", cap=ROWS_LEFT_CAP)
             return -1
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """A log field's value: rounded, or None when it was not measured."""
+    return None if value is None else round(value, digits)
 
 
 # --- demo -----------------------------------------------------------------------------------

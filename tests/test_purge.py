@@ -474,6 +474,7 @@ def test_auto_sweeps_a_shuffled_mostly_expired_table(db, conn, now, events):
     assert (chosen["strategy"], chosen["setting"], result.used_sweep) == ("sweep", "auto", 1)
     assert abs(chosen["correlation"]) < 0.1
     assert chosen["expired_fraction"] == 0.7  # a small table is sampled whole
+    assert chosen["estimated_sweep_s"] < chosen["estimated_index_s"]
     assert result.num_deleted == 2100
 
 
@@ -495,6 +496,7 @@ def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events
     result = purger(db, strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 30)
+    assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
     assert chosen["reason"].startswith("no statistics")
 
 
@@ -508,6 +510,7 @@ def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events
         (0.75, 0.20, "sweep"),  # 25 % out of place: sweep measured 1.5x faster
         (1.0, 0.01, "index"),  # expiry order: index measured 9x faster
         (1.0, 0.30, "index"),
+        (1.0, 0.60, "index"),  # measured even (0.95-1.05x): a tie goes to the index walk
         (-1.0, 0.30, "index"),  # reverse expiry order is as clustered
         (None, 0.60, "index"),  # never analyzed: no correlation to go by
     ],
