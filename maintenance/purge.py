@@ -34,7 +34,7 @@ the same guards, so they delete the same rows):
   start (rows inserted later are not expired). It reads every page once, whatever the layout.
 
 With ``CORE_JOBS_PURGE_STRATEGY=auto`` (the default) the run samples ~1 % of the pages
-(``TABLESAMPLE SYSTEM``, at least 200) for the fraction of deletable rows and reads the
+(``TABLESAMPLE SYSTEM``, at least 200, at most 2 000) for the fraction of deletable rows and reads the
 physical correlation of ``expires_at`` from ``pg_stats``, estimates each path's time from
 per-row costs measured with ``bench/purge.py``, and takes the sweep only when it is estimated at
 least 10 % faster: when many rows have expired and they lie scattered (in random order from ~3 %

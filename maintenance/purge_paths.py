@@ -124,9 +124,12 @@ SELECT correlation FROM pg_stats
  WHERE schemaname = 'core' AND tablename = 'processed_jobs' AND attname = 'expires_at'"""
 
 # --- auto's cost model (measured with bench/purge.py, see README "### Purge") --------------------
-# Sample at least this many pages (all of a small table), else 1 % of them: ~20 000 rows of a
-# 2 M-row table in 6-9 ms, enough to tell 1 % expired from 2 %.
+# Sample 1 % of the pages, but at least this many (all of a small table): ~20 000 rows of a
+# 2 M-row table in 6-12 ms, enough to tell 1 % expired from 2 %;
 MIN_SAMPLED_BLOCKS = 200
+# and at most this many (16 MB of random reads), so a huge table's sample stays cheap: 170 000
+# rows are plenty for a fraction.
+MAX_SAMPLED_BLOCKS = 2_000
 # Per-row costs in microseconds, fitted to 2 M fences (23 000 pages, 1.5 x shared_buffers) on this
 # 2-core machine; only their ratios matter. The sweep reads and tests every row of the table, then
 # deletes the expired ones: 0.44 s with 1 % expired, 0.75 s with 20 %, 1.3-1.6 s with 60 %, in any
@@ -184,6 +187,14 @@ class Estimates:
         return index / 1e6, sweep / 1e6
 
 
+def sample_percent(table_blocks: int) -> float:
+    """TABLESAMPLE SYSTEM percentage: 1 % of the pages, within [MIN, MAX]_SAMPLED_BLOCKS."""
+    if table_blocks <= 0:
+        return 100.0
+    blocks = min(table_blocks, max(MIN_SAMPLED_BLOCKS, min(MAX_SAMPLED_BLOCKS, table_blocks // 100)))
+    return 100.0 * blocks / table_blocks
+
+
 def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any], *, sample: bool) -> Estimates:
     """The table's size, and with ``sample`` the expired fraction and the physical correlation."""
     blocks, reltuples, relpages = fetch_limited(conn, timeout, TABLE_SIZE, {})
@@ -191,8 +202,7 @@ def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any
     estimates = Estimates(table_blocks=int(blocks), rows_per_page=rows_per_page)
     if not sample:
         return estimates
-    percent = min(100.0, max(1.0, 100.0 * MIN_SAMPLED_BLOCKS / max(1, blocks)))
-    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | {"percent": percent})
+    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | {"percent": sample_percent(blocks)})
     correlation = conn.execute(EXPIRES_AT_CORRELATION).fetchone()
     return Estimates(
         table_blocks=int(blocks),

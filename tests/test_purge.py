@@ -21,7 +21,7 @@ import pytest
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.logs import configure_logging
 from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
-from maintenance.purge_paths import Estimates, choose
+from maintenance.purge_paths import Estimates, choose, sample_percent
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -520,6 +520,14 @@ def test_auto_takes_the_path_measured_faster(correlation, expired_fraction, stra
     estimates = Estimates(table_blocks=23_000, rows_per_page=86, expired_fraction=expired_fraction, correlation=correlation)
     assert choose("auto", estimates)[0] == strategy
     assert choose("index", estimates)[0] == "index" and choose("sweep", estimates)[0] == "sweep"
+
+
+@pytest.mark.parametrize(
+    ("table_blocks", "sampled_blocks"), [(150, 150), (20_000, 200), (23_000, 230), (100_000_000, 2_000)]
+)
+def test_auto_samples_one_percent_of_the_pages_within_bounds(table_blocks, sampled_blocks):
+    """Auto samples 1 % of the pages, all of a small table, at least 200 and at most 2 000."""
+    assert sample_percent(table_blocks) * table_blocks / 100 == pytest.approx(sampled_blocks)
 
 
 def test_strategy_setting(clean_env):
