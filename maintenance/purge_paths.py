@@ -146,7 +146,7 @@ INDEX_SCATTER_COST = 7.0
 # better neighbour, reading only expired rows and leaving the cache to the application. So in
 # random order the sweep from ~3 % expired (measured even at 2 %, 2x faster at 3-5 %, index 2x
 # faster at 1 %); in expiry order only from ~64 % (at 60 %, sweep / index rows/s was 0.95-1.9 over
-# five runs, median 1.15: close enough for the index walk's smaller footprint to win).
+# six runs, median 1.12: close enough for the index walk's smaller footprint to count).
 SWEEP_MARGIN = 0.9
 # Rows per page when the planner has no figures yet (never vacuumed or analyzed): the benchmark's
 # fences fill 86 to an 8 KB page; longer consumer names fewer.
