@@ -3,15 +3,19 @@
     uv run python bench/purge.py                 # 2 M fences in expiry order
     uv run python bench/purge.py --shuffled      # the same, rows not in expiry order
     uv run python bench/purge.py --rows 200000   # smaller, quicker
+    uv run python bench/purge.py --shuffled --expired-percent 1   # the steady state: few expired
+    uv run python bench/purge.py --shuffled-percent 20  # 20 % of rows scattered, the rest in order
 
 Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired ones held by
 a pending dead letter) into a template database, then on identical copies
 (``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.purge.Purger``, default
-settings) and (b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy
-a writer process inserts fences at a steady 500/s, one per transaction, 10 % of them
-redeliveries (``ON CONFLICT DO NOTHING``); its latency is measured idle first, then during the
-run. Prints rows/s of each and their ratio, the longest purge transaction, and the writer's
-p50/p99/max latency. Ratios matter more than absolute figures on a shared machine.
+settings, strategy ``auto``), (a') the purge forced onto the strategy auto did not choose, and
+(b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer
+process inserts fences at a steady 500/s, one per transaction, 10 % of them redeliveries
+(``ON CONFLICT DO NOTHING``); its latency is measured idle first, then during the run. Prints
+auto's choice and the estimates it rests on, rows/s of each run and their ratios, the longest
+purge transactions, and the writer's p50/p99/max latency. Ratios matter more than absolute
+figures on a shared machine.
 
 Server: ``CORE_JOBS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``
 (any database on the server; the benchmark creates and drops its own ``core_jobs_bench_*``).
@@ -20,6 +24,8 @@ Server: ``CORE_JOBS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import logging
 import multiprocessing as mp
 import os
@@ -47,8 +53,10 @@ from maintenance.settings import TtlGuard  # noqa: E402
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 TTL = timedelta(days=7)
 
-# N fences: processed_at spread evenly over 10 days ending 3 days ago, each kept 7 days, so the
-# oldest 60 % have expired. Rows go in in expiry order, or shuffled. :layout is ORDER BY's key.
+# N fences: processed_at spread evenly over :span (10 days by default) so that the oldest
+# :expired fraction (60 %) has passed its 7-day TTL; with fewer expired the span shrinks so that
+# no fence is processed in the future. Rows go in in expiry order, except a :shuffled fraction
+# placed at random among them (all of them with --shuffled).
 LOAD_FENCES = """
 INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
 SELECT gen_random_uuid(),
@@ -57,7 +65,7 @@ SELECT gen_random_uuid(),
        ('00000000-0000-4000-8000-' || lpad(to_hex(g %% 1000), 12, '0'))::uuid,
        t.processed_at, t.processed_at + %(ttl)s
   FROM generate_series(1, %(rows)s) AS g
- CROSS JOIN LATERAL (SELECT now() - interval '13 days' + (g::float8 / %(rows)s) * interval '10 days'
+ CROSS JOIN LATERAL (SELECT now() - %(ttl)s - %(expired)s * %(span)s + (g::float8 / %(rows)s) * %(span)s
                      AS processed_at) AS t
  ORDER BY {layout}"""
 
@@ -86,14 +94,15 @@ def admin(server: str, statement: sql.Composable) -> None:
         conn.execute(statement)
 
 
-def build_template(server: str, name: str, rows: int, shuffled: bool) -> tuple[str, float]:
+def build_template(server: str, name: str, rows: int, shuffled: float, expired: float = 0.6) -> tuple[str, float]:
     admin(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = with_database(server, name)
     migrate.upgrade(url)
     started = time.perf_counter()
-    layout = "random()" if shuffled else "t.processed_at"
+    layout = f"CASE WHEN random() < {shuffled:f} THEN random() ELSE g::float8 / {rows:d} END"
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "ttl": TTL})
+        span = min(timedelta(days=10), TTL / (1 - expired))
+        conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "ttl": TTL, "expired": expired, "span": span})
         conn.execute(LOAD_PENDING_DEAD_LETTERS)
         # Hint bits, visibility map and statistics, so both copies start from the same warm state.
         conn.execute("VACUUM (ANALYZE) core.processed_jobs")
@@ -186,13 +195,22 @@ def run_on_copy(server: str, template: str, label: str, action, rate: float, idl
         admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def purge_action(batch_size: int):
+def purge_action(batch_size: int, strategy: str, chosen: list[dict]):
+    """The purge job with ``strategy``; its strategy_chosen event is appended to ``chosen``."""
     guard = TtlGuard(ttl=TTL, window=max_retry_window(RetryPolicy()), margin=2.0)
 
     def action(url: str) -> tuple[int, float]:
         db = Database(url)
-        result = Purger(PurgeConfig(guard=guard, batch_size=batch_size), db).run_once(db.server_now())
+        events = io.StringIO()
+        configure_logging(fmt="json", level="INFO", stream=events)
+        try:
+            config = PurgeConfig(guard=guard, batch_size=batch_size, strategy=strategy)
+            result = Purger(config, db).run_once(db.server_now())
+        finally:
+            configure_logging(fmt="console", level="WARNING", stream=sys.stderr)
         assert result.ok and not result.stopped_on_budget, result.fields()
+        parsed = (json.loads(line) for line in events.getvalue().splitlines())
+        chosen.extend(e for e in parsed if e["event"] == "maintenance.purge.strategy_chosen")
         return result.num_deleted, result.longest_batch_ms
 
     return action
@@ -206,27 +224,49 @@ def single_delete_action(url: str) -> tuple[int, float]:
         return deleted, (time.perf_counter() - started) * 1000
 
 
+def purge_line(label: str, run: Run) -> str:
+    return (f"{label}: {run.deleted:>10,} rows in {run.seconds:6.2f} s = {run.deleted / run.seconds:>10,.0f} rows/s;"
+            f" longest transaction {run.longest_ms:.1f} ms")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="fences to load (default 2 000 000)")
     parser.add_argument("--shuffled", action="store_true", help="load rows in random order, not expiry order")
+    parser.add_argument("--shuffled-percent", type=float, default=0.0,
+                        help="rows placed at random, the rest in expiry order, %% (default 0; --shuffled: 100)")
+    parser.add_argument("--expired-percent", type=float, default=60.0, help="expired fences, %% (default 60)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
     args = parser.parse_args(argv)
+    if not 0 < args.expired_percent < 100:
+        parser.error("--expired-percent must be between 0 and 100")
+    shuffled = 1.0 if args.shuffled else args.shuffled_percent / 100
+    if not 0 <= shuffled <= 1:
+        parser.error("--shuffled-percent must be between 0 and 100")
     configure_logging(fmt="console", level="WARNING", stream=sys.stderr)
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     server = os.environ.get("CORE_JOBS_BENCH_DATABASE_URL", DEFAULT_SERVER)
     template = f"core_jobs_bench_{os.getpid()}"
-    layout = "shuffled (not in expiry order)" if args.shuffled else "in expiry order"
-    print(f"purge benchmark: {args.rows:,} fences, 60 % expired, 8 consumers, 1 000 tenants, layout {layout};")
+    layout = {0.0: "in expiry order", 1.0: "shuffled (not in expiry order)"}.get(
+        shuffled, f"{shuffled:.0%} of rows shuffled, the rest in expiry order")
+    print(f"purge benchmark: {args.rows:,} fences, {args.expired_percent:g} % expired, 8 consumers, 1 000 tenants,"
+          f" layout {layout};")
     print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}")
+    chosen: list[dict] = []
     try:
-        _, load_s = build_template(server, template, args.rows, args.shuffled)
+        _, load_s = build_template(server, template, args.rows, shuffled, args.expired_percent / 100)
         print(f"loaded template in {load_s:.1f} s")
-        purge, purge_samples = run_on_copy(
-            server, template, "purge", purge_action(args.batch_size), args.writer_rate, args.idle_seconds
+        auto, auto_samples = run_on_copy(
+            server, template, "auto", purge_action(args.batch_size, "auto", chosen), args.writer_rate,
+            args.idle_seconds,
+        )
+        other_strategy = "index" if chosen[0]["strategy"] == "sweep" else "sweep"
+        other, other_samples = run_on_copy(
+            server, template, "other", purge_action(args.batch_size, other_strategy, chosen), args.writer_rate,
+            args.idle_seconds,
         )
         delete, delete_samples = run_on_copy(
             server, template, "delete", single_delete_action, args.writer_rate, args.idle_seconds
@@ -234,31 +274,41 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(template)))
 
-    purge_rate = purge.deleted / purge.seconds
+    decision = chosen[0]
+    print()
+    print(f"auto chose {decision['strategy']} ({decision['reason']}): expired fraction {decision['expired_fraction']}"
+          f" in a sample of {decision['sampled_rows']:,} rows, correlation of expires_at {decision['correlation']},"
+          f" {decision['table_blocks']:,} blocks, {decision['rows_per_page']} rows/page; estimated in"
+          f" {decision['estimate_ms']} ms")
+    auto_rate = auto.deleted / auto.seconds
+    other_rate = other.deleted / other.seconds
     delete_rate = delete.deleted / delete.seconds
+    print(purge_line(f"(a)  purge, auto -> {decision['strategy']:5}", auto))
+    print(purge_line(f"(a') purge, forced {other_strategy:5} ", other))
+    print(f"(b)  single DELETE         : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s ="
+          f" {delete_rate:>10,.0f} rows/s; one transaction of {delete.longest_ms:.0f} ms")
+    print(f"ratios of rows/s: auto / single DELETE {auto_rate / delete_rate:.2f};"
+          f" forced {other_strategy} / single DELETE {other_rate / delete_rate:.2f};"
+          f" auto / forced {other_strategy} {auto_rate / other_rate:.2f}")
     print()
-    print(f"(a) purge job     : {purge.deleted:>10,} rows in {purge.seconds:6.2f} s = {purge_rate:>10,.0f} rows/s;"
-          f" longest transaction {purge.longest_ms:.1f} ms")
-    print(f"(b) single DELETE : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s = {delete_rate:>10,.0f} rows/s;"
-          f" one transaction of {delete.longest_ms:.0f} ms")
-    print(f"ratio purge / single DELETE rows/s: {purge_rate / delete_rate:.2f}")
+    during_auto = latency(auto_samples, auto.busy)
+    idle_auto = latency(auto_samples, auto.idle)
+    print("writer latency (ms)           p50     p99      max       n")
+    print(f"  idle, copy (a)          {idle_auto}")
+    print(f"  during the auto purge   {during_auto}")
+    print(f"  idle, copy (a')         {latency(other_samples, other.idle)}")
+    print(f"  during the forced {other_strategy:5} {latency(other_samples, other.busy)}")
+    print(f"  idle, copy (b)          {latency(delete_samples, delete.idle)}")
+    print(f"  during the DELETE       {latency(delete_samples, delete.busy)}")
     print()
-    during_purge = latency(purge_samples, purge.busy)
-    idle_purge = latency(purge_samples, purge.idle)
-    print("writer latency (ms)      p50     p99      max       n")
-    print(f"  idle, copy (a)     {idle_purge}")
-    print(f"  during the purge   {during_purge}")
-    print(f"  idle, copy (b)     {latency(delete_samples, delete.idle)}")
-    print(f"  during the DELETE  {latency(delete_samples, delete.busy)}")
-    print()
-    ratio = purge_rate / delete_rate
-    print("targets (issue 3):")
+    ratio = auto_rate / delete_rate
+    print("targets (issue 3), for the auto purge:")
     print(f"  purge >= 0.5 x single DELETE rows/s: {ratio:.2f} {verdict(ratio >= 0.5)}")
-    print(f"  longest purge transaction <= 25 ms: {purge.longest_ms:.1f} ms {verdict(purge.longest_ms <= 25)}")
-    print(f"  writer p99 <= 5 ms during the purge: {during_purge.p99:.2f} ms {verdict(during_purge.p99 <= 5)}"
-          f" (idle p99 on the same copy {idle_purge.p99:.2f} ms; p99 during / idle {during_purge.p99 / idle_purge.p99:.2f})")
-    if args.shuffled:
-        print(f"  shuffled layout >= 250 000 rows/s: {purge_rate:,.0f} {verdict(purge_rate >= 250_000)}")
+    print(f"  longest purge transaction <= 25 ms: {auto.longest_ms:.1f} ms {verdict(auto.longest_ms <= 25)}")
+    print(f"  writer p99 <= 5 ms during the purge: {during_auto.p99:.2f} ms {verdict(during_auto.p99 <= 5)}"
+          f" (idle p99 on the same copy {idle_auto.p99:.2f} ms; p99 during / idle {during_auto.p99 / idle_auto.p99:.2f})")
+    if shuffled == 1.0:
+        print(f"  shuffled layout >= 250 000 rows/s: {auto_rate:,.0f} {verdict(auto_rate >= 250_000)}")
     return 0
 
 

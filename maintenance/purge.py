@@ -19,14 +19,33 @@ shows the same computation).
 
 How it deletes
 --------------
-It walks the ``expires_at`` index in order and deletes each batch by ``ctid``, carrying a
-cursor on ``expires_at`` from batch to batch, so no batch rescans what an earlier one passed.
-Each batch is its own transaction with ``SET LOCAL statement_timeout`` and asynchronous
-commit; a crash leaves only whole batches deleted and the next run continues. The pending
-dead letters are checked through a hash of their job_ids when there are at most 50 000 of
-them (the common case; 15 ms instead of 24 ms per 10 000-row batch), else by one index probe
-per row. The run ends when a batch comes back short. Only one run works at a time: it holds the advisory lock ``core_jobs.purge`` on its own
-connection; a second run logs ``maintenance.purge.skipped`` and exits 0.
+Each batch is its own transaction with ``SET LOCAL statement_timeout`` and asynchronous commit;
+a crash leaves only whole batches deleted and the next run continues. Once per run, before the
+first batch, the run picks one of two access paths (``maintenance/purge_paths.py``; both apply
+the same guards, so they delete the same rows):
+
+- ``index``: walks the ``expires_at`` index in order and deletes each batch by ``ctid``,
+  carrying a cursor on ``expires_at``, so no batch rescans what an earlier one passed. It reads
+  only expired rows; the run ends when a batch comes back short. When the rows lie in random
+  physical order each batch touches thousands of scattered pages (slow, long transactions).
+- ``sweep``: walks the heap in ranges of whole blocks (a TID range scan), each about
+  ``batch size`` rows (blocks = batch size / rows per page from ``pg_class``, at least 1),
+  carrying the next block number; the run ends when it passes the table's size read at the
+  start (rows inserted later are not expired). It reads every page once, whatever the layout.
+
+With ``CORE_JOBS_PURGE_STRATEGY=auto`` (the default) the run samples ~1 % of the pages
+(``TABLESAMPLE SYSTEM``, at least 200, at most 2 000) for the fraction of deletable rows and reads the
+physical correlation of ``expires_at`` from ``pg_stats``, estimates each path's time from
+per-row costs measured with ``bench/purge.py``, and takes the sweep only when it is estimated at
+least 10 % faster: when many rows have expired and they lie scattered (in random order from ~3 %
+expired; in expiry order only past ~64 %). It walks the index when the table has never been
+analyzed. The decision is logged as ``maintenance.purge.strategy_chosen``.
+
+The pending dead letters are checked through a hash of their job_ids when there are at most
+50 000 of them (the common case; 15 ms instead of 24 ms per 10 000-row batch), else by one
+index probe per row. Only one run works at a time: it holds the advisory lock
+``core_jobs.purge`` on its own connection; a second run logs ``maintenance.purge.skipped`` and
+exits 0.
 
 Options (environment variables; durations are ISO-8601 or seconds)
 -----------------------------------------------------------------
@@ -40,6 +59,8 @@ Options (environment variables; durations are ISO-8601 or seconds)
 - ``CORE_JOBS_PURGE_BATCH_PAUSE``           duration, default PT0S: pause between batches.
 - ``CORE_JOBS_PURGE_MAX_RUNTIME``           duration, default PT5M: time budget; no batch starts
   after it, the run stops cleanly with ``stopped_on_budget=1`` and reports ``rows_left``.
+- ``CORE_JOBS_PURGE_STRATEGY``              ``auto`` | ``index`` | ``sweep``, default auto: the
+  access path (above); ``index`` or ``sweep`` forces one and skips auto's sample.
 - ``CORE_JOBS_PROCESSED_JOBS_TTL``, ``CORE_JOBS_TTL_MARGIN``, ``CORE_JOBS_RETRY_*``,
   ``CORE_JOBS_BROKER_REDELIVERY_HORIZON``: the guard above.
 
@@ -52,20 +73,28 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``num_batches``        batches committed (a batch that deleted nothing counts too);
 - ``num_timeouts``       batches cancelled by the statement timeout (rolled back, retried);
 - ``rows_left``          deletable fences left when the run stopped early (budget or
-                         gave_up), counted exactly up to ``ROWS_LEFT_CAP`` (100 000; the
+                         gave_up) past the walk's position (expires_at cursor, or next
+                         block), counted exactly up to ``ROWS_LEFT_CAP`` (100 000; the
                          value then means "at least"); 0 when the run finished; -1 when the
                          count itself hit the statement timeout;
 - ``stopped_on_budget``  1 when the time budget ended the run;
 - ``skipped``            1 when another run held the lock (nothing was done);
 - ``gave_up``            1 when timeouts persisted at the minimum batch size (ok=false);
 - ``longest_batch_ms``   wall time of the longest batch transaction, commit included;
-- ``batch_size``         the batch size at the end of the run (smaller after timeouts).
+- ``batch_size``         the batch size at the end of the run (smaller after timeouts; the
+                         sweep's block range shrinks with it);
+- ``used_sweep``         1 when the run swept block ranges, 0 when it walked the index.
 
-Per batch: ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``,
-``batch_size``). Warnings: ``maintenance.purge.statement_timeout``,
-``maintenance.purge.batch_shrunk``, ``maintenance.purge.stopped_on_budget``,
-``maintenance.purge.rows_left_timeout``; error:
-``maintenance.purge.gave_up``; info: ``maintenance.purge.skipped``.
+Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
+``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
+``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
+``pending_dead_letters``, ``estimate_ms``). Per batch:
+``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
+``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
+``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,
+``maintenance.purge.stopped_on_budget``, ``maintenance.purge.rows_left_timeout``,
+``maintenance.purge.estimates_timeout`` (the table was locked while auto estimated: index);
+error: ``maintenance.purge.gave_up``; info: ``maintenance.purge.skipped``.
 """
 
 from __future__ import annotations
@@ -82,6 +111,16 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.db import Database
 from maintenance.logs import get_logger
+from maintenance.purge_paths import (
+    COUNT_PENDING,
+    HASHED_PENDING_LIMIT,
+    STRATEGIES,
+    BlockSweep,
+    IndexWalk,
+    choose,
+    fetch_limited,
+    read_estimates,
+)
 from maintenance.registry import JobSpec, register
 from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
 
@@ -89,69 +128,6 @@ LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
 # rows_left is an exact count up to this many rows; at the cap it means "at least this many".
 ROWS_LEFT_CAP = 100_000
-
-# The time guards. :cutoff is PostgreSQL's now() read once per run; :protected_from is
-# cutoff - margin x retry window, so a fence written with a too-short expires_at survives.
-_EXPIRED_AND_OUTSIDE_WINDOW = """
-       p.expires_at < %(cutoff)s
-   AND p.processed_at < %(protected_from)s"""
-
-# The replay guard: a pending dead letter may still be replayed, so its fence must stay. Two
-# equivalent spellings; the run picks one from the number of pending dead letters:
-# - hashed: PostgreSQL reads the pending job_ids once per batch (index-only scan of the partial
-#   index dead_letters_pending_job_idx) into a hash table and probes it per row. Measured 15 ms
-#   vs 24 ms per 10 000-row batch with ~600 pending. NOT IN is exact here: job_id is NOT NULL.
-#   With too many pending rows for work_mem the plan would turn into a scan per row, hence:
-# - probed: one index probe of dead_letters_pending_job_idx per row, for any number pending.
-_NOT_PENDING_HASHED = """
-   AND p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review')"""
-_NOT_PENDING_PROBED = """
-   AND NOT EXISTS (SELECT 1 FROM core.dead_letters AS d
-                    WHERE d.job_id = p.job_id AND d.status = 'pending_review')"""
-# Up to this many pending dead letters the hashed spelling is used.
-HASHED_PENDING_LIMIT = 50_000
-
-COUNT_PENDING = "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'"
-
-# Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
-# server crash may undo the last few batches, which the next run simply deletes again.
-SET_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true)"""
-
-# One batch. The inner SELECT walks processed_jobs_expires_at_idx from the cursor in expiry
-# order and picks the physical addresses (ctid) of up to :batch_size deletable rows; the DELETE
-# fetches exactly those tuples (a TID scan). It runs in the same snapshot as the SELECT, so the
-# guards need no second check; the time guards are repeated only because a row updated
-# concurrently is re-checked against them (and then skipped: its ctid changed). The largest
-# expires_at deleted is the next batch's cursor (">=": rows tied with it may not all have fit).
-_DELETE_BATCH = """
-WITH deleted AS (
-    DELETE FROM core.processed_jobs AS p
-     WHERE p.ctid = ANY (ARRAY(
-               SELECT p.ctid
-                 FROM core.processed_jobs AS p
-                WHERE p.expires_at >= %(cursor)s::timestamptz
-                  AND {deletable}
-                ORDER BY p.expires_at
-                LIMIT %(batch_size)s))
-       AND {time_guards}
-    RETURNING p.expires_at
-)
-SELECT count(*), max(expires_at) FROM deleted"""
-DELETE_BATCH = {
-    name: _DELETE_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + guard, time_guards=_EXPIRED_AND_OUTSIDE_WINDOW)
-    for name, guard in (("hashed", _NOT_PENDING_HASHED), ("probed", _NOT_PENDING_PROBED))
-}
-_DELETABLE = _EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING_PROBED
-
-# How many deletable rows remain past the cursor, stopping at :cap so a huge backlog stays cheap.
-COUNT_ROWS_LEFT = f"""
-SELECT count(*) FROM (
-    SELECT 1 FROM core.processed_jobs AS p
-     WHERE p.expires_at >= %(cursor)s::timestamptz
-       AND {_DELETABLE}
-     LIMIT %(cap)s
-) AS left_over"""
 
 # The demo's account of the fences a run kept, by the rule that kept them.
 COUNT_KEPT = """
@@ -161,8 +137,6 @@ SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                       
                           AND EXISTS (SELECT 1 FROM core.dead_letters d
                                        WHERE d.job_id = p.job_id AND d.status = 'pending_review')) AS pending_dead_letter
   FROM core.processed_jobs AS p"""
-
-_BEGINNING = "-infinity"  # the cursor before the first batch
 
 
 def _setting_default(name: str) -> Any:
@@ -181,6 +155,7 @@ class PurgeConfig:
     statement_timeout: timedelta = _setting_default("purge_statement_timeout")  # PT5S
     batch_pause: timedelta = _setting_default("purge_batch_pause")  # PT0S
     max_runtime: timedelta = _setting_default("purge_max_runtime")  # PT5M
+    strategy: str = _setting_default("purge_strategy")  # auto | index | sweep
     # Pending dead letters up to which the replay guard is a hash (see HASHED_PENDING_LIMIT).
     hashed_pending_limit: int = HASHED_PENDING_LIMIT
 
@@ -194,6 +169,7 @@ class PurgeConfig:
             statement_timeout=settings.purge_statement_timeout,
             batch_pause=settings.purge_batch_pause,
             max_runtime=settings.purge_max_runtime,
+            strategy=settings.purge_strategy,
         )
 
 
@@ -211,9 +187,11 @@ class PurgeResult:
     gave_up: int = 0
     longest_batch_ms: float = 0.0
     batch_size: int = 0
-    # Not event fields: the cutoffs this run used, for the demo's account.
+    used_sweep: int = 0
+    # Not event fields: the cutoffs this run used and why it took its path, for the demo's account.
     cutoff: datetime | None = field(default=None, repr=False)
     protected_from: datetime | None = field(default=None, repr=False)
+    strategy_reason: str = field(default="", repr=False)
 
     @property
     def ok(self) -> bool:
@@ -252,6 +230,7 @@ class Purger:
             (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
             (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
             (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
+            (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
         )
         problems = [message for ok, message in checks if not ok]
         if problems:
@@ -280,28 +259,23 @@ class Purger:
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         cfg = self.config
-        params: dict[str, Any] = {
-            "cutoff": result.cutoff,
-            "protected_from": result.protected_from,
-            "cursor": _BEGINNING,
-        }
+        params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
         timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
-        pending = _fetch_limited(conn, timeout, COUNT_PENDING, {})[0]
-        delete_batch = DELETE_BATCH["hashed" if pending <= cfg.hashed_pending_limit else "probed"]
+        walk, result.strategy_reason = self._choose_walk(conn, params, timeout)
+        result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
         while True:
             if self._monotonic() >= deadline:
                 result.stopped_on_budget = 1
-                result.rows_left = self._rows_left(conn, params, timeout)
+                result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(
                     f"{EVENTS}.stopped_on_budget", rows_left=result.rows_left,
                     max_runtime=format_duration(cfg.max_runtime),
                 )
                 return
-            params["batch_size"] = result.batch_size
             started = time.perf_counter()
             try:
-                deleted, last_expires_at = _fetch_limited(conn, timeout, delete_batch, params)
+                batch = walk.batch(conn, timeout, params, result.batch_size)
             except errors.QueryCanceled:
                 result.num_timeouts += 1
                 timeouts_in_a_row += 1
@@ -312,7 +286,7 @@ class Purger:
                     continue
                 if not self._shrink(result):
                     result.gave_up = 1
-                    result.rows_left = self._rows_left(conn, params, timeout)
+                    result.rows_left = self._rows_left(conn, walk, params, timeout)
                     self._log.error(
                         f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts,
                         rows_left=result.rows_left,
@@ -323,16 +297,42 @@ class Purger:
             batch_ms = (time.perf_counter() - started) * 1000
             timeouts_in_a_row = 0
             result.num_batches += 1
-            result.num_deleted += deleted
+            result.num_deleted += batch["num_deleted"]
             result.longest_batch_ms = max(result.longest_batch_ms, batch_ms)
             self._log.debug(
-                f"{EVENTS}.batch_deleted", num_deleted=deleted, batch_ms=round(batch_ms, 1), batch_size=result.batch_size
+                f"{EVENTS}.batch_deleted", **batch, batch_ms=round(batch_ms, 1), batch_size=result.batch_size,
+                strategy=walk.name,
             )
-            if deleted < result.batch_size:  # a short batch: nothing deletable is left
+            if walk.done:
                 return
-            params["cursor"] = last_expires_at
             if cfg.batch_pause > timedelta(0):
                 self._sleep(cfg.batch_pause.total_seconds())
+
+    def _choose_walk(
+        self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
+    ) -> tuple[IndexWalk | BlockSweep, str]:
+        """The access path of this run and why, decided once before the first batch, and logged."""
+        pending = fetch_limited(conn, timeout, COUNT_PENDING, {})[0]
+        guard = "hashed" if pending <= self.config.hashed_pending_limit else "probed"
+        started = time.perf_counter()
+        try:
+            estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
+        except errors.QueryCanceled:  # the table is locked: the batches will tell (timeouts, gave_up)
+            self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
+            return IndexWalk(guard), "the table was locked while estimating"
+        strategy, reason = choose(self.config.strategy, estimates)
+        measured = estimates.expired_fraction is not None and estimates.correlation is not None
+        index_s, sweep_s = estimates.seconds() if measured else (None, None)
+        self._log.info(
+            f"{EVENTS}.strategy_chosen", strategy=strategy, setting=self.config.strategy, reason=reason,
+            expired_fraction=_rounded(estimates.expired_fraction, 4),
+            sampled_rows=estimates.sampled_rows,
+            correlation=_rounded(estimates.correlation, 4),
+            table_blocks=estimates.table_blocks, rows_per_page=round(estimates.rows_per_page, 1),
+            estimated_index_s=_rounded(index_s, 3), estimated_sweep_s=_rounded(sweep_s, 3),
+            pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
 
     def _shrink(self, result: PurgeResult) -> bool:
         """Halve the batch size down to the floor; False when it is already there."""
@@ -343,24 +343,19 @@ class Purger:
         self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
         return True
 
-    def _rows_left(self, conn: psycopg.Connection, params: dict[str, Any], timeout: str) -> int:
-        """Deletable rows past the cursor, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
+    def _rows_left(self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any],
+                   timeout: str) -> int:
+        """Deletable rows the walk has not passed, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
         try:
-            return int(_fetch_limited(conn, timeout, COUNT_ROWS_LEFT, params | {"cap": ROWS_LEFT_CAP})[0])
+            return walk.count_left(conn, timeout, params, ROWS_LEFT_CAP)
         except errors.QueryCanceled:
             self._log.warning(f"{EVENTS}.rows_left_timeout", cap=ROWS_LEFT_CAP)
             return -1
 
 
-def _fetch_limited(conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any]) -> tuple:
-    """One row of ``query``, run in its own transaction under the batch limits."""
-    with conn.transaction():
-        conn.execute(SET_BATCH_LIMITS, (timeout,))
-        # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
-        # and for the batch delete one such plan ran 10x slower in the benchmark.
-        row = conn.execute(query, params, prepare=False).fetchone()
-    assert row is not None
-    return row
+def _rounded(value: float | None, digits: int) -> float | None:
+    """A log field's value: rounded, or None when it was not measured."""
+    return None if value is None else round(value, digits)
 
 
 # --- demo -----------------------------------------------------------------------------------
@@ -378,6 +373,8 @@ def demo_lines(db: Database, result: PurgeResult) -> list[str]:
         f"kept {inside_window} expired fences still inside the retry window (a late retry still needs them)",
         f"kept {pending} expired fences whose job has a dead letter pending review (a replay needs them)",
         f"kept {not_expired} fences not expired yet",
+        f"access path: {'sweep of the table in block ranges' if result.used_sweep else 'walk of the expires_at index'}"
+        f" ({result.strategy_reason})",
     ]
 
 

@@ -265,6 +265,11 @@ class Settings(BaseSettings):
         default=timedelta(minutes=5),
         description="Time budget of one run; no new batch starts after it and the run reports rows_left.",
     )
+    purge_strategy: Literal["auto", "index", "sweep"] = Field(
+        default="auto",
+        description="Access path of each run: index walks the expires_at index in expiry order; sweep walks "
+        "the heap in block ranges; auto picks one per run from the expired fraction and the physical order.",
+    )
 
     @field_validator("purge_statement_timeout", "purge_max_runtime")
     @classmethod

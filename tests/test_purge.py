@@ -2,7 +2,9 @@
 
 Every test runs against a real PostgreSQL. Rows are placed at explicit times on both sides of
 each cutoff, relative to PostgreSQL's ``now()`` read once and passed to ``run_once``. No test
-sleeps: the time budget uses an injected clock, the statement timeout a row lock.
+sleeps: the time budget uses an injected clock, the statement timeout a row lock. The rules of
+what is deleted hold for both access paths (``index`` and ``sweep``); tests of one path's
+mechanics say which.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.logs import configure_logging
 from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
+from maintenance.purge_paths import Estimates, choose, sample_percent
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -64,7 +67,12 @@ def remaining(conn: psycopg.Connection) -> set[uuid.UUID]:
 
 
 def purger(db, **overrides) -> Purger:
-    return Purger(PurgeConfig(guard=GUARD, **overrides), db)
+    """A purge with the test guard; the index path unless ``strategy`` says otherwise."""
+    return Purger(PurgeConfig(guard=GUARD, **{"strategy": "index"} | overrides), db)
+
+
+# The rules of what is deleted hold for both access paths.
+BOTH_PATHS = pytest.mark.parametrize("strategy", ["index", "sweep"])
 
 
 @pytest.fixture
@@ -105,23 +113,26 @@ def test_defaults(clean_env):
     assert config.guard == load_settings().ttl_guard()
 
 
-def test_deletes_only_expired_fences(db, conn, now):
+@BOTH_PATHS
+def test_deletes_only_expired_fences(db, conn, now, strategy):
     """A fence one second past expires_at is deleted; one expiring a second from now is kept."""
     old = now - timedelta(days=8)
     expired = add_fence(conn, processed_at=old, expires_at=now - SECOND)
     not_yet = add_fence(conn, processed_at=old, expires_at=now + SECOND)
-    result = purger(db).run_once(now)
+    result = purger(db, strategy=strategy).run_once(now)
     assert remaining(conn) == {not_yet}
     assert expired not in remaining(conn)
     assert (result.num_deleted, result.rows_left, result.ok) == (1, 0, True)
+    assert result.used_sweep == (strategy == "sweep")
 
 
-def test_keeps_fences_inside_retry_window(db, conn, now):
+@BOTH_PATHS
+def test_keeps_fences_inside_retry_window(db, conn, now, strategy):
     """An expired fence processed less than margin x window ago survives; one processed just before is deleted."""
     # Both written with a too-short TTL by a misconfigured consumer: expired a minute after processing.
     outside = add_fence(conn, processed_at=now - PROTECTED - SECOND, expires_at=now - PROTECTED + timedelta(minutes=1))
     inside = add_fence(conn, processed_at=now - PROTECTED + SECOND, expires_at=now - PROTECTED + timedelta(minutes=1))
-    result = purger(db).run_once(now)
+    result = purger(db, strategy=strategy).run_once(now)
     assert remaining(conn) == {inside}
     assert outside not in remaining(conn)
     assert result.num_deleted == 1
@@ -131,8 +142,9 @@ def test_keeps_fences_inside_retry_window(db, conn, now):
 REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_LIMIT, 0], ids=["hashed", "probed"])
 
 
+@BOTH_PATHS
 @REPLAY_GUARDS
-def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit):
+def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit, strategy):
     """A pending dead letter holds its fence; replayed or discarded ones do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
     add_dead_letter(conn, pending)
@@ -140,14 +152,14 @@ def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, co
     add_dead_letter(conn, discarded, "discarded")
     add_dead_letter(conn, replayed_then_pending, "replayed")
     add_dead_letter(conn, replayed_then_pending)  # failed again after the replay: pending once more
-    result = purger(db, hashed_pending_limit=hashed_pending_limit).run_once(now)
+    result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(now)
     assert remaining(conn) == {pending, replayed_then_pending}
     assert result.num_deleted == 3
     assert alone not in remaining(conn)
 
 
 def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events):
-    """Batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run."""
+    """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run."""
     add_old_expired_fences(conn, now, 11)
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
     result = purger(db, batch_size=10).run_once(now)
@@ -159,7 +171,7 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
 
 @REPLAY_GUARDS
 def test_guarded_rows_do_not_end_the_run_early(db, conn, now, hashed_pending_limit):
-    """Guarded rows interleaved in expiry order are skipped over, not counted as a short batch."""
+    """Index path: guarded rows interleaved in expiry order are skipped over, not counted as a short batch."""
     ids = add_old_expired_fences(conn, now, 30)
     held = ids[::3]  # every third fence has a pending dead letter
     for job_id in held:
@@ -173,17 +185,17 @@ def test_pauses_between_batches(db, now, conn):
     """CORE_JOBS_PURGE_BATCH_PAUSE is waited between batches, not after the last."""
     add_old_expired_fences(conn, now, 25)
     pauses: list[float] = []
-    config = PurgeConfig(guard=GUARD, batch_size=10, batch_pause=timedelta(milliseconds=250))
+    config = PurgeConfig(guard=GUARD, batch_size=10, batch_pause=timedelta(milliseconds=250), strategy="index")
     result = Purger(config, db, sleep=pauses.append).run_once(now)
     assert result.num_batches == 3
     assert pauses == [0.25, 0.25]
 
 
 def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
-    """Past its budget no batch starts; the run reports rows_left, and the next run deletes them."""
+    """Index path: past its budget no batch starts; the run reports rows_left, and the next run deletes them."""
     add_old_expired_fences(conn, now, 25)
     ticks = itertools.count()  # a clock that advances one second per reading
-    config = PurgeConfig(guard=GUARD, batch_size=10, max_runtime=timedelta(seconds=2))
+    config = PurgeConfig(guard=GUARD, batch_size=10, max_runtime=timedelta(seconds=2), strategy="index")
     # Readings: 0 sets the deadline at 2; 1 lets the first batch start; 2 is the budget's end.
     first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_budget, first.rows_left) == (10, 1, 1, 15)
@@ -241,11 +253,11 @@ def test_run_once_purge_command_emits_the_fixed_result_fields(clean_env, databas
 
 
 def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events):
-    """Repeated statement timeouts halve the batch; at the floor they stop the run with ok=false."""
+    """Index path: repeated statement timeouts halve the batch; at the floor they stop the run with ok=false."""
     ids = add_old_expired_fences(conn, now, 10)
     config = PurgeConfig(
         guard=GUARD, batch_size=10, min_batch_size=2, timeouts_before_shrink=2,
-        statement_timeout=timedelta(milliseconds=50),
+        statement_timeout=timedelta(milliseconds=50), strategy="index",
     )
     with psycopg.connect(database_url) as other:  # holds a row lock on the 8th fence in expiry order
         other.execute("SELECT 1 FROM core.processed_jobs WHERE job_id = %s FOR UPDATE", (ids[7],))
@@ -261,25 +273,28 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
     assert (after.num_deleted, after.batch_size, after.ok) == (3, 10, True)
 
 
-def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url):
-    """With the table locked by another session, the run gives up and says it could not count what is left."""
+def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url, events):
+    """With the table locked by another session, auto cannot estimate, and the run gives up unable to count."""
     add_old_expired_fences(conn, now, 3)
-    config = PurgeConfig(guard=GUARD, batch_size=10, min_batch_size=10, statement_timeout=timedelta(milliseconds=50))
+    config = PurgeConfig(guard=GUARD, batch_size=10, min_batch_size=10, statement_timeout=timedelta(milliseconds=50),
+                         strategy="auto")
     with psycopg.connect(database_url) as other:
         other.execute("LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE")
         result = Purger(config, db).run_once(now)
         other.rollback()
     assert (result.num_deleted, result.num_timeouts, result.gave_up, result.rows_left) == (0, 2, 1, -1)
     assert len(remaining(conn)) == 3
+    assert [e["strategy"] for e in events.named("maintenance.purge.estimates_timeout")] == ["index"]
 
 
-def test_can_run_repeatedly(db, conn, now):
+@BOTH_PATHS
+def test_can_run_repeatedly(db, conn, now, strategy):
     """A second run over the same state deletes nothing and still succeeds; the kept rows stay."""
     add_old_expired_fences(conn, now, 5)
     fresh = add_fence(conn, processed_at=now - SECOND, expires_at=now + timedelta(days=7))
-    first = purger(db).run_once(now)
-    second = purger(db).run_once(now)
-    third = purger(db).run_once(db.server_now())
+    first = purger(db, strategy=strategy).run_once(now)
+    second = purger(db, strategy=strategy).run_once(now)
+    third = purger(db, strategy=strategy).run_once(db.server_now())
     assert (first.num_deleted, second.num_deleted, third.num_deleted) == (5, 0, 0)
     assert second.ok and third.ok and second.num_batches == 1
     assert remaining(conn) == {fresh}
@@ -294,6 +309,7 @@ def test_demo_explains_what_was_deleted_and_kept(clean_env, pg_server_url, capsy
     assert "kept 8 expired fences still inside the retry window" in out
     assert "kept 4 expired fences whose job has a dead letter pending review" in out
     assert "kept 60 fences not expired yet" in out
+    assert "access path: walk of the expires_at index (" in out
     assert "core.processed_jobs: 312 -> 72" in out
 
 
@@ -317,3 +333,208 @@ def test_config_built_in_code_is_validated_too(db):
     """A PurgeConfig with a zero batch size is refused with the setting's name."""
     with pytest.raises(ConfigError, match="CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"):
         Purger(PurgeConfig(guard=GUARD, batch_size=0), db)
+
+
+# --- the two access paths, and auto's choice ---------------------------------------------------
+# Fences loaded in one statement: :rows of them, :expired_share of them processed 10 days ago and
+# expired 3 days ago, the rest processed a day ago and expiring in 6 days; in expiry order, or
+# in random physical order.
+LOAD_FENCES = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT gen_random_uuid(), 'points.credit', gen_random_uuid(), t.processed_at, t.processed_at + interval '7 days'
+  FROM generate_series(1, %(rows)s) AS g
+ CROSS JOIN LATERAL (SELECT CASE WHEN g <= %(rows)s * %(expired_share)s
+                                 THEN %(now)s - interval '10 days' + g * interval '1 second'
+                                 ELSE %(now)s - interval '1 day' + g * interval '1 second' END AS processed_at) AS t
+ ORDER BY {layout}"""
+
+
+def load_fences(conn: psycopg.Connection, now: datetime, rows: int, expired_share: float, *, shuffled: bool) -> None:
+    layout = "random()" if shuffled else "t.processed_at"
+    conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "expired_share": expired_share, "now": now})
+    conn.execute("VACUUM (ANALYZE) core.processed_jobs")
+
+
+def table_blocks(conn: psycopg.Connection) -> int:
+    return conn.execute("SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::int").fetchone()[0]
+
+
+def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
+    """Fences on both sides of every cutoff, in random physical order, over several pages."""
+    load_fences(conn, now, 1500, 0.5, shuffled=True)
+    cases = []
+    for _ in range(20):
+        cases += [
+            # expires_at one second on either side of the cutoff
+            (now - timedelta(days=8), now - SECOND), (now - timedelta(days=8), now + SECOND),
+            # short-TTL fences processed just outside and just inside margin x window
+            (now - PROTECTED - SECOND, now - PROTECTED + timedelta(minutes=1)),
+            (now - PROTECTED + SECOND, now - PROTECTED + timedelta(minutes=1)),
+        ]
+    for processed_at, expires_at in cases:
+        add_fence(conn, processed_at=processed_at, expires_at=expires_at)
+    held = conn.execute(
+        "SELECT job_id FROM core.processed_jobs WHERE expires_at < %s AND processed_at < %s ORDER BY random() LIMIT 60",
+        (now, now - PROTECTED),
+    ).fetchall()
+    for i, (job_id,) in enumerate(held):
+        add_dead_letter(conn, job_id, ("pending_review", "replayed", "discarded")[i % 3])
+
+
+def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UUID]:
+    """The fences the rules keep, computed here row by row."""
+    pending = {r[0] for r in conn.execute("SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'")}
+    rows = conn.execute("SELECT job_id, processed_at, expires_at FROM core.processed_jobs").fetchall()
+    return {
+        job_id for job_id, processed_at, expires_at in rows
+        if expires_at >= now or processed_at >= now - PROTECTED or job_id in pending
+    }
+
+
+@REPLAY_GUARDS
+def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed_pending_limit):
+    """On the same rows (every cutoff, pending and handled dead letters, short TTLs) both paths keep the same set."""
+    add_mixed_fences(conn, now)
+    conn.execute("CREATE TABLE core.fences_before AS SELECT * FROM core.processed_jobs")
+    expected = expected_after_purge(conn, now)
+    total = len(remaining(conn))
+    kept = {}
+    for strategy in ("index", "sweep"):
+        conn.execute("TRUNCATE core.processed_jobs")
+        conn.execute("INSERT INTO core.processed_jobs SELECT * FROM core.fences_before ORDER BY random()")
+        result = purger(db, strategy=strategy, batch_size=100, hashed_pending_limit=hashed_pending_limit).run_once(now)
+        kept[strategy] = remaining(conn)
+        assert result.num_deleted == total - len(expected)
+    conn.execute("DROP TABLE core.fences_before")
+    assert kept["index"] == kept["sweep"] == expected
+    assert 750 + 20 + 20 + 20 == len(expected)  # not expired (loaded, then one second left), inside the window, pending
+
+
+def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):
+    """The sweep reads block ranges of ~batch_size rows from block 0 up to the table's size at the start."""
+    load_fences(conn, now, 2000, 0.6, shuffled=True)
+    blocks = table_blocks(conn)
+    reltuples, relpages = conn.execute(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = 'core.processed_jobs'::regclass"
+    ).fetchone()
+    per_batch = round(200 / (reltuples / relpages))  # blocks of about 200 rows
+    result = purger(db, strategy="sweep", batch_size=200).run_once(now)
+    ranges = [(e["from_block"], e["to_block"]) for e in events.named("maintenance.purge.batch_deleted")]
+    starts = list(range(0, blocks, per_batch))
+    assert ranges == [(start, start + per_batch) for start in starts]
+    assert ranges[-1][0] < blocks <= ranges[-1][1]
+    assert (result.num_deleted, result.num_batches, result.used_sweep) == (1200, len(starts), 1)
+    assert len(remaining(conn)) == 800
+
+
+def test_sweep_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
+    """Sweep: past its budget no batch starts; rows_left counts the blocks not swept; the next run deletes them."""
+    load_fences(conn, now, 1000, 1.0, shuffled=True)
+    ticks = itertools.count()  # one second per reading: the deadline at 2, one batch, then the budget's end
+    config = PurgeConfig(guard=GUARD, batch_size=200, max_runtime=timedelta(seconds=2), strategy="sweep")
+    first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
+    assert (first.num_batches, first.stopped_on_budget, first.used_sweep) == (1, 1, 1)
+    assert 0 < first.num_deleted < 1000
+    assert first.rows_left == 1000 - first.num_deleted == len(remaining(conn))
+    second = Purger(config, db).run_once(now)
+    assert (second.num_deleted, second.stopped_on_budget, second.rows_left) == (1000 - first.num_deleted, 0, 0)
+    assert remaining(conn) == set()
+
+
+def test_sweep_statement_timeouts_shrink_the_block_range(db, conn, now, database_url, events):
+    """Sweep: timeouts halve the batch and with it the blocks per batch, down to one block, then it gives up."""
+    load_fences(conn, now, 1000, 1.0, shuffled=False)
+    locked_block = 3
+    config = PurgeConfig(
+        guard=GUARD, batch_size=400, min_batch_size=50, timeouts_before_shrink=1,
+        statement_timeout=timedelta(milliseconds=50), strategy="sweep",
+    )
+    with psycopg.connect(database_url) as other:  # a row lock in block 3
+        other.execute(
+            "SELECT 1 FROM core.processed_jobs WHERE ctid >= %s::tid AND ctid < %s::tid LIMIT 1 FOR UPDATE",
+            (f"({locked_block},0)", f"({locked_block + 1},0)"),
+        )
+        result = Purger(config, db).run_once(now)
+        other.rollback()
+    ranges = [(e["from_block"], e["to_block"]) for e in events.named("maintenance.purge.batch_deleted")]
+    # 400 rows ~ 5 blocks [0, 5) holds block 3: 200 ~ 2 blocks [0, 2) goes, [2, 4) times out; 100 ~ 1: [2, 3)
+    # goes, [3, 4) times out; 50 rows still round to 1 block and time out at the floor.
+    assert ranges == [(0, 2), (2, 3)]
+    assert [e["batch_size"] for e in events.named("maintenance.purge.batch_shrunk")] == [200, 100, 50]
+    assert (result.gave_up, result.batch_size, result.num_timeouts) == (1, 50, 4)
+    blocks_of_left = conn.execute("SELECT min((ctid::text::point)[0]) FROM core.processed_jobs").fetchone()[0]
+    assert blocks_of_left == locked_block
+
+
+def test_auto_sweeps_a_shuffled_mostly_expired_table(db, conn, now, events):
+    """Auto: with most rows expired and expires_at uncorrelated with the physical order, it sweeps."""
+    load_fences(conn, now, 3000, 0.7, shuffled=True)
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], chosen["setting"], result.used_sweep) == ("sweep", "auto", 1)
+    assert abs(chosen["correlation"]) < 0.1
+    assert chosen["expired_fraction"] == 0.7  # a small table is sampled whole
+    assert chosen["estimated_sweep_s"] < chosen["estimated_index_s"]
+    assert result.num_deleted == 2100
+
+
+@pytest.mark.parametrize(("expired_share", "shuffled"), [(0.3, False), (0.01, True)], ids=["ordered", "mostly-fresh"])
+def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now, events, expired_share, shuffled):
+    """Auto: rows in expiry order (30 % expired), or few rows expired (1 %, shuffled), take the index walk."""
+    load_fences(conn, now, 3000, expired_share, shuffled=shuffled)
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], result.used_sweep) == ("index", 0)
+    assert chosen["reason"].startswith("index estimated cheaper")
+    assert chosen["expired_fraction"] == expired_share
+    assert result.num_deleted == round(3000 * expired_share)
+
+
+def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events):
+    """Auto: with no statistics on expires_at yet it takes the index walk."""
+    add_old_expired_fences(conn, now, 30)  # below autovacuum's analyze threshold of 50 rows
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 30)
+    assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
+    assert chosen["reason"].startswith("no statistics")
+
+
+@pytest.mark.parametrize(
+    ("correlation", "expired_fraction", "strategy"),
+    [
+        (0.0, 0.01, "index"),  # random order, the steady state: index measured 2x faster
+        (0.0, 0.05, "sweep"),  # random order: sweep measured 2x faster from 3 %
+        (0.0, 0.60, "sweep"),  # measured 4.5x faster
+        (0.9, 0.60, "sweep"),  # 10 % of rows out of place: sweep measured 2.1x faster
+        (0.75, 0.20, "sweep"),  # 25 % out of place: sweep measured 1.5x faster
+        (1.0, 0.01, "index"),  # expiry order: index measured 9x faster
+        (1.0, 0.30, "index"),
+        (1.0, 0.60, "index"),  # measured even (0.95-1.05x): a tie goes to the index walk
+        (-1.0, 0.30, "index"),  # reverse expiry order is as clustered
+        (None, 0.60, "index"),  # never analyzed: no correlation to go by
+    ],
+)
+def test_auto_takes_the_path_measured_faster(correlation, expired_fraction, strategy):
+    """Auto's estimate picks, for each layout measured with bench/purge.py, the path that was faster there."""
+    estimates = Estimates(table_blocks=23_000, rows_per_page=86, expired_fraction=expired_fraction, correlation=correlation)
+    assert choose("auto", estimates)[0] == strategy
+    assert choose("index", estimates)[0] == "index" and choose("sweep", estimates)[0] == "sweep"
+
+
+@pytest.mark.parametrize(
+    ("table_blocks", "sampled_blocks"), [(150, 150), (20_000, 200), (23_000, 230), (100_000_000, 2_000)]
+)
+def test_auto_samples_one_percent_of_the_pages_within_bounds(table_blocks, sampled_blocks):
+    """Auto samples 1 % of the pages, all of a small table, at least 200 and at most 2 000."""
+    assert sample_percent(table_blocks) * table_blocks / 100 == pytest.approx(sampled_blocks)
+
+
+def test_strategy_setting(clean_env):
+    """CORE_JOBS_PURGE_STRATEGY defaults to auto, takes index or sweep, and names itself when wrong."""
+    assert PurgeConfig.from_settings(load_settings()).strategy == "auto"
+    clean_env.setenv("CORE_JOBS_PURGE_STRATEGY", "sweep")
+    assert PurgeConfig.from_settings(load_settings()).strategy == "sweep"
+    clean_env.setenv("CORE_JOBS_PURGE_STRATEGY", "seqscan")
+    with pytest.raises(ConfigError, match="CORE_JOBS_PURGE_STRATEGY"):
+        load_settings()

@@ -1,0 +1,283 @@
+"""The purge's two access paths, and how a run chooses between them (issue 3).
+
+``maintenance/purge.py`` runs the batch loop (transactions, timeouts, budget, lock); this module
+says which rows one batch deletes and when the walk is done. Both paths delete exactly the same
+rows: every batch applies the same guards (``DELETABLE``).
+
+- ``index``: walks ``processed_jobs_expires_at_idx`` in expiry order, deleting by ``ctid`` and
+  carrying a cursor on ``expires_at``. It reads only expired rows, so it is cheap when few have
+  expired; but when the rows lie in random physical order, each batch touches thousands of
+  scattered pages (measured 72–149 K rows/s, transactions up to 0.5 s, 60 % expired, 2 M rows).
+- ``sweep``: walks the heap in ranges of whole blocks (a TID range scan), ``blocks`` ≈ batch
+  size / rows per page, carrying the next block number, up to the relation's size at the start
+  of the run (rows inserted later are not expired). It reads every page once, in order, whatever
+  the layout; wasteful when few rows have expired.
+
+``auto`` decides once per run, before the first batch (``choose``), from two cheap estimates:
+the fraction of deletable rows in a ``TABLESAMPLE SYSTEM`` of ~1 % of the pages, and the
+physical correlation of ``expires_at`` (``pg_stats``; none before the first ANALYZE, then index).
+It estimates each path's time from measured per-row costs and takes the cheaper: the sweep
+when many rows have expired and the layout is not in expiry order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+# The time guards. :cutoff is PostgreSQL's now() read once per run; :protected_from is
+# cutoff - margin x retry window, so a fence written with a too-short expires_at survives.
+_EXPIRED_AND_OUTSIDE_WINDOW = """
+       p.expires_at < %(cutoff)s
+   AND p.processed_at < %(protected_from)s"""
+
+# The replay guard: a pending dead letter may still be replayed, so its fence must stay. Two
+# equivalent spellings; the run picks one from the number of pending dead letters:
+# - hashed: PostgreSQL reads the pending job_ids once per batch (index-only scan of the partial
+#   index dead_letters_pending_job_idx) into a hash table and probes it per row. Measured 15 ms
+#   vs 24 ms per 10 000-row batch with ~600 pending. NOT IN is exact here: job_id is NOT NULL.
+#   With too many pending rows for work_mem the plan would turn into a scan per row, hence:
+# - probed: one index probe of dead_letters_pending_job_idx per row, for any number pending.
+_NOT_PENDING = {
+    "hashed": """
+   AND p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review')""",
+    "probed": """
+   AND NOT EXISTS (SELECT 1 FROM core.dead_letters AS d
+                    WHERE d.job_id = p.job_id AND d.status = 'pending_review')""",
+}
+# Up to this many pending dead letters the hashed spelling is used.
+HASHED_PENDING_LIMIT = 50_000
+# Every guard, in the spelling that holds for any number of pending dead letters.
+DELETABLE = _EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING["probed"]
+
+COUNT_PENDING = "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'"
+
+# Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
+# server crash may undo the last few batches, which the next run simply deletes again.
+SET_BATCH_LIMITS = """
+SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true)"""
+
+# index: one batch. The inner SELECT walks processed_jobs_expires_at_idx from the cursor in
+# expiry order and picks the physical addresses (ctid) of up to :batch_size deletable rows; the
+# DELETE fetches exactly those tuples (a TID scan). It runs in the same snapshot as the SELECT,
+# so the guards need no second check; the time guards are repeated only because a row updated
+# concurrently is re-checked against them (and then skipped: its ctid changed). The largest
+# expires_at deleted is the next batch's cursor (">=": rows tied with it may not all have fit).
+_INDEX_BATCH = """
+WITH deleted AS (
+    DELETE FROM core.processed_jobs AS p
+     WHERE p.ctid = ANY (ARRAY(
+               SELECT p.ctid
+                 FROM core.processed_jobs AS p
+                WHERE p.expires_at >= %(cursor)s::timestamptz
+                  AND {deletable}
+                ORDER BY p.expires_at
+                LIMIT %(batch_size)s))
+       AND {time_guards}
+    RETURNING p.expires_at
+)
+SELECT count(*), max(expires_at) FROM deleted"""
+
+# sweep: one batch. A TID range scan reads the blocks [:from_block, :to_block) in physical
+# order and deletes the deletable rows among them; nothing else is read.
+_SWEEP_BATCH = """
+WITH deleted AS (
+    DELETE FROM core.processed_jobs AS p
+     WHERE p.ctid >= format('(%%s,0)', %(from_block)s::bigint)::tid
+       AND p.ctid < format('(%%s,0)', %(to_block)s::bigint)::tid
+       AND {deletable}
+    RETURNING 1
+)
+SELECT count(*), NULL FROM deleted"""
+
+# How many deletable rows remain past a walk's position, stopping at :cap so a huge backlog
+# stays cheap. {position} is the walk's "not passed yet" predicate.
+_COUNT_ROWS_LEFT = """
+SELECT count(*) FROM (
+    SELECT 1 FROM core.processed_jobs AS p
+     WHERE {position}
+       AND {deletable}
+     LIMIT %(cap)s
+) AS left_over"""
+_INDEX_POSITION = "p.expires_at >= %(cursor)s::timestamptz"
+_SWEEP_POSITION = "p.ctid >= format('(%%s,0)', %(from_block)s::bigint)::tid"
+
+# The table's size in blocks now, and the planner's rows and pages as of the last VACUUM/ANALYZE.
+TABLE_SIZE = """
+SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::bigint,
+       c.reltuples, c.relpages
+  FROM pg_class AS c
+ WHERE c.oid = 'core.processed_jobs'::regclass"""
+
+# auto's estimate of the deletable fraction: the time guards counted over a random sample of
+# whole pages (SYSTEM sampling reads only the chosen pages). The replay guard is left out: the
+# pending dead letters are too few to change the choice.
+SAMPLE_EXPIRED = f"""
+SELECT count(*), count(*) FILTER (WHERE {_EXPIRED_AND_OUTSIDE_WINDOW})
+  FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)"""
+
+# auto's estimate of the physical order: +-1 when the heap is in expires_at order, ~0 when random.
+EXPIRES_AT_CORRELATION = """
+SELECT correlation FROM pg_stats
+ WHERE schemaname = 'core' AND tablename = 'processed_jobs' AND attname = 'expires_at'"""
+
+# --- auto's cost model (measured with bench/purge.py, see README "### Purge") --------------------
+# Sample 1 % of the pages, but at least this many (all of a small table): ~20 000 rows of a
+# 2 M-row table in 6-12 ms, enough to tell 1 % expired from 2 %;
+MIN_SAMPLED_BLOCKS = 200
+# and at most this many (16 MB of random reads), so a huge table's sample stays cheap: 170 000
+# rows are plenty for a fraction.
+MAX_SAMPLED_BLOCKS = 2_000
+# Per-row costs in microseconds, fitted to 2 M fences (23 000 pages, 1.5 x shared_buffers) on this
+# 2-core machine; only their ratios matter. The sweep reads and tests every row of the table, then
+# deletes the expired ones: 0.44 s with 1 % expired, 0.75 s with 20 %, 1.3-1.6 s with 60 %, in any
+# layout.
+SWEEP_READ_COST = 0.21  # per row of the table
+SWEEP_DELETE_COST = 0.75  # per deleted row
+# The index walk costs per deleted row 1.2 us when the rows lie in expiry order (60 % expired:
+# 1.45 s), plus a share of scattered-page cost that grows as |correlation| falls: fitted
+# (per-row cost - 1.2) / (1 - |correlation|) was 5-9 at 1-60 % expired in random order, 6-15
+# with 10-50 % of the rows out of place (correlation 0.5-0.9).
+INDEX_DELETE_COST = 1.2
+INDEX_SCATTER_COST = 7.0
+# The sweep is taken only when estimated at least 10 % faster: near a tie the index walk is the
+# better neighbour, reading only expired rows and leaving the cache to the application. So in
+# random order the sweep from ~3 % expired (measured even at 2 %, 2x faster at 3-5 %, index 2x
+# faster at 1 %); in expiry order only from ~64 % (at 60 %, sweep / index rows/s was 0.95-1.9 over
+# six runs, median 1.12: close enough for the index walk's smaller footprint to count).
+SWEEP_MARGIN = 0.9
+# Rows per page when the planner has no figures yet (never vacuumed or analyzed): the benchmark's
+# fences fill 86 to an 8 KB page; longer consumer names fewer.
+FALLBACK_ROWS_PER_PAGE = 80.0
+
+STRATEGIES = ("auto", "index", "sweep")
+
+
+def fetch_limited(conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any]) -> tuple:
+    """One row of ``query``, run in its own transaction under the batch limits."""
+    with conn.transaction():
+        conn.execute(SET_BATCH_LIMITS, (timeout,))
+        # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
+        # and for the batch delete one such plan ran 10x slower in the benchmark.
+        row = conn.execute(query, params, prepare=False).fetchone()
+    assert row is not None
+    return row
+
+
+# --- the choice -----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Estimates:
+    """What ``auto`` looks at; read once per run, before the first batch."""
+
+    table_blocks: int  # the heap's size in blocks at the start of the run
+    rows_per_page: float  # reltuples / relpages, or FALLBACK_ROWS_PER_PAGE
+    expired_fraction: float | None = None  # deletable rows / rows in the sample (auto only)
+    sampled_rows: int | None = None
+    correlation: float | None = None  # pg_stats.correlation of expires_at; None before ANALYZE
+
+    def seconds(self) -> tuple[float, float]:
+        """Auto's estimated run time (index walk, sweep) from the per-row costs above."""
+        rows = self.rows_per_page * self.table_blocks
+        expired = self.expired_fraction or 0.0
+        scatter = 1.0 - min(1.0, abs(self.correlation or 0.0))
+        index = rows * expired * (INDEX_DELETE_COST + scatter * INDEX_SCATTER_COST)
+        sweep = rows * (SWEEP_READ_COST + expired * SWEEP_DELETE_COST)
+        return index / 1e6, sweep / 1e6
+
+
+def sample_percent(table_blocks: int) -> float:
+    """TABLESAMPLE SYSTEM percentage: 1 % of the pages, within [MIN, MAX]_SAMPLED_BLOCKS."""
+    if table_blocks <= 0:
+        return 100.0
+    blocks = min(table_blocks, max(MIN_SAMPLED_BLOCKS, min(MAX_SAMPLED_BLOCKS, table_blocks // 100)))
+    return 100.0 * blocks / table_blocks
+
+
+def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any], *, sample: bool) -> Estimates:
+    """The table's size, and with ``sample`` the expired fraction and the physical correlation."""
+    blocks, reltuples, relpages = fetch_limited(conn, timeout, TABLE_SIZE, {})
+    rows_per_page = reltuples / relpages if relpages > 0 and reltuples > 0 else FALLBACK_ROWS_PER_PAGE
+    estimates = Estimates(table_blocks=int(blocks), rows_per_page=rows_per_page)
+    if not sample:
+        return estimates
+    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | {"percent": sample_percent(blocks)})
+    correlation = conn.execute(EXPIRES_AT_CORRELATION).fetchone()
+    return Estimates(
+        table_blocks=int(blocks),
+        rows_per_page=rows_per_page,
+        expired_fraction=expired / sampled if sampled else 0.0,
+        sampled_rows=int(sampled),
+        correlation=None if correlation is None or correlation[0] is None else float(correlation[0]),
+    )
+
+
+def choose(setting: str, estimates: Estimates) -> tuple[str, str]:
+    """(strategy, reason): the setting when it names one, else the path auto estimates cheaper."""
+    if setting != "auto":
+        return setting, "set by CORE_JOBS_PURGE_STRATEGY"
+    if estimates.correlation is None:
+        return "index", "no statistics on expires_at yet: table never analyzed"
+    index_s, sweep_s = estimates.seconds()
+    strategy = "sweep" if sweep_s < SWEEP_MARGIN * index_s else "index"
+    return strategy, f"{strategy} estimated cheaper: index {index_s:.3f} s, sweep {sweep_s:.3f} s"
+
+
+# --- the walks ------------------------------------------------------------------------------------
+class IndexWalk:
+    """Expiry order through the expires_at index; done when a batch comes back short."""
+
+    name = "index"
+
+    def __init__(self, guard: str) -> None:
+        self._delete = _INDEX_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING[guard],
+                                           time_guards=_EXPIRED_AND_OUTSIDE_WINDOW)
+        self.cursor: Any = "-infinity"
+        self.done = False
+
+    def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
+        deleted, last_expires_at = fetch_limited(
+            conn, timeout, self._delete, params | {"cursor": self.cursor, "batch_size": batch_size}
+        )
+        self.done = deleted < batch_size  # a short batch: nothing deletable is left
+        if not self.done:
+            self.cursor = last_expires_at
+        return {"num_deleted": deleted}
+
+    def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
+        query = _COUNT_ROWS_LEFT.format(position=_INDEX_POSITION, deletable=DELETABLE)
+        return int(fetch_limited(conn, timeout, query, params | {"cursor": self.cursor, "cap": cap})[0])
+
+
+class BlockSweep:
+    """Physical order in ranges of whole blocks; done when the next block is past the end."""
+
+    name = "sweep"
+
+    def __init__(self, guard: str, estimates: Estimates) -> None:
+        self._delete = _SWEEP_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING[guard])
+        self._rows_per_page = estimates.rows_per_page
+        self.end_block = estimates.table_blocks
+        self.next_block = 0
+        self.done = False
+
+    def blocks(self, batch_size: int) -> int:
+        """Blocks per batch: about ``batch_size`` rows, at least one block."""
+        return max(1, round(batch_size / self._rows_per_page))
+
+    def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
+        to_block = self.next_block + self.blocks(batch_size)
+        deleted, _ = fetch_limited(
+            conn, timeout, self._delete, params | {"from_block": self.next_block, "to_block": to_block}
+        )
+        fields = {"num_deleted": deleted, "from_block": self.next_block, "to_block": to_block}
+        self.next_block = to_block
+        self.done = to_block >= self.end_block
+        return fields
+
+    def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
+        query = _COUNT_ROWS_LEFT.format(position=_SWEEP_POSITION, deletable=DELETABLE)
+        return int(fetch_limited(conn, timeout, query, params | {"from_block": self.next_block, "cap": cap})[0])
