@@ -18,6 +18,7 @@ from maintenance.logs import configure_logging, get_logger
 from maintenance.registry import jobs
 from maintenance.runner import build_jobs, run_jobs
 from maintenance.settings import ConfigError, Settings, format_duration, load_settings
+from maintenance.shutdown import stop_on_sigterm
 from maintenance.telemetry import push_configured
 
 EXIT_OK = 0
@@ -72,7 +73,8 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     db = Database(settings.conninfo())
     built = build_jobs(settings, db, args.jobs)
-    outcomes = run_jobs(built, db)
+    with stop_on_sigterm():  # a SIGTERM lets the batch in hand finish and starts no further job
+        outcomes = run_jobs(built, db)
     for outcome in outcomes:
         push_configured(settings, outcome.name)
     ping_heartbeat(settings, outcomes, source="core-jobs run-once")  # the dead-man's switch of the whole run

@@ -72,12 +72,14 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``num_deleted``        fences deleted by this run;
 - ``num_batches``        batches committed (a batch that deleted nothing counts too);
 - ``num_timeouts``       batches cancelled by the statement timeout (rolled back, retried);
-- ``rows_left``          deletable fences left when the run stopped early (budget or
-                         gave_up) past the walk's position (expires_at cursor, or next
+- ``rows_left``          deletable fences left when the run stopped early (budget, SIGTERM
+                         or gave_up) past the walk's position (expires_at cursor, or next
                          block), counted exactly up to ``ROWS_LEFT_CAP`` (100 000; the
                          value then means "at least"); 0 when the run finished; -1 when the
                          count itself hit the statement timeout;
 - ``stopped_on_budget``  1 when the time budget ended the run;
+- ``stopped_on_signal``  1 when a SIGTERM (``serve`` or ``run-once`` being stopped) ended the
+                         run after the batch in hand; the next run carries on;
 - ``skipped``            1 when another run held the lock (nothing was done);
 - ``gave_up``            1 when timeouts persisted at the minimum batch size (ok=false);
 - ``longest_batch_ms``   wall time of the longest batch transaction, commit included;
@@ -92,7 +94,8 @@ Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``,
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,
-``maintenance.purge.stopped_on_budget``, ``maintenance.purge.rows_left_timeout``,
+``maintenance.purge.stopped_on_budget``, ``maintenance.purge.stopped_on_signal``,
+``maintenance.purge.rows_left_timeout``,
 ``maintenance.purge.estimates_timeout`` (the table was locked while auto estimated: index);
 error: ``maintenance.purge.gave_up``; info: ``maintenance.purge.skipped``.
 """
@@ -123,6 +126,7 @@ from maintenance.purge_paths import (
 )
 from maintenance.registry import JobSpec, register
 from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
+from maintenance.shutdown import stop_requested
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
@@ -183,6 +187,7 @@ class PurgeResult:
     num_timeouts: int = 0
     rows_left: int = 0
     stopped_on_budget: int = 0
+    stopped_on_signal: int = 0
     skipped: int = 0
     gave_up: int = 0
     longest_batch_ms: float = 0.0
@@ -218,6 +223,7 @@ class Purger:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
+        should_stop: Callable[[], bool] = stop_requested,
     ) -> None:
         guard = config.guard
         if not guard.ok:
@@ -239,6 +245,7 @@ class Purger:
         self.db = db
         self._monotonic = monotonic
         self._sleep = sleep
+        self._should_stop = should_stop
         self._log = get_logger(job="purge")
 
     def run_once(self, now: datetime) -> PurgeResult:
@@ -272,6 +279,11 @@ class Purger:
                     f"{EVENTS}.stopped_on_budget", rows_left=result.rows_left,
                     max_runtime=format_duration(cfg.max_runtime),
                 )
+                return
+            if self._should_stop():  # SIGTERM: the batch in hand is done, start no other
+                result.stopped_on_signal = 1
+                result.rows_left = self._rows_left(conn, walk, params, timeout)
+                self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
                 return
             started = time.perf_counter()
             try:

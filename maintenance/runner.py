@@ -16,6 +16,7 @@ from maintenance.db import Database
 from maintenance.logs import get_logger
 from maintenance.registry import Job, JobSpec, jobs
 from maintenance.settings import ConfigError, Settings
+from maintenance.shutdown import stop_requested
 from maintenance.telemetry import Telemetry, default
 
 
@@ -70,4 +71,11 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
 
 
 def run_jobs(built: list[tuple[JobSpec, Job]], db: Database, telemetry: Telemetry | None = None) -> list[JobOutcome]:
-    return [run_job(spec, job, db, telemetry) for spec, job in built]
+    """Run the jobs in order; once a stop is requested (SIGTERM), start no further job."""
+    outcomes: list[JobOutcome] = []
+    for index, (spec, job) in enumerate(built):
+        if stop_requested():
+            get_logger().warning("maintenance.run.stopped_early", not_started=[s.name for s, _ in built[index:]])
+            break
+        outcomes.append(run_job(spec, job, db, telemetry))
+    return outcomes

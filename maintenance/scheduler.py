@@ -17,7 +17,8 @@ after a failed run; set the heartbeat's period to the longest gap between two ru
 would not do the same work twice — the jobs take database locks — but one replica is the
 intended deployment.
 
-SIGTERM or SIGINT: scheduling stops at once, the runs in hand finish
+SIGTERM or SIGINT: scheduling stops at once, a purge in hand stops after its current batch
+(``stopped_on_signal=1``; the next run carries on), the other runs in hand finish
 (``scheduler.shutdown(wait=True)``), the HTTP server closes, and the process exits 0. Give the
 pod a termination grace period longer than the longest run.
 
@@ -44,6 +45,7 @@ from maintenance.http import make_server, serve_in_background
 from maintenance.logs import SecretRedactor, get_logger
 from maintenance.registry import Job, JobSpec
 from maintenance.runner import build_jobs, run_job
+from maintenance import shutdown
 from maintenance.settings import Settings
 from maintenance.telemetry import Telemetry, default, push_configured
 
@@ -134,7 +136,9 @@ def serve(settings: Settings, *, stop: threading.Event | None = None) -> int:
         stop.wait()
         log.info("maintenance.serve.stopping", signal=received[0] if received else None)
     finally:
+        shutdown.request_stop()  # batch loops (the purge) end after the batch in hand
         jobs.stop()  # the runs in hand finish first
+        shutdown.clear()
         if serving:
             server.shutdown()
         server.server_close()

@@ -23,7 +23,7 @@ from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
@@ -82,7 +82,21 @@ def parse_duration(value: Any) -> timedelta:
     return sign * timedelta(**parts)
 
 
+def _must_be_positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be positive")
+    return value
+
+
+def _must_not_be_negative(value: timedelta) -> timedelta:
+    if value < timedelta(0):
+        raise ValueError("must not be negative")
+    return value
+
+
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_be_positive)]
+NonNegativeDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_not_be_negative)]
 
 
 def format_duration(delta: timedelta) -> str:
@@ -207,7 +221,7 @@ class Settings(BaseSettings):
         description="PostgreSQL URL (postgresql:// or postgresql+psycopg://). Required for every "
         "command but `demo`, which starts an embedded PostgreSQL when it is unset.",
     )
-    processed_jobs_ttl: Duration = Field(
+    processed_jobs_ttl: PositiveDuration = Field(
         default=timedelta(days=7),
         description="How long a processed_jobs fence is kept (J-B7). Must exceed "
         "TTL_MARGIN x the maximum retry window.",
@@ -217,10 +231,10 @@ class Settings(BaseSettings):
         description="Safety factor: the TTL must be at least this many times the maximum retry window.",
     )
     retry_max_attempts: int = Field(default=5, ge=1, description="Total attempts per job, the first included (J-B3).")
-    retry_base_delay: Duration = Field(default=timedelta(seconds=30), description="Delay before the first retry; doubles each retry.")
-    retry_max_delay: Duration = Field(default=timedelta(hours=1), description="Cap on any single retry delay.")
+    retry_base_delay: PositiveDuration = Field(default=timedelta(seconds=30), description="Delay before the first retry; doubles each retry.")
+    retry_max_delay: PositiveDuration = Field(default=timedelta(hours=1), description="Cap on any single retry delay.")
     retry_jitter: float = Field(default=0.2, ge=0.0, lt=1.0, description="Jitter fraction: each delay is multiplied by U(1-j, 1+j).")
-    retry_after_max: Duration = Field(
+    retry_after_max: NonNegativeDuration = Field(
         default=timedelta(seconds=120),
         description="Bound on an honoured Retry-After from a provider (R-2).",
     )
@@ -229,7 +243,7 @@ class Settings(BaseSettings):
         description='Per-queue retry policies as JSON: {"queue": {"max_attempts": 8, '
         '"justification": "why"}}. A missing justification is an error (J-B3).',
     )
-    broker_redelivery_horizon: Duration = Field(
+    broker_redelivery_horizon: NonNegativeDuration = Field(
         default=timedelta(0),
         description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
         "added to the retry window by the TTL guard.",
@@ -253,15 +267,15 @@ class Settings(BaseSettings):
         default=2, ge=1,
         description="Consecutive statement timeouts after which the batch size is halved.",
     )
-    purge_statement_timeout: Duration = Field(
+    purge_statement_timeout: PositiveDuration = Field(
         default=timedelta(seconds=5),
         description="statement_timeout of each batch's DELETE (SET LOCAL).",
     )
-    purge_batch_pause: Duration = Field(
+    purge_batch_pause: NonNegativeDuration = Field(
         default=timedelta(0),
         description="Pause between batches, to leave I/O to the application.",
     )
-    purge_max_runtime: Duration = Field(
+    purge_max_runtime: PositiveDuration = Field(
         default=timedelta(minutes=5),
         description="Time budget of one run; no new batch starts after it and the run reports rows_left.",
     )
@@ -270,20 +284,6 @@ class Settings(BaseSettings):
         description="Access path of each run: index walks the expires_at index in expiry order; sweep walks "
         "the heap in block ranges; auto picks one per run from the expired fraction and the physical order.",
     )
-
-    @field_validator("purge_statement_timeout", "purge_max_runtime")
-    @classmethod
-    def _purge_positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be positive")
-        return value
-
-    @field_validator("purge_batch_pause")
-    @classmethod
-    def _purge_not_negative(cls, value: timedelta) -> timedelta:
-        if value < timedelta(0):
-            raise ValueError("must not be negative")
-        return value
 
     # --- alerts (issue 4) ---------------------------------------------------------------------
     betterstack_api_url: str = Field(
@@ -313,7 +313,7 @@ class Settings(BaseSettings):
         description="Heartbeat URL pinged after `core-jobs run-once` and after each run of `serve` (its /fail form when a job failed). "
         "Secret: its path is a token.",
     )
-    betterstack_timeout: Duration = Field(
+    betterstack_timeout: PositiveDuration = Field(
         default=timedelta(seconds=10), description="Timeout of one HTTP request to Better Stack (connect, read, write)."
     )
     betterstack_max_retries: int = Field(
@@ -335,7 +335,7 @@ class Settings(BaseSettings):
         description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
         "summary incident, never dropped.",
     )
-    dead_letter_stale_after: Duration = Field(
+    dead_letter_stale_after: PositiveDuration = Field(
         default=timedelta(days=3),
         description="A dead letter still pending review this long after it was written escalates (PostgreSQL's clock).",
     )
@@ -376,13 +376,6 @@ class Settings(BaseSettings):
             raise ValueError("must contain the placeholder {queue}")
         return value
 
-    @field_validator("betterstack_timeout", "dead_letter_stale_after")
-    @classmethod
-    def _positive_alerts(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be positive")
-        return value
-
     # --- metrics and scheduler (issue 5) ------------------------------------------------------
     metrics_pushgateway_url: str | None = Field(
         default=None,
@@ -390,10 +383,10 @@ class Settings(BaseSettings):
         "every job run pushes its metrics there (job label core-jobs, grouped by job_name); a failed "
         "push is logged, never fatal. Unset: metrics are only logged and served by `serve`.",
     )
-    metrics_push_timeout: Duration = Field(
+    metrics_push_timeout: PositiveDuration = Field(
         default=timedelta(seconds=10), description="Timeout of one Pushgateway push."
     )
-    metrics_max_transaction: Duration = Field(
+    metrics_max_transaction: PositiveDuration = Field(
         default=timedelta(minutes=5),
         description="The longest a consumer's work transaction stays open. Success counting waits for "
         "older open transactions only up to this long, and falls back to now minus this when it "
@@ -411,7 +404,7 @@ class Settings(BaseSettings):
     schedule_purge: str = Field(default="*/15 * * * *", description="`serve`: crontab (UTC) of the purge job.")
     schedule_alerts: str = Field(default="*/5 * * * *", description="`serve`: crontab (UTC) of the alerts job.")
     schedule_metrics: str = Field(default="* * * * *", description="`serve`: crontab (UTC) of the metrics job.")
-    scheduler_misfire_grace: Duration = Field(
+    scheduler_misfire_grace: PositiveDuration = Field(
         default=timedelta(seconds=60),
         description="`serve`: a run that starts later than this after its scheduled time is skipped "
         "(missed runs of one job are coalesced into one).",
@@ -438,11 +431,6 @@ class Settings(BaseSettings):
     def _crontab(cls, value: str) -> str:
         return check_crontab(value)
 
-    @field_validator("metrics_push_timeout", "metrics_max_transaction", "scheduler_misfire_grace")
-    @classmethod
-    def _positive_metrics_durations(cls, value: timedelta) -> timedelta:
-        return cls._positive(value)  # the foundation's check, below
-
     def schedule_of(self, job: str) -> str:
         """The crontab of ``job`` for `serve` (setting SCHEDULE_<JOB>); ConfigError when it has none."""
         name = "schedule_" + job.replace("-", "_").replace(".", "_")
@@ -453,8 +441,8 @@ class Settings(BaseSettings):
         return getattr(self, name)
 
     # --- harness, worker and operator actions (issue 6) ---------------------------------------
-    worker_lease: Duration = Field(
-        default=timedelta(seconds=30), gt=timedelta(0),
+    worker_lease: PositiveDuration = Field(
+        default=timedelta(seconds=30),
         description="How long `core-jobs worker` holds a claimed message before another worker may take it "
         "(the fencing lease). Must cover a whole batch of handler runs.",
     )
@@ -462,8 +450,8 @@ class Settings(BaseSettings):
         default=10, ge=1, le=1000,
         description="Messages a worker claims at once (FOR UPDATE SKIP LOCKED); successes are acked per batch.",
     )
-    worker_poll_interval: Duration = Field(
-        default=timedelta(seconds=1), gt=timedelta(0),
+    worker_poll_interval: PositiveDuration = Field(
+        default=timedelta(seconds=1),
         description="How long an idle worker waits before looking for ready messages again.",
     )
     worker_concurrency: int = Field(
@@ -480,20 +468,6 @@ class Settings(BaseSettings):
             return None
         raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
         return SecretStr(normalize_database_url(raw))
-
-    @field_validator("processed_jobs_ttl", "retry_base_delay", "retry_max_delay")
-    @classmethod
-    def _positive(cls, value: timedelta) -> timedelta:
-        if value <= timedelta(0):
-            raise ValueError("must be positive")
-        return value
-
-    @field_validator("retry_after_max", "broker_redelivery_horizon")
-    @classmethod
-    def _not_negative(cls, value: timedelta) -> timedelta:
-        if value < timedelta(0):
-            raise ValueError("must not be negative")
-        return value
 
     # --- derived ------------------------------------------------------------------------------
     def conninfo(self) -> str:

@@ -205,6 +205,18 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
     assert remaining(conn) == set()
 
 
+def test_a_stop_request_ends_the_run_after_the_batch_in_hand(db, conn, now):
+    """SIGTERM's stop request lets the batch in hand commit, starts no other, reports rows_left; the next run finishes."""
+    add_old_expired_fences(conn, now, 25)
+    asked = iter([False, True])  # checked before each batch: the first may start, then a stop arrives
+    config = PurgeConfig(guard=GUARD, batch_size=10, strategy="index")
+    first = Purger(config, db, should_stop=lambda: next(asked)).run_once(now)
+    assert (first.num_deleted, first.num_batches, first.stopped_on_signal, first.rows_left) == (10, 1, 1, 15)
+    assert first.ok
+    second = Purger(config, db).run_once(now)
+    assert (second.num_deleted, second.stopped_on_signal, second.rows_left) == (15, 0, 0)
+
+
 def test_concurrent_second_run_is_skipped(db, conn, now, events, database_url):
     """While another session holds the purge lock, a run deletes nothing, logs skipped and is ok."""
     add_old_expired_fences(conn, now, 3)
