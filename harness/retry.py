@@ -50,7 +50,6 @@ retry after the fence expired would apply the work twice.
 
 from __future__ import annotations
 
-import math
 import random as _random
 import re
 from dataclasses import dataclass

@@ -557,7 +557,7 @@ def _check_unknown_variables(environ: Mapping[str, str]) -> None:
         if not key.startswith(ENV_PREFIX) or key in known or key in FOREIGN_VARIABLES:
             continue
         close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
-        hint = f"; did you mean {close[0]}?" if close else f"; see `core-jobs check-config` for the valid names"
+        hint = f"; did you mean {close[0]}?" if close else "; see `core-jobs check-config` for the valid names"
         raise ConfigError(f"unknown setting {key}{hint}")
 
 

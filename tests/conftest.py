@@ -10,6 +10,7 @@ process id, so parallel sessions on one server never collide.
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import secrets
 import tempfile
@@ -125,6 +126,23 @@ def conn(database_url: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to this test's database, for arranging and asserting rows."""
     with psycopg.connect(database_url, autocommit=True) as connection:
         yield connection
+
+
+@pytest.fixture(scope="session")
+def demo_output(pg_server_url: str) -> str:
+    """What one `core-jobs demo` prints, on a scratch database of the test server; run once per session."""
+    from maintenance.cli import main
+
+    out = io.StringIO()
+    with pytest.MonkeyPatch.context() as env:
+        for key in list(os.environ):
+            if key.startswith(ENV_PREFIX) and key != TEST_URL_VARIABLE:
+                env.delenv(key)
+        env.setenv("CORE_JOBS_DATABASE_URL", pg_server_url)
+        with contextlib.redirect_stdout(out):
+            code = main(["demo"])
+    assert code == 0, out.getvalue()
+    return out.getvalue()
 
 
 @pytest.fixture

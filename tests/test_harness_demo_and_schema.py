@@ -5,15 +5,11 @@ from __future__ import annotations
 import psycopg
 
 from maintenance import migrate
-from maintenance.cli import EXIT_OK, main
 
 
-def test_demo_walks_through_the_example_consumer(clean_env, pg_server_url, capsys):
+def test_demo_walks_through_the_example_consumer(demo_output):
     """The demo credits once despite a duplicate, dead-letters poison at once and an outage after 5 attempts, then replays and discards."""
-    clean_env.setenv("CORE_JOBS_DATABASE_URL", pg_server_url)
-    clean_env.setenv("CORE_JOBS_LOG_LEVEL", "ERROR")
-    assert main(["demo"]) == EXIT_OK
-    out = capsys.readouterr().out
+    out = demo_output
     assert "num_processed=2, num_duplicates=1; balances: m-ana=50, m-ben=20" in out
     assert "m-down: attempt 4 failed, retry scheduled" in out
     assert "m-eve, 1 attempt(s), PoisonMessage: payload failed schema validation" in out

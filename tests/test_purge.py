@@ -312,11 +312,9 @@ def test_can_run_repeatedly(db, conn, now, strategy):
     assert remaining(conn) == {fresh}
 
 
-def test_demo_explains_what_was_deleted_and_kept(clean_env, pg_server_url, capsys):
+def test_demo_explains_what_was_deleted_and_kept(demo_output):
     """The demo's purge lines count the deleted fences and those kept by each rule."""
-    clean_env.setenv("CORE_JOBS_DATABASE_URL", pg_server_url)
-    assert main(["demo"]) == EXIT_OK
-    out = capsys.readouterr().out
+    out = demo_output
     assert "deleted 240 fences in 1 batch(es)" in out
     assert "kept 8 expired fences still inside the retry window" in out
     assert "kept 4 expired fences whose job has a dead letter pending review" in out

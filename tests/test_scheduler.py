@@ -24,7 +24,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
-from maintenance.db import Database
 from maintenance.http import make_server, serve_in_background
 from maintenance.logs import configure_logging
 from maintenance.metrics import MetricsJob
