@@ -195,8 +195,9 @@ def run_on_copy(server: str, template: str, label: str, action, rate: float, idl
         admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def purge_action(batch_size: int, strategy: str, chosen: list[dict]):
-    """The purge job with ``strategy``; its strategy_chosen event is appended to ``chosen``."""
+def purge_action(batch_size: int, target: timedelta, strategy: str, chosen: list[dict], results: dict[str, dict]):
+    """The purge job with ``strategy``; its strategy_chosen event is appended to ``chosen``, its result
+    fields stored under ``results[strategy]``."""
     guard = TtlGuard(ttl=TTL, window=max_retry_window(RetryPolicy()), margin=2.0)
 
     def action(url: str) -> tuple[int, float]:
@@ -204,13 +205,14 @@ def purge_action(batch_size: int, strategy: str, chosen: list[dict]):
         events = io.StringIO()
         configure_logging(fmt="json", level="INFO", stream=events)
         try:
-            config = PurgeConfig(guard=guard, batch_size=batch_size, strategy=strategy)
+            config = PurgeConfig(guard=guard, batch_size=batch_size, target_batch_duration=target, strategy=strategy)
             result = Purger(config, db).run_once(db.server_now())
         finally:
             configure_logging(fmt="console", level="WARNING", stream=sys.stderr)
         assert result.ok and not result.stopped_on_budget, result.fields()
         parsed = (json.loads(line) for line in events.getvalue().splitlines())
         chosen.extend(e for e in parsed if e["event"] == "maintenance.purge.strategy_chosen")
+        results[strategy] = result.fields()
         return result.num_deleted, result.longest_batch_ms
 
     return action
@@ -224,9 +226,10 @@ def single_delete_action(url: str) -> tuple[int, float]:
         return deleted, (time.perf_counter() - started) * 1000
 
 
-def purge_line(label: str, run: Run) -> str:
+def purge_line(label: str, run: Run, fields: dict) -> str:
     return (f"{label}: {run.deleted:>10,} rows in {run.seconds:6.2f} s = {run.deleted / run.seconds:>10,.0f} rows/s;"
-            f" longest transaction {run.longest_ms:.1f} ms")
+            f" longest transaction {run.longest_ms:.1f} ms; {fields['num_batches']} batches, the last of"
+            f" {fields['batch_size']:,}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -237,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="rows placed at random, the rest in expiry order, %% (default 0; --shuffled: 100)")
     parser.add_argument("--expired-percent", type=float, default=60.0, help="expired fences, %% (default 60)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
+    parser.add_argument("--target-batch-ms", type=float,
+                        default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
+                        help="purge target batch duration, ms (default: the setting's, 20)")
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
     args = parser.parse_args(argv)
@@ -254,18 +260,21 @@ def main(argv: list[str] | None = None) -> int:
         shuffled, f"{shuffled:.0%} of rows shuffled, the rest in expiry order")
     print(f"purge benchmark: {args.rows:,} fences, {args.expired_percent:g} % expired, 8 consumers, 1 000 tenants,"
           f" layout {layout};")
-    print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}")
+    print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}"
+          f" at most, aiming at {args.target_batch_ms:g} ms")
+    target = timedelta(milliseconds=args.target_batch_ms)
+    results: dict[str, dict] = {}
     chosen: list[dict] = []
     try:
         _, load_s = build_template(server, template, args.rows, shuffled, args.expired_percent / 100)
         print(f"loaded template in {load_s:.1f} s")
         auto, auto_samples = run_on_copy(
-            server, template, "auto", purge_action(args.batch_size, "auto", chosen), args.writer_rate,
+            server, template, "auto", purge_action(args.batch_size, target, "auto", chosen, results), args.writer_rate,
             args.idle_seconds,
         )
         other_strategy = "index" if chosen[0]["strategy"] == "sweep" else "sweep"
         other, other_samples = run_on_copy(
-            server, template, "other", purge_action(args.batch_size, other_strategy, chosen), args.writer_rate,
+            server, template, "other", purge_action(args.batch_size, target, other_strategy, chosen, results), args.writer_rate,
             args.idle_seconds,
         )
         delete, delete_samples = run_on_copy(
@@ -283,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     auto_rate = auto.deleted / auto.seconds
     other_rate = other.deleted / other.seconds
     delete_rate = delete.deleted / delete.seconds
-    print(purge_line(f"(a)  purge, auto -> {decision['strategy']:5}", auto))
-    print(purge_line(f"(a') purge, forced {other_strategy:5} ", other))
+    print(purge_line(f"(a)  purge, auto -> {decision['strategy']:5}", auto, results["auto"]))
+    print(purge_line(f"(a') purge, forced {other_strategy:5} ", other, results[other_strategy]))
     print(f"(b)  single DELETE         : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s ="
           f" {delete_rate:>10,.0f} rows/s; one transaction of {delete.longest_ms:.0f} ms")
     print(f"ratios of rows/s: auto / single DELETE {auto_rate / delete_rate:.2f};"

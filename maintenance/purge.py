@@ -9,7 +9,10 @@ all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start 
    (J-AC6);
 3. no dead letter of the same ``job_id`` is ``pending_review`` — a replay needs the fence, or
    it would apply the work twice (checked through the partial index
-   ``dead_letters_pending_job_idx``). Replayed or discarded dead letters do not hold a fence.
+   ``dead_letters_pending_job_idx``) — nor was replayed less than ``TTL_MARGIN x max retry
+   window`` before ``cutoff`` (``status_changed_at``; index ``dead_letters_replayed_at_idx``):
+   the republished job may still be delivered and retried that long. Discarded dead letters,
+   and replays older than that, do not hold a fence.
 
 Before touching anything, the job refuses to run (exit 2, nothing deleted) when
 ``CORE_JOBS_PROCESSED_JOBS_TTL`` is shorter than ``CORE_JOBS_TTL_MARGIN`` x the maximum retry
@@ -41,7 +44,20 @@ least 10 % faster: when many rows have expired and they lie scattered (in random
 expired; in expiry order only past ~64 %). It walks the index when the table has never been
 analyzed. The decision is logged as ``maintenance.purge.strategy_chosen``.
 
-The pending dead letters are checked through a hash of their job_ids when there are at most
+Batch size
+----------
+Each batch aims at ``CORE_JOBS_PURGE_TARGET_BATCH_DURATION`` of wall time, because the same
+number of rows can take 1 ms or 100 ms: in expiry order a 10 000-row batch reads a few hundred
+pages, scattered it reads 10 000. A run starts slow, with min(batch size, 1 000) rows
+(``SLOW_START_BATCH_SIZE``), and after each batch steers: a batch slower than the target
+shrinks the next in proportion (target / took), one faster than half the target doubles it;
+never above ``CORE_JOBS_PURGE_BATCH_SIZE`` (the largest batch) nor below
+``CORE_JOBS_PURGE_MIN_BATCH_SIZE``. The sweep's block range follows the batch size. Statement
+timeouts are the emergency brake on top: they halve the batch and cap it there for the rest of
+the run. Whatever the size, the index walk ends on a batch that deleted fewer rows than that
+batch's own limit.
+
+The dead letters holding a fence are checked through a hash of their job_ids when there are at most
 50 000 of them (the common case; 15 ms instead of 24 ms per 10 000-row batch), else by one
 index probe per row. Only one run works at a time: it holds the advisory lock
 ``core_jobs.purge`` on its own connection; a second run logs ``maintenance.purge.skipped`` and
@@ -49,11 +65,13 @@ exits 0.
 
 Options (environment variables; durations are ISO-8601 or seconds)
 -----------------------------------------------------------------
-- ``CORE_JOBS_PURGE_BATCH_SIZE``            rows, default 10000: fences per batch.
+- ``CORE_JOBS_PURGE_BATCH_SIZE``            rows, default 10000: the largest batch.
 - ``CORE_JOBS_PURGE_MIN_BATCH_SIZE``        rows, default 100: the batch size never shrinks below
   this (nor shrinks at all when the batch size is already smaller).
+- ``CORE_JOBS_PURGE_TARGET_BATCH_DURATION`` duration, default PT0.02S: the wall time each batch
+  transaction aims at (above); the issue's bound on the longest transaction is 25 ms.
 - ``CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK`` count, default 2: consecutive statement timeouts
-  after which the batch size is halved (as River's JobCleaner does). At the minimum size,
+  after which the batch size is halved and capped there for the run (as River's JobCleaner does). At the minimum size,
   that many more timeouts stop the run with ok=false (exit 1); the next run starts afresh.
 - ``CORE_JOBS_PURGE_STATEMENT_TIMEOUT``     duration, default PT5S: statement_timeout of a batch.
 - ``CORE_JOBS_PURGE_BATCH_PAUSE``           duration, default PT0S: pause between batches.
@@ -83,14 +101,14 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``skipped``            1 when another run held the lock (nothing was done);
 - ``gave_up``            1 when timeouts persisted at the minimum batch size (ok=false);
 - ``longest_batch_ms``   wall time of the longest batch transaction, commit included;
-- ``batch_size``         the batch size at the end of the run (smaller after timeouts; the
-                         sweep's block range shrinks with it);
+- ``batch_size``         the batch size at the end of the run, as steered after its last
+                         batch (toward the target duration; halved by timeouts);
 - ``used_sweep``         1 when the run swept block ranges, 0 when it walked the index.
 
 Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
 ``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
-``pending_dead_letters``, ``estimate_ms``). Per batch:
+``pending_dead_letters`` — those holding a fence: pending, or recently replayed —, ``estimate_ms``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,
@@ -115,7 +133,7 @@ from harness.pg import advisory_lock
 from maintenance.db import Database
 from maintenance.logs import get_logger
 from maintenance.purge_paths import (
-    COUNT_PENDING,
+    COUNT_HOLDING,
     HASHED_PENDING_LIMIT,
     STRATEGIES,
     BlockSweep,
@@ -132,6 +150,9 @@ LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
 # rows_left is an exact count up to this many rows; at the cap it means "at least this many".
 ROWS_LEFT_CAP = 100_000
+# Slow start: each run's first batch is at most this many rows; the size then steers toward
+# the target batch duration (see "Batch size").
+SLOW_START_BATCH_SIZE = 1_000
 
 # The demo's account of the fences a run kept, by the rule that kept them.
 COUNT_KEPT = """
@@ -139,7 +160,10 @@ SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                       
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at >= %(protected_from)s) AS inside_window,
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s
                           AND EXISTS (SELECT 1 FROM core.dead_letters d
-                                       WHERE d.job_id = p.job_id AND d.status = 'pending_review')) AS pending_dead_letter
+                                       WHERE d.job_id = p.job_id
+                                         AND (d.status = 'pending_review'
+                                              OR (d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s))))
+                                                                                             AS pending_dead_letter
   FROM core.processed_jobs AS p"""
 
 
@@ -153,8 +177,10 @@ class PurgeConfig:
     """What one purge run does; defaults are the settings' (see the module docstring)."""
 
     guard: TtlGuard  # TTL, margin and the max retry window (J-B7)
-    batch_size: int = _setting_default("purge_batch_size")  # rows, 10 000
+    batch_size: int = _setting_default("purge_batch_size")  # rows, 10 000: the largest batch
     min_batch_size: int = _setting_default("purge_min_batch_size")  # rows, 100
+    target_batch_duration: timedelta = _setting_default("purge_target_batch_duration")  # PT0.02S
+    slow_start_batch_size: int = SLOW_START_BATCH_SIZE  # rows: the first batch is min(this, batch_size)
     timeouts_before_shrink: int = _setting_default("purge_timeouts_before_shrink")  # count, 2
     statement_timeout: timedelta = _setting_default("purge_statement_timeout")  # PT5S
     batch_pause: timedelta = _setting_default("purge_batch_pause")  # PT0S
@@ -169,6 +195,7 @@ class PurgeConfig:
             guard=settings.ttl_guard(),
             batch_size=settings.purge_batch_size,
             min_batch_size=settings.purge_min_batch_size,
+            target_batch_duration=settings.purge_target_batch_duration,
             timeouts_before_shrink=settings.purge_timeouts_before_shrink,
             statement_timeout=settings.purge_statement_timeout,
             batch_pause=settings.purge_batch_pause,
@@ -224,6 +251,7 @@ class Purger:
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
         should_stop: Callable[[], bool] = stop_requested,
+        batch_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         guard = config.guard
         if not guard.ok:
@@ -232,6 +260,8 @@ class Purger:
         checks = (
             (config.batch_size >= 1, "CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"),
             (config.min_batch_size >= 1, "CORE_JOBS_PURGE_MIN_BATCH_SIZE must be at least 1"),
+            (config.slow_start_batch_size >= 1, "the slow start batch size must be at least 1"),
+            (config.target_batch_duration > timedelta(0), "CORE_JOBS_PURGE_TARGET_BATCH_DURATION must be positive"),
             (config.timeouts_before_shrink >= 1, "CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK must be at least 1"),
             (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
             (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
@@ -246,6 +276,7 @@ class Purger:
         self._monotonic = monotonic
         self._sleep = sleep
         self._should_stop = should_stop
+        self._batch_clock = batch_clock
         self._log = get_logger(job="purge")
 
     def run_once(self, now: datetime) -> PurgeResult:
@@ -253,7 +284,8 @@ class Purger:
         cfg = self.config
         deadline = self._monotonic() + cfg.max_runtime.total_seconds()
         result = PurgeResult(
-            batch_size=cfg.batch_size, cutoff=now, protected_from=now - cfg.guard.required
+            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)), cutoff=now,
+            protected_from=now - cfg.guard.required,
         )
         with self.db.connect(autocommit=True) as lock_conn, advisory_lock(lock_conn, LOCK_NAME) as acquired:
             if not acquired:
@@ -271,6 +303,8 @@ class Purger:
         walk, result.strategy_reason = self._choose_walk(conn, params, timeout)
         result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
+        # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
+        ceiling = cfg.batch_size
         while True:
             if self._monotonic() >= deadline:
                 result.stopped_on_budget = 1
@@ -285,7 +319,7 @@ class Purger:
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
                 return
-            started = time.perf_counter()
+            started = self._batch_clock()
             try:
                 batch = walk.batch(conn, timeout, params, result.batch_size)
             except errors.QueryCanceled:
@@ -305,8 +339,9 @@ class Purger:
                     )
                     return
                 timeouts_in_a_row = 0
+                ceiling = result.batch_size  # no growing back into the size that timed out
                 continue
-            batch_ms = (time.perf_counter() - started) * 1000
+            batch_ms = (self._batch_clock() - started) * 1000
             timeouts_in_a_row = 0
             result.num_batches += 1
             result.num_deleted += batch["num_deleted"]
@@ -315,6 +350,7 @@ class Purger:
                 f"{EVENTS}.batch_deleted", **batch, batch_ms=round(batch_ms, 1), batch_size=result.batch_size,
                 strategy=walk.name,
             )
+            result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
             if walk.done:
                 return
             if cfg.batch_pause > timedelta(0):
@@ -324,7 +360,7 @@ class Purger:
         self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
     ) -> tuple[IndexWalk | BlockSweep, str]:
         """The access path of this run and why, decided once before the first batch, and logged."""
-        pending = fetch_limited(conn, timeout, COUNT_PENDING, {})[0]
+        pending = fetch_limited(conn, timeout, COUNT_HOLDING, params)[0]
         guard = "hashed" if pending <= self.config.hashed_pending_limit else "probed"
         started = time.perf_counter()
         try:
@@ -345,6 +381,22 @@ class Purger:
             pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
+
+    def _steer(self, batch_size: int, batch_ms: float, ceiling: int) -> int:
+        """The next batch's size: toward the target duration, within [min batch size, ceiling].
+
+        Slower than the target: shrink in proportion (the batch's time grows with its rows, or
+        with its blocks for the sweep). Under half the target: double. In between: keep.
+        """
+        target_ms = self.config.target_batch_duration.total_seconds() * 1000
+        floor = min(self.config.min_batch_size, ceiling)
+        if batch_ms > target_ms:
+            wanted = int(batch_size * target_ms / batch_ms)
+        elif batch_ms < target_ms / 2:
+            wanted = batch_size * 2
+        else:
+            return batch_size
+        return max(floor, min(ceiling, wanted))
 
     def _shrink(self, result: PurgeResult) -> bool:
         """Halve the batch size down to the floor; False when it is already there."""
@@ -383,7 +435,8 @@ def demo_lines(db: Database, result: PurgeResult) -> list[str]:
         f"deleted {result.num_deleted} fences in {result.num_batches} batch(es): expired, processed more than"
         f" {format_duration(result.cutoff - result.protected_from)} (margin x retry window) ago, no pending dead letter",
         f"kept {inside_window} expired fences still inside the retry window (a late retry still needs them)",
-        f"kept {pending} expired fences whose job has a dead letter pending review (a replay needs them)",
+        f"kept {pending} expired fences whose job has a dead letter pending review, or replayed inside the retry"
+        " window (a replay needs them)",
         f"kept {not_expired} fences not expired yet",
         f"access path: {'sweep of the table in block ranges' if result.used_sweep else 'walk of the expires_at index'}"
         f" ({result.strategy_reason})",

@@ -33,26 +33,38 @@ _EXPIRED_AND_OUTSIDE_WINDOW = """
        p.expires_at < %(cutoff)s
    AND p.processed_at < %(protected_from)s"""
 
-# The replay guard: a pending dead letter may still be replayed, so its fence must stay. Two
-# equivalent spellings; the run picks one from the number of pending dead letters:
-# - hashed: PostgreSQL reads the pending job_ids once per batch (index-only scan of the partial
-#   index dead_letters_pending_job_idx) into a hash table and probes it per row. Measured 15 ms
-#   vs 24 ms per 10 000-row batch with ~600 pending. NOT IN is exact here: job_id is NOT NULL.
-#   With too many pending rows for work_mem the plan would turn into a scan per row, hence:
-# - probed: one index probe of dead_letters_pending_job_idx per row, for any number pending.
-_NOT_PENDING = {
+# The replay guard: a pending dead letter may still be replayed, so its fence must stay. A
+# replayed one holds it too while the republished job may still be delivered — like a fence's
+# own retries, for margin x retry window after the replay (status_changed_at, stamped by the
+# database): a fence deleted meanwhile would let that delivery apply the work twice. Two
+# equivalent spellings; the run picks one from the number of dead letters holding a fence:
+# - hashed: PostgreSQL reads the holding job_ids once per batch (the partial indexes
+#   dead_letters_pending_job_idx and dead_letters_replayed_at_idx) into a hash table and probes
+#   it per row. Measured 15 ms vs 24 ms per 10 000-row batch with ~600 pending. NOT IN is exact
+#   here: job_id is NOT NULL. With too many for work_mem the plan would turn into a scan per
+#   row, hence:
+# - probed: one probe of dead_letters_job_id_idx per row, for any number.
+_NOT_HELD = {
     "hashed": """
-   AND p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review')""",
+   AND p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review'
+                        UNION ALL
+                        SELECT d.job_id FROM core.dead_letters AS d
+                         WHERE d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s)""",
     "probed": """
    AND NOT EXISTS (SELECT 1 FROM core.dead_letters AS d
-                    WHERE d.job_id = p.job_id AND d.status = 'pending_review')""",
+                    WHERE d.job_id = p.job_id
+                      AND (d.status = 'pending_review'
+                           OR (d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s)))""",
 }
 # Up to this many pending dead letters the hashed spelling is used.
 HASHED_PENDING_LIMIT = 50_000
 # Every guard, in the spelling that holds for any number of pending dead letters.
-DELETABLE = _EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING["probed"]
+DELETABLE = _EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD["probed"]
 
-COUNT_PENDING = "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'"
+# Dead letters holding a fence: pending, or replayed within margin x retry window.
+COUNT_HOLDING = """
+SELECT (SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review')
+     + (SELECT count(*) FROM core.dead_letters WHERE status = 'replayed' AND status_changed_at >= %(protected_from)s)"""
 
 # Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
 # server crash may undo the last few batches, which the next run simply deletes again.
@@ -231,7 +243,7 @@ class IndexWalk:
     name = "index"
 
     def __init__(self, guard: str) -> None:
-        self._delete = _INDEX_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING[guard],
+        self._delete = _INDEX_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD[guard],
                                            time_guards=_EXPIRED_AND_OUTSIDE_WINDOW)
         self.cursor: Any = "-infinity"
         self.done = False
@@ -257,7 +269,7 @@ class BlockSweep:
     name = "sweep"
 
     def __init__(self, guard: str, estimates: Estimates) -> None:
-        self._delete = _SWEEP_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_PENDING[guard])
+        self._delete = _SWEEP_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD[guard])
         self._rows_per_page = estimates.rows_per_page
         self.end_block = estimates.table_blocks
         self.next_block = 0

@@ -256,12 +256,18 @@ class Settings(BaseSettings):
     # --- purge (issue 3) ----------------------------------------------------------------------
     purge_batch_size: int = Field(
         default=10_000, ge=1,
-        description="Fences deleted per batch; each batch is its own short transaction.",
+        description="Largest number of fences per batch; each batch is its own short transaction, sized "
+        "to CORE_JOBS_PURGE_TARGET_BATCH_DURATION.",
     )
     purge_min_batch_size: int = Field(
         default=100, ge=1,
-        description="Floor the batch size may shrink to after repeated statement timeouts; "
+        description="Floor the batch size may shrink to (slow batches, statement timeouts); "
         "at this size, repeated timeouts stop the run (exit 1).",
+    )
+    purge_target_batch_duration: PositiveDuration = Field(
+        default=timedelta(milliseconds=20),
+        description="Wall time each batch transaction aims at: after a slower batch the batch size shrinks in "
+        "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )
     purge_timeouts_before_shrink: int = Field(
         default=2, ge=1,

@@ -29,6 +29,10 @@ WINDOW = timedelta(minutes=10)
 GUARD = TtlGuard(ttl=timedelta(days=7), window=WINDOW, margin=2.0)
 PROTECTED = 2 * WINDOW
 SECOND = timedelta(seconds=1)
+# A target batch duration no test batch reaches, so the batch size only grows (up to the largest)
+# and a loaded machine cannot change how many batches a test sees. Tests of the steering itself
+# inject the batch durations instead.
+UNHURRIED = timedelta(hours=1)
 
 
 def add_fence(conn: psycopg.Connection, *, processed_at: datetime, expires_at: datetime) -> uuid.UUID:
@@ -62,13 +66,29 @@ def add_dead_letter(conn: psycopg.Connection, job_id: uuid.UUID, status: str = "
         )
 
 
+def replayed_at(conn: psycopg.Connection, job_id: uuid.UUID) -> datetime:
+    """When the database stamped the replay of ``job_id``'s dead letter."""
+    return conn.execute(
+        "SELECT status_changed_at FROM core.dead_letters WHERE job_id = %s AND status = 'replayed'", (job_id,)
+    ).fetchone()[0]
+
+
+def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime) -> None:
+    """Move the database's stamp of a replay back in time (its triggers, which guard it, set aside)."""
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            "UPDATE core.dead_letters SET status_changed_at = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
+        )
+
+
 def remaining(conn: psycopg.Connection) -> set[uuid.UUID]:
     return {r[0] for r in conn.execute("SELECT job_id FROM core.processed_jobs")}
 
 
 def purger(db, **overrides) -> Purger:
-    """A purge with the test guard; the index path unless ``strategy`` says otherwise."""
-    return Purger(PurgeConfig(guard=GUARD, **{"strategy": "index"} | overrides), db)
+    """A purge with the test guard; the index path unless ``strategy`` says otherwise; batches never too slow."""
+    return Purger(PurgeConfig(guard=GUARD, **{"strategy": "index", "target_batch_duration": UNHURRIED} | overrides), db)
 
 
 # The rules of what is deleted hold for both access paths.
@@ -98,11 +118,13 @@ def events() -> LoggedEvents:
 
 
 def test_defaults(clean_env):
-    """With nothing set: batches of 10 000 (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
+    """With nothing set: batches aiming at 20 ms from 1 000 up to 10 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
     config = PurgeConfig.from_settings(load_settings())
     expected = {
         "batch_size": 10_000,
         "min_batch_size": 100,
+        "target_batch_duration": timedelta(milliseconds=20),
+        "slow_start_batch_size": 1000,
         "timeouts_before_shrink": 2,
         "statement_timeout": timedelta(seconds=5),
         "batch_pause": timedelta(0),
@@ -145,17 +167,34 @@ REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_
 @BOTH_PATHS
 @REPLAY_GUARDS
 def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit, strategy):
-    """A pending dead letter holds its fence; replayed or discarded ones do not."""
+    """A pending dead letter holds its fence; discarded ones, and replays older than margin x window, do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
     add_dead_letter(conn, pending)
     add_dead_letter(conn, replayed, "replayed")
     add_dead_letter(conn, discarded, "discarded")
     add_dead_letter(conn, replayed_then_pending, "replayed")
     add_dead_letter(conn, replayed_then_pending)  # failed again after the replay: pending once more
-    result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(now)
+    later = replayed_at(conn, replayed_then_pending) + PROTECTED + SECOND  # the replays' deliveries are over
+    result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(later)
     assert remaining(conn) == {pending, replayed_then_pending}
     assert result.num_deleted == 3
     assert alone not in remaining(conn)
+
+
+@BOTH_PATHS
+@REPLAY_GUARDS
+def test_keeps_a_fence_while_its_replay_may_still_be_delivered(db, conn, now, hashed_pending_limit, strategy):
+    """A dead letter replayed less than margin x window ago holds its fence; one replayed just before that does not."""
+    (fence,) = add_old_expired_fences(conn, now, 1)
+    add_dead_letter(conn, fence)
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE job_id = %s", (fence,))
+    # The republished job is in flight and may be retried for a retry window: the fence must absorb it.
+    replay = replayed_at(conn, fence)
+    run = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy)
+    assert run.run_once(replay + PROTECTED - SECOND).num_deleted == 0
+    assert remaining(conn) == {fence}
+    assert run.run_once(replay + PROTECTED + SECOND).num_deleted == 1
+    assert remaining(conn) == set()
 
 
 def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events):
@@ -167,6 +206,68 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
     assert [e["num_deleted"] for e in events.named("maintenance.purge.batch_deleted")] == [10, 1]
     assert remaining(conn) == {kept}
     assert 0 < result.longest_batch_ms < 5000
+
+
+def batch_clock(*durations_ms: float):
+    """A batch clock under which the n-th batch takes ``durations_ms[n]`` ms (the last repeats)."""
+    durations = itertools.chain(durations_ms, itertools.repeat(durations_ms[-1]))
+    readings = itertools.chain.from_iterable((0.0, ms / 1000) for ms in durations)  # start, end of each batch
+    return lambda: next(readings)
+
+
+def steered(db, clock, **overrides) -> Purger:
+    """An index-path purge aiming at 20 ms per batch, timed by ``clock``."""
+    config = PurgeConfig(guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides)
+    return Purger(config, db, batch_clock=clock)
+
+
+def batch_sizes(events: LoggedEvents) -> list[tuple[int, int]]:
+    """(batch size, rows deleted) of each batch, in order."""
+    return [(e["batch_size"], e["num_deleted"]) for e in events.named("maintenance.purge.batch_deleted")]
+
+
+def test_starts_slow_and_doubles_up_to_the_largest_batch_while_batches_are_fast(db, conn, now, events):
+    """Batches well under the target double from the slow start up to CORE_JOBS_PURGE_BATCH_SIZE, and stay there."""
+    load_fences(conn, now, 1500, 1.0, shuffled=False)
+    result = steered(db, batch_clock(1), batch_size=400, min_batch_size=10, slow_start_batch_size=50).run_once(now)
+    assert batch_sizes(events) == [(50, 50), (100, 100), (200, 200), (400, 400), (400, 400), (400, 350)]
+    assert (result.num_deleted, result.batch_size, result.rows_left) == (1500, 400, 0)
+    assert remaining(conn) == set()
+
+
+def test_a_slow_batch_shrinks_the_next_in_proportion(db, conn, now, events):
+    """A batch 4x over the target makes the next 4x smaller; one just under the target keeps its size."""
+    load_fences(conn, now, 1500, 1.0, shuffled=False)
+    # 1 000 rows in 80 ms -> 250; 250 in 40 ms -> 125; then 15 ms, between half the target and the target: kept.
+    result = steered(db, batch_clock(80, 40, 15), batch_size=1000).run_once(now)
+    # 250 and 125 are full batches for their own limits, though shorter than the largest: the run goes on.
+    assert batch_sizes(events) == [(1000, 1000), (250, 250), (125, 125), (125, 125), (125, 0)]
+    assert (result.num_deleted, result.batch_size, result.longest_batch_ms) == (1500, 125, 80.0)
+    assert remaining(conn) == set()
+
+
+def test_the_batch_size_stays_between_the_minimum_and_the_largest(db, conn, now, events):
+    """A very slow batch shrinks the next only to CORE_JOBS_PURGE_MIN_BATCH_SIZE; fast ones grow it only to the largest."""
+    load_fences(conn, now, 1200, 1.0, shuffled=False)
+    # 300 rows in 1 s would ask for 6 rows: the floor is 100; then fast: 200, then 400 capped at 300.
+    result = steered(db, batch_clock(1000, 1), batch_size=300, min_batch_size=100).run_once(now)
+    assert batch_sizes(events) == [(300, 300), (100, 100), (200, 200), (300, 300), (300, 300), (300, 0)]
+    assert result.num_deleted == 1200
+
+
+def test_a_slow_sweep_batch_narrows_the_block_range(db, conn, now, events):
+    """Sweep: the steering sizes the block range as it sizes the batch, about batch size / rows per page blocks."""
+    load_fences(conn, now, 3000, 1.0, shuffled=True)
+    reltuples, relpages = conn.execute(
+        "SELECT reltuples, relpages FROM pg_class WHERE oid = 'core.processed_jobs'::regclass"
+    ).fetchone()
+    rows_per_page = reltuples / relpages
+    result = steered(db, batch_clock(40, 15), strategy="sweep", batch_size=800).run_once(now)
+    deleted = events.named("maintenance.purge.batch_deleted")
+    assert [e["batch_size"] for e in deleted[:3]] == [800, 400, 400]  # 40 ms: halved; then 15 ms: kept
+    widths = [e["to_block"] - e["from_block"] for e in deleted[:3]]
+    assert widths == [round(800 / rows_per_page), round(400 / rows_per_page), round(400 / rows_per_page)]
+    assert (result.num_deleted, result.used_sweep) == (3000, 1)
 
 
 @REPLAY_GUARDS
@@ -185,7 +286,10 @@ def test_pauses_between_batches(db, now, conn):
     """CORE_JOBS_PURGE_BATCH_PAUSE is waited between batches, not after the last."""
     add_old_expired_fences(conn, now, 25)
     pauses: list[float] = []
-    config = PurgeConfig(guard=GUARD, batch_size=10, batch_pause=timedelta(milliseconds=250), strategy="index")
+    config = PurgeConfig(
+        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, batch_pause=timedelta(milliseconds=250),
+        strategy="index",
+    )
     result = Purger(config, db, sleep=pauses.append).run_once(now)
     assert result.num_batches == 3
     assert pauses == [0.25, 0.25]
@@ -195,7 +299,10 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
     """Index path: past its budget no batch starts; the run reports rows_left, and the next run deletes them."""
     add_old_expired_fences(conn, now, 25)
     ticks = itertools.count()  # a clock that advances one second per reading
-    config = PurgeConfig(guard=GUARD, batch_size=10, max_runtime=timedelta(seconds=2), strategy="index")
+    config = PurgeConfig(
+        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, max_runtime=timedelta(seconds=2),
+        strategy="index",
+    )
     # Readings: 0 sets the deadline at 2; 1 lets the first batch start; 2 is the budget's end.
     first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_budget, first.rows_left) == (10, 1, 1, 15)
@@ -209,7 +316,7 @@ def test_a_stop_request_ends_the_run_after_the_batch_in_hand(db, conn, now):
     """SIGTERM's stop request lets the batch in hand commit, starts no other, reports rows_left; the next run finishes."""
     add_old_expired_fences(conn, now, 25)
     asked = iter([False, True])  # checked before each batch: the first may start, then a stop arrives
-    config = PurgeConfig(guard=GUARD, batch_size=10, strategy="index")
+    config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, strategy="index")
     first = Purger(config, db, should_stop=lambda: next(asked)).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_signal, first.rows_left) == (10, 1, 1, 15)
     assert first.ok
@@ -268,7 +375,7 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
     """Index path: repeated statement timeouts halve the batch; at the floor they stop the run with ok=false."""
     ids = add_old_expired_fences(conn, now, 10)
     config = PurgeConfig(
-        guard=GUARD, batch_size=10, min_batch_size=2, timeouts_before_shrink=2,
+        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, min_batch_size=2, timeouts_before_shrink=2,
         statement_timeout=timedelta(milliseconds=50), strategy="index",
     )
     with psycopg.connect(database_url) as other:  # holds a row lock on the 8th fence in expiry order
@@ -288,8 +395,8 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
 def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url, events):
     """With the table locked by another session, auto cannot estimate, and the run gives up unable to count."""
     add_old_expired_fences(conn, now, 3)
-    config = PurgeConfig(guard=GUARD, batch_size=10, min_batch_size=10, statement_timeout=timedelta(milliseconds=50),
-                         strategy="auto")
+    config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, min_batch_size=10,
+                         statement_timeout=timedelta(milliseconds=50), strategy="auto")
     with psycopg.connect(database_url) as other:
         other.execute("LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE")
         result = Purger(config, db).run_once(now)
@@ -389,11 +496,16 @@ def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
     ).fetchall()
     for i, (job_id,) in enumerate(held):
         add_dead_letter(conn, job_id, ("pending_review", "replayed", "discarded")[i % 3])
+        if i % 3 == 1:  # replays a second either side of margin x window before the cutoff
+            backdate_replay(conn, job_id, now - PROTECTED + (SECOND if i % 2 else -SECOND))
 
 
 def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UUID]:
     """The fences the rules keep, computed here row by row."""
-    pending = {r[0] for r in conn.execute("SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'")}
+    pending = {r[0] for r in conn.execute(
+        "SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'"
+        " OR (status = 'replayed' AND status_changed_at >= %s)", (now - PROTECTED,)
+    )}
     rows = conn.execute("SELECT job_id, processed_at, expires_at FROM core.processed_jobs").fetchall()
     return {
         job_id for job_id, processed_at, expires_at in rows
@@ -417,7 +529,8 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
         assert result.num_deleted == total - len(expected)
     conn.execute("DROP TABLE core.fences_before")
     assert kept["index"] == kept["sweep"] == expected
-    assert 750 + 20 + 20 + 20 == len(expected)  # not expired (loaded, then one second left), inside the window, pending
+    # not expired (loaded, then one second left), inside the window, pending, replayed inside the window
+    assert 750 + 20 + 20 + 20 + 10 == len(expected)
 
 
 def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):
@@ -441,7 +554,10 @@ def test_sweep_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now)
     """Sweep: past its budget no batch starts; rows_left counts the blocks not swept; the next run deletes them."""
     load_fences(conn, now, 1000, 1.0, shuffled=True)
     ticks = itertools.count()  # one second per reading: the deadline at 2, one batch, then the budget's end
-    config = PurgeConfig(guard=GUARD, batch_size=200, max_runtime=timedelta(seconds=2), strategy="sweep")
+    config = PurgeConfig(
+        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=200, max_runtime=timedelta(seconds=2),
+        strategy="sweep",
+    )
     first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
     assert (first.num_batches, first.stopped_on_budget, first.used_sweep) == (1, 1, 1)
     assert 0 < first.num_deleted < 1000
@@ -456,7 +572,7 @@ def test_sweep_statement_timeouts_shrink_the_block_range(db, conn, now, database
     load_fences(conn, now, 1000, 1.0, shuffled=False)
     locked_block = 3
     config = PurgeConfig(
-        guard=GUARD, batch_size=400, min_batch_size=50, timeouts_before_shrink=1,
+        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=400, min_batch_size=50, timeouts_before_shrink=1,
         statement_timeout=timedelta(milliseconds=50), strategy="sweep",
     )
     with psycopg.connect(database_url) as other:  # a row lock in block 3
