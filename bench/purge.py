@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
     parser.add_argument("--target-batch-ms", type=float,
                         default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
-                        help="purge target batch duration, ms (default: the setting's, 20)")
+                        help="purge target batch duration, ms (default: the setting's, 10)")
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
     args = parser.parse_args(argv)

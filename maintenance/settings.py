@@ -265,7 +265,7 @@ class Settings(BaseSettings):
         "at this size, repeated timeouts stop the run (exit 1).",
     )
     purge_target_batch_duration: PositiveDuration = Field(
-        default=timedelta(milliseconds=20),
+        default=timedelta(milliseconds=10),
         description="Wall time each batch transaction aims at: after a slower batch the batch size shrinks in "
         "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )

@@ -118,12 +118,12 @@ def events() -> LoggedEvents:
 
 
 def test_defaults(clean_env):
-    """With nothing set: batches aiming at 20 ms from 1 000 up to 10 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
+    """With nothing set: batches aiming at 10 ms from 1 000 up to 10 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
     config = PurgeConfig.from_settings(load_settings())
     expected = {
         "batch_size": 10_000,
         "min_batch_size": 100,
-        "target_batch_duration": timedelta(milliseconds=20),
+        "target_batch_duration": timedelta(milliseconds=10),
         "slow_start_batch_size": 1000,
         "timeouts_before_shrink": 2,
         "statement_timeout": timedelta(seconds=5),
