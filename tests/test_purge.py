@@ -372,7 +372,7 @@ def test_run_once_purge_command_emits_the_fixed_result_fields(clean_env, databas
 
 
 def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events):
-    """Index path: repeated statement timeouts halve the batch; at the floor they stop the run with ok=false."""
+    """Index path: repeated statement timeouts halve the batch, which never grows back that run; at the floor they stop it with ok=false."""
     ids = add_old_expired_fences(conn, now, 10)
     config = PurgeConfig(
         guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, min_batch_size=2, timeouts_before_shrink=2,
@@ -437,6 +437,7 @@ def test_demo_explains_what_was_deleted_and_kept(demo_output):
         ("CORE_JOBS_PURGE_STATEMENT_TIMEOUT", "PT0S", "must be positive"),
         ("CORE_JOBS_PURGE_MAX_RUNTIME", "-PT1M", "must be positive"),
         ("CORE_JOBS_PURGE_BATCH_PAUSE", "-1", "must not be negative"),
+        ("CORE_JOBS_PURGE_TARGET_BATCH_DURATION", "PT0S", "must be positive"),
     ],
 )
 def test_bad_purge_settings_are_named(clean_env, name, value, problem):
