@@ -12,7 +12,10 @@ all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start 
    ``dead_letters_pending_job_idx``) — nor was replayed less than ``TTL_MARGIN x max retry
    window`` before ``cutoff`` (``status_changed_at``; index ``dead_letters_replayed_at_idx``):
    the republished job may still be delivered and retried that long. Discarded dead letters,
-   and replays older than that, do not hold a fence.
+   and replays older than that, do not hold a fence. Not covered: a replay that commits while
+   the one batch holding its fence runs (a few ms) is not seen by that batch's snapshot;
+   closing that needs replay and batch to serialize (a transaction-level advisory lock taken
+   shared by the replay, exclusive by each batch), a change to the harness's replay.
 
 Before touching anything, the job refuses to run (exit 2, nothing deleted) when
 ``CORE_JOBS_PROCESSED_JOBS_TTL`` is shorter than ``CORE_JOBS_TTL_MARGIN`` x the maximum retry
