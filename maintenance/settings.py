@@ -21,8 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -58,7 +60,7 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise ValueError("duration must be finite")
-        return timedelta(seconds=value)
+        return _timedelta(seconds=value)
     if not isinstance(value, str):
         raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
     text = value.strip()
@@ -72,14 +74,21 @@ def parse_duration(value: Any) -> timedelta:
     else:
         if not math.isfinite(seconds):
             raise ValueError("duration must be finite")
-        return timedelta(seconds=sign * seconds)
+        return _timedelta(seconds=sign * seconds)
     match = _ISO_DURATION.match(text.upper())
     if not match:
         raise ValueError(
             f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30"
         )
     parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
-    return sign * timedelta(**parts)
+    return sign * _timedelta(**parts)
+
+
+def _timedelta(**parts: float) -> timedelta:
+    try:
+        return timedelta(**parts)
+    except OverflowError:  # beyond timedelta's 999 999 999 days: a ValueError names the setting
+        raise ValueError("too large: at most 999999999 days") from None
 
 
 def _must_be_positive(value: timedelta) -> timedelta:
@@ -178,15 +187,38 @@ def normalize_database_url(url: str) -> str:
             return "postgresql://" + url[len(prefix):]
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
+    _check_libpq_parses(url)
     return url
 
 
+def _check_libpq_parses(url: str) -> None:
+    """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        raise ValueError(
+            "libpq cannot parse it: percent-encode special characters of the password"
+            " (@ as %40, % as %25) and use only libpq's query parameters"
+        ) from None
+    if "@" in params.get("host", ""):
+        raise ValueError("its password contains an unencoded @: write it as %40")
+
+
+def url_passwords(url: str) -> list[str]:
+    """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
+    parts = urlsplit(url)
+    written = [parts.password or ""] + [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"]
+    return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
+
+
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (for logs, errors and check-config)."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+    """The URL with any password (user part or ``?password=``) replaced by ``***``."""
+    url = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + "***", url)
 
 
 def check_crontab(expr: str) -> str:
@@ -523,6 +555,9 @@ class Settings(BaseSettings):
                 raw = value.get_secret_value()
                 if raw:
                     secrets.append(raw)
+        if self.database_url is not None:
+            # An error message may quote the password alone, not the whole URL.
+            secrets += url_passwords(self.database_url.get_secret_value())
         return secrets
 
     def effective(self) -> dict[str, str]:
