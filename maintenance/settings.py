@@ -250,8 +250,8 @@ class Settings(BaseSettings):
     # --- foundation -------------------------------------------------------------------------
     database_url: SecretStr | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://). Required for every "
-        "command but `demo`, which starts an embedded PostgreSQL when it is unset.",
+        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://), as libpq reads it. Required by "
+        "every command that uses the database; `demo` starts an embedded PostgreSQL when it is unset.",
     )
     processed_jobs_ttl: PositiveDuration = Field(
         default=timedelta(days=7),
