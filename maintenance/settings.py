@@ -589,9 +589,10 @@ def known_variables() -> list[str]:
 def _check_unknown_variables(environ: Mapping[str, str]) -> None:
     known = set(known_variables())
     for key in sorted(environ):
-        if not key.startswith(ENV_PREFIX) or key in known or key in FOREIGN_VARIABLES:
+        name = key.upper()  # pydantic-settings reads the variables case-insensitively
+        if not name.startswith(ENV_PREFIX) or name in known or name in FOREIGN_VARIABLES:
             continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else "; see `core-jobs check-config` for the valid names"
         raise ConfigError(f"unknown setting {key}{hint}")
 

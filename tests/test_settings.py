@@ -58,6 +58,13 @@ def test_unknown_variable_is_named_with_a_suggestion(clean_env):
         load_settings()
 
 
+def test_unknown_lowercase_variable_is_named_too(clean_env):
+    """Settings are read case-insensitively, so a misspelt lower-case core_jobs_ variable is an error as well."""
+    clean_env.setenv("core_jobs_procesed_jobs_ttl", "P7D")
+    with pytest.raises(ConfigError, match="unknown setting core_jobs_procesed_jobs_ttl; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"):
+        load_settings()
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
