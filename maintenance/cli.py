@@ -156,20 +156,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except alembic.util.CommandError as exc:  # e.g. a revision that does not exist: a usage error
-        _report(args.command, str(exc), settings)
+    except alembic.util.CommandError as exc:  # e.g. a revision that does not exist
+        _report(f"usage error: {args.command}: {exc}", settings)
         return EXIT_CONFIG
     except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
         # The database could not be reached or refused the command: one line, not a traceback.
         error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
-        _report(args.command, f"database error: {type(error).__name__}: {error}", settings)
+        _report(f"database error: {type(error).__name__}: {error}", settings)
         return EXIT_JOB_FAILED
 
 
-def _report(command: str, message: str, settings: Settings) -> None:
+def _report(message: str, settings: Settings) -> None:
     """A failure on stderr as one line, every secret masked (stderr does not pass through the log redactor)."""
     text = SecretRedactor(settings.secret_values()).redact(" ".join(message.split()))
-    print(f"core-jobs: {command}: {text}", file=sys.stderr)
+    print(f"core-jobs: {text}", file=sys.stderr)
 
 
 def run() -> None:

@@ -71,7 +71,7 @@ def test_unreachable_database_is_one_clear_line_and_exit_1(clean_env, capsys, ar
     captured = capsys.readouterr()
     assert "pw-unreachable-9" not in captured.out + captured.err
     if argv[0] != "run-once":  # run-once reports each job's failure in its .error event instead
-        assert captured.err.startswith(f"core-jobs: {argv[0]}: database error: ")
+        assert captured.err.startswith("core-jobs: database error: ")
         assert "127.0.0.1" in captured.err and captured.err.count("\n") == 1
 
 
@@ -81,7 +81,7 @@ def test_unknown_revision_is_a_usage_error(clean_env, empty_database_url, capsys
     clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
     assert main(argv) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert err.startswith(f"core-jobs: {argv[0]}: ") and "no_such_rev" in err and err.count("\n") == 1
+    assert err.startswith(f"core-jobs: usage error: {argv[0]}: ") and "no_such_rev" in err and err.count("\n") == 1
 
 
 def test_usage_error_exits_2(clean_env):
