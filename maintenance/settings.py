@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -207,7 +207,7 @@ def _check_libpq_parses(url: str) -> None:
 def url_passwords(url: str) -> list[str]:
     """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
     parts = urlsplit(url)
-    written = [parts.password or ""] + [v for k, v in parse_qsl(parts.query, keep_blank_values=True) if k == "password"]
+    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 
