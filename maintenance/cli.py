@@ -30,6 +30,8 @@ EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_CONFIG = 2
 
+SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then a count
+
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 
@@ -61,9 +63,10 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
         label = "default" if queue is None else f"queue {queue}"
         if queue is not None:
             out.write(f"  {label}: justification: {settings.retry_overrides[queue].justification}\n")
-        nominal = [
-            format_duration(compute_delay(policy, k, random=lambda: 0.5)) for k in range(1, policy.max_attempts)
-        ]
+        shown = min(policy.max_attempts - 1, SHOWN_DELAYS)  # a huge max_attempts must not print them all
+        nominal = [format_duration(compute_delay(policy, k, random=lambda: 0.5)) for k in range(1, shown + 1)]
+        if policy.max_attempts - 1 > shown:
+            nominal.append(f"… ({policy.max_attempts - 1 - shown} more)")
         out.write(
             f"  {label}: {policy.max_attempts} attempts, nominal delays {', '.join(nominal) or 'none'};"
             f" window {format_duration(max_retry_window(policy))}\n"

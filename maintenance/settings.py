@@ -139,7 +139,10 @@ class TtlGuard:
 
     @property
     def required(self) -> timedelta:
-        return self.window * self.margin
+        try:
+            return self.window * self.margin
+        except OverflowError:  # an absurd margin or horizon: no TTL can satisfy it
+            return timedelta.max
 
     @property
     def ok(self) -> bool:
@@ -626,7 +629,7 @@ def load_settings() -> Settings:
         name = ENV_PREFIX + (field.group(1).upper() if field else "*")
         raise ConfigError(f"{name}: not valid JSON") from None
     try:
-        settings.retry_policies()
+        settings.max_retry_window()  # builds every policy and sums its worst case, which may overflow
     except RetryPolicyError as exc:
         raise ConfigError(f"{ENV_PREFIX}RETRY_*: {exc}") from None
     return settings

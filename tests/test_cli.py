@@ -106,6 +106,21 @@ def test_check_config_exits_2_when_the_ttl_guard_fails(clean_env, capsys):
     assert "TOO SHORT" in capsys.readouterr().out
 
 
+def test_check_config_with_an_absurd_margin_fails_the_guard_instead_of_crashing(clean_env, capsys):
+    """A margin so large that margin x window overflows a timedelta fails the guard (exit 2), not with a traceback."""
+    clean_env.setenv("CORE_JOBS_TTL_MARGIN", "1e12")
+    assert main(["check-config"]) == EXIT_CONFIG
+    assert "TOO SHORT" in capsys.readouterr().out
+
+
+def test_check_config_lists_a_bounded_number_of_delays(clean_env, capsys):
+    """With a huge RETRY_MAX_ATTEMPTS, check-config prints the first delays and a count, not one entry per retry."""
+    clean_env.setenv("CORE_JOBS_RETRY_MAX_ATTEMPTS", "100000")
+    main(["check-config"])
+    line = next(li for li in capsys.readouterr().out.splitlines() if "default: 100000 attempts" in li)
+    assert "PT30S, PT1M, PT2M" in line and "more)" in line and len(line) < 400
+
+
 def test_python_dash_m_maintenance_runs_the_cli(clean_env):
     """`python -m maintenance --help` is the same CLI and exits 0."""
     done = subprocess.run([sys.executable, "-m", "maintenance", "--help"], capture_output=True, text=True, check=False)

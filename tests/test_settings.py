@@ -122,6 +122,21 @@ def test_override_that_makes_an_invalid_policy_is_an_error(clean_env):
         load_settings()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "1000000000000000000"},
+        {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "50", "CORE_JOBS_RETRY_MAX_DELAY": "P999999999D", "CORE_JOBS_RETRY_BASE_DELAY": "P999999D"},
+    ],
+)
+def test_retry_window_beyond_any_duration_is_a_config_error(clean_env, env):
+    """A policy whose worst-case window overflows a duration is a ConfigError at load, naming the retry settings."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match="CORE_JOBS_RETRY_"):
+        load_settings()
+
+
 def test_max_retry_window_takes_the_worst_policy_and_the_broker_horizon(clean_env):
     """The guard's window is the longest policy window plus the broker's redelivery horizon."""
     clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"slow": {"max_attempts": 7, "justification": "provider SLA"}}')
