@@ -181,7 +181,10 @@ def max_retry_window(policy: RetryPolicy) -> timedelta:
                 return total + worst * remaining
             except OverflowError:
                 _fail("max_attempts", f"{policy.max_attempts} makes the retry window exceed {timedelta.max}")
-        total += worst
+        try:
+            total += worst
+        except OverflowError:
+            _fail("max_attempts", f"{policy.max_attempts} makes the retry window exceed {timedelta.max}")
     return total
 
 

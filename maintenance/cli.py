@@ -1,7 +1,8 @@
 """The ``core-jobs`` command line.
 
-Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries);
-2 a configuration or usage error, reported before any data is touched.
+Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries) or the
+database could not be reached or refused a command (one line on stderr); 2 a configuration or
+usage error, reported before any data is touched.
 """
 
 from __future__ import annotations
@@ -10,11 +11,15 @@ import argparse
 import sys
 from collections.abc import Callable, Sequence
 
+import alembic.util
+import psycopg
+import sqlalchemy.exc
+
 from harness.retry import compute_delay, max_retry_window
 from maintenance import harness_cli, migrate
 from maintenance.db import Database
 from maintenance.heartbeat import ping_heartbeat
-from maintenance.logs import configure_logging, get_logger
+from maintenance.logs import SecretRedactor, configure_logging, get_logger
 from maintenance.registry import jobs
 from maintenance.runner import build_jobs, run_jobs
 from maintenance.settings import ConfigError, Settings, format_duration, load_settings
@@ -24,6 +29,8 @@ from maintenance.telemetry import push_configured
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
 EXIT_CONFIG = 2
+
+SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then a count
 
 Handler = Callable[[argparse.Namespace, Settings], int]
 
@@ -56,9 +63,10 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
         label = "default" if queue is None else f"queue {queue}"
         if queue is not None:
             out.write(f"  {label}: justification: {settings.retry_overrides[queue].justification}\n")
-        nominal = [
-            format_duration(compute_delay(policy, k, random=lambda: 0.5)) for k in range(1, policy.max_attempts)
-        ]
+        shown = min(policy.max_attempts - 1, SHOWN_DELAYS)  # a huge max_attempts must not print them all
+        nominal = [format_duration(compute_delay(policy, k, random=lambda: 0.5)) for k in range(1, shown + 1)]
+        if policy.max_attempts - 1 > shown:
+            nominal.append(f"… ({policy.max_attempts - 1 - shown} more)")
         out.write(
             f"  {label}: {policy.max_attempts} attempts, nominal delays {', '.join(nominal) or 'none'};"
             f" window {format_duration(max_retry_window(policy))}\n"
@@ -100,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="core-jobs",
         description="Maintenance and alerting jobs for core.processed_jobs and core.dead_letters.",
-        epilog="Exit codes: 0 ok, 1 a job failed, 2 configuration or usage error. "
+        epilog="Exit codes: 0 ok, 1 a job failed or a database error, 2 configuration or usage error. "
         "Settings come from CORE_JOBS_* environment variables (see check-config).",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -114,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_downgrade)
 
     p = sub.add_parser("check-config", help="print the effective settings and the TTL/retry-window guard")
-    p.set_defaults(handler=cmd_check_config, needs_database=False)
+    p.set_defaults(handler=cmd_check_config)
 
     p = sub.add_parser("run-once", help="run the named jobs once (all when none is named)")
     p.add_argument("jobs", nargs="*", metavar="JOB")
@@ -151,6 +159,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except alembic.util.CommandError as exc:  # e.g. a revision that does not exist
+        _report(f"usage error: {args.command}: {exc}", settings)
+        return EXIT_CONFIG
+    except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
+        # The database could not be reached or refused the command: one line, not a traceback.
+        error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
+        _report(f"database error: {type(error).__name__}: {error}", settings)
+        return EXIT_JOB_FAILED
+
+
+def _report(message: str, settings: Settings) -> None:
+    """A failure on stderr as one line, every secret masked (stderr does not pass through the log redactor)."""
+    text = SecretRedactor(settings.secret_values()).redact(" ".join(message.split()))
+    print(f"core-jobs: {text}", file=sys.stderr)
 
 
 def run() -> None:

@@ -8,17 +8,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import psycopg
 import sqlalchemy
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
+from maintenance.db import APPLICATION_NAME
+
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
-def _sqlalchemy_url(conninfo: str) -> str:
-    return "postgresql+psycopg://" + conninfo.removeprefix("postgresql://")
+def _engine(conninfo: str) -> sqlalchemy.Engine:
+    """An engine whose connections libpq opens from ``conninfo`` itself.
+
+    SQLAlchemy never parses the URL: its reading differs from libpq's (a multi-host URL, which
+    every job accepts, would fail here alone).
+    """
+    return sqlalchemy.create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(conninfo, application_name=APPLICATION_NAME),
+        poolclass=sqlalchemy.pool.NullPool,
+    )
 
 
 def _config() -> Config:
@@ -28,7 +40,7 @@ def _config() -> Config:
 
 
 def _run(conninfo: str, action, revision: str) -> None:
-    engine = sqlalchemy.create_engine(_sqlalchemy_url(conninfo), poolclass=sqlalchemy.pool.NullPool)
+    engine = _engine(conninfo)
     try:
         with engine.begin() as connection:
             config = _config()
@@ -54,7 +66,7 @@ def head_revision() -> str | None:
 
 def current_revision(conninfo: str) -> str | None:
     """The revision the database is at, or None when it was never migrated."""
-    engine = sqlalchemy.create_engine(_sqlalchemy_url(conninfo), poolclass=sqlalchemy.pool.NullPool)
+    engine = _engine(conninfo)
     try:
         with engine.connect() as connection:
             context = MigrationContext.configure(connection, opts={"version_table_schema": "core"})

@@ -1,8 +1,8 @@
 """Runs registered jobs once: the shared start/stop/error events and the exit status.
 
-Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result fields, or
-``<job>.error`` with the same fields at zero plus ``error``; all carry ``job`` and
-``duration_s``. The clock is PostgreSQL's, read once per job run and passed to ``run_once``.
+Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result fields and
+``ok``, or ``<job>.error`` with the same fields at zero plus ``error``; all carry ``job``, stop
+and error also ``duration_s``. The clock is PostgreSQL's, read once per job run and passed to ``run_once``.
 """
 
 from __future__ import annotations

@@ -21,8 +21,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
@@ -58,7 +60,7 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise ValueError("duration must be finite")
-        return timedelta(seconds=value)
+        return _timedelta(seconds=value)
     if not isinstance(value, str):
         raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
     text = value.strip()
@@ -72,14 +74,21 @@ def parse_duration(value: Any) -> timedelta:
     else:
         if not math.isfinite(seconds):
             raise ValueError("duration must be finite")
-        return timedelta(seconds=sign * seconds)
+        return _timedelta(seconds=sign * seconds)
     match = _ISO_DURATION.match(text.upper())
     if not match:
         raise ValueError(
             f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30"
         )
     parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
-    return sign * timedelta(**parts)
+    return sign * _timedelta(**parts)
+
+
+def _timedelta(**parts: float) -> timedelta:
+    try:
+        return timedelta(**parts)
+    except OverflowError:  # beyond timedelta's 999 999 999 days: a ValueError names the setting
+        raise ValueError("too large: at most 999999999 days") from None
 
 
 def _must_be_positive(value: timedelta) -> timedelta:
@@ -130,7 +139,10 @@ class TtlGuard:
 
     @property
     def required(self) -> timedelta:
-        return self.window * self.margin
+        try:
+            return self.window * self.margin
+        except OverflowError:  # an absurd margin or horizon: no TTL can satisfy it
+            return timedelta.max
 
     @property
     def ok(self) -> bool:
@@ -178,15 +190,38 @@ def normalize_database_url(url: str) -> str:
             return "postgresql://" + url[len(prefix):]
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
+    _check_libpq_parses(url)
     return url
 
 
+def _check_libpq_parses(url: str) -> None:
+    """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        raise ValueError(
+            "libpq cannot parse it: percent-encode special characters of the password"
+            " (@ as %40, % as %25) and use only libpq's query parameters"
+        ) from None
+    if "@" in params.get("host", ""):
+        raise ValueError("its password contains an unencoded @: write it as %40")
+
+
+def url_passwords(url: str) -> list[str]:
+    """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
+    parts = urlsplit(url)
+    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
+
+
 _URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@", re.I)
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced by ``***`` (for logs, errors and check-config)."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+    """The URL with any password (user part or ``?password=``) replaced by ``***``."""
+    url = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + "***", url)
 
 
 def check_crontab(expr: str) -> str:
@@ -218,8 +253,8 @@ class Settings(BaseSettings):
     # --- foundation -------------------------------------------------------------------------
     database_url: SecretStr | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://). Required for every "
-        "command but `demo`, which starts an embedded PostgreSQL when it is unset.",
+        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://), as libpq reads it. Required by "
+        "every command that uses the database; `demo` starts an embedded PostgreSQL when it is unset.",
     )
     processed_jobs_ttl: PositiveDuration = Field(
         default=timedelta(days=7),
@@ -529,6 +564,9 @@ class Settings(BaseSettings):
                 raw = value.get_secret_value()
                 if raw:
                     secrets.append(raw)
+        if self.database_url is not None:
+            # An error message may quote the password alone, not the whole URL.
+            secrets += url_passwords(self.database_url.get_secret_value())
         return secrets
 
     def effective(self) -> dict[str, str]:
@@ -560,9 +598,10 @@ def known_variables() -> list[str]:
 def _check_unknown_variables(environ: Mapping[str, str]) -> None:
     known = set(known_variables())
     for key in sorted(environ):
-        if not key.startswith(ENV_PREFIX) or key in known or key in FOREIGN_VARIABLES:
+        name = key.upper()  # pydantic-settings reads the variables case-insensitively
+        if not name.startswith(ENV_PREFIX) or name in known or name in FOREIGN_VARIABLES:
             continue
-        close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
         hint = f"; did you mean {close[0]}?" if close else "; see `core-jobs check-config` for the valid names"
         raise ConfigError(f"unknown setting {key}{hint}")
 
@@ -596,7 +635,7 @@ def load_settings() -> Settings:
         name = ENV_PREFIX + (field.group(1).upper() if field else "*")
         raise ConfigError(f"{name}: not valid JSON") from None
     try:
-        settings.retry_policies()
+        settings.max_retry_window()  # builds every policy and sums its worst case, which may overflow
     except RetryPolicyError as exc:
         raise ConfigError(f"{ENV_PREFIX}RETRY_*: {exc}") from None
     return settings

@@ -8,7 +8,7 @@ import sys
 import psycopg
 import pytest
 
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
 
 
 def test_migrate_twice_succeeds_on_an_empty_database(clean_env, empty_database_url, capsys):
@@ -63,6 +63,27 @@ def test_unknown_job_exits_2(clean_env, database_url, capsys):
     assert "unknown job no-such-job" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["migrate"], ["downgrade", "base"], ["run-once"]])
+def test_unreachable_database_is_one_clear_line_and_exit_1(clean_env, capsys, argv):
+    """A database that cannot be reached gives exit 1 and a one-line error (no traceback), the password masked."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-unreachable-9@127.0.0.1:1/core")
+    assert main(argv) == EXIT_JOB_FAILED
+    captured = capsys.readouterr()
+    assert "pw-unreachable-9" not in captured.out + captured.err
+    if argv[0] != "run-once":  # run-once reports each job's failure in its .error event instead
+        assert captured.err.startswith("core-jobs: database error: ")
+        assert "127.0.0.1" in captured.err and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("argv", [["migrate", "--revision", "no_such_rev"], ["downgrade", "no_such_rev"]])
+def test_unknown_revision_is_a_usage_error(clean_env, empty_database_url, capsys, argv):
+    """migrate/downgrade to a revision that does not exist exits 2 with a one-line message naming it."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
+    assert main(argv) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith(f"core-jobs: usage error: {argv[0]}: ") and "no_such_rev" in err and err.count("\n") == 1
+
+
 def test_usage_error_exits_2(clean_env):
     """An unknown command is a usage error: exit 2."""
     assert main(["frobnicate"]) == EXIT_CONFIG
@@ -83,6 +104,21 @@ def test_check_config_exits_2_when_the_ttl_guard_fails(clean_env, capsys):
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
     assert main(["check-config"]) == EXIT_CONFIG
     assert "TOO SHORT" in capsys.readouterr().out
+
+
+def test_check_config_with_an_absurd_margin_fails_the_guard_instead_of_crashing(clean_env, capsys):
+    """A margin so large that margin x window overflows a timedelta fails the guard (exit 2), not with a traceback."""
+    clean_env.setenv("CORE_JOBS_TTL_MARGIN", "1e12")
+    assert main(["check-config"]) == EXIT_CONFIG
+    assert "TOO SHORT" in capsys.readouterr().out
+
+
+def test_check_config_lists_a_bounded_number_of_delays(clean_env, capsys):
+    """With a huge RETRY_MAX_ATTEMPTS, check-config prints the first delays and a count, not one entry per retry."""
+    clean_env.setenv("CORE_JOBS_RETRY_MAX_ATTEMPTS", "100000")
+    main(["check-config"])
+    line = next(li for li in capsys.readouterr().out.splitlines() if "default: 100000 attempts" in li)
+    assert "PT30S, PT1M, PT2M" in line and "more)" in line and len(line) < 400
 
 
 def test_python_dash_m_maintenance_runs_the_cli(clean_env):

@@ -19,6 +19,21 @@ def test_json_lines_when_not_a_tty():
     assert event["level"] == "info"
 
 
+class TtyStream(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_readable_console_on_a_tty():
+    """On a TTY the same event is a readable console line with key=value fields, not JSON."""
+    stream = TtyStream()
+    configure_logging(fmt="auto", stream=stream)
+    get_logger().info("maintenance.purge.batch_deleted", num_deleted=10)
+    line = stream.getvalue()
+    assert not line.lstrip().startswith("{")
+    assert "maintenance.purge.batch_deleted" in line and "num_deleted" in line and "10" in line
+
+
 def test_configured_secrets_urls_and_bearer_tokens_are_masked():
     """A configured secret, a URL password and a Bearer token are masked wherever they appear."""
     stream = io.StringIO()

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import psycopg
+import pytest
+import sqlalchemy.exc
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from maintenance import migrate
 
@@ -30,6 +35,34 @@ def test_downgrade_to_base_then_upgrade_again(empty_database_url):
     assert migrate.current_revision(empty_database_url) is None
     migrate.upgrade(empty_database_url)
     assert {"processed_jobs", "dead_letters"} <= core_tables(empty_database_url)
+
+
+def multi_host_url(url: str) -> str:
+    """The same database behind a libpq multi-host URL (its one host listed twice), as HA setups write them."""
+    p = conninfo_to_dict(url)
+    host, port = p.get("host", "localhost"), p.get("port", "5432")
+    auth = quote(p.get("user", ""), safe="") + (":" + quote(p["password"], safe="") if p.get("password") else "")
+    return f"postgresql://{auth}@:{port},:{port}/{p['dbname']}?host={host},{host}"
+
+
+def test_migrate_reads_the_url_as_libpq_does(empty_database_url):
+    """A multi-host URL, which libpq (and so every job) accepts, migrates too."""
+    url = multi_host_url(empty_database_url)
+    migrate.upgrade(url)
+    assert migrate.current_revision(url) == migrate.head_revision()
+
+
+def test_migrators_take_turns_on_the_advisory_lock(empty_database_url):
+    """While another session holds the migration lock, migrate waits for it (here: times out) and creates nothing."""
+    impatient = make_conninfo(empty_database_url, options="-c lock_timeout=200")
+    with psycopg.connect(empty_database_url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(hashtext('core_jobs.migrate'))")
+        with pytest.raises(sqlalchemy.exc.OperationalError) as info:
+            migrate.upgrade(impatient)
+        assert isinstance(info.value.orig, psycopg.errors.LockNotAvailable)
+        assert migrate.current_revision(empty_database_url) is None
+    migrate.upgrade(impatient)  # the lock is free again
+    assert migrate.current_revision(empty_database_url) == migrate.head_revision()
 
 
 def test_fresh_database_reports_no_revision(empty_database_url):

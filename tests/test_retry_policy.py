@@ -236,10 +236,17 @@ def test_max_retry_window_bounds_every_drawn_schedule():
         assert drawn <= max_retry_window(DEFAULTS)
 
 
-def test_unrepresentable_window_is_reported_naming_max_attempts():
+@pytest.mark.parametrize(
+    "policy",
+    [
+        RetryPolicy(max_attempts=10**18),  # overflows among the retries capped at max_delay
+        RetryPolicy(max_attempts=50, base_delay=timedelta(days=999_999), max_delay=timedelta(days=999_999_999)),  # before the cap
+    ],
+)
+def test_unrepresentable_window_is_reported_naming_max_attempts(policy):
     """A window longer than any timedelta is a configuration error, not an OverflowError."""
     with pytest.raises(RetryPolicyError, match="max_attempts"):
-        max_retry_window(RetryPolicy(max_attempts=10**18))
+        max_retry_window(policy)
 
 
 # --- validation ---------------------------------------------------------------------------------

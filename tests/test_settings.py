@@ -58,6 +58,13 @@ def test_unknown_variable_is_named_with_a_suggestion(clean_env):
         load_settings()
 
 
+def test_unknown_lowercase_variable_is_named_too(clean_env):
+    """Settings are read case-insensitively, so a misspelt lower-case core_jobs_ variable is an error as well."""
+    clean_env.setenv("core_jobs_procesed_jobs_ttl", "P7D")
+    with pytest.raises(ConfigError, match="unknown setting core_jobs_procesed_jobs_ttl; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"):
+        load_settings()
+
+
 @pytest.mark.parametrize(
     ("name", "value", "message"),
     [
@@ -68,6 +75,8 @@ def test_unknown_variable_is_named_with_a_suggestion(clean_env):
         ("CORE_JOBS_TTL_MARGIN", "0.5", "CORE_JOBS_TTL_MARGIN"),
         ("CORE_JOBS_DATABASE_URL", "mysql://x", "CORE_JOBS_DATABASE_URL: must start with postgresql://"),
         ("CORE_JOBS_RETRY_OVERRIDES", "{not json", "CORE_JOBS_RETRY_OVERRIDES"),
+        ("CORE_JOBS_PROCESSED_JOBS_TTL", "P9999999999D", "CORE_JOBS_PROCESSED_JOBS_TTL: too large"),
+        ("CORE_JOBS_RETRY_MAX_DELAY", "1e20", "CORE_JOBS_RETRY_MAX_DELAY: too large"),
     ],
 )
 def test_bad_values_name_the_setting(clean_env, name, value, message):
@@ -113,12 +122,26 @@ def test_override_that_makes_an_invalid_policy_is_an_error(clean_env):
         load_settings()
 
 
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "1000000000000000000"},
+        {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "50", "CORE_JOBS_RETRY_MAX_DELAY": "P999999999D", "CORE_JOBS_RETRY_BASE_DELAY": "P999999D"},
+    ],
+)
+def test_retry_window_beyond_any_duration_is_a_config_error(clean_env, env):
+    """A policy whose worst-case window overflows a duration is a ConfigError at load, naming the retry settings."""
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match="CORE_JOBS_RETRY_"):
+        load_settings()
+
+
 def test_max_retry_window_takes_the_worst_policy_and_the_broker_horizon(clean_env):
     """The guard's window is the longest policy window plus the broker's redelivery horizon."""
     clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"slow": {"max_attempts": 7, "justification": "provider SLA"}}')
     clean_env.setenv("CORE_JOBS_BROKER_REDELIVERY_HORIZON", "PT1H")
     s = load_settings()
-    assert s.max_retry_window() > s.max_retry_window() - s.broker_redelivery_horizon
     slow_only = s.retry_policy("slow")
     from harness.retry import max_retry_window
 
@@ -144,9 +167,37 @@ def test_database_url_accepts_sqlalchemy_style_and_is_redacted(clean_env):
 
 
 def test_redact_url_masks_only_the_password():
-    """redact_url keeps user, host and database and hides the password."""
+    """redact_url keeps user, host and database and hides the password, in the user part or the query."""
     assert redact_url("postgresql://u:p%40ss@h/db?sslmode=require") == "postgresql://u:***@h/db?sslmode=require"
     assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("postgresql://u@h/db?sslmode=require&password=q-pw&x=1") == (
+        "postgresql://u@h/db?sslmode=require&password=***&x=1"
+    )
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://app:pw%zz-hunter2@db/core",  # bad percent-encoding: libpq would echo the password
+        "postgresql://app:pw@hunter2@db/core",  # an unencoded @: libpq would take "hunter2@db" as the host
+        "postgresql://app:hunter2@db/core?no_such_option=1",
+        "postgresql://app:hunter2@[::1/core",  # an unclosed IPv6 bracket
+    ],
+)
+def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env, url):
+    """A URL libpq cannot use is a ConfigError naming the setting, found before any connection, password not shown."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", url)
+    with pytest.raises(ConfigError, match="CORE_JOBS_DATABASE_URL: ") as info:
+        load_settings()
+    assert "hunter2" not in str(info.value)
+
+
+def test_database_password_alone_is_a_secret_for_the_log_redactor(clean_env):
+    """The password itself (as written and percent-decoded, in the user part or the query) is a secret value."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw%2Fone@db/core?sslmode=require")
+    assert {"pw%2Fone", "pw/one"} <= set(load_settings().secret_values())
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app@db/core?sslmode=require&password=query%2Fpw")
+    assert {"query%2Fpw", "query/pw"} <= set(load_settings().secret_values())
 
 
 def test_secret_value_is_not_echoed_in_errors(clean_env):

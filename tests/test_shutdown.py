@@ -33,7 +33,7 @@ def spec(name: str) -> JobSpec:
     return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0})
 
 
-def test_sigterm_inside_the_block_requests_a_stop_instead_of_killing(db):
+def test_sigterm_inside_the_block_requests_a_stop_instead_of_killing():
     """Under stop_on_sigterm a SIGTERM sets the stop flag; afterwards the flag is cleared and the old handler back."""
     before = signal.getsignal(signal.SIGTERM)
     with shutdown.stop_on_sigterm():

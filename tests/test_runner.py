@@ -1,0 +1,61 @@
+"""The runner: every job run emits start, then stop or error with the same keys; a failure never stops the next job."""
+
+from __future__ import annotations
+
+import io
+import json
+
+from freezegun import freeze_time
+
+from maintenance.logs import configure_logging
+from maintenance.registry import JobSpec
+from maintenance.runner import run_jobs
+
+
+class CountingResult:
+    ok = True
+
+    def fields(self) -> dict[str, int]:
+        return {"num_done": 3}
+
+
+class CountingJob:
+    """Records the clock it was given."""
+
+    def __init__(self) -> None:
+        self.now = None
+
+    def run_once(self, now):
+        self.now = now
+        return CountingResult()
+
+
+class FailingJob:
+    def run_once(self, now):
+        raise RuntimeError("provider down")
+
+
+def spec(name: str) -> JobSpec:
+    return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0},
+                   event_prefix=f"test.{name}")
+
+
+def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db):
+    """A job that raises gives <prefix>.error with its fields at zero plus error; the next job runs on PostgreSQL's clock."""
+    stream = io.StringIO()
+    configure_logging(fmt="json", stream=stream)
+    after = CountingJob()
+    with freeze_time("2001-01-01"):  # the application clock is wrong; the job still gets the server's
+        outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db)
+
+    assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
+    assert outcomes[0].error == "RuntimeError: provider down"
+    events = {e["event"]: e for e in map(json.loads, stream.getvalue().splitlines())}
+    assert list(events) == ["test.broken.start", "test.broken.error", "test.after.start", "test.after.stop"]
+    assert events["test.broken.error"]["num_done"] == 0
+    assert events["test.broken.error"]["error"] == "RuntimeError: provider down"
+    assert events["test.after.stop"]["num_done"] == 3 and events["test.after.stop"]["ok"] is True
+    assert all(e["job"] in ("broken", "after") for e in events.values())
+    with db.connect() as conn:
+        server_year = conn.execute("SELECT extract(year FROM now())::int").fetchone()[0]
+    assert after.now.year == server_year != 2001
