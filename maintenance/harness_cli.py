@@ -18,7 +18,6 @@ import uuid
 from datetime import timezone
 from typing import Any
 
-import psycopg
 from prometheus_client import start_http_server
 
 from harness.consumer import Consumer, valid_name
@@ -28,7 +27,7 @@ from harness.queue import NO_TENANT, Envelope
 from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
 from maintenance.db import Database
-from maintenance.logs import SecretRedactor, get_logger
+from maintenance.logs import get_logger
 from maintenance.settings import ConfigError, Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -157,20 +156,6 @@ def _act(settings: Settings, action: Any, verb: str) -> int:
     return EXIT_OK
 
 
-def _reporting_database_errors(command: Any) -> Any:
-    """``command`` with a database failure reported as one line on stderr (secrets masked), exit 1."""
-
-    def run(args: argparse.Namespace, settings: Settings) -> int:
-        try:
-            return command(args, settings)
-        except psycopg.Error as exc:
-            text = SecretRedactor(settings.secret_values()).redact(" ".join(str(exc).split()))
-            print(f"core-jobs: database error: {text}", file=sys.stderr)
-            return EXIT_FAILED
-
-    return run
-
-
 def _as_json(row: DeadLetterRow) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, uuid.UUID) else v.isoformat() if hasattr(v, "isoformat") else v)
             for k, v in row.__dict__.items()}
@@ -221,7 +206,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")
     p.add_argument("--tenant-id", type=uuid.UUID, metavar="UUID", help=f"default: {NO_TENANT} (no tenant)")
     p.add_argument("--correlation-id", metavar="ID")
-    p.set_defaults(handler=_reporting_database_errors(cmd_enqueue))
+    p.set_defaults(handler=cmd_enqueue)
 
     dl = sub.add_parser("dead-letters", help="list, replay or discard dead letters (audited)")
     dl_sub = dl.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -231,7 +216,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--limit", type=_bounded_int(1, 1_000_000), default=100, metavar="N",
                    help="at most N rows, 1-1000000 (default 100)")
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
-    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_list))
+    p.set_defaults(handler=cmd_dead_letters_list)
 
     operator = {"default": _default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
     p = dl_sub.add_parser("replay", help="republish with the same job_id and mark replayed")
@@ -240,10 +225,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--all-pending", action="store_true", help="every pending dead letter of --queue")
     p.add_argument("--reason", help="why, for the audit ledger")
     p.add_argument("--operator", **operator)
-    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_replay))
+    p.set_defaults(handler=cmd_dead_letters_replay)
 
     p = dl_sub.add_parser("discard", help="mark discarded, with a reason")
     p.add_argument("ids", nargs="+", type=int, metavar="ID")
     p.add_argument("--reason", required=True, help="why (required, non-blank)")
     p.add_argument("--operator", **operator)
-    p.set_defaults(handler=_reporting_database_errors(cmd_dead_letters_discard))
+    p.set_defaults(handler=cmd_dead_letters_discard)
