@@ -22,16 +22,13 @@ Measured, each the median of ``RUNS`` warm runs, on PostgreSQL's side of the con
 from __future__ import annotations
 
 import os
-import secrets
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -46,6 +43,7 @@ from alerts.feed import (  # noqa: E402
 )
 from harness.pg import server_now  # noqa: E402
 from maintenance import migrate  # noqa: E402
+from maintenance.demo import scratch_database  # noqa: E402
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
 HANDLED = TOTAL - NEW - STALE
@@ -109,15 +107,8 @@ def main() -> None:
     server = os.environ.get("ALERTS_BENCH_DATABASE_URL") or os.environ.get(
         "CORE_JOBS_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test"
     )
-    name = f"core_jobs_bench_alerts_{secrets.token_hex(3)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    url = urlunsplit(urlsplit(server)._replace(path="/" + name))
-    try:
+    with scratch_database(server, prefix="core_jobs_bench_alerts") as url:
         run(url)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def run(url: str) -> None:

@@ -31,15 +31,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import statistics
 import sys
 import time
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
+from pathlib import Path
 
 import psycopg
 from psycopg import sql
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from maintenance.demo import scratch_database  # noqa: E402
 
 VARIANTS = {
     "none": None,
@@ -81,10 +84,6 @@ SELECT consumer, count(*) FROM {table}
 """
 
 
-def scratch_url(server_url: str, name: str) -> str:
-    return urlunsplit(urlsplit(server_url)._replace(path="/" + name))
-
-
 def timed(fn) -> float:
     started = time.perf_counter()
     fn()
@@ -106,15 +105,8 @@ def main() -> int:
     args = parser.parse_args()
 
     server = os.environ.get("CORE_JOBS_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    name = f"core_jobs_bench_{secrets.token_hex(4)}"
-    with psycopg.connect(server, autocommit=True) as admin:
-        admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        with psycopg.connect(scratch_url(server, name), autocommit=True) as conn:
-            run(conn, args)
-    finally:
-        with psycopg.connect(server, autocommit=True) as admin:
-            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_database(server, prefix="core_jobs_bench") as url, psycopg.connect(url, autocommit=True) as conn:
+        run(conn, args)
     return 0
 
 

@@ -36,7 +36,6 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 from psycopg import sql
@@ -46,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.retry import RetryPolicy, max_retry_window  # noqa: E402
 from maintenance import migrate  # noqa: E402
 from maintenance.db import Database  # noqa: E402
+from maintenance.demo import with_database  # noqa: E402
 from maintenance.logs import configure_logging  # noqa: E402
 from maintenance.purge import PurgeConfig, Purger  # noqa: E402
 from maintenance.settings import TtlGuard  # noqa: E402
@@ -83,10 +83,6 @@ ON CONFLICT (job_id, consumer) DO NOTHING"""
 
 # The baseline: every expired fence in one statement, one transaction.
 SINGLE_DELETE = "DELETE FROM core.processed_jobs WHERE expires_at < now()"
-
-
-def with_database(url: str, name: str) -> str:
-    return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
 def admin(server: str, statement: sql.Composable) -> None:

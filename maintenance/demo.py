@@ -42,19 +42,19 @@ def embedded_postgres(keep: bool = False) -> Iterator[str]:
         server.cleanup()
 
 
-def _with_database(url: str, name: str) -> str:
-    parts = urlsplit(url)
-    return urlunsplit(parts._replace(path="/" + name))
+def with_database(url: str, name: str) -> str:
+    """``url`` pointed at database ``name`` on the same server."""
+    return urlunsplit(urlsplit(url)._replace(path="/" + name))
 
 
 @contextlib.contextmanager
-def scratch_database(server_url: str) -> Iterator[str]:
-    """A new, empty database on ``server_url``'s server, dropped afterwards."""
-    name = f"core_jobs_demo_{secrets.token_hex(4)}"
+def scratch_database(server_url: str, prefix: str = "core_jobs_demo") -> Iterator[str]:
+    """A new, empty database ``<prefix>_<random>`` on ``server_url``'s server, dropped afterwards."""
+    name = f"{prefix}_{secrets.token_hex(4)}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
-        yield _with_database(server_url, name)
+        yield with_database(server_url, name)
     finally:
         with psycopg.connect(server_url, autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
