@@ -22,6 +22,11 @@ _BEARER = re.compile(r"(?P<head>Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
 MASK = "***"
 
 
+def mask_url_passwords(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``."""
+    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
+
+
 class SecretRedactor:
     """A structlog processor that masks secrets in every string of an event."""
 
@@ -32,7 +37,7 @@ class SecretRedactor:
     def redact(self, text: str) -> str:
         for secret in self.secrets:
             text = text.replace(secret, MASK)
-        text = _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
+        text = mask_url_passwords(text)
         return _BEARER.sub(lambda m: m["head"] + MASK, text)
 
     def _walk(self, value: Any) -> Any:

@@ -29,6 +29,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretSt
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
+from maintenance.logs import MASK, mask_url_passwords
 
 ENV_PREFIX = "CORE_JOBS_"
 
@@ -214,14 +215,12 @@ def url_passwords(url: str) -> list[str]:
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<password>[^@\s]*)@", re.I)
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
 
 
 def redact_url(url: str) -> str:
     """The URL with any password (user part or ``?password=``) replaced by ``***``."""
-    url = _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", url)
-    return _QUERY_PASSWORD.sub(lambda m: m["head"] + "***", url)
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, mask_url_passwords(url))
 
 
 def check_crontab(expr: str) -> str:
@@ -577,7 +576,7 @@ class Settings(BaseSettings):
             if name == "database_url" and value is not None:
                 text = redact_url(value.get_secret_value())
             elif isinstance(value, SecretStr):
-                text = "***" if value.get_secret_value() else ""
+                text = MASK if value.get_secret_value() else ""
             elif isinstance(value, timedelta):
                 text = format_duration(value)
             elif isinstance(value, dict):
