@@ -298,13 +298,8 @@ class MetricsResult:
 
 
 def zero_fields() -> dict[str, Any]:
-    return {
-        "num_successes": 0,
-        "num_consumers": 0,
-        "dead_letters_pending": 0,
-        "dead_letters_oldest_pending_age_seconds": 0.0,
-        "counted_until_lag_seconds": 0.0,
-    }
+    """The result fields of a run that counted nothing: the same keys as ``MetricsResult.fields()``."""
+    return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="", now=NEVER).fields()
 
 
 # --- the job -----------------------------------------------------------------------------------
