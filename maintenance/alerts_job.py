@@ -8,11 +8,11 @@ settings onto :class:`AlertFeedConfig` and the Better Stack client, and register
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 from alerts.betterstack import DEFAULT_RETRY_POLICY, BetterStackClient
 from alerts.feed import AlertFeed, AlertFeedConfig, AlertFeedResult
-from harness.retry import RetryPolicy
 from maintenance.db import Database
 from maintenance.logs import get_logger
 from maintenance.registry import JobSpec, register
@@ -37,11 +37,9 @@ def betterstack_client(settings: Settings) -> BetterStackClient | None:
     """The Better Stack client, or None (dry run) when no token is configured."""
     if settings.betterstack_api_token is None:
         return None
-    policy = RetryPolicy(
+    policy = replace(
+        DEFAULT_RETRY_POLICY,
         max_attempts=settings.betterstack_max_retries + 1,
-        base_delay=DEFAULT_RETRY_POLICY.base_delay,
-        max_delay=DEFAULT_RETRY_POLICY.max_delay,
-        jitter=DEFAULT_RETRY_POLICY.jitter,
         retry_after_cap=max(settings.retry_after_max, timedelta(0)),
     )
     return BetterStackClient(
