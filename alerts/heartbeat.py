@@ -62,6 +62,7 @@ def send_heartbeat(
     log = log or structlog.get_logger()
     outcome = "fail" if failed_jobs else "ok"
     target = heartbeat_target(url, failed_jobs)
+    shown = shown_url(url)
     try:
         with httpx.Client(timeout=timeout, follow_redirects=False) as client:
             response = client.post(
@@ -70,11 +71,11 @@ def send_heartbeat(
                 headers={"Content-Type": "text/plain; charset=utf-8", "User-Agent": "core-jobs-heartbeat"},
             )
     except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}".replace(target, shown_url(url)).replace(url, shown_url(url))
-        log.warning("alerts.heartbeat.failed", url=shown_url(url), outcome=outcome, error=error)
+        error = f"{type(exc).__name__}: {exc}".replace(target, shown).replace(url, shown)
+        log.warning("alerts.heartbeat.failed", url=shown, outcome=outcome, error=error)
         return False
     if not 200 <= response.status_code < 300:
-        log.warning("alerts.heartbeat.failed", url=shown_url(url), outcome=outcome, error=f"HTTP {response.status_code}")
+        log.warning("alerts.heartbeat.failed", url=shown, outcome=outcome, error=f"HTTP {response.status_code}")
         return False
-    log.info("alerts.heartbeat.sent", url=shown_url(url), outcome=outcome, num_jobs_failed=len(failed_jobs))
+    log.info("alerts.heartbeat.sent", url=shown, outcome=outcome, num_jobs_failed=len(failed_jobs))
     return True
