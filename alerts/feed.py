@@ -192,18 +192,14 @@ SELECT dl.queue, array_agg(dl.id ORDER BY dl.id), min(dl.created_at), max(dl.cre
  GROUP BY dl.queue
 """
 
-# The most frequent errors of each group of dead letters, by their first line (tracebacks differ
-# below it): at most ``top`` per group, most frequent first. ``ids`` and ``groups`` are parallel
-# arrays (a dead letter's id, the index of its group), so one query serves every group.
+# The most frequent errors of a set of dead letters, by their first line (tracebacks differ below it).
 TOP_ERRORS = """
-SELECT grp, error, n
-  FROM (SELECT grp, error, n, row_number() OVER (PARTITION BY grp ORDER BY n DESC, error) AS rank
-          FROM (SELECT g.grp, left(split_part(dl.last_error, E'\\n', 1), %(chars)s) AS error, count(*) AS n
-                  FROM unnest(%(ids)s::bigint[], %(groups)s::int[]) AS g(id, grp)
-                  JOIN core.dead_letters AS dl ON dl.id = g.id
-                 GROUP BY 1, 2) AS counted) AS ranked
- WHERE rank <= %(top)s
- ORDER BY grp, rank
+SELECT left(split_part(last_error, E'\\n', 1), %(chars)s) AS error, count(*) AS n
+  FROM core.dead_letters
+ WHERE id = ANY(%(ids)s)
+ GROUP BY 1
+ ORDER BY n DESC, error
+ LIMIT %(top)s
 """
 
 SAMPLES = "SELECT id, job_id::text, correlation_id FROM core.dead_letters WHERE id = ANY(%(ids)s) ORDER BY id"
@@ -498,21 +494,17 @@ def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], confi
     """Add the top errors and the samples of each group (two queries for all groups)."""
     if not groups:
         return []
+    detailed = []
     sample_ids = [i for g in groups for i in g.ids[: config.samples]]
     samples = {row[0]: (row[1], row[2]) for row in conn.execute(SAMPLES, {"ids": sample_ids})}
-    errors: dict[int, list[tuple[str, int]]] = {index: [] for index in range(len(groups))}
-    params = {"ids": [i for g in groups for i in g.ids], "groups": [k for k, g in enumerate(groups) for _ in g.ids],
-              "chars": _ERROR_CHARS, "top": config.top_errors}
-    for index, error, n in conn.execute(TOP_ERRORS, params):
-        errors[index].append((error, n))
-    return [
-        DeadLetterGroup(
+    for group in groups:
+        params = {"ids": list(group.ids), "chars": _ERROR_CHARS, "top": config.top_errors}
+        errors = [(error, n) for error, n in conn.execute(TOP_ERRORS, params)]
+        detailed.append(DeadLetterGroup(
             group.kind, group.queue, group.ids, group.first_created, group.last_created,
-            errors=tuple(errors[index]), samples=tuple(samples[i] for i in group.ids[: config.samples]),
-            queues=group.queues,
-        )
-        for index, group in enumerate(groups)
-    ]
+            errors=tuple(errors), samples=tuple(samples[i] for i in group.ids[: config.samples]), queues=group.queues,
+        ))
+    return detailed
 
 
 def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> PlannedIncident:
