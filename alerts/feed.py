@@ -491,7 +491,11 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
 
 
 def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig) -> list[DeadLetterGroup]:
-    """Add the top errors and the samples of each group (two queries for all groups)."""
+    """Add the top errors and the samples of each group.
+
+    Samples: one query for all groups. Top errors: one query per group, by primary key; a
+    single grouped query over all groups measured 3.5x slower (bench/alerts_scan.py).
+    """
     if not groups:
         return []
     detailed = []
