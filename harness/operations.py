@@ -12,6 +12,12 @@
   database trigger on the status change: who (the ``operator`` given here, set as the
   transaction's ``core_jobs.operator``), when, what, and the reason. The ledger is complete
   even for changes made from psql.
+- **Pages** (:func:`list_page`, the operations API's list): newest first, filtered by status
+  (always one), queue, consumer, tenant, job id, correlation id and a ``created_at`` range, in
+  **keyset** order — each page continues strictly after the last row of the previous one,
+  ``(created_at, id) < (position)``, so page 100 costs what page 1 costs and a row written
+  meanwhile neither repeats nor skips a row. No free-text search: every filter is an index.
+- **Detail** (:func:`get_dead_letter`): one dead letter, its payload and its audit history.
 """
 
 from __future__ import annotations
@@ -28,17 +34,26 @@ from psycopg.rows import class_row
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
-__all__ = ["DeadLetterRow", "OperationRefused", "discard", "list_dead_letters", "replay"]
+__all__ = ["Action", "DeadLetterDetail", "DeadLetterFilter", "DeadLetterRow", "OperationRefused", "Page", "Position",
+           "discard", "get_dead_letter", "list_dead_letters", "list_page", "replay"]
 
 STATUSES = ("pending_review", "replayed", "discarded")
 
 
 class OperationRefused(Exception):
-    """The request was refused as a whole; nothing changed. One problem per line."""
+    """The request was refused as a whole; nothing changed. One problem per line.
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    ``missing`` lists the ids that do not exist and ``not_pending`` maps the ids that are not
+    ``pending_review`` to their current status, for callers that answer each case differently
+    (the API: 404 and 409).
+    """
+
+    def __init__(self, problems: Sequence[str], *, missing: Sequence[int] = (),
+                 not_pending: dict[int, str] | None = None) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+        self.missing = list(missing)
+        self.not_pending = dict(not_pending or {})
 
 
 @dataclass(frozen=True)
@@ -113,15 +128,16 @@ def replay(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | No
     return rows
 
 
-def discard(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reason: str) -> list[DeadLetterRow]:
-    """Discard the given ids with ``reason`` (required, J-AC7); return the rows discarded."""
+def discard(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None, operator: str,
+            reason: str) -> list[DeadLetterRow]:
+    """Discard the given ids, or every pending dead letter of ``queue``, with ``reason`` (required, J-AC7)."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
-    if not ids:
-        raise OperationRefused(["give the ids of the dead letters to discard"])
+    if bool(ids) == bool(queue):
+        raise OperationRefused(["give the ids of the dead letters to discard, or a queue to discard all its pending ones"])
     _check_operator(operator)
     with conn.transaction():
-        rows = _lock(conn, ids, None, "discarded")
+        rows = _lock(conn, ids, queue, "discarded")
         _set_actor(conn, operator, reason.strip())
         conn.execute(MARK_DISCARDED, {"ids": [r.id for r in rows], "reason": reason.strip()})
     return rows
@@ -133,13 +149,15 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
             return cur.execute(LOCK_PENDING_OF_QUEUE, {"queue": queue}).fetchall()
         rows = cur.execute(LOCK_BY_ID, {"ids": sorted(set(ids))}).fetchall()
     found = {r.id: r for r in rows}
-    problems = [f"dead letter {i} does not exist" for i in sorted(set(ids)) if i not in found]
+    missing = [i for i in sorted(set(ids)) if i not in found]
+    not_pending = {r.id: r.status for r in rows if r.status != "pending_review"}
+    problems = [f"dead letter {i} does not exist" for i in missing]
     problems += [
-        f"dead letter {r.id} is {r.status}, not pending_review: only pending dead letters can be {action}"
-        for r in rows if r.status != "pending_review"
+        f"dead letter {i} is {status}, not pending_review: only pending dead letters can be {action}"
+        for i, status in not_pending.items()
     ]
     if problems:
-        raise OperationRefused(problems + ["nothing was changed"])
+        raise OperationRefused(problems + ["nothing was changed"], missing=missing, not_pending=not_pending)
     return rows
 
 
@@ -150,3 +168,101 @@ def _set_actor(conn: psycopg.Connection, operator: str, reason: str | None) -> N
 def _check_operator(operator: str) -> None:
     if not (operator or "").strip():
         raise OperationRefused(["the operator is unknown: pass --operator NAME (or set $USER)"])
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a page lists: one status (default ``pending_review``) and any of the rest."""
+
+    status: str = "pending_review"
+    queue: str | None = None
+    consumer: str | None = None
+    tenant_id: UUID | None = None
+    job_id: UUID | None = None
+    correlation_id: str | None = None
+    created_after: datetime | None = None  # inclusive
+    created_before: datetime | None = None  # exclusive
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a page ended: the last row's ``(created_at, id)``; the next page starts strictly after it."""
+
+    created_at: datetime
+    id: int
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list[DeadLetterRow]
+    next: Position | None  # None: this was the last page
+
+
+@dataclass(frozen=True)
+class Action:
+    """One row of the audit ledger ``core.dead_letter_actions``."""
+
+    id: int
+    action: str
+    operator: str
+    reason: str | None
+    acted_at: datetime
+
+
+@dataclass(frozen=True)
+class DeadLetterDetail:
+    row: DeadLetterRow
+    actions: list[Action]
+
+
+# A keyset page, newest first. Each absent filter folds away in the custom plan (executed
+# unprepared, so never a generic plan), leaving an index range read backwards on one of
+# 0008's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
+LIST_PAGE = f"""
+SELECT {_COLUMNS}
+  FROM core.dead_letters
+ WHERE status = %(status)s
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
+   AND (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(job_id)s::uuid IS NULL OR job_id = %(job_id)s)
+   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
+   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+   AND (%(after_created_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_created_at)s, %(after_id)s::bigint))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+GET_ONE = f"SELECT {_COLUMNS} FROM core.dead_letters WHERE id = %(id)s"
+GET_ACTIONS = """
+SELECT id, action, operator, reason, acted_at FROM core.dead_letter_actions WHERE dead_letter_id = %(id)s ORDER BY id
+"""
+
+
+def list_page(conn: psycopg.Connection, where: DeadLetterFilter = DeadLetterFilter(), *,
+              after: Position | None = None, limit: int = 50) -> Page:
+    """Up to ``limit`` dead letters matching ``where``, newest first, strictly after ``after``."""
+    if where.status not in STATUSES:
+        raise OperationRefused([f"unknown status {where.status!r}; valid: {', '.join(STATUSES)}"])
+    if limit < 1:
+        raise OperationRefused([f"limit must be at least 1, got {limit}"])
+    params = {**where.__dict__, "limit": limit + 1,  # one more tells whether a next page exists
+              "after_created_at": after.created_at if after else None, "after_id": after.id if after else None}
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        rows = cur.execute(LIST_PAGE, params, prepare=False).fetchall()
+    if len(rows) <= limit:
+        return Page(rows=rows, next=None)
+    rows = rows[:limit]
+    return Page(rows=rows, next=Position(created_at=rows[-1].created_at, id=rows[-1].id))
+
+
+def get_dead_letter(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterDetail | None:
+    """One dead letter with its payload and its audit history (oldest action first); None when unknown."""
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        row = cur.execute(GET_ONE, {"id": dead_letter_id}).fetchone()
+    if row is None:
+        return None
+    with conn.cursor(row_factory=class_row(Action)) as cur:
+        actions = cur.execute(GET_ACTIONS, {"id": dead_letter_id}).fetchall()
+    return DeadLetterDetail(row=row, actions=actions)

@@ -29,6 +29,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretSt
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
+from maintenance.api.settings import ApiSettings
 from maintenance.logs import MASK, mask_url_passwords
 
 ENV_PREFIX = "CORE_JOBS_"
@@ -244,8 +245,8 @@ def check_crontab(expr: str) -> str:
     return text
 
 
-class Settings(BaseSettings):
-    """All settings. Field descriptions double as the README's settings table."""
+class Settings(BaseSettings, ApiSettings):
+    """All settings. Field descriptions double as the README's settings table (the API's: docs/api.md)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 

@@ -1,0 +1,171 @@
+"""Operations API (issue 11): list indexes, the idempotency ledger, the least-privilege role.
+
+* **Indexes for keyset pages** of ``GET /v1/core/dead-letters`` (newest first, by
+  ``(created_at, id)``): one per filter a page is usually asked by — status alone, queue,
+  consumer, tenant — each ending in ``created_at, id`` so that a page is an index range read
+  backwards, however deep; plus ``correlation_id`` (few rows each; ``job_id`` already has one).
+  On a large live table build them first with ``CREATE INDEX CONCURRENTLY`` (same definitions);
+  ``IF NOT EXISTS`` then skips them here.
+* ``core.api_idempotency_keys`` — the idempotency ledger: one row per ``Idempotency-Key`` with
+  the operator (the token's ``sub``), a fingerprint of the request (method, route, canonical
+  body) and the response sent (status and body), written in the same transaction as the
+  action. A recorded response never changes (UPDATE is refused); rows may be deleted by the
+  owner for retention, never by the API role.
+* **The role ``core_jobs_api``** (NOLOGIN) — what the API needs and nothing more: read dead
+  letters and their audit history, change only ``status`` and ``discard_reason`` (the
+  database's lifecycle triggers still decide which changes are valid), publish a replay to
+  ``core.queue_messages`` (insert only), read and append to the idempotency ledger. It cannot
+  delete a dead letter, change a payload, or touch ``core.processed_jobs``. The audit trigger
+  runs as its owner (SECURITY DEFINER, fixed search_path) so that the role needs no write
+  access to the audit ledger and cannot forge a row of it. Grant it to a login:
+  ``CREATE ROLE core_jobs_api_login LOGIN PASSWORD '…' IN ROLE core_jobs_api;`` (docs/api.md).
+
+Roles are cluster-wide, databases are not. Every database of a cluster migrated to this
+revision shares the one role (its name is fixed, so the docs and grants can name it): the
+upgrade creates it only when it does not exist yet (two databases migrating at once: the
+second one's CREATE fails as a duplicate and is ignored), and the downgrade revokes what this
+database granted it and drops the role only when no other database still grants it anything
+(else it keeps it, with a NOTICE). A migrator without CREATEROLE fails with a hint: have a
+DBA run ``CREATE ROLE core_jobs_api NOLOGIN`` once per cluster, then migrate again.
+
+Revision ID: 0008_operations_api
+Revises: 0005_purge
+Create Date: 2026-12-01
+"""
+
+from alembic import op
+
+revision = "0008_operations_api"
+down_revision = "0005_purge"
+branch_labels = None
+depends_on = None
+
+API_ROLE = "core_jobs_api"
+
+CREATE_LIST_INDEXES = """
+-- Keyset pages, newest first: WHERE <filter> AND (created_at, id) < (cursor) ORDER BY created_at DESC, id DESC.
+CREATE INDEX IF NOT EXISTS dead_letters_status_created_idx ON core.dead_letters (status, created_at, id);
+CREATE INDEX IF NOT EXISTS dead_letters_queue_status_created_idx ON core.dead_letters (queue, status, created_at, id);
+CREATE INDEX IF NOT EXISTS dead_letters_consumer_status_created_idx ON core.dead_letters (consumer, status, created_at, id);
+CREATE INDEX IF NOT EXISTS dead_letters_tenant_status_created_idx ON core.dead_letters (tenant_id, status, created_at, id);
+CREATE INDEX IF NOT EXISTS dead_letters_correlation_idx ON core.dead_letters (correlation_id);
+"""
+
+DROP_LIST_INDEXES = """
+DROP INDEX IF EXISTS core.dead_letters_status_created_idx;
+DROP INDEX IF EXISTS core.dead_letters_queue_status_created_idx;
+DROP INDEX IF EXISTS core.dead_letters_consumer_status_created_idx;
+DROP INDEX IF EXISTS core.dead_letters_tenant_status_created_idx;
+DROP INDEX IF EXISTS core.dead_letters_correlation_idx;
+"""
+
+CREATE_IDEMPOTENCY_LEDGER = """
+-- One row per Idempotency-Key: who sent it, for which request, and the response it got.
+CREATE TABLE core.api_idempotency_keys (
+    idempotency_key     text        PRIMARY KEY,
+    operator            text        NOT NULL,
+    method              text        NOT NULL,
+    route               text        NOT NULL,
+    -- sha256 of the canonical request (method, route with its parameters, body with sorted keys).
+    request_fingerprint text        NOT NULL,
+    response_status     integer     NOT NULL,
+    response_body       jsonb       NOT NULL,
+    created_at          timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT api_idempotency_keys_key_shape CHECK (idempotency_key ~ '^[\\x21-\\x7e]{1,255}$'),
+    CONSTRAINT api_idempotency_keys_operator_not_blank CHECK (btrim(operator) <> ''),
+    CONSTRAINT api_idempotency_keys_status_valid CHECK (response_status BETWEEN 200 AND 599)
+);
+COMMENT ON TABLE core.api_idempotency_keys IS
+    'Idempotency ledger of the operations API (issue 11): the first response to each key, replayed to a retry.';
+CREATE INDEX api_idempotency_keys_created_idx ON core.api_idempotency_keys (created_at);
+
+CREATE FUNCTION core.api_idempotency_keys_forbid_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'core.api_idempotency_keys: the response recorded for key % never changes', OLD.idempotency_key
+        USING ERRCODE = 'check_violation';
+END $$;
+
+CREATE TRIGGER api_idempotency_keys_forbid_update BEFORE UPDATE ON core.api_idempotency_keys
+    FOR EACH ROW EXECUTE FUNCTION core.api_idempotency_keys_forbid_update();
+"""
+
+DROP_IDEMPOTENCY_LEDGER = """
+DROP TABLE IF EXISTS core.api_idempotency_keys;
+DROP FUNCTION IF EXISTS core.api_idempotency_keys_forbid_update();
+"""
+
+# The role, unless another database of the cluster (or a DBA) created it already.
+CREATE_ROLE = f"""
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{API_ROLE}') THEN
+        BEGIN
+            CREATE ROLE {API_ROLE} NOLOGIN;
+        EXCEPTION
+            WHEN duplicate_object OR unique_violation THEN
+                NULL;  -- created meanwhile by a migration of another database
+            WHEN insufficient_privilege THEN
+                RAISE EXCEPTION 'cannot create role {API_ROLE}: the migrating user lacks CREATEROLE'
+                    USING HINT = 'have a DBA run: CREATE ROLE {API_ROLE} NOLOGIN; then migrate again';
+        END;
+    END IF;
+END $$;
+"""
+
+GRANT_API_ROLE = f"""
+GRANT USAGE ON SCHEMA core TO {API_ROLE};
+-- Read dead letters and their audit history.
+GRANT SELECT ON core.dead_letters, core.dead_letter_actions TO {API_ROLE};
+-- Only the review state may change (the lifecycle triggers decide which changes are valid).
+GRANT UPDATE (status, discard_reason) ON core.dead_letters TO {API_ROLE};
+-- A replay publishes the job again: insert only, and read back nothing but the new id.
+GRANT INSERT (queue, job_id, tenant_id, correlation_id, payload, run_at) ON core.queue_messages TO {API_ROLE};
+GRANT SELECT (id) ON core.queue_messages TO {API_ROLE};
+-- The idempotency ledger: look up and append.
+GRANT SELECT, INSERT ON core.api_idempotency_keys TO {API_ROLE};
+-- The audit trigger writes the ledger as its owner, so the role needs no INSERT on it.
+ALTER FUNCTION core.dead_letters_audit_status() SECURITY DEFINER SET search_path = pg_catalog, pg_temp;
+"""
+
+REVOKE_API_ROLE = f"""
+ALTER FUNCTION core.dead_letters_audit_status() SECURITY INVOKER RESET search_path;
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{API_ROLE}') THEN
+        REVOKE ALL ON core.dead_letters, core.dead_letter_actions, core.queue_messages FROM {API_ROLE};
+        REVOKE ALL ON SCHEMA core FROM {API_ROLE};
+    END IF;
+END $$;
+"""
+
+# Drop the role only when no other database of the cluster still grants it anything.
+DROP_ROLE_IF_UNUSED = """
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{role}') THEN
+        BEGIN
+            DROP ROLE {role};
+        EXCEPTION
+            WHEN dependent_objects_still_exist THEN
+                RAISE NOTICE 'role {role} kept: another database of this cluster still grants it privileges';
+            WHEN insufficient_privilege THEN
+                RAISE NOTICE 'role {role} kept: the migrating user may not drop roles';
+        END;
+    END IF;
+END $$;
+"""
+
+
+def upgrade() -> None:
+    op.execute(CREATE_LIST_INDEXES)
+    op.execute(CREATE_IDEMPOTENCY_LEDGER)
+    op.execute(CREATE_ROLE)
+    op.execute(GRANT_API_ROLE)
+
+
+def downgrade() -> None:
+    op.execute(REVOKE_API_ROLE)
+    op.execute(DROP_IDEMPOTENCY_LEDGER)
+    op.execute(DROP_LIST_INDEXES)
+    op.execute(DROP_ROLE_IF_UNUSED.format(role=API_ROLE))
