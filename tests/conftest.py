@@ -28,6 +28,8 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
+pytest_plugins = ["api_support"]  # the operations API's fixtures: keys, JWKS server, tokens, the running API
+
 
 def _docker_answers() -> bool:
     try:

@@ -69,7 +69,7 @@ CREATE TABLE core.api_idempotency_keys (
     -- sha256 of the canonical request (method, route with its parameters, body with sorted keys).
     request_fingerprint text        NOT NULL,
     response_status     integer     NOT NULL,
-    response_body       jsonb       NOT NULL,
+    response_body       json        NOT NULL,  -- json, not jsonb: the body replayed byte for byte
     created_at          timestamptz NOT NULL DEFAULT now(),
     CONSTRAINT api_idempotency_keys_key_shape CHECK (idempotency_key ~ '^[\\x21-\\x7e]{1,255}$'),
     CONSTRAINT api_idempotency_keys_operator_not_blank CHECK (btrim(operator) <> ''),
