@@ -147,7 +147,7 @@ class Guard:
                 await answer(Problem(500, "internal-error", "the request failed; the API's log says why"))
         finally:
             route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
+            template = getattr(route, "path_format", None) or "unmatched"  # {id}, not {id:int}
             seconds = time.perf_counter() - started
             self.metrics.observe(scope["method"], template, state["status"], seconds)
             log = get_logger()
@@ -171,8 +171,9 @@ def _validation_problem(request: Request, exc: RequestValidationError) -> JSONRe
 def _http_problem(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 404:
         return Problem(404, "not-found", f"no route {request.url.path}").response()
-    if exc.status_code == 405:
-        return Problem(405, "method-not-allowed", f"{request.method} is not allowed on {request.url.path}").response()
+    if exc.status_code == 405:  # Starlette's exception carries the Allow header (RFC 9110)
+        return Problem(405, "method-not-allowed", f"{request.method} is not allowed on {request.url.path}",
+                       headers=dict(exc.headers or {})).response()
     if exc.status_code == 415:
         return Problem(415, "unsupported-media-type", "send the body as application/json").response()
     return Problem(400, "malformed-request", str(exc.detail)).response()

@@ -202,4 +202,4 @@ def require(permission: str):
 
 def _route(request: Request) -> str:
     route = request.scope.get("route")
-    return getattr(route, "path", request.url.path)
+    return getattr(route, "path_format", request.url.path)

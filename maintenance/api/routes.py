@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -19,7 +20,7 @@ import psycopg
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import AfterValidator, AwareDatetime, BeforeValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from harness import operations
 from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
@@ -47,6 +48,14 @@ def _storable(text: str) -> str:
     return text
 
 
+def _iso_timestamp(value: Any) -> Any:
+    """Only an ISO-8601 date-time string (pydantic would take a number as a Unix time)."""
+    if not isinstance(value, str) or not re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}", value):
+        raise ValueError("must be an ISO-8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_timestamp)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
 Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS),
                    AfterValidator(_storable)]
@@ -198,7 +207,7 @@ def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
 def _act(request: Request, principal: Principal, key: str | None, body: BaseModel | None, action) -> JSONResponse:
     """Run ``action(conn) -> (status, body)`` through the idempotency ledger; the JSON response."""
     key = idempotency.check_key(key)
-    route = request.scope["route"].path
+    route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
     canonical = body.model_dump(mode="json") if body is not None else None
     fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
     with pool_of(request).connection() as conn:
@@ -228,8 +237,8 @@ def list_dead_letters(
     tenant_id: Annotated[UUID | None, Query()] = None,
     job_id: Annotated[UUID | None, Query()] = None,
     correlation_id: Annotated[Text | None, Query()] = None,
-    created_after: Annotated[AwareDatetime | None, Query(description="Inclusive, with a time zone.")] = None,
-    created_before: Annotated[AwareDatetime | None, Query(description="Exclusive, with a time zone.")] = None,
+    created_after: Annotated[Timestamp | None, Query(description="Inclusive, with a time zone.")] = None,
+    created_before: Annotated[Timestamp | None, Query(description="Exclusive, with a time zone.")] = None,
     cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
 ) -> PageOut:
@@ -246,7 +255,7 @@ def list_dead_letters(
                    next_cursor=encode_cursor(page.next, where) if page.next else None)
 
 
-@router.get("/{id}", response_model=DeadLetterDetailOut, responses=problem_responses(*AUTH_ERRORS, 404),
+@router.get("/{id:int}", response_model=DeadLetterDetailOut, responses=problem_responses(*AUTH_ERRORS, 404),
             summary="One dead letter with its payload and audit history")
 def get_dead_letter(request: Request, principal: Annotated[Principal, Depends(require(READ))],
                     id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> DeadLetterDetailOut:  # noqa: A002
@@ -289,7 +298,7 @@ def discard_many(request: Request, principal: Annotated[Principal, Depends(requi
     return _act(request, principal, idempotency_key, body, action)
 
 
-@router.post("/{id}/replay", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
+@router.post("/{id:int}/replay", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
              summary="Republish one dead letter with the same job_id (J-B6); only from pending_review")
 def replay_one(request: Request, principal: Annotated[Principal, Depends(require(REPLAY))],
                id: Annotated[int, Path(ge=1, le=MAX_ID)],  # noqa: A002
@@ -306,7 +315,7 @@ def replay_one(request: Request, principal: Annotated[Principal, Depends(require
     return _act(request, principal, idempotency_key, body, action)
 
 
-@router.post("/{id}/discard", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
+@router.post("/{id:int}/discard", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
              summary="Discard one dead letter with a reason (J-AC7); only from pending_review")
 def discard_one(request: Request, principal: Annotated[Principal, Depends(require(DISCARD))],
                 id: Annotated[int, Path(ge=1, le=MAX_ID)],  # noqa: A002
