@@ -24,7 +24,8 @@
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
    (``exhausted``) at once.
 
-Success writes nothing but the fence: it is counted in :mod:`harness.metrics` (J-B9, J-AC8).
+Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
+the default counts nothing) (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
 """
 
@@ -41,7 +42,7 @@ from pydantic import ValidationError
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error
 from harness.errors import PermanentError, PoisonMessage, TransientError
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
 from harness.retry import RetryPolicy, compute_delay
@@ -68,7 +69,7 @@ def handle(
     *,
     policy: RetryPolicy,
     fence_ttl: timedelta,
-    metrics: HarnessMetrics = METRICS,
+    metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
 ) -> Outcome:
     """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring."""
@@ -107,9 +108,9 @@ def handle(
     except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
-        metrics.duplicates.labels(consumer.name).inc()
+        metrics.duplicate(consumer.name)
         return Duplicate()
-    metrics.processed.labels(consumer.name).inc()
+    metrics.processed(consumer.name)
     return Acked()
 
 
@@ -120,7 +121,7 @@ def failure_outcome(
     error: Exception,
     *,
     policy: RetryPolicy,
-    metrics: HarnessMetrics = METRICS,
+    metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
 ) -> Outcome:
     """Retry or dead letter after a failed (rolled back) attempt.
@@ -135,12 +136,12 @@ def failure_outcome(
     # An HTTP-date Retry-After is measured against PostgreSQL's clock, like the schedule itself.
     now = server_now(conn) if isinstance(retry_after, str) else None
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
-    metrics.retries.labels(consumer.name).inc()
+    metrics.retry(consumer.name)
     return RetryAfter(delay=delay, error=describe_error(error))
 
 
 def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict,
-                     policy: RetryPolicy, metrics: HarnessMetrics) -> Outcome:
+                     policy: RetryPolicy, metrics: Metrics) -> Outcome:
     """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
 
     The handler is not run again — a job that kills its worker would otherwise do so forever —
@@ -151,7 +152,7 @@ def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Del
         done = conn.execute(INSERT_FENCE, fence).fetchone() is None
         raise psycopg.Rollback()  # this delivery writes no fence
     if done:
-        metrics.duplicates.labels(consumer.name).inc()
+        metrics.duplicate(consumer.name)
         return Duplicate()
     error = DeliveriesExhausted(
         f"delivery {delivery.attempt} of a job allowed {policy.max_attempts} attempts: the earlier deliveries"
@@ -177,10 +178,10 @@ def _check_work_transaction(conn: psycopg.Connection) -> None:
 
 
 def _dead_letter(
-    consumer: Consumer, delivery: Delivery, reason: str, error: Exception, metrics: HarnessMetrics
+    consumer: Consumer, delivery: Delivery, reason: str, error: Exception, metrics: Metrics
 ) -> DeadLettered:
     envelope = delivery.envelope
-    metrics.dead_lettered.labels(consumer.name, reason).inc()
+    metrics.dead_lettered(consumer.name, reason)
     return DeadLettered(
         reason=reason,  # type: ignore[arg-type]
         letter=DeadLetter(

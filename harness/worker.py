@@ -14,8 +14,9 @@ The lease must cover a whole batch: a batch that outlives it is not lost — its
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts), ``harness.job.retry_scheduled``,
-``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only. (``core-jobs
-worker`` adds ``harness.worker.stopping`` when a signal asks it to stop.)
+``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only, counted in
+the ``metrics`` passed (default: none; harness/metrics.py). (``core-jobs worker`` passes the
+Prometheus counters, and adds ``harness.worker.stopping`` when a signal asks it to stop.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import structlog
 
 from harness.consumer import Consumer
 from harness.handling import handle
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import NO_METRICS, Metrics
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
 from harness.retry import RetryPolicy
@@ -89,7 +90,7 @@ class Worker:
         *,
         policy: RetryPolicy,
         config: WorkerConfig,
-        metrics: HarnessMetrics = METRICS,
+        metrics: Metrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
     ) -> None:
         self.conninfo = conninfo

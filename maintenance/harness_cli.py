@@ -21,6 +21,7 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from harness.consumer import Consumer, valid_name
+from harness.metrics import default_metrics
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
@@ -67,7 +68,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         poll_interval=settings.worker_poll_interval,
         concurrency=args.concurrency or settings.worker_concurrency,
     )
-    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
+    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config,
+                    metrics=default_metrics())  # the default registry, which --metrics-port serves
     if args.metrics_port:
         try:
             start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry

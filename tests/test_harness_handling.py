@@ -116,6 +116,37 @@ def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(databas
     assert fences(conn, d.envelope.job_id) == 1
 
 
+class RecordedMetrics:
+    """A Metrics of the caller's own (no Prometheus): the calls the harness made, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def processed(self, consumer: str) -> None:
+        self.calls.append(("processed", consumer))
+
+    def duplicate(self, consumer: str) -> None:
+        self.calls.append(("duplicate", consumer))
+
+    def retry(self, consumer: str) -> None:
+        self.calls.append(("retry", consumer))
+
+    def dead_lettered(self, consumer: str, reason: str) -> None:
+        self.calls.append(("dead_lettered", consumer, reason))
+
+
+def test_the_callers_own_metrics_object_receives_each_decision(conn):
+    """Any object with the four Metrics methods is told of a success, a duplicate, a retry and a dead letter."""
+    recorded = RecordedMetrics()
+    d = delivery({"member_id": "m-1", "points": 50})
+    for consumer, this in [(make_consumer(), d), (make_consumer(), d),
+                           (failing(TransientError("ledger timeout")), delivery({"member_id": "m-2", "points": 1})),
+                           (make_consumer(), delivery({"member_id": "m-3", "points": -5}))]:
+        handle(conn, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=recorded)
+    assert recorded.calls == [("processed", "points.credit"), ("duplicate", "points.credit"),
+                              ("retry", "points.credit"), ("dead_lettered", "points.credit", "poison")]
+
+
 def test_a_failure_rolls_back_the_work_and_the_fence(conn, metrics):
     """A handler that credits and then fails leaves neither the credit nor the fence (J-B1)."""
     d = delivery({"member_id": "m-1", "points": 50})

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.examples.points import consumer as points_consumer
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import HarnessMetrics, default_metrics
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TENANT, TTL, fences, points, publish, scalar
@@ -233,7 +233,7 @@ def free_port() -> int:
 def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
     """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics)."""
     publish(conn, {"member_id": "m-1", "points": 1})
-    before = METRICS.value("processed", consumer="points.credit")  # the default registry: earlier tests count too
+    before = default_metrics().value("processed", consumer="points.credit")  # default registry: earlier tests count
     port = free_port()
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)]) == EXIT_OK
     body = httpx.get(f"http://127.0.0.1:{port}/metrics").text
