@@ -127,7 +127,7 @@ def messages(conn) -> dict[str, tuple]:
     ("m-unprintable", "Unprintable: <message unprintable: RuntimeError: no text>"),
     ("m-surrogate", "TransientError: ledger said \\udcff"),
     ("m-exit", "SystemExit: 3"),
-])
+], ids=["unprintable", "surrogate", "system-exit"])
 def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_the_batch_is_processed(
     database_url, conn, member, error
 ):
@@ -144,9 +144,9 @@ def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_th
 
 def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_and_the_rest_processed(database_url, conn):
     """A validator raising TypeError in the middle of a batch: a poison dead letter naming TypeError, the others credited, exit 0."""
+    publish(conn, {"member_id": "m-ok-1", "points": 5})
     job_id = publish(conn, {"member_id": "m-typeerror", "points": 5})
-    for m in ("m-ok-1", "m-ok-2"):
-        publish(conn, {"member_id": m, "points": 5})
+    publish(conn, {"member_id": "m-ok-2", "points": 5})
     worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="harness_consumers:fragile")
     assert worker.process.wait(60) == 0, "".join(worker.output)
     assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
@@ -156,7 +156,7 @@ def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_
 
 
 @pytest.mark.parametrize(("member", "error"), [("m-interrupt", "KeyboardInterrupt"),
-                                               ("m-disconnect", "OperationalError")])
+                                               ("m-disconnect", "OperationalError")], ids=["interrupt", "disconnect"])
 def test_a_worker_that_must_stop_mid_batch_acks_what_it_did_gives_back_the_rest_and_exits_1(
     database_url, conn, member, error
 ):
