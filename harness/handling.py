@@ -1,7 +1,9 @@
 """Handling one delivery: the fence and the work in one transaction, then an outcome.
 
 1. The payload is validated against the consumer's schema. A payload it rejects is poison: a
-   dead letter at once, zero retries (J-B5, J-AC4).
+   dead letter at once, zero retries (J-B5, J-AC4). So is one whose validation fails in any
+   other way — a validator raising ``TypeError``, or anything else: validation depends on the
+   payload alone, so it would fail the same way every time (validators must not do I/O).
 2. One transaction on the caller's connection (J-B1)::
 
        INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
@@ -18,7 +20,12 @@
 3. A failure rolls everything back, then:
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
-   once ``max_attempts`` deliveries have failed (J-AC3).
+   once ``max_attempts`` deliveries have failed (J-AC3). "Any" includes ``BaseException``
+   subclasses such as ``SystemExit`` (a library calling ``sys.exit()`` in the handler): a
+   handler does not own the process, so that is this job's failure, not the worker's exit. The
+   one exception is ``KeyboardInterrupt``: the caller's stop, it propagates after the rollback.
+   The error is recorded as ``"Type: message"`` by :func:`harness.dead_letters.describe_error`,
+   which renders any exception, even one that cannot be printed.
 4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
    workers died mid-job or lost their leases. It is not run again (a message that kills its
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
@@ -78,8 +85,11 @@ def handle(
     envelope = delivery.envelope
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
-    except ValidationError as exc:
-        poison = PoisonMessage(f"payload failed schema validation: {_describe_validation(exc)}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever a validator raises, it will raise again: poison (J-B5)
+        why = _describe_validation(exc) if isinstance(exc, ValidationError) else describe_error(exc)
+        poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
 
     context = JobContext(
@@ -105,7 +115,9 @@ def handle(
                 raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled back,"
                                      " so nothing was committed") from exc
             _check_work_transaction(conn)
-    except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
+    except KeyboardInterrupt:
+        raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
+    except BaseException as exc:  # noqa: BLE001 - an unclassified failure, SystemExit included, is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
         metrics.duplicate(consumer.name)
@@ -118,7 +130,7 @@ def failure_outcome(
     conn: psycopg.Connection,
     consumer: Consumer,
     delivery: Delivery,
-    error: Exception,
+    error: BaseException,
     *,
     policy: RetryPolicy,
     metrics: Metrics = NO_METRICS,
@@ -178,7 +190,7 @@ def _check_work_transaction(conn: psycopg.Connection) -> None:
 
 
 def _dead_letter(
-    consumer: Consumer, delivery: Delivery, reason: str, error: Exception, metrics: Metrics
+    consumer: Consumer, delivery: Delivery, reason: str, error: BaseException, metrics: Metrics
 ) -> DeadLettered:
     envelope = delivery.envelope
     metrics.dead_lettered(consumer.name, reason)

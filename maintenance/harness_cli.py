@@ -1,9 +1,11 @@
 """The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard.
 
-Exit codes as for every command: 0 ok; 1 the worker failed, or the database could not be reached
-or failed the command (one ``database error`` line on stderr, secrets masked); 2 a configuration
-or usage error, or an operator action refused as a whole (an unknown id, a dead letter that is
-not ``pending_review``, a blank discard reason) — nothing changed.
+Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
+handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
+not be reached or failed the command (one ``database error`` line on stderr, secrets masked); 2 a
+configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
+letter that is not ``pending_review``, a blank discard reason) — nothing changed. The worker
+exits with no other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from harness.consumer import Consumer, valid_name
+from harness.dead_letters import describe_error
 from harness.metrics import default_metrics
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
@@ -83,8 +86,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
-    except Exception as exc:  # the stop event already carries the counts; say why
-        get_logger().error("harness.worker.error", consumer=consumer.name, error=f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # noqa: BLE001 - whatever stopped it, the exit code is a documented one
+        # The stop event already carries the counts; say why.
+        get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
         return EXIT_FAILED
     finally:
         for signum, handler in previous.items():
