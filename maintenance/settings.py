@@ -184,11 +184,20 @@ class RetryOverride(BaseModel):
         return value.strip()
 
 
+# Spellings of the scheme accepted besides libpq's own postgresql:// (SQLAlchemy's, Heroku's).
+DATABASE_URL_SCHEME_ALIASES = ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://")
+
+
 def normalize_database_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgresql+psycopg://`` (SQLAlchemy style); return libpq's."""
-    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+    """Accept ``postgresql://`` and its aliases (SQLAlchemy's ``+psycopg``, ``+psycopg2``, ``postgres://``); return libpq's.
+
+    The scheme is rewritten first and then every spelling takes the same check, so an alias
+    never lets through a URL that libpq would misread.
+    """
+    for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
+            url = "postgresql://" + url[len(prefix):]
+            break
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
     _check_libpq_parses(url)
@@ -204,8 +213,14 @@ def _check_libpq_parses(url: str) -> None:
             "libpq cannot parse it: percent-encode special characters of the password"
             " (@ as %40, % as %25) and use only libpq's query parameters"
         ) from None
-    if "@" in params.get("host", ""):
-        raise ValueError("its password contains an unencoded @: write it as %40")
+    # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
+    if "@" in params.get("host", "") + params.get("port", ""):
+        raise ValueError("its user name or password contains an unencoded @: write it as %40")
+    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+        raise ValueError(
+            "its port is not a number: percent-encode special characters of the user name and password"
+            " (/ as %2F, : as %3A, @ as %40)"
+        )
 
 
 def url_passwords(url: str) -> list[str]:
@@ -252,7 +267,8 @@ class Settings(BaseSettings):
     # --- foundation -------------------------------------------------------------------------
     database_url: SecretStr | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://), as libpq reads it. Required by "
+        description="PostgreSQL URL (postgresql://; postgresql+psycopg://, postgresql+psycopg2:// and postgres:// are "
+        "rewritten to it, then checked alike), as libpq reads it. Required by "
         "every command that uses the database; `demo` starts an embedded PostgreSQL when it is unset.",
     )
     processed_jobs_ttl: PositiveDuration = Field(

@@ -182,6 +182,8 @@ def test_redact_url_masks_only_the_password():
         "postgresql://app:pw@hunter2@db/core",  # an unencoded @: libpq would take "hunter2@db" as the host
         "postgresql://app:hunter2@db/core?no_such_option=1",
         "postgresql://app:hunter2@[::1/core",  # an unclosed IPv6 bracket
+        "postgresql://app@corp:hunter2@db/core",  # an unencoded @ in the user name: libpq reads "hunter2@db" as the port
+        "postgresql://app:hunter2/x@db/core",  # an unencoded / in the password: libpq reads "app:hunter2" as host:port
     ],
 )
 def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env, url):
