@@ -110,24 +110,29 @@ NonNegativeDuration = Annotated[timedelta, BeforeValidator(parse_duration), Afte
 
 
 def format_duration(delta: timedelta) -> str:
-    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``)."""
-    total = delta.total_seconds()
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
+    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``), exact to the microsecond.
+
+    Never rounded: a guard that compares two durations must not print them equal (23.999999 s
+    stays ``PT23.999999S``). Integer arithmetic, so huge durations keep their microseconds too.
+    """
+    sign = "-" if delta < timedelta(0) else ""
+    delta = abs(delta)
+    hours, rest = divmod(delta.seconds, 3600)
     minutes, seconds = divmod(rest, 60)
-    date_part = f"{int(days)}D" if days else ""
-    time_part = "".join(
-        f"{n}{unit}"
-        for n, unit in ((int(hours), "H"), (int(minutes), "M"))
-        if n
-    )
-    if seconds:
-        time_part += f"{seconds:g}S"
+    date_part = f"{delta.days}D" if delta.days else ""
+    time_part = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n)
+    if seconds or delta.microseconds:
+        fraction = f".{delta.microseconds:06d}".rstrip("0") if delta.microseconds else ""
+        time_part += f"{seconds}{fraction}S"
     if not date_part and not time_part:
         return "PT0S"
     return f"{sign}P{date_part}" + (f"T{time_part}" if time_part else "")
+
+
+def format_factor(value: float) -> str:
+    """A factor as written (``2``, ``1.5``, ``2.0000001``): the shortest text that reads back as exactly ``value``."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ class TtlGuard:
     def explain(self) -> str:
         verdict = "ok" if self.ok else "TOO SHORT"
         text = (
-            f"{ENV_PREFIX}PROCESSED_JOBS_TTL={format_duration(self.ttl)} vs {ENV_PREFIX}TTL_MARGIN={self.margin:g}"
+            f"{ENV_PREFIX}PROCESSED_JOBS_TTL={format_duration(self.ttl)} vs {ENV_PREFIX}TTL_MARGIN={format_factor(self.margin)}"
             f" x max retry window {format_duration(self.window)} = {format_duration(self.required)}: {verdict}"
         )
         if not self.ok:

@@ -47,8 +47,29 @@ def test_unparsable_durations_are_refused(text):
 
 def test_format_duration_round_trips():
     """Durations print back as compact ISO-8601."""
-    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5)):
+    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5),
+                  timedelta(minutes=22, seconds=23, microseconds=999999), timedelta(days=999999999, microseconds=1)):
         assert parse_duration(format_duration(delta)) == delta
+
+
+def test_format_duration_shows_exact_microseconds_never_rounded():
+    """A duration prints exactly, to the microsecond: 23.999999 s is not shown as 24 s."""
+    assert format_duration(timedelta(minutes=22, seconds=23, microseconds=999999)) == "PT22M23.999999S"
+    assert format_duration(timedelta(seconds=59, microseconds=999999)) == "PT59.999999S"
+    assert format_duration(timedelta(days=123456789, microseconds=1)) == "P123456789DT0.000001S"
+    assert format_duration(-timedelta(microseconds=500)) == "-PT0.0005S"
+
+
+def test_ttl_guard_shows_the_exact_values_it_compared(clean_env):
+    """A TTL a microsecond short of margin x window reads as short: TTL, margin and requirement are shown unrounded."""
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M23.999999S")  # default window 11m12s x 2 = 22m24s
+    explained = load_settings().ttl_guard().explain()
+    assert explained.startswith("CORE_JOBS_PROCESSED_JOBS_TTL=PT22M23.999999S vs CORE_JOBS_TTL_MARGIN=2 x max retry"
+                                " window PT11M12S = PT22M24S: TOO SHORT")
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M24S")
+    clean_env.setenv("CORE_JOBS_TTL_MARGIN", "2.0000001")  # 11m12s x 2.0000001 = 22m24.0000672s
+    explained = load_settings().ttl_guard().explain()
+    assert "CORE_JOBS_TTL_MARGIN=2.0000001 x max retry window PT11M12S = PT22M24.000067S: TOO SHORT" in explained
 
 
 def test_unknown_variable_is_named_with_a_suggestion(clean_env):
