@@ -2,7 +2,9 @@
 
 Durations accept ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``) or a number of seconds (``30``,
 ``0.5``). An unknown ``CORE_JOBS_*`` variable is an error that names it and suggests the
-closest valid name, so a typo never silently falls back to a default. Every problem is
+closest valid name, so a typo never silently falls back to a default. URL settings are parsed
+the way httpx and urllib will use them (:func:`check_http_url`: host, IPv6 brackets, port
+1-65535, no credentials), so a bad one fails at load, not after the jobs ran. Every problem is
 reported as :class:`ConfigError` (exit code 2) before any data is touched.
 
 The table of settings (name, unit, default, meaning) is in README.md; each field below
@@ -23,6 +25,7 @@ from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
@@ -243,6 +246,35 @@ def redact_url(url: str) -> str:
     return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, mask_url_passwords(url))
 
 
+def check_http_url(value: str, *, credentials_hint: str = "") -> str:
+    """``value`` (stripped, no trailing ``/``) if httpx and urllib can both use it as an http(s) URL; else ValueError.
+
+    Parsed the way the clients will: urllib (the Pushgateway push, the masked form in log events)
+    and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
+    The messages never quote the URL: a heartbeat URL's path is a token.
+    """
+    text = value.strip()
+    if not re.match(r"^https?://", text, re.I):
+        raise ValueError("must be an http:// or https:// URL")
+    if any(ch.isspace() for ch in text):
+        raise ValueError("must not contain spaces")
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # reading it checks it: a number in 0-65535
+        url = httpx.URL(text)
+    except (ValueError, httpx.InvalidURL):  # an unclosed [ of an IPv6 host, a bad port, an invalid IDNA host name
+        raise ValueError(
+            "is not a URL httpx can use: check the host (an IPv6 address in [ ]) and the port (1-65535)"
+        ) from None
+    if not url.host or not parts.hostname:
+        raise ValueError("has no host")
+    if port == 0:
+        raise ValueError("its port must be 1-65535")
+    if parts.username is not None or parts.password is not None or url.userinfo:
+        raise ValueError("must not carry credentials (user:password@)" + credentials_hint)
+    return text.rstrip("/")
+
+
 def check_crontab(expr: str) -> str:
     """A 5-field crontab expression (UTC) that APScheduler 3 accepts; ValueError naming the problem.
 
@@ -404,9 +436,7 @@ class Settings(BaseSettings):
     @field_validator("betterstack_api_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return check_http_url(value)
 
     @field_validator("betterstack_heartbeat_url", mode="before")
     @classmethod
@@ -414,9 +444,10 @@ class Settings(BaseSettings):
         if value is None or value == "":
             return None
         raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-        if not re.match(r"^https?://[^/\s]+/\S+", raw):
+        url = check_http_url(raw)
+        if not urlsplit(url).path.strip("/"):
             raise ValueError("must be an http:// or https:// URL with a path (the heartbeat token)")
-        return SecretStr(raw.rstrip("/"))
+        return SecretStr(url)
 
     @field_validator("betterstack_api_token", mode="before")
     @classmethod
@@ -480,12 +511,7 @@ class Settings(BaseSettings):
     def _pushgateway_url(cls, value: Any) -> Any:
         if value is None or str(value).strip() == "":
             return None
-        parts = urlsplit(str(value).strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL of the Pushgateway")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not carry credentials (user:password@); protect the Pushgateway by network policy")
-        return str(value).strip().rstrip("/")
+        return check_http_url(str(value), credentials_hint="; protect the Pushgateway by network policy")
 
     @field_validator("schedule_purge", "schedule_alerts", "schedule_metrics")
     @classmethod

@@ -215,6 +215,46 @@ def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env
     assert "hunter2" not in str(info.value)
 
 
+URL_SECRET = "Tk9-url-secret"
+
+
+@pytest.mark.parametrize("name", ["CORE_JOBS_BETTERSTACK_API_URL", "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL",
+                                  "CORE_JOBS_METRICS_PUSHGATEWAY_URL"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://[::1/api/v1/heartbeat/{URL_SECRET}",  # an unclosed IPv6 bracket: urllib raises, httpx misreads the port
+        f"http://127.0.0.1:99999/api/v1/heartbeat/{URL_SECRET}",  # httpx accepts the port, the socket does not
+        f"http://127.0.0.1:0/api/v1/heartbeat/{URL_SECRET}",
+        f"http://127.0.0.1:http/api/v1/heartbeat/{URL_SECRET}",
+        f"http://xn--zz/api/v1/heartbeat/{URL_SECRET}",  # not a valid IDNA host name
+        f"http://ops:{URL_SECRET}@push.example/api/v1/heartbeat/x",  # credentials would be shown with the host
+        f"http://push.example/api/v1/heartbeat/ {URL_SECRET}",
+    ],
+)
+def test_url_settings_httpx_cannot_use_are_refused_at_load_without_echoing_them(clean_env, name, url):
+    """Each URL setting is parsed as httpx and urllib will use it: a URL they cannot use is a ConfigError naming the setting, the URL not shown."""
+    clean_env.setenv(name, url)
+    with pytest.raises(ConfigError, match=f"^{name}: ") as info:
+        load_settings()
+    assert URL_SECRET not in str(info.value) and "xn--zz" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("CORE_JOBS_BETTERSTACK_API_URL", "http://[::1]:8080/"),
+        ("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.betterstack.com:443/api/v1/heartbeat/T"),
+        ("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "http://pushgateway.monitoring:9091"),
+    ],
+)
+def test_url_settings_accept_ports_and_ipv6_hosts(clean_env, name, url):
+    """A well-formed URL with an explicit port or a bracketed IPv6 host is accepted, trailing slash removed."""
+    clean_env.setenv(name, url)
+    value = getattr(load_settings(), name.removeprefix("CORE_JOBS_").lower())
+    assert (value.get_secret_value() if hasattr(value, "get_secret_value") else value) == url.rstrip("/")
+
+
 def test_database_password_alone_is_a_secret_for_the_log_redactor(clean_env):
     """The password itself (as written and percent-decoded, in the user part or the query) is a secret value."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw%2Fone@db/core?sslmode=require")
