@@ -33,6 +33,7 @@ import structlog
 from harness.consumer import Consumer
 from harness.handling import handle
 from harness.metrics import NO_METRICS, Metrics
+from harness.pg import connect
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
 from harness.retry import RetryPolicy
@@ -131,7 +132,7 @@ class Worker:
         return self.stats
 
     def _loop(self, worker_name: str, once: bool) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
+        with connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
             queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
             while not self._stopping.is_set():
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)
