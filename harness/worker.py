@@ -1,10 +1,11 @@
 """The worker loop: runs one consumer on the reference PostgreSQL queue.
 
-Each of ``concurrency`` threads holds its own connection and repeats: claim a batch (up to
-``batch_size`` ready messages), handle each (harness/handling.py), settle retries and dead
-letters at once, and ack the batch's successes and duplicates in one statement at its end (an
-ack lost to a crash only means a redelivery, which the fence absorbs). An empty claim waits
-``poll_interval`` — or, with ``once``, ends the thread.
+Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
+ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
+claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
+retries and dead letters at once, and ack the batch's successes and duplicates in one statement
+at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
+claim waits ``poll_interval`` — or, with ``once``, ends the thread.
 
 Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are

@@ -91,11 +91,11 @@ def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn,
 
 
 @pytest.mark.parametrize("autocommit", [False, True])
-def test_a_pinned_connection_keeps_the_caller_s_transaction_mode_and_options(conn, database_url, autocommit):
-    """harness.pg.connect returns an idle connection in the mode asked for, the libpq options of the URL still applied."""
-    set_database_defaults(conn, database_url, DateStyle="SQL, DMY")
+def test_connect_pins_the_session_and_keeps_the_mode_and_the_url_options(conn, database_url, autocommit):
+    """harness.pg.connect pins DateStyle, IntervalStyle and TimeZone, yet returns an idle connection in the mode asked for, the URL's libpq options applied."""
+    set_database_defaults(conn, database_url, DateStyle="SQL, DMY", IntervalStyle="sql_standard", TimeZone="Asia/Tokyo")
     url = database_url + ("&" if "?" in database_url else "?") + "options=-c%20lock_timeout%3D1234"
     with harness.pg.connect(url, autocommit=autocommit) as c:
         assert c.autocommit is autocommit and c.info.transaction_status.name == "IDLE"
-        assert c.execute("SHOW lock_timeout").fetchone()[0] == "1234ms"
-        assert c.execute("SELECT now()").fetchone()[0].tzinfo is not None
+        shown = [c.execute(f"SHOW {name}").fetchone()[0] for name in ("DateStyle", "IntervalStyle", "TimeZone", "lock_timeout")]
+        assert shown == ["ISO, DMY", "postgres", "UTC", "1234ms"]
