@@ -1,10 +1,11 @@
 """The worker loop: runs one consumer on the reference PostgreSQL queue.
 
-Each of ``concurrency`` threads holds its own connection and repeats: claim a batch (up to
-``batch_size`` ready messages), handle each (harness/handling.py), settle retries and dead
-letters at once, and ack the batch's successes and duplicates in one statement at its end (an
-ack lost to a crash only means a redelivery, which the fence absorbs). An empty claim waits
-``poll_interval`` — or, with ``once``, ends the thread.
+Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
+ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
+claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
+retries and dead letters at once, and ack the batch's successes and duplicates in one statement
+at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
+claim waits ``poll_interval`` — or, with ``once``, ends the thread.
 
 Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are
@@ -51,6 +52,7 @@ from harness.consumer import Consumer
 from harness.dead_letters import describe_error
 from harness.handling import handle
 from harness.metrics import NO_METRICS, Metrics
+from harness.pg import connect
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
 from harness.retry import RetryPolicy
@@ -155,7 +157,7 @@ class Worker:
         return self.stats
 
     def _loop(self, worker_name: str, once: bool) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
+        with connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
             queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
             while not self._stopping.is_set():
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)

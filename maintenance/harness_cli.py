@@ -27,7 +27,7 @@ from harness.dead_letters import describe_error
 from harness.metrics import default_metrics
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
-from harness.queue import NO_TENANT, Envelope
+from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
 from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
 from maintenance.db import Database
@@ -105,6 +105,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         print(f"core-jobs: --payload is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_payload(payload)  # publish checks too; here it is a usage error before any connection
+    except InvalidPayload as exc:
+        print(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {exc}", file=sys.stderr)
         return EXIT_USAGE
     envelope = Envelope(job_id=args.job_id or uuid.uuid4(), payload=payload,
                         tenant_id=args.tenant_id or NO_TENANT, correlation_id=args.correlation_id)

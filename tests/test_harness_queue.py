@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+import uuid
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -16,7 +18,7 @@ from harness.examples.points import CreditPoints, OutageLedger, consumer as poin
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
-from harness.queue import Acked
+from harness.queue import Acked, Envelope, InvalidPayload
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
@@ -37,6 +39,25 @@ def letter_for(delivery) -> DeadLetter:
     e = delivery.envelope
     return DeadLetter(job_id=e.job_id, queue=delivery.queue, consumer="points.credit", payload=e.payload,
                       attempts=delivery.attempt, last_error="TransientError: x")
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"member_id": "m-1", "points": float("nan")}, "payload.points"),
+        ({"member_id": "m-1", "points": float("-inf")}, "payload.points"),
+        ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
+        ({"member_id\x00": "m-1"}, "payload: a key"),
+        ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
+        ({"at": datetime(2024, 1, 1, tzinfo=timezone.utc)}, "payload.at"),
+    ],
+)
+def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):
+    """publish raises InvalidPayload (a ValueError naming where) for what jsonb cannot store, before touching the database."""
+    with pytest.raises(InvalidPayload, match=re.escape(where)):
+        PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))
+    assert issubclass(InvalidPayload, ValueError)
+    assert row_counts(conn)["core.queue_messages"] == 0
 
 
 def test_claim_skips_rows_another_claimer_has_locked(database_url, conn):
