@@ -18,11 +18,14 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PYTHON_DOWNLOADS=never \
     UV_PROJECT_ENVIRONMENT=/app/.venv
 WORKDIR /src
-# Dependencies first, in their own layer: it is rebuilt only when the lockfile changes.
+# Dependencies first, in their own layer: it is rebuilt only when the lockfile changes. The
+# workspace member's pyproject (core-jobs-harness) is needed to read the lock; neither
+# distribution of the workspace is installed yet.
 COPY pyproject.toml uv.lock ./
+COPY harness/pyproject.toml ./harness/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-project
-# Then the project itself, installed as a package (not editable): /src is not copied onward.
+    uv sync --frozen --no-dev --no-install-workspace
+# Then core-jobs and core-jobs-harness, installed as packages (not editable): /src is not copied onward.
 COPY README.md ./
 COPY maintenance ./maintenance
 COPY alerts ./alerts

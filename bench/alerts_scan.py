@@ -28,7 +28,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,7 +40,7 @@ from alerts.feed import (  # noqa: E402
     AlertFeedConfig,
     scan,
 )
-from harness.pg import server_now  # noqa: E402
+from harness.pg import connect, server_now  # noqa: E402
 from maintenance import migrate  # noqa: E402
 from maintenance.demo import scratch_database  # noqa: E402
 
@@ -113,7 +112,7 @@ def main() -> None:
 
 def run(url: str) -> None:
     migrate.upgrade(url)
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True) as conn:
         # Seeding history directly: the guard triggers would make 1 M status changes take minutes.
         conn.execute("SET session_replication_role = replica")
         for step, statement in SEED.items():
@@ -136,7 +135,7 @@ def run(url: str) -> None:
         scan_ms, groups = median_ms(lambda: scan(conn, now, config))
         counts_ms, unalerted = median_ms(lambda: conn.execute(COUNT_UNALERTED, {"stale_cutoff": cutoff}).fetchone())
         resolve_ms, due = median_ms(lambda: conn.execute(HANDLED_OPEN_ALERTS).fetchall())
-        feed = AlertFeed(config, connect=lambda: psycopg.connect(url, autocommit=True), client=None,
+        feed = AlertFeed(config, connect=lambda: connect(url, autocommit=True), client=None,
                          log=_Quiet())
         run_ms, result = median_ms(lambda: feed.run_once(now))
 

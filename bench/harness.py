@@ -32,7 +32,6 @@ import uuid
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,6 +40,7 @@ from harness.consumer import Consumer  # noqa: E402
 from harness.examples.points import CREDIT_POINTS, make_consumer  # noqa: E402
 from harness.handling import INSERT_FENCE, handle  # noqa: E402
 from harness.metrics import HarnessMetrics  # noqa: E402
+from harness.pg import connect  # noqa: E402
 from harness.queue import Acked, Delivery, Envelope  # noqa: E402
 from harness.retry import RetryPolicy  # noqa: E402
 from harness.worker import Worker, WorkerConfig  # noqa: E402
@@ -82,7 +82,7 @@ def fence_overhead(url: str, jobs: int) -> dict[str, list[float]]:
     metrics = HarnessMetrics(CollectorRegistry())
     policy = RetryPolicy()
     times: dict[str, list[float]] = {"bare": [], "fence_sql": [], "handle": []}
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True) as conn:
         def bare(i: int) -> None:
             with conn.transaction():
                 conn.execute(CREDIT_POINTS, {"tenant_id": TENANT, "member_id": f"m-{i % 100}", "points": 1})
@@ -115,7 +115,7 @@ def _drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
     configure_logging(level="ERROR")
     config = WorkerConfig(fence_ttl=TTL, batch_size=batch_size, lease=timedelta(minutes=5))
     worker = Worker(url, TRIVIAL, policy=RetryPolicy(), config=config, metrics=HarnessMetrics(CollectorRegistry()))
-    with psycopg.connect(url):  # warm the libpq and server-side connection path before the clock starts
+    with connect(url):  # warm the libpq and server-side connection path before the clock starts
         pass
     ready.wait()
     worker.run(once=True)
@@ -123,7 +123,7 @@ def _drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
 
 def throughput(url: str, jobs: int, processes: int, batch_size: int) -> float:
     """Jobs/s of ``processes`` worker processes draining ``jobs`` trivial jobs."""
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE core.queue_messages, core.processed_jobs")
         conn.execute(ENQUEUE, {"tenant": TENANT, "jobs": jobs})
         conn.execute("VACUUM ANALYZE core.queue_messages")
@@ -136,7 +136,7 @@ def throughput(url: str, jobs: int, processes: int, batch_size: int) -> float:
     for w in workers:
         w.join()
     elapsed = time.perf_counter() - started
-    with psycopg.connect(url) as conn:
+    with connect(url) as conn:
         left = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0]
         done = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
     assert left == 0 and done == jobs, (left, done)

@@ -42,6 +42,7 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.pg import connect  # noqa: E402
 from maintenance.demo import scratch_database  # noqa: E402
 
 VARIANTS = {
@@ -105,7 +106,7 @@ def main() -> int:
     args = parser.parse_args()
 
     server = os.environ.get("CORE_JOBS_TEST_DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-    with scratch_database(server, prefix="core_jobs_bench") as url, psycopg.connect(url, autocommit=True) as conn:
+    with scratch_database(server, prefix="core_jobs_bench") as url, connect(url, autocommit=True) as conn:
         run(conn, args)
     return 0
 

@@ -37,11 +37,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-import psycopg
 from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.pg import connect  # noqa: E402
 from harness.retry import RetryPolicy, max_retry_window  # noqa: E402
 from maintenance import migrate  # noqa: E402
 from maintenance.db import Database  # noqa: E402
@@ -86,7 +86,7 @@ SINGLE_DELETE = "DELETE FROM core.processed_jobs WHERE expires_at < now()"
 
 
 def admin(server: str, statement: sql.Composable) -> None:
-    with psycopg.connect(server, autocommit=True) as conn:
+    with connect(server, autocommit=True) as conn:
         conn.execute(statement)
 
 
@@ -96,7 +96,7 @@ def build_template(server: str, name: str, rows: int, shuffled: float, expired: 
     migrate.upgrade(url)
     started = time.perf_counter()
     layout = f"CASE WHEN random() < {shuffled:f} THEN random() ELSE g::float8 / {rows:d} END"
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True) as conn:
         span = min(timedelta(days=10), TTL / (1 - expired))
         conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "ttl": TTL, "expired": expired, "span": span})
         conn.execute(LOAD_PENDING_DEAD_LETTERS)
@@ -112,7 +112,7 @@ def writer(url: str, rate: float, stop: mp.Event, out: mp.Queue) -> None:
     rng = random.Random(7)
     written: list[uuid.UUID] = []
     samples: list[tuple[float, float]] = []
-    with psycopg.connect(url, autocommit=True) as conn:
+    with connect(url, autocommit=True) as conn:
         conn.execute("SELECT 1")
         interval = 1.0 / rate
         due = time.monotonic()
@@ -215,7 +215,7 @@ def purge_action(batch_size: int, target: timedelta, strategy: str, chosen: list
 
 
 def single_delete_action(url: str) -> tuple[int, float]:
-    with psycopg.connect(url) as conn:
+    with connect(url) as conn:
         started = time.perf_counter()
         deleted = conn.execute(SINGLE_DELETE).rowcount
         conn.commit()

@@ -1,7 +1,9 @@
 """Handling one delivery: the fence and the work in one transaction, then an outcome.
 
 1. The payload is validated against the consumer's schema. A payload it rejects is poison: a
-   dead letter at once, zero retries (J-B5, J-AC4).
+   dead letter at once, zero retries (J-B5, J-AC4). So is one whose validation fails in any
+   other way — a validator raising ``TypeError``, or anything else: validation depends on the
+   payload alone, so it would fail the same way every time (validators must not do I/O).
 2. One transaction on the caller's connection (J-B1)::
 
        INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
@@ -18,13 +20,19 @@
 3. A failure rolls everything back, then:
    ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
    ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
-   once ``max_attempts`` deliveries have failed (J-AC3).
+   once ``max_attempts`` deliveries have failed (J-AC3). "Any" includes ``BaseException``
+   subclasses such as ``SystemExit`` (a library calling ``sys.exit()`` in the handler): a
+   handler does not own the process, so that is this job's failure, not the worker's exit. The
+   one exception is ``KeyboardInterrupt``: the caller's stop, it propagates after the rollback.
+   The error is recorded as ``"Type: message"`` by :func:`harness.dead_letters.describe_error`,
+   which renders any exception, even one that cannot be printed.
 4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
    workers died mid-job or lost their leases. It is not run again (a message that kills its
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
    (``exhausted``) at once.
 
-Success writes nothing but the fence: it is counted in :mod:`harness.metrics` (J-B9, J-AC8).
+Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
+the default counts nothing) (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
 """
 
@@ -41,7 +49,7 @@ from pydantic import ValidationError
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error
 from harness.errors import PermanentError, PoisonMessage, TransientError
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
 from harness.retry import RetryPolicy, compute_delay
@@ -68,7 +76,7 @@ def handle(
     *,
     policy: RetryPolicy,
     fence_ttl: timedelta,
-    metrics: HarnessMetrics = METRICS,
+    metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
 ) -> Outcome:
     """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring."""
@@ -77,8 +85,11 @@ def handle(
     envelope = delivery.envelope
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
-    except ValidationError as exc:
-        poison = PoisonMessage(f"payload failed schema validation: {_describe_validation(exc)}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - whatever a validator raises, it will raise again: poison (J-B5)
+        why = _describe_validation(exc) if isinstance(exc, ValidationError) else describe_error(exc)
+        poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
 
     context = JobContext(
@@ -104,12 +115,14 @@ def handle(
                 raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled back,"
                                      " so nothing was committed") from exc
             _check_work_transaction(conn)
-    except Exception as exc:  # noqa: BLE001 - an unclassified failure is transient by design
+    except KeyboardInterrupt:
+        raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
+    except BaseException as exc:  # noqa: BLE001 - an unclassified failure, SystemExit included, is transient by design
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
-        metrics.duplicates.labels(consumer.name).inc()
+        metrics.duplicate(consumer.name)
         return Duplicate()
-    metrics.processed.labels(consumer.name).inc()
+    metrics.processed(consumer.name)
     return Acked()
 
 
@@ -117,10 +130,10 @@ def failure_outcome(
     conn: psycopg.Connection,
     consumer: Consumer,
     delivery: Delivery,
-    error: Exception,
+    error: BaseException,
     *,
     policy: RetryPolicy,
-    metrics: HarnessMetrics = METRICS,
+    metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
 ) -> Outcome:
     """Retry or dead letter after a failed (rolled back) attempt.
@@ -135,12 +148,12 @@ def failure_outcome(
     # An HTTP-date Retry-After is measured against PostgreSQL's clock, like the schedule itself.
     now = server_now(conn) if isinstance(retry_after, str) else None
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
-    metrics.retries.labels(consumer.name).inc()
+    metrics.retry(consumer.name)
     return RetryAfter(delay=delay, error=describe_error(error))
 
 
 def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict,
-                     policy: RetryPolicy, metrics: HarnessMetrics) -> Outcome:
+                     policy: RetryPolicy, metrics: Metrics) -> Outcome:
     """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
 
     The handler is not run again — a job that kills its worker would otherwise do so forever —
@@ -151,7 +164,7 @@ def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Del
         done = conn.execute(INSERT_FENCE, fence).fetchone() is None
         raise psycopg.Rollback()  # this delivery writes no fence
     if done:
-        metrics.duplicates.labels(consumer.name).inc()
+        metrics.duplicate(consumer.name)
         return Duplicate()
     error = DeliveriesExhausted(
         f"delivery {delivery.attempt} of a job allowed {policy.max_attempts} attempts: the earlier deliveries"
@@ -177,10 +190,10 @@ def _check_work_transaction(conn: psycopg.Connection) -> None:
 
 
 def _dead_letter(
-    consumer: Consumer, delivery: Delivery, reason: str, error: Exception, metrics: HarnessMetrics
+    consumer: Consumer, delivery: Delivery, reason: str, error: BaseException, metrics: Metrics
 ) -> DeadLettered:
     envelope = delivery.envelope
-    metrics.dead_lettered.labels(consumer.name, reason).inc()
+    metrics.dead_lettered(consumer.name, reason)
     return DeadLettered(
         reason=reason,  # type: ignore[arg-type]
         letter=DeadLetter(

@@ -1,4 +1,10 @@
-"""Prometheus counters of the harness: successes are metrics, not rows (J-B9).
+"""Counters of the harness: successes are metrics, not rows (J-B9).
+
+What the harness counts goes to a :class:`Metrics` the caller passes to
+:func:`harness.handling.handle` and :class:`harness.worker.Worker` (``metrics=``). The default,
+:data:`NO_METRICS`, counts nothing, so the harness needs no metrics library. The Prometheus one,
+:class:`HarnessMetrics`, needs the ``metrics`` extra (``core-jobs-harness[metrics]``, i.e.
+prometheus-client), imported only when one is made:
 
 =====================================  ==========  ===================================================
 metric                                 labels      counts
@@ -15,36 +21,105 @@ A worker whose lease ran out cannot settle its decision — nothing is written, 
 is logged — and the next delivery decides again, so these two may count a job more than once;
 ``core.dead_letters`` is the record of what was written.
 
-:data:`METRICS` lives in prometheus_client's default registry (what a ``/metrics`` endpoint
-serves); tests build their own :class:`HarnessMetrics` on a private registry.
+:func:`default_metrics` is the one :class:`HarnessMetrics` in prometheus_client's default
+registry (what ``start_http_server`` and a ``/metrics`` endpoint serve); ``core-jobs worker``
+passes it. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
+(StatsD, OpenTelemetry) is any object with the four methods of :class:`Metrics`.
 """
 
 from __future__ import annotations
 
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
+import threading
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["HarnessMetrics", "METRICS"]
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+__all__ = ["Metrics", "NoMetrics", "NO_METRICS", "HarnessMetrics", "default_metrics"]
+
+
+class Metrics(Protocol):
+    """What the harness counts, one call per decision on a delivery."""
+
+    def processed(self, consumer: str) -> None: ...
+
+    def duplicate(self, consumer: str) -> None: ...
+
+    def retry(self, consumer: str) -> None: ...
+
+    def dead_lettered(self, consumer: str, reason: str) -> None: ...
+
+
+class NoMetrics:
+    """Counts nothing: the default when the caller passes no metrics."""
+
+    def processed(self, consumer: str) -> None:
+        pass
+
+    def duplicate(self, consumer: str) -> None:
+        pass
+
+    def retry(self, consumer: str) -> None:
+        pass
+
+    def dead_lettered(self, consumer: str, reason: str) -> None:
+        pass
+
+
+NO_METRICS = NoMetrics()
 
 
 class HarnessMetrics:
-    def __init__(self, registry: CollectorRegistry = REGISTRY) -> None:
-        self.registry = registry
-        self.processed = Counter(
-            "harness_jobs_processed", "Jobs whose work and fence committed.", ["consumer"], registry=registry
+    """The ``harness_jobs_*_total`` Prometheus counters in ``registry`` (default: prometheus_client's)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        try:
+            from prometheus_client import REGISTRY, Counter
+        except ImportError as exc:
+            raise ImportError("harness.metrics.HarnessMetrics needs prometheus-client: install"
+                              " core-jobs-harness[metrics], or pass no metrics (counts nothing)") from exc
+        self.registry = REGISTRY if registry is None else registry
+        self._processed = Counter(
+            "harness_jobs_processed", "Jobs whose work and fence committed.", ["consumer"], registry=self.registry
         )
-        self.duplicates = Counter(
-            "harness_jobs_duplicates", "Deliveries skipped: the fence already existed.", ["consumer"], registry=registry
+        self._duplicates = Counter(
+            "harness_jobs_duplicates", "Deliveries skipped: the fence already existed.", ["consumer"],
+            registry=self.registry,
         )
-        self.retries = Counter(
-            "harness_jobs_retries", "Transient failures scheduled for another attempt.", ["consumer"], registry=registry
+        self._retries = Counter(
+            "harness_jobs_retries", "Transient failures scheduled for another attempt.", ["consumer"],
+            registry=self.registry,
         )
-        self.dead_lettered = Counter(
-            "harness_jobs_dead_lettered", "Jobs written to core.dead_letters.", ["consumer", "reason"], registry=registry
+        self._dead_lettered = Counter(
+            "harness_jobs_dead_lettered", "Jobs written to core.dead_letters.", ["consumer", "reason"],
+            registry=self.registry,
         )
+
+    def processed(self, consumer: str) -> None:
+        self._processed.labels(consumer).inc()
+
+    def duplicate(self, consumer: str) -> None:
+        self._duplicates.labels(consumer).inc()
+
+    def retry(self, consumer: str) -> None:
+        self._retries.labels(consumer).inc()
+
+    def dead_lettered(self, consumer: str, reason: str) -> None:
+        self._dead_lettered.labels(consumer, reason).inc()
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one counter (``name`` without ``_total``), 0 when never incremented."""
         return self.registry.get_sample_value(f"harness_jobs_{name}_total", labels) or 0.0
 
 
-METRICS = HarnessMetrics()
+_default: HarnessMetrics | None = None
+_default_lock = threading.Lock()
+
+
+def default_metrics() -> HarnessMetrics:
+    """The counters in prometheus_client's default registry, made on the first call (a registry takes them once)."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = HarnessMetrics()
+        return _default

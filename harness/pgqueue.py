@@ -37,7 +37,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue import Delivery, Envelope
+from harness.queue import Delivery, Envelope, check_payload
 
 __all__ = ["PgQueue"]
 
@@ -118,7 +118,11 @@ class PgQueue:
         self.worker = worker
 
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> int:
-        """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id."""
+        """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id.
+
+        A payload jsonb cannot store raises :class:`~harness.queue.InvalidPayload` before any write.
+        """
+        check_payload(envelope.payload)
         with self.conn.transaction():
             row = self.conn.execute(
                 PUBLISH,

@@ -15,10 +15,19 @@ outcome                what the adapter does
 Every settling call returns whether it took effect: False means the delivery's lease was lost
 (it expired and the message is, or will be, delivered again), and the write changed nothing.
 Only the reference adapter exists (harness/pgqueue.py); other brokers are out of scope.
+
+A payload is JSON that PostgreSQL's ``jsonb`` can store: the queue, the dead letters and a
+replay all keep it there. :func:`check_payload` refuses the rest — NaN and ±Infinity (JSON has
+neither; Python's ``json`` reads them, and reads ``1e400`` as inf), ``\\u0000`` in a string or a key,
+a lone UTF-16 surrogate, a value that is not JSON (a datetime, a set) — with
+:class:`InvalidPayload` naming where (``payload.items[1].note``). ``publish`` calls it first,
+so a bad payload is that error, never a database error, and nothing is queued.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,8 +37,8 @@ from uuid import UUID
 from harness.dead_letters import DeadLetter
 
 __all__ = [
-    "Acked", "DeadLettered", "Delivery", "Duplicate", "Envelope", "NO_TENANT", "Outcome", "QueuePort",
-    "RetryAfter", "settle",
+    "Acked", "DeadLettered", "Delivery", "Duplicate", "Envelope", "InvalidPayload", "NO_TENANT", "Outcome",
+    "QueuePort", "RetryAfter", "check_payload", "settle",
 ]
 
 # The tenant of platform-level jobs that belong to no tenant (processed_jobs.tenant_id is NOT NULL).
@@ -44,6 +53,57 @@ class Envelope:
     payload: Any  # JSON
     tenant_id: UUID = NO_TENANT
     correlation_id: str | None = None
+
+
+class InvalidPayload(ValueError):
+    """A payload PostgreSQL's jsonb cannot store; the message says where and why (never the value)."""
+
+
+# A UTF-16 surrogate without its partner: JSON may escape one, jsonb refuses it.
+_LONE_SURROGATE = re.compile(r"[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
+
+
+def check_payload(payload: Any) -> None:
+    """Raise :class:`InvalidPayload` at the first place of ``payload`` that jsonb cannot store."""
+    problem = _jsonb_problem(payload, "payload")
+    if problem is not None:
+        raise InvalidPayload(problem)
+
+
+def _jsonb_problem(value: Any, where: str) -> str | None:
+    if value is None or isinstance(value, bool | int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
+    if isinstance(value, str):
+        return _text_problem(value, where)
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if isinstance(key, str):
+                problem = _text_problem(key, f"{where}: a key")
+            elif key is None or isinstance(key, bool | int | float):  # json writes these keys as text
+                problem = None
+            else:
+                problem = f"{where}: a key of type {type(key).__name__} is not JSON"
+            problem = problem or _jsonb_problem(item, f"{where}.{key}")
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            problem = _jsonb_problem(item, f"{where}[{index}]")
+            if problem is not None:
+                return problem
+        return None
+    return f"{where}: a {type(value).__name__} is not JSON"
+
+
+def _text_problem(text: str, where: str) -> str | None:
+    if "\x00" in text:
+        return f"{where} contains \\u0000, which PostgreSQL cannot store in text"
+    if _LONE_SURROGATE.search(text):
+        return f"{where} contains a lone UTF-16 surrogate (\\ud800-\\udfff without its pair)"
+    return None
 
 
 @dataclass(frozen=True)

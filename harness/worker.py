@@ -1,21 +1,39 @@
 """The worker loop: runs one consumer on the reference PostgreSQL queue.
 
-Each of ``concurrency`` threads holds its own connection and repeats: claim a batch (up to
-``batch_size`` ready messages), handle each (harness/handling.py), settle retries and dead
-letters at once, and ack the batch's successes and duplicates in one statement at its end (an
-ack lost to a crash only means a redelivery, which the fence absorbs). An empty claim waits
-``poll_interval`` — or, with ``once``, ends the thread.
+Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
+ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
+claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
+retries and dead letters at once, and ack the batch's successes and duplicates in one statement
+at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
+claim waits ``poll_interval`` — or, with ``once``, ends the thread.
 
 Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are
 released at once without using an attempt.
 
+One bad message never stops the others: whatever its handler raises — an error that cannot be
+printed, ``SystemExit`` — or its payload's validation, is that message's retry or dead letter
+(harness/handling.py), recorded with its type name. The worker itself stops only when it cannot
+go on: its database connection is lost, or a handler raised ``KeyboardInterrupt``. Then, too,
+the batch's successes are acked and its unstarted messages released — on a fresh connection if
+the worker's own is gone (``harness.worker.give_back_failed`` if that fails as well: they wait
+out their lease) — while the message in hand keeps its lease and its counted attempt: if it is
+what breaks the worker, the attempt budget ends it as a dead letter instead of a crash loop.
+:meth:`Worker.run` then raises that error, after every thread has stopped.
+
+``core-jobs worker`` exits **0** when it stopped as asked (``--once`` found nothing ready,
+SIGTERM/SIGINT), **1** when the worker failed as above (``harness.worker.error`` says why) or
+the database was unreachable, **2** on a configuration or usage error; no other code, whatever a
+handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3).
+
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
-Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts), ``harness.job.retry_scheduled``,
-``harness.job.dead_lettered``, ``harness.job.lease_lost``; successes are metrics only. (``core-jobs
-worker`` adds ``harness.worker.stopping`` when a signal asks it to stop.)
+Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
+``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
+``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
+(default: none; harness/metrics.py). (``core-jobs worker`` passes the Prometheus counters, and adds
+``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
 
 from __future__ import annotations
@@ -28,10 +46,13 @@ from datetime import timedelta
 
 import psycopg
 import structlog
+from psycopg.pq import TransactionStatus
 
 from harness.consumer import Consumer
+from harness.dead_letters import describe_error
 from harness.handling import handle
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import NO_METRICS, Metrics
+from harness.pg import connect
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
 from harness.retry import RetryPolicy
@@ -39,6 +60,10 @@ from harness.retry import RetryPolicy
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
 log = structlog.get_logger()
+
+# Giving a batch back after the worker's connection was lost opens a fresh one; in a real outage
+# the server does not answer either, and the worker must not hang on its way out.
+GIVE_BACK_CONNECT_TIMEOUT_S = 5
 
 
 @dataclass(frozen=True)
@@ -65,6 +90,7 @@ class WorkerStats:
     retried: int = 0
     dead_lettered: int = 0
     leases_lost: int = 0
+    released: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -78,6 +104,7 @@ class WorkerStats:
             "num_retried": self.retried,
             "num_dead_lettered": self.dead_lettered,
             "num_leases_lost": self.leases_lost,
+            "num_released": self.released,
         }
 
 
@@ -89,7 +116,7 @@ class Worker:
         *,
         policy: RetryPolicy,
         config: WorkerConfig,
-        metrics: HarnessMetrics = METRICS,
+        metrics: Metrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
     ) -> None:
         self.conninfo = conninfo
@@ -130,7 +157,7 @@ class Worker:
         return self.stats
 
     def _loop(self, worker_name: str, once: bool) -> None:
-        with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
+        with connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
             queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
             while not self._stopping.is_set():
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)
@@ -143,32 +170,63 @@ class Worker:
 
     def _run_batch(self, conn: psycopg.Connection, queue: PgQueue, batch: list[Delivery]) -> None:
         done: list[Delivery] = []
+        started = 0
         try:
-            for index, delivery in enumerate(batch):
+            for delivery in batch:
                 if self._stopping.is_set():
-                    queue.release(batch[index:])
-                    return
-                outcome = handle(conn, self.consumer, delivery, policy=self.policy,
-                                 fence_ttl=self.config.fence_ttl, metrics=self.metrics)
-                if isinstance(outcome, (Acked, Duplicate)):
-                    done.append(delivery)
-                    self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
-                    continue
-                fields = {"consumer": self.consumer.name, "job_id": str(delivery.envelope.job_id),
-                          "attempt": delivery.attempt, "correlation_id": delivery.envelope.correlation_id}
-                if not settle(queue, delivery, outcome):
-                    self.stats.add("leases_lost")
-                    log.warning("harness.job.lease_lost", **fields)
-                elif isinstance(outcome, RetryAfter):
-                    self.stats.add("retried")
-                    log.info("harness.job.retry_scheduled", **fields, delay_s=outcome.delay.total_seconds(),
-                             error=outcome.error)
-                elif isinstance(outcome, DeadLettered):
-                    self.stats.add("dead_lettered")
-                    log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason,
-                                error=outcome.letter.last_error)
+                    break
+                started += 1
+                self._run_one(conn, queue, delivery, done)
         finally:
-            acked = queue.ack(done) if done and not conn.closed else 0
-            if acked < len(done):
-                self.stats.add("leases_lost", len(done) - acked)
-                log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
+            # Stopping or failing mid-batch: the message in hand keeps its lease and its counted
+            # attempt (if it is what broke the worker, the attempt budget still ends it); the
+            # unstarted rest did nothing wrong and goes back at once.
+            self._end_batch(conn, queue, done, batch[started:])
+
+    def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
+        outcome = handle(conn, self.consumer, delivery, policy=self.policy,
+                         fence_ttl=self.config.fence_ttl, metrics=self.metrics)
+        if isinstance(outcome, (Acked, Duplicate)):
+            done.append(delivery)
+            self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
+            return
+        fields = {"consumer": self.consumer.name, "job_id": str(delivery.envelope.job_id),
+                  "attempt": delivery.attempt, "correlation_id": delivery.envelope.correlation_id}
+        if not settle(queue, delivery, outcome):
+            self.stats.add("leases_lost")
+            log.warning("harness.job.lease_lost", **fields)
+        elif isinstance(outcome, RetryAfter):
+            self.stats.add("retried")
+            log.info("harness.job.retry_scheduled", **fields, delay_s=outcome.delay.total_seconds(),
+                     error=outcome.error)
+        elif isinstance(outcome, DeadLettered):
+            self.stats.add("dead_lettered")
+            log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason,
+                        error=outcome.letter.last_error)
+
+    def _end_batch(self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery],
+                   unstarted: list[Delivery]) -> None:
+        """Ack the batch's successes and release its unstarted messages; never raises.
+
+        On the worker's connection while it is usable, else on a fresh one: a lost connection
+        must not leave them leased until the lease expires, each with an attempt used. What
+        cannot be done here, the lease expiry does later (the fence absorbs a redelivered success).
+        """
+        if not done and not unstarted:
+            return
+        try:
+            if conn.info.transaction_status == TransactionStatus.IDLE:
+                acked, released = queue.ack(done), queue.release(unstarted)
+            else:  # closed or broken (a database outage, a terminated backend)
+                with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name,
+                                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S) as fresh:
+                    other = PgQueue(fresh, lease=self.config.lease, worker=queue.worker)
+                    acked, released = other.ack(done), other.release(unstarted)
+        except Exception as exc:  # noqa: BLE001 - an error already on its way out must not be replaced by this one
+            log.warning("harness.worker.give_back_failed", consumer=self.consumer.name, num_unacked=len(done),
+                        num_unreleased=len(unstarted), error=describe_error(exc))
+            return
+        self.stats.add("released", released)
+        if acked < len(done):
+            self.stats.add("leases_lost", len(done) - acked)
+            log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)

@@ -1,4 +1,8 @@
-"""Connections to the core-jobs database (psycopg 3), named so they are easy to find in pg_stat_activity."""
+"""Connections to the core-jobs database (psycopg 3), named so they are easy to find in pg_stat_activity.
+
+Opened by ``harness.pg.connect``, which pins DateStyle ISO, IntervalStyle postgres and TimeZone
+UTC whatever the database's defaults (its docstring says why).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,7 @@ from datetime import datetime
 
 import psycopg
 
-from harness.pg import server_now
+from harness.pg import connect, server_now
 
 APPLICATION_NAME = "core-jobs"
 
@@ -19,7 +23,7 @@ class Database:
         self.application_name = application_name
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection:
-        return psycopg.connect(self.conninfo, autocommit=autocommit, application_name=self.application_name)
+        return connect(self.conninfo, autocommit=autocommit, application_name=self.application_name)
 
     def server_now(self) -> datetime:
         """PostgreSQL's clock, read once per run and passed down to the job."""

@@ -16,7 +16,6 @@ import warnings
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-import psycopg
 from pydantic import SecretStr
 from psycopg import sql
 
@@ -51,12 +50,13 @@ def with_database(url: str, name: str) -> str:
 def scratch_database(server_url: str, prefix: str = "core_jobs_demo") -> Iterator[str]:
     """A new, empty database ``<prefix>_<random>`` on ``server_url``'s server, dropped afterwards."""
     name = f"{prefix}_{secrets.token_hex(4)}"
-    with psycopg.connect(server_url, autocommit=True) as conn:
+    server = Database(server_url)
+    with server.connect(autocommit=True) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     try:
         yield with_database(server_url, name)
     finally:
-        with psycopg.connect(server_url, autocommit=True) as conn:
+        with server.connect(autocommit=True) as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 

@@ -1,9 +1,11 @@
 """The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard.
 
-Exit codes as for every command: 0 ok; 1 the worker failed, or the database could not be reached
-or failed the command (one ``database error`` line on stderr, secrets masked); 2 a configuration
-or usage error, or an operator action refused as a whole (an unknown id, a dead letter that is
-not ``pending_review``, a blank discard reason) — nothing changed.
+Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
+handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
+not be reached or failed the command (one ``database error`` line on stderr, secrets masked); 2 a
+configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
+letter that is not ``pending_review``, a blank discard reason) — nothing changed. The worker
+exits with no other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from typing import Any
 from prometheus_client import start_http_server
 
 from harness.consumer import Consumer, valid_name
+from harness.dead_letters import describe_error
+from harness.metrics import default_metrics
 from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
 from harness.pgqueue import PgQueue
-from harness.queue import NO_TENANT, Envelope
+from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
 from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
 from maintenance.db import Database
@@ -67,7 +71,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         poll_interval=settings.worker_poll_interval,
         concurrency=args.concurrency or settings.worker_concurrency,
     )
-    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config)
+    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config,
+                    metrics=default_metrics())  # the default registry, which --metrics-port serves
     if args.metrics_port:
         try:
             start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
@@ -81,8 +86,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
-    except Exception as exc:  # the stop event already carries the counts; say why
-        get_logger().error("harness.worker.error", consumer=consumer.name, error=f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # noqa: BLE001 - whatever stopped it, the exit code is a documented one
+        # The stop event already carries the counts; say why.
+        get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
         return EXIT_FAILED
     finally:
         for signum, handler in previous.items():
@@ -99,6 +105,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         payload = json.loads(args.payload)
     except json.JSONDecodeError as exc:
         print(f"core-jobs: --payload is not valid JSON: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        check_payload(payload)  # publish checks too; here it is a usage error before any connection
+    except InvalidPayload as exc:
+        print(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {exc}", file=sys.stderr)
         return EXIT_USAGE
     envelope = Envelope(job_id=args.job_id or uuid.uuid4(), payload=payload,
                         tenant_id=args.tenant_id or NO_TENANT, correlation_id=args.correlation_id)

@@ -8,27 +8,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import psycopg
 import sqlalchemy
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from maintenance.db import APPLICATION_NAME
+from maintenance.db import Database
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 def _engine(conninfo: str) -> sqlalchemy.Engine:
-    """An engine whose connections libpq opens from ``conninfo`` itself.
+    """An engine whose connections libpq opens from ``conninfo`` itself, as every job's are (``Database``).
 
     SQLAlchemy never parses the URL: its reading differs from libpq's (a multi-host URL, which
     every job accepts, would fail here alone).
     """
     return sqlalchemy.create_engine(
         "postgresql+psycopg://",
-        creator=lambda: psycopg.connect(conninfo, application_name=APPLICATION_NAME),
+        creator=Database(conninfo).connect,
         poolclass=sqlalchemy.pool.NullPool,
     )
 

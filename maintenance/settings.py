@@ -2,7 +2,9 @@
 
 Durations accept ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``) or a number of seconds (``30``,
 ``0.5``). An unknown ``CORE_JOBS_*`` variable is an error that names it and suggests the
-closest valid name, so a typo never silently falls back to a default. Every problem is
+closest valid name, so a typo never silently falls back to a default. URL settings are parsed
+the way httpx and urllib will use them (:func:`check_http_url`: host, IPv6 brackets, port
+1-65535, no credentials), so a bad one fails at load, not after the jobs ran. Every problem is
 reported as :class:`ConfigError` (exit code 2) before any data is touched.
 
 The table of settings (name, unit, default, meaning) is in README.md; each field below
@@ -23,6 +25,7 @@ from datetime import timedelta, timezone
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
+import httpx
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretStr, ValidationError, field_validator
@@ -111,24 +114,29 @@ NonNegativeDuration = Annotated[timedelta, BeforeValidator(parse_duration), Afte
 
 
 def format_duration(delta: timedelta) -> str:
-    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``)."""
-    total = delta.total_seconds()
-    sign = "-" if total < 0 else ""
-    total = abs(total)
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
+    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``), exact to the microsecond.
+
+    Never rounded: a guard that compares two durations must not print them equal (23.999999 s
+    stays ``PT23.999999S``). Integer arithmetic, so huge durations keep their microseconds too.
+    """
+    sign = "-" if delta < timedelta(0) else ""
+    delta = abs(delta)
+    hours, rest = divmod(delta.seconds, 3600)
     minutes, seconds = divmod(rest, 60)
-    date_part = f"{int(days)}D" if days else ""
-    time_part = "".join(
-        f"{n}{unit}"
-        for n, unit in ((int(hours), "H"), (int(minutes), "M"))
-        if n
-    )
-    if seconds:
-        time_part += f"{seconds:g}S"
+    date_part = f"{delta.days}D" if delta.days else ""
+    time_part = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n)
+    if seconds or delta.microseconds:
+        fraction = f".{delta.microseconds:06d}".rstrip("0") if delta.microseconds else ""
+        time_part += f"{seconds}{fraction}S"
     if not date_part and not time_part:
         return "PT0S"
     return f"{sign}P{date_part}" + (f"T{time_part}" if time_part else "")
+
+
+def format_factor(value: float) -> str:
+    """A factor as written (``2``, ``1.5``, ``2.0000001``): the shortest text that reads back as exactly ``value``."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,7 @@ class TtlGuard:
     def explain(self) -> str:
         verdict = "ok" if self.ok else "TOO SHORT"
         text = (
-            f"{ENV_PREFIX}PROCESSED_JOBS_TTL={format_duration(self.ttl)} vs {ENV_PREFIX}TTL_MARGIN={self.margin:g}"
+            f"{ENV_PREFIX}PROCESSED_JOBS_TTL={format_duration(self.ttl)} vs {ENV_PREFIX}TTL_MARGIN={format_factor(self.margin)}"
             f" x max retry window {format_duration(self.window)} = {format_duration(self.required)}: {verdict}"
         )
         if not self.ok:
@@ -185,11 +193,20 @@ class RetryOverride(BaseModel):
         return value.strip()
 
 
+# Spellings of the scheme accepted besides libpq's own postgresql:// (SQLAlchemy's, Heroku's).
+DATABASE_URL_SCHEME_ALIASES = ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://")
+
+
 def normalize_database_url(url: str) -> str:
-    """Accept ``postgresql://`` and ``postgresql+psycopg://`` (SQLAlchemy style); return libpq's."""
-    for prefix in ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://"):
+    """Accept ``postgresql://`` and its aliases (SQLAlchemy's ``+psycopg``, ``+psycopg2``, ``postgres://``); return libpq's.
+
+    The scheme is rewritten first and then every spelling takes the same check, so an alias
+    never lets through a URL that libpq would misread.
+    """
+    for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
-            return "postgresql://" + url[len(prefix):]
+            url = "postgresql://" + url[len(prefix):]
+            break
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
     _check_libpq_parses(url)
@@ -205,8 +222,14 @@ def _check_libpq_parses(url: str) -> None:
             "libpq cannot parse it: percent-encode special characters of the password"
             " (@ as %40, % as %25) and use only libpq's query parameters"
         ) from None
-    if "@" in params.get("host", ""):
-        raise ValueError("its password contains an unencoded @: write it as %40")
+    # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
+    if "@" in params.get("host", "") + params.get("port", ""):
+        raise ValueError("its user name or password contains an unencoded @: write it as %40")
+    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+        raise ValueError(
+            "its port is not a number: percent-encode special characters of the user name and password"
+            " (/ as %2F, : as %3A, @ as %40)"
+        )
 
 
 def url_passwords(url: str) -> list[str]:
@@ -222,6 +245,35 @@ _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
 def redact_url(url: str) -> str:
     """The URL with any password (user part or ``?password=``) replaced by ``***``."""
     return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, mask_url_passwords(url))
+
+
+def check_http_url(value: str, *, credentials_hint: str = "") -> str:
+    """``value`` (stripped, no trailing ``/``) if httpx and urllib can both use it as an http(s) URL; else ValueError.
+
+    Parsed the way the clients will: urllib (the Pushgateway push, the masked form in log events)
+    and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
+    The messages never quote the URL: a heartbeat URL's path is a token.
+    """
+    text = value.strip()
+    if not re.match(r"^https?://", text, re.I):
+        raise ValueError("must be an http:// or https:// URL")
+    if any(ch.isspace() for ch in text):
+        raise ValueError("must not contain spaces")
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # reading it checks it: a number in 0-65535
+        url = httpx.URL(text)
+    except (ValueError, httpx.InvalidURL):  # an unclosed [ of an IPv6 host, a bad port, an invalid IDNA host name
+        raise ValueError(
+            "is not a URL httpx can use: check the host (an IPv6 address in [ ]) and the port (1-65535)"
+        ) from None
+    if not url.host or not parts.hostname:
+        raise ValueError("has no host")
+    if port == 0:
+        raise ValueError("its port must be 1-65535")
+    if parts.username is not None or parts.password is not None or url.userinfo:
+        raise ValueError("must not carry credentials (user:password@)" + credentials_hint)
+    return text.rstrip("/")
 
 
 def check_crontab(expr: str) -> str:
@@ -253,7 +305,8 @@ class Settings(BaseSettings, ApiSettings):
     # --- foundation -------------------------------------------------------------------------
     database_url: SecretStr | None = Field(
         default=None,
-        description="PostgreSQL URL (postgresql:// or postgresql+psycopg://), as libpq reads it. Required by "
+        description="PostgreSQL URL (postgresql://; postgresql+psycopg://, postgresql+psycopg2:// and postgres:// are "
+        "rewritten to it, then checked alike), as libpq reads it. Required by "
         "every command that uses the database; `demo` starts an embedded PostgreSQL when it is unset.",
     )
     processed_jobs_ttl: PositiveDuration = Field(
@@ -384,9 +437,7 @@ class Settings(BaseSettings, ApiSettings):
     @field_validator("betterstack_api_url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        if not re.match(r"^https?://[^/\s]+", value):
-            raise ValueError("must be an http:// or https:// URL")
-        return value.rstrip("/")
+        return check_http_url(value)
 
     @field_validator("betterstack_heartbeat_url", mode="before")
     @classmethod
@@ -394,9 +445,10 @@ class Settings(BaseSettings, ApiSettings):
         if value is None or value == "":
             return None
         raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
-        if not re.match(r"^https?://[^/\s]+/\S+", raw):
+        url = check_http_url(raw)
+        if not urlsplit(url).path.strip("/"):
             raise ValueError("must be an http:// or https:// URL with a path (the heartbeat token)")
-        return SecretStr(raw.rstrip("/"))
+        return SecretStr(url)
 
     @field_validator("betterstack_api_token", mode="before")
     @classmethod
@@ -460,12 +512,7 @@ class Settings(BaseSettings, ApiSettings):
     def _pushgateway_url(cls, value: Any) -> Any:
         if value is None or str(value).strip() == "":
             return None
-        parts = urlsplit(str(value).strip())
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError("must be an http:// or https:// URL of the Pushgateway")
-        if parts.username is not None or parts.password is not None:
-            raise ValueError("must not carry credentials (user:password@); protect the Pushgateway by network policy")
-        return str(value).strip().rstrip("/")
+        return check_http_url(str(value), credentials_hint="; protect the Pushgateway by network policy")
 
     @field_validator("schedule_purge", "schedule_alerts", "schedule_metrics")
     @classmethod

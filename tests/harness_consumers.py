@@ -3,13 +3,22 @@
 ``blocking`` is the example points consumer (same name, same fence) whose handler, after
 crediting, waits for the advisory lock ``LOCK_KEY``: a test holding that lock freezes the
 worker between its work and its commit, then kills or stops it.
+
+``fragile`` is the points consumer with one way of misbehaving per member: a validator that
+raises TypeError (``m-typeerror``) or SystemExit (``m-exit-validating``), a handler error that
+cannot be printed (``m-unprintable``), one whose text holds a lone surrogate (``m-surrogate``),
+``SystemExit(3)`` (``m-exit``), ``KeyboardInterrupt`` (``m-interrupt``), and a handler that
+loses its database connection (``m-disconnect``: it terminates its own backend). Every other
+member is credited.
 """
 
 from __future__ import annotations
 
 import psycopg
+from pydantic import field_validator
 
 from harness.consumer import Consumer, JobContext
+from harness.errors import TransientError
 from harness.examples.points import CreditPoints, consumer as points
 from harness.retry import RetryPolicy
 
@@ -29,3 +38,40 @@ blocking = Consumer(name=points.name, queue=points.queue, payload_schema=CreditP
 patient = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=points.handler,
                    retry_policy=RetryPolicy(max_attempts=200),
                    retry_justification="test: a policy fixed in code that outlasts the fence")
+
+
+class PickyCredit(CreditPoints):
+    """CreditPoints whose validator fails with something other than a ValueError for some members."""
+
+    @field_validator("member_id")
+    @classmethod
+    def _picky(cls, member_id: str) -> str:
+        if member_id == "m-typeerror":
+            raise TypeError("member ids are compared as bytes")
+        if member_id == "m-exit-validating":
+            raise SystemExit(4)
+        return member_id
+
+
+class Unprintable(Exception):
+    """An error whose text cannot be had: its __str__ raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no text")
+
+
+def _misbehave(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    failures = {
+        "m-unprintable": Unprintable,
+        "m-surrogate": lambda: TransientError("ledger said \udcff"),
+        "m-exit": lambda: SystemExit(3),
+        "m-interrupt": KeyboardInterrupt,
+    }
+    if payload.member_id == "m-disconnect":
+        conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    if payload.member_id in failures:
+        raise failures[payload.member_id]()
+    points.handler(conn, payload, ctx)
+
+
+fragile = Consumer(name=points.name, queue=points.queue, payload_schema=PickyCredit, handler=_misbehave)

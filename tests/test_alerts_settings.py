@@ -31,6 +31,17 @@ def test_bad_alert_setting_exits_2_naming_it(clean_env, capsys, name, value, pro
     assert name in err and problem in err
 
 
+def test_heartbeat_url_httpx_cannot_use_exits_2_before_any_job_runs(clean_env, database_url, capsys):
+    """An unclosed IPv6 bracket in the heartbeat URL exits 2 at load, with one line, no job run and no token shown."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "http://[::1/api/v1/heartbeat/hb-554433")
+    assert main(["run-once"]) == EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert captured.out == ""  # no job started
+    assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_BETTERSTACK_HEARTBEAT_URL: ")
+    assert captured.err.count("\n") == 1 and "hb-554433" not in captured.err
+
+
 def test_check_config_redacts_the_token_and_the_heartbeat_url(clean_env, capsys):
     """check-config shows *** for the API token and the heartbeat URL (its path is a token)."""
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "tok-live-123456")

@@ -126,3 +126,35 @@ def test_python_dash_m_maintenance_runs_the_cli(clean_env):
     done = subprocess.run([sys.executable, "-m", "maintenance", "--help"], capture_output=True, text=True, check=False)
     assert done.returncode == 0
     assert "run-once" in done.stdout
+
+
+SCHEMES = ["postgresql", "postgresql+psycopg", "postgresql+psycopg2", "postgres"]
+# Passwords libpq would misread, each with the fragments that must never be printed.
+MISREAD_PASSWORDS = {
+    "raw @": ("Frag1-xY3@Frag2-bPw9", ["Frag1-xY3", "Frag2-bPw9"]),
+    "bad %": ("Frag3-qW7%zzFrag4-kL2", ["Frag3-qW7", "Frag4-kL2"]),
+}
+DATABASE_COMMANDS = {
+    "run-once": ["run-once"],
+    "migrate": ["migrate"],
+    "downgrade": ["downgrade", "base"],
+    "dead-letters list": ["dead-letters", "list"],
+    "enqueue": ["enqueue", "points.credit", "--payload", "{}"],
+    "worker": ["worker", "--consumer", "harness.examples.points:consumer", "--once"],
+    "check-config": ["check-config"],
+}
+
+
+@pytest.mark.parametrize("command", DATABASE_COMMANDS)
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("password", MISREAD_PASSWORDS)
+def test_database_url_libpq_would_misread_exits_2_in_every_spelling_without_any_part_of_the_password(
+    clean_env, capsys, command, scheme, password
+):
+    """Every accepted scheme gets the same URL check: a raw @ or a bad %-escape in the password exits 2 at load, printing no fragment of it."""
+    secret, fragments = MISREAD_PASSWORDS[password]
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", f"{scheme}://app:{secret}@127.0.0.1:1/core")
+    assert main(DATABASE_COMMANDS[command]) == EXIT_CONFIG
+    captured = capsys.readouterr()
+    assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ")
+    assert not [f for f in fragments if f in captured.out + captured.err]

@@ -64,3 +64,33 @@ def test_describe_error_is_type_and_message_bounded():
     assert describe_error(TimeoutError()) == "TimeoutError"
     long = describe_error(RuntimeError("y" * 5000), limit=100)
     assert len(long) == 100 and long.startswith("RuntimeError: yyy") and long.endswith("[truncated]")
+
+
+class StrRaises(Exception):
+    def __str__(self):
+        raise RuntimeError("broken __str__")
+
+
+class StrNotAString(Exception):
+    def __str__(self):
+        return 42
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (StrRaises("x"), "StrRaises: <message unprintable: RuntimeError: broken __str__>"),
+        (StrNotAString("x"), "StrNotAString: <message unprintable: TypeError: __str__ returned non-string (type int)>"),
+    ],
+    ids=["str-raises", "str-returns-int"],
+)
+def test_describe_error_names_the_type_of_an_exception_that_cannot_be_printed(error, expected):
+    """An exception whose __str__ raises or returns a non-string is described by its type and why it could not be printed."""
+    assert describe_error(error) == expected
+
+
+def test_describe_error_escapes_lone_surrogates_utf8_cannot_encode():
+    """A lone surrogate (from bytes decoded with surrogateescape) is written as \\udcff, so the text encodes as UTF-8."""
+    text = describe_error(ValueError("ledger said \udcff"))
+    assert text == "ValueError: ledger said \\udcff"
+    text.encode("utf-8")

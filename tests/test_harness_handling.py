@@ -18,6 +18,7 @@ from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Envelope, RetryAfter
 from harness.retry import RetryPolicy
+from harness_consumers import PickyCredit, Unprintable
 from harness_support import TENANT, TTL, fences, points, scalar, wait_until_waiting_on_lock
 
 POLICY = RetryPolicy()
@@ -114,6 +115,37 @@ def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(databas
     assert outcomes == {"a": Acked(), "b": Duplicate()}
     assert points(conn, "m-par") == 7
     assert fences(conn, d.envelope.job_id) == 1
+
+
+class RecordedMetrics:
+    """A Metrics of the caller's own (no Prometheus): the calls the harness made, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+
+    def processed(self, consumer: str) -> None:
+        self.calls.append(("processed", consumer))
+
+    def duplicate(self, consumer: str) -> None:
+        self.calls.append(("duplicate", consumer))
+
+    def retry(self, consumer: str) -> None:
+        self.calls.append(("retry", consumer))
+
+    def dead_lettered(self, consumer: str, reason: str) -> None:
+        self.calls.append(("dead_lettered", consumer, reason))
+
+
+def test_the_callers_own_metrics_object_receives_each_decision(conn):
+    """Any object with the four Metrics methods is told of a success, a duplicate, a retry and a dead letter."""
+    recorded = RecordedMetrics()
+    d = delivery({"member_id": "m-1", "points": 50})
+    for consumer, this in [(make_consumer(), d), (make_consumer(), d),
+                           (failing(TransientError("ledger timeout")), delivery({"member_id": "m-2", "points": 1})),
+                           (make_consumer(), delivery({"member_id": "m-3", "points": -5}))]:
+        handle(conn, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=recorded)
+    assert recorded.calls == [("processed", "points.credit"), ("duplicate", "points.credit"),
+                              ("retry", "points.credit"), ("dead_lettered", "points.credit", "poison")]
 
 
 def test_a_failure_rolls_back_the_work_and_the_fence(conn, metrics):
@@ -220,4 +252,39 @@ def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_re
     assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
     assert "ended the work transaction" in outcome.letter.last_error
     assert metrics.value("processed", consumer="points.credit") == 0
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+@pytest.mark.parametrize(("member", "says"), [("m-typeerror", "TypeError: member ids are compared as bytes"),
+                                              ("m-exit-validating", "SystemExit: 4")], ids=["type-error", "system-exit"])
+def test_any_exception_raised_while_validating_the_payload_is_poison(conn, metrics, member, says):
+    """J-B5: a validator raising TypeError or even SystemExit (not a ValidationError) is poison too, its type named."""
+    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=PickyCredit,
+                        handler=make_consumer().handler)
+    outcome = handle(conn, consumer, delivery({"member_id": member, "points": 1}), policy=POLICY, fence_ttl=TTL,
+                     metrics=metrics)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "poison", outcome
+    assert outcome.letter.last_error == f"PoisonMessage: payload failed schema validation: {says}"
+    assert metrics.value("retries", consumer="points.credit") == 0
+
+
+@pytest.mark.parametrize(("error", "recorded"), [
+    (Unprintable(), "Unprintable: <message unprintable: RuntimeError: no text>"),
+    (SystemExit(3), "SystemExit: 3"),
+    (GeneratorExit(), "GeneratorExit"),
+], ids=["unprintable", "system-exit", "generator-exit"])
+def test_a_handler_failure_of_any_kind_is_rolled_back_and_retried_with_its_type_named(conn, metrics, error, recorded):
+    """An unprintable exception, SystemExit or another BaseException from a handler is that delivery's failure: rolled back, retried, named."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    outcome = handle(conn, failing(error), d, policy=POLICY, fence_ttl=TTL, metrics=metrics, random=lambda: 0.5)
+    assert outcome == RetryAfter(delay=timedelta(seconds=30), error=recorded)
+    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
+
+
+def test_keyboard_interrupt_from_a_handler_propagates_after_rolling_back(conn, metrics):
+    """KeyboardInterrupt is the caller's stop, not the job's failure: it propagates, and the work and fence are rolled back."""
+    d = delivery({"member_id": "m-1", "points": 50})
+    with pytest.raises(KeyboardInterrupt):
+        handle(conn, failing(KeyboardInterrupt()), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    assert points(conn, "m-1") == 0 and fences(conn, d.envelope.job_id) == 0
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE

@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.examples.points import consumer as points_consumer
-from harness.metrics import METRICS, HarnessMetrics
+from harness.metrics import HarnessMetrics, default_metrics
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TENANT, TTL, fences, points, publish, scalar
@@ -70,6 +70,33 @@ def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, ca
     assert cli(argv) == EXIT_CONFIG
     assert message in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ('{"member_id": "m-1", "points": NaN}', "payload.points"),
+        ('{"member_id": "m-1", "points": Infinity}', "payload.points"),
+        ('{"member_id": "m-1", "points": -Infinity}', "payload.points"),
+        ('{"member_id": "m-1", "points": 1e400}', "payload.points"),
+        ('{"member_id": "m\\u0000-1", "points": 1}', "payload.member_id"),
+        ('{"member_id\\u0000": "m-1", "points": 1}', "payload: a key"),
+        ('{"member_id": "\\ud800", "points": 1}', "payload.member_id"),
+        ('[{"deep": [{"member_id": "m\\u0000"}]}]', "payload[0].deep[0].member_id"),
+    ],
+)
+def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn, capsys, payload, where):
+    """NaN, Infinity, a number beyond a float, \\u0000 or a lone surrogate in --payload exits 2 naming where, and nothing is queued."""
+    assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {where}") and err.count("\n") == 1
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_enqueue_keeps_an_escaped_backslash_u0000_as_text(cli, conn):
+    """A payload whose text merely reads backslash-u0000 (an escaped backslash) is valid jsonb and is queued as written."""
+    assert cli(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "note": "\\\\u0000"}']) == EXIT_OK
+    assert scalar(conn, "SELECT payload->>'note' FROM core.queue_messages") == "\\u0000"
 
 
 def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, capsys, clean_env):
@@ -233,7 +260,7 @@ def free_port() -> int:
 def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
     """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics)."""
     publish(conn, {"member_id": "m-1", "points": 1})
-    before = METRICS.value("processed", consumer="points.credit")  # the default registry: earlier tests count too
+    before = default_metrics().value("processed", consumer="points.credit")  # default registry: earlier tests count
     port = free_port()
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)]) == EXIT_OK
     body = httpx.get(f"http://127.0.0.1:{port}/metrics").text

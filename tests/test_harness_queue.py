@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+import uuid
+from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from harness.consumer import Consumer
 from harness.dead_letters import DeadLetter
@@ -15,7 +18,7 @@ from harness.examples.points import CreditPoints, OutageLedger, consumer as poin
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
-from harness.queue import Acked
+from harness.queue import Acked, Envelope, InvalidPayload
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
 from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
@@ -36,6 +39,25 @@ def letter_for(delivery) -> DeadLetter:
     e = delivery.envelope
     return DeadLetter(job_id=e.job_id, queue=delivery.queue, consumer="points.credit", payload=e.payload,
                       attempts=delivery.attempt, last_error="TransientError: x")
+
+
+@pytest.mark.parametrize(
+    ("payload", "where"),
+    [
+        ({"member_id": "m-1", "points": float("nan")}, "payload.points"),
+        ({"member_id": "m-1", "points": float("-inf")}, "payload.points"),
+        ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
+        ({"member_id\x00": "m-1"}, "payload: a key"),
+        ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
+        ({"at": datetime(2024, 1, 1, tzinfo=timezone.utc)}, "payload.at"),
+    ],
+)
+def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):
+    """publish raises InvalidPayload (a ValueError naming where) for what jsonb cannot store, before touching the database."""
+    with pytest.raises(InvalidPayload, match=re.escape(where)):
+        PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))
+    assert issubclass(InvalidPayload, ValueError)
+    assert row_counts(conn)["core.queue_messages"] == 0
 
 
 def test_claim_skips_rows_another_claimer_has_locked(database_url, conn):
@@ -245,3 +267,29 @@ def test_an_error_message_with_a_nul_character_is_still_recorded(database_url, c
     consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=garbled)
     assert run_worker(database_url, consumer, metrics).retried == 1
     assert scalar(conn, "SELECT last_error FROM core.queue_messages") == "TransientError: ledger answered b'\\x00' as \\0"
+
+
+def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_and_raises_the_original_error(
+    database_url, conn, metrics
+):
+    """Connection lost mid-batch and no server answering a new one: give_back_failed is logged, the connection's own
+    error is raised, and the batch waits out its lease."""
+    for member in ("m-ok", "m-cut", "m-next"):
+        publish(conn, {"member_id": member, "points": 1})
+    credit = points_consumer.handler
+
+    def cut_off(conn_, payload, ctx):
+        if payload.member_id == "m-cut":
+            worker.conninfo = "postgresql://postgres@127.0.0.1:1/nowhere"  # from now on, nothing answers
+            conn_.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+        credit(conn_, payload, ctx)
+
+    consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=cut_off)
+    worker = Worker(database_url, consumer, policy=RetryPolicy(), config=CONFIG, metrics=metrics)
+    with capture_logs() as logs, pytest.raises(psycopg.OperationalError, match="connection is lost"):
+        worker.run(once=True)
+    (failed,) = [e for e in logs if e["event"] == "harness.worker.give_back_failed"]
+    assert (failed["num_unacked"], failed["num_unreleased"]) == (1, 1)
+    assert failed["error"].startswith("OperationalError: connection")
+    assert conn.execute("SELECT payload->>'member_id', attempts, lease_token IS NOT NULL FROM core.queue_messages"
+                        " ORDER BY id").fetchall() == [("m-ok", 1, True), ("m-cut", 1, True), ("m-next", 1, True)]

@@ -1,7 +1,9 @@
-"""A real worker process: killed hard mid-job (J-AC2, R-7), and stopped gracefully on SIGTERM (issue 6, point 5)."""
+"""A real worker process: killed hard mid-job (J-AC2, R-7), stopped gracefully on SIGTERM (issue 6, point 5), and one bad
+message in a batch (issue 9, items 4 and 12)."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue as queue_module
 import signal
@@ -25,14 +27,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 class WorkerProcess:
-    """``core-jobs worker --consumer harness_consumers:blocking`` in a subprocess, its stdout read line by line."""
+    """``core-jobs worker --consumer harness_consumers:blocking`` (or ``consumer``) in a subprocess, its stdout read
+    line by line."""
 
-    def __init__(self, database_url: str, *args: str) -> None:
+    def __init__(self, database_url: str, *args: str, consumer: str = "harness_consumers:blocking") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
         env |= {"CORE_JOBS_DATABASE_URL": database_url, "CORE_JOBS_LOG_FORMAT": "json",
                 "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "maintenance", "worker", "--consumer", "harness_consumers:blocking", *args],
+            [sys.executable, "-m", "maintenance", "worker", "--consumer", consumer, *args],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: queue_module.Queue[str] = queue_module.Queue()
@@ -52,6 +55,14 @@ class WorkerProcess:
                 raise AssertionError(f"no line with {text!r}; output: {''.join(self.output)}") from None
             if text in line:
                 return line
+
+    def events(self, name: str) -> list[dict]:
+        """The JSON log events called ``name`` that the process printed."""
+        found = []
+        for line in self.output:
+            if line.startswith("{") and (event := json.loads(line)).get("event") == name:
+                found.append(event)
+        return found
 
 
 @pytest.fixture
@@ -103,3 +114,59 @@ def test_sigterm_finishes_the_message_in_hand_and_gives_back_the_rest(database_u
                         " ORDER BY id").fetchall()
     assert rest == [("m-2", 0, None), ("m-3", 0, None)]
     assert any('"harness.worker.stop"' in line and '"num_processed": 1' in line for line in worker.output)
+
+
+def messages(conn) -> dict[str, tuple]:
+    """member_id → (attempts, leased, last_error) of every message still queued."""
+    rows = conn.execute("SELECT payload->>'member_id', attempts, lease_token IS NOT NULL, last_error"
+                        " FROM core.queue_messages").fetchall()
+    return {member: tuple(rest) for member, *rest in rows}
+
+
+@pytest.mark.parametrize(("member", "error"), [
+    ("m-unprintable", "Unprintable: <message unprintable: RuntimeError: no text>"),
+    ("m-surrogate", "TransientError: ledger said \\udcff"),
+    ("m-exit", "SystemExit: 3"),
+], ids=["unprintable", "surrogate", "system-exit"])
+def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_the_batch_is_processed(
+    database_url, conn, member, error
+):
+    """A batch with an unprintable, surrogate-laden or SystemExit failure in the middle: the others are credited, the bad
+    one is retried with its error (type named) in the queue and the log, and ``core-jobs worker --once`` exits 0."""
+    for m in ("m-ok-1", member, "m-ok-2", "m-ok-3"):
+        publish(conn, {"member_id": m, "points": 5})
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="harness_consumers:fragile")
+    assert worker.process.wait(60) == 0, "".join(worker.output)
+    assert [points(conn, m) for m in ("m-ok-1", "m-ok-2", "m-ok-3")] == [5, 5, 5]
+    assert messages(conn) == {member: (1, False, error)}
+    assert [e["error"] for e in worker.events("harness.job.retry_scheduled")] == [error]
+
+
+def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_and_the_rest_processed(database_url, conn):
+    """A validator raising TypeError in the middle of a batch: a poison dead letter naming TypeError, the others credited, exit 0."""
+    publish(conn, {"member_id": "m-ok-1", "points": 5})
+    job_id = publish(conn, {"member_id": "m-typeerror", "points": 5})
+    publish(conn, {"member_id": "m-ok-2", "points": 5})
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="harness_consumers:fragile")
+    assert worker.process.wait(60) == 0, "".join(worker.output)
+    assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
+    assert conn.execute("SELECT job_id, attempts, last_error FROM core.dead_letters").fetchall() == [
+        (job_id, 1, "PoisonMessage: payload failed schema validation: TypeError: member ids are compared as bytes")]
+    assert messages(conn) == {}
+
+
+@pytest.mark.parametrize(("member", "error"), [("m-interrupt", "KeyboardInterrupt"),
+                                               ("m-disconnect", "OperationalError")], ids=["interrupt", "disconnect"])
+def test_a_worker_that_must_stop_mid_batch_acks_what_it_did_gives_back_the_rest_and_exits_1(
+    database_url, conn, member, error
+):
+    """A handler raising KeyboardInterrupt, or losing the database connection: the earlier success is acked, the message
+    in hand stays leased (its attempt counted), the unstarted rest is given back unused, and the worker exits 1."""
+    for m in ("m-ok-1", member, "m-ok-2", "m-ok-3"):
+        publish(conn, {"member_id": m, "points": 5})
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="harness_consumers:fragile")
+    assert worker.process.wait(60) == 1, "".join(worker.output)
+    assert points(conn, "m-ok-1") == 5
+    assert messages(conn) == {member: (1, True, None), "m-ok-2": (0, False, None), "m-ok-3": (0, False, None)}
+    (stopped,) = worker.events("harness.worker.error")
+    assert stopped["error"].startswith(error)

@@ -1,8 +1,10 @@
 """The Helm chart helm/core-jobs, rendered offline with the real Helm library (helm-python-sdk).
 
-Every rendered object is validated in strict mode against the newest Kubernetes schema that
-kubernetes-validate ships; the values schema must refuse bad values, and no secret may reach a
-ConfigMap. No cluster and no database are needed.
+Every rendered object is validated in strict mode against the schema of each Kubernetes minor
+the chart claims, from Chart.yaml's kubeVersion floor up to the newest minor kubernetes-validate
+ships (an install is checked against the cluster's own minor's schema, so the newest alone proves
+nothing about older clusters), and the chart lints clean on each of them; the values schema must
+refuse bad values, and no secret may reach a ConfigMap. No cluster and no database are needed.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes_validate.utils import all_versions, major_minor
 
 CHART_DIR = Path(__file__).resolve().parents[1] / "helm" / "core-jobs"
-KUBE_VERSION = kubernetes_validate.latest_version()
 RELEASE = "ops"
 NAMESPACE = "jobs"
 SECRET = "core-jobs-secrets"
@@ -89,6 +91,25 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "cronJob": {"backoffLimit": 2, "ttlSecondsAfterFinished": 3600},
     },
 }
+
+
+def kube_minor(version: str) -> tuple[int, int]:
+    """(major, minor) of a version such as "1.31" or "1.31.0"."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
+def chart_kube_floor() -> tuple[int, int]:
+    """The lowest minor Chart.yaml's kubeVersion admits; only the form ">=X.Y.0-0" is understood."""
+    constraint = yaml.safe_load((CHART_DIR / "Chart.yaml").read_text())["kubeVersion"]
+    match = re.fullmatch(r">=\s*(\d+)\.(\d+)\.0-0", constraint)
+    assert match, f"Chart.yaml kubeVersion {constraint!r}: this test understands only '>=X.Y.0-0'"
+    return int(match[1]), int(match[2])
+
+
+# Every minor kubernetes-validate has schemas for ("1.25", …), and those the chart claims.
+SHIPPED_KUBE_VERSIONS = sorted({major_minor(v) for v in all_versions()}, key=kube_minor)
+SUPPORTED_KUBE_VERSIONS = [v for v in SHIPPED_KUBE_VERSIONS if kube_minor(v) >= chart_kube_floor()]
 
 
 def with_secret(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -166,10 +187,27 @@ def scheduler_mode(chart: helm_python.Chart) -> list[dict[str, Any]]:
 # --- every value set -----------------------------------------------------------------------
 
 
-def test_every_manifest_validates_strictly_against_current_kubernetes(rendered):
-    """Each rendered object passes kubernetes-validate's strict schema of the newest version."""
+def test_the_validated_minors_start_at_the_charts_kubeversion_floor():
+    """kubernetes-validate has the kubeVersion floor's schema: no claimed minor goes unchecked."""
+    assert SUPPORTED_KUBE_VERSIONS[:1] == ["%d.%d" % chart_kube_floor()], SHIPPED_KUBE_VERSIONS
+
+
+@pytest.mark.parametrize("kube_version", SUPPORTED_KUBE_VERSIONS)
+def test_every_manifest_validates_strictly_on_every_supported_kubernetes_minor(
+    rendered, kube_version
+):
+    """Each rendered object passes kubernetes-validate's strict schema of this claimed minor."""
+    refused = []
     for obj in rendered:
-        kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        where = f"{obj['kind']}/{obj['metadata']['name']}"
+        try:
+            schema_version = kubernetes_validate.validate(obj, kube_version, strict=True)
+        except kubernetes_validate.ValidationError as error:
+            path = ".".join(map(str, error.absolute_path))
+            refused.append(f"{where}: {path}: {error.message}")
+        else:
+            assert schema_version == kube_version, f"{where}: validated against {schema_version}"
+    assert refused == [], f"Kubernetes {kube_version} refuses:\n" + "\n".join(refused)
 
 
 def test_every_object_carries_the_standard_labels(rendered):
@@ -183,7 +221,7 @@ def test_every_object_carries_the_standard_labels(rendered):
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/name"] == "core-jobs"
-        assert labels["helm.sh/chart"] == "core-jobs-0.1.0"
+        assert labels["helm.sh/chart"] == "core-jobs-0.1.1"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
 
 
@@ -229,11 +267,12 @@ def test_no_secret_value_reaches_a_config_map(rendered):
                 assert not CREDENTIALED_URL.search(entry["value"]), (name, entry)
 
 
-def test_lint_passes_strict():
-    """`helm lint --strict` against the current Kubernetes version reports no warning or error."""
+@pytest.mark.parametrize("kube_version", SUPPORTED_KUBE_VERSIONS)
+def test_lint_passes_strict_on_every_supported_kubernetes_minor(kube_version):
+    """`helm lint --strict` against this claimed minor reports no warning or error."""
     for overrides in VALUE_SETS.values():
         report = helm_python.lint(
-            CHART_DIR, with_secret(overrides), strict=True, kube_version=f"v{KUBE_VERSION}.0"
+            CHART_DIR, with_secret(overrides), strict=True, kube_version=f"v{kube_version}.0"
         )
         assert report["errors"] == []
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -262,7 +301,7 @@ def test_cronjob_mode_renders_one_cronjob_per_job_and_no_deployment(cronjob_mode
 
 
 def test_cronjobs_have_the_documented_defaults(cronjob_mode):
-    """Schedules, Forbid, UTC, deadlines, retries, TTL and history limits are as documented."""
+    """Schedules, Forbid, UTC, deadlines, retries, TTL, history, failure policy: as documented."""
     expected = {
         "purge": ("*/15 * * * *", 120, 840),
         "alerts": ("*/5 * * * *", 120, 240),
@@ -281,8 +320,12 @@ def test_cronjobs_have_the_documented_defaults(cronjob_mode):
         assert job_spec["activeDeadlineSeconds"] == active_deadline
         assert job_spec["backoffLimit"] == 0
         assert job_spec["ttlSecondsAfterFinished"] == 86400
-        fail_fast = job_spec["podFailurePolicy"]["rules"][0]
+        fail_fast, disrupted = job_spec["podFailurePolicy"]["rules"]
         assert fail_fast["action"] == "FailJob" and fail_fast["onExitCodes"]["values"] == [2]
+        assert disrupted == {
+            "action": "Ignore",
+            "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}],
+        }
 
 
 def test_suspend_suspends_only_that_job(chart):

@@ -47,8 +47,29 @@ def test_unparsable_durations_are_refused(text):
 
 def test_format_duration_round_trips():
     """Durations print back as compact ISO-8601."""
-    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5)):
+    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5),
+                  timedelta(minutes=22, seconds=23, microseconds=999999), timedelta(days=999999999, microseconds=1)):
         assert parse_duration(format_duration(delta)) == delta
+
+
+def test_format_duration_shows_exact_microseconds_never_rounded():
+    """A duration prints exactly, to the microsecond: 23.999999 s is not shown as 24 s."""
+    assert format_duration(timedelta(minutes=22, seconds=23, microseconds=999999)) == "PT22M23.999999S"
+    assert format_duration(timedelta(seconds=59, microseconds=999999)) == "PT59.999999S"
+    assert format_duration(timedelta(days=123456789, microseconds=1)) == "P123456789DT0.000001S"
+    assert format_duration(-timedelta(microseconds=500)) == "-PT0.0005S"
+
+
+def test_ttl_guard_shows_the_exact_values_it_compared(clean_env):
+    """A TTL a microsecond short of margin x window reads as short: TTL, margin and requirement are shown unrounded."""
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M23.999999S")  # default window 11m12s x 2 = 22m24s
+    explained = load_settings().ttl_guard().explain()
+    assert explained.startswith("CORE_JOBS_PROCESSED_JOBS_TTL=PT22M23.999999S vs CORE_JOBS_TTL_MARGIN=2 x max retry"
+                                " window PT11M12S = PT22M24S: TOO SHORT")
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M24S")
+    clean_env.setenv("CORE_JOBS_TTL_MARGIN", "2.0000001")  # 11m12s x 2.0000001 = 22m24.0000672s
+    explained = load_settings().ttl_guard().explain()
+    assert "CORE_JOBS_TTL_MARGIN=2.0000001 x max retry window PT11M12S = PT22M24.000067S: TOO SHORT" in explained
 
 
 def test_unknown_variable_is_named_with_a_suggestion(clean_env):
@@ -182,6 +203,8 @@ def test_redact_url_masks_only_the_password():
         "postgresql://app:pw@hunter2@db/core",  # an unencoded @: libpq would take "hunter2@db" as the host
         "postgresql://app:hunter2@db/core?no_such_option=1",
         "postgresql://app:hunter2@[::1/core",  # an unclosed IPv6 bracket
+        "postgresql://app@corp:hunter2@db/core",  # an unencoded @ in the user name: libpq reads "hunter2@db" as the port
+        "postgresql://app:hunter2/x@db/core",  # an unencoded / in the password: libpq reads "app:hunter2" as host:port
     ],
 )
 def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env, url):
@@ -190,6 +213,46 @@ def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env
     with pytest.raises(ConfigError, match="CORE_JOBS_DATABASE_URL: ") as info:
         load_settings()
     assert "hunter2" not in str(info.value)
+
+
+URL_SECRET = "Tk9-url-secret"
+
+
+@pytest.mark.parametrize("name", ["CORE_JOBS_BETTERSTACK_API_URL", "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL",
+                                  "CORE_JOBS_METRICS_PUSHGATEWAY_URL"])
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"http://[::1/api/v1/heartbeat/{URL_SECRET}",  # an unclosed IPv6 bracket: urllib raises, httpx misreads the port
+        f"http://127.0.0.1:99999/api/v1/heartbeat/{URL_SECRET}",  # httpx accepts the port, the socket does not
+        f"http://127.0.0.1:0/api/v1/heartbeat/{URL_SECRET}",
+        f"http://127.0.0.1:http/api/v1/heartbeat/{URL_SECRET}",
+        f"http://xn--zz/api/v1/heartbeat/{URL_SECRET}",  # not a valid IDNA host name
+        f"http://ops:{URL_SECRET}@push.example/api/v1/heartbeat/x",  # credentials would be shown with the host
+        f"http://push.example/api/v1/heartbeat/ {URL_SECRET}",
+    ],
+)
+def test_url_settings_httpx_cannot_use_are_refused_at_load_without_echoing_them(clean_env, name, url):
+    """Each URL setting is parsed as httpx and urllib will use it: a URL they cannot use is a ConfigError naming the setting, the URL not shown."""
+    clean_env.setenv(name, url)
+    with pytest.raises(ConfigError, match=f"^{name}: ") as info:
+        load_settings()
+    assert URL_SECRET not in str(info.value) and "xn--zz" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("name", "url"),
+    [
+        ("CORE_JOBS_BETTERSTACK_API_URL", "http://[::1]:8080/"),
+        ("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.betterstack.com:443/api/v1/heartbeat/T"),
+        ("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "http://pushgateway.monitoring:9091"),
+    ],
+)
+def test_url_settings_accept_ports_and_ipv6_hosts(clean_env, name, url):
+    """A well-formed URL with an explicit port or a bracketed IPv6 host is accepted, trailing slash removed."""
+    clean_env.setenv(name, url)
+    value = getattr(load_settings(), name.removeprefix("CORE_JOBS_").lower())
+    assert (value.get_secret_value() if hasattr(value, "get_secret_value") else value) == url.rstrip("/")
 
 
 def test_database_password_alone_is_a_secret_for_the_log_redactor(clean_env):

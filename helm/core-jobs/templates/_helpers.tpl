@@ -202,6 +202,10 @@ annotations:
 {{/*
 A Job that runs to completion and fails at once on exit code 2 (configuration or usage error:
 retrying cannot help), while an evicted or preempted pod does not count as a failure.
+Written to validate on every minor from kubeVersion's floor (1.27) up: before 1.29 the schema
+requires onPodConditions in every rule, so the exit-code rule carries an empty list (the API
+server treats [] as absent); before 1.35 it requires a pattern's status (what the server would
+default to, "True").
 */}}
 {{- define "core-jobs.podFailurePolicy" -}}
 podFailurePolicy:
@@ -211,7 +215,9 @@ podFailurePolicy:
         containerName: core-jobs
         operator: In
         values: [2]
+      onPodConditions: []
     - action: Ignore
       onPodConditions:
         - type: DisruptionTarget
+          status: "True"
 {{- end }}

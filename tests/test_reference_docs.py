@@ -1,0 +1,49 @@
+"""The generated references in docs/reference/ are what the code says today (no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from maintenance import reference
+
+
+@pytest.mark.parametrize("page", sorted(reference.PAGES), ids=lambda p: p.name)
+def test_generated_reference_page_is_up_to_date(page):
+    """The committed page equals what `python -m maintenance.reference` writes; regenerate when not."""
+    assert page.exists(), f"{page} is missing: run `uv run python -m maintenance.reference`"
+    assert page.read_text() == reference.PAGES[page](), (
+        f"{page.relative_to(reference.ROOT)} is stale: run `uv run python -m maintenance.reference` and commit it"
+    )
+
+
+def test_settings_page_lists_every_setting_with_its_default():
+    """Each Settings field is a row of the settings page, with its variable name and default."""
+    from maintenance.settings import ENV_PREFIX, Settings
+
+    page = reference.render_settings()
+    for name in Settings.model_fields:
+        assert f"| `{ENV_PREFIX}{name.upper()}` |" in page
+    assert "| `CORE_JOBS_RETRY_MAX_ATTEMPTS` | integer | `5` |" in page
+
+
+def test_events_page_has_each_jobs_stop_event_with_its_result_fields():
+    """A job's stop event is listed with the keys of its result (here the purge's num_deleted)."""
+    events = reference.collect_events()
+    assert "num_deleted" in events["maintenance.purge.stop"].fields
+    assert {"job", "ok", "duration_s"} <= events["maintenance.purge.stop"].fields
+    assert "error" in events["maintenance.purge.error"].fields
+
+
+def test_source_scan_finds_events_named_through_module_constants(tmp_path):
+    """An f-string event name built from a module constant resolves; a dynamic one is skipped."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "mod.py").write_text(
+        'EVENTS = "pkg.job"\n'
+        "def f(log, x):\n"
+        '    log.info(f"{EVENTS}.done", rows=1, **x)\n'
+        '    log.warning(f"{x}.dynamic")\n'
+        '    log.error("not an event name")\n'
+    )
+    found = list(reference.source_events(tmp_path, ("pkg",)))
+    assert found == [("pkg.job.done", {"rows", reference.SPREAD}, "pkg/mod.py")]
