@@ -1,6 +1,6 @@
 """Fixtures of the operations API tests (loaded by conftest.py): keys, a JWKS server, tokens, the API itself.
 
-- ``signing_keys``: an RSA and an EC P-256 key pair generated for the session (never on disk
+- ``signing_keys``: an RSA and an EC (secp256r1) key pair generated for the session (never on disk
   but for the key-file test).
 - ``jwks``: the issuer's JWKS served by a real local HTTP server (pytest-httpserver), with the
   session's public keys; ``jwks.publish(...)`` rotates them, ``jwks.fetches`` counts requests.
