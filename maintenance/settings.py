@@ -32,7 +32,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, SecretSt
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from harness.retry import RetryPolicy, RetryPolicyError, max_retry_window
-from maintenance.logs import MASK, mask_url_passwords
+from maintenance.runtime.logs import MASK, mask_url_passwords
 
 ENV_PREFIX = "CORE_JOBS_"
 

@@ -9,7 +9,7 @@ import pytest
 from alerts.betterstack import BetterStackClient, BetterStackError
 from alerts_support import fresh_logs  # noqa: F401  (fixture)
 from fake_betterstack import TOKEN, Fault, FakeClock, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
-from maintenance.logs import configure_logging, get_logger
+from maintenance.runtime.logs import configure_logging, get_logger
 
 KEY = "core_jobs_alert_key"
 

@@ -13,7 +13,7 @@ from alerts.feed import METADATA_KEY, AlertFeedResult
 from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import advisory_lock, server_now
-from maintenance.logs import configure_logging
+from maintenance.runtime.logs import configure_logging
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):

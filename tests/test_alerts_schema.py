@@ -6,7 +6,7 @@ import psycopg
 import pytest
 
 from alerts_support import add_dead_letters
-from maintenance import migrate
+from maintenance.runtime import migrate
 
 INSERT_ALERT = """
 INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, name, summary, description, num_dead_letters)

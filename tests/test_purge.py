@@ -19,9 +19,9 @@ import psycopg
 import pytest
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.logs import configure_logging
-from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
-from maintenance.purge_paths import Estimates, choose, sample_percent
+from maintenance.runtime.logs import configure_logging
+from maintenance.jobs.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
+from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from alerts.heartbeat import send_heartbeat
-from maintenance.logs import get_logger
+from maintenance.runtime.logs import get_logger
 from maintenance.settings import Settings
 
 

@@ -30,8 +30,8 @@ from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
 from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
-from maintenance.db import Database
-from maintenance.logs import get_logger
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2

@@ -27,7 +27,7 @@ How it deletes
 --------------
 Each batch is its own transaction with ``SET LOCAL statement_timeout`` and asynchronous commit;
 a crash leaves only whole batches deleted and the next run continues. Once per run, before the
-first batch, the run picks one of two access paths (``maintenance/purge_paths.py``; both apply
+first batch, the run picks one of two access paths (``maintenance/jobs/purge/paths.py``; both apply
 the same guards, so they delete the same rows):
 
 - ``index``: walks the ``expires_at`` index in order and deletes each batch by ``ctid``,
@@ -135,9 +135,9 @@ import psycopg
 from psycopg import errors
 
 from harness.pg import advisory_lock
-from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.purge_paths import (
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.jobs.purge.paths import (
     COUNT_HOLDING,
     HASHED_PENDING_LIMIT,
     STRATEGIES,
@@ -147,9 +147,9 @@ from maintenance.purge_paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.registry import JobSpec, register
+from maintenance.jobs.base import JobSpec
 from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
-from maintenance.shutdown import stop_requested
+from maintenance.runtime.signals import stop_requested
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
@@ -453,13 +453,11 @@ def build(settings: Settings, db: Database) -> Purger:
     return Purger(PurgeConfig.from_settings(settings), db)
 
 
-SPEC = register(
-    JobSpec(
-        name="purge",
-        summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
-        build=build,
-        zero_fields=zero_fields,
-        event_prefix=EVENTS,
-        demo_lines=demo_lines,
-    )
+SPEC = JobSpec(
+    name="purge",
+    summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
+    build=build,
+    zero_fields=zero_fields,
+    event_prefix=EVENTS,
+    demo_lines=demo_lines,
 )

@@ -45,7 +45,7 @@ from prometheus_client.exposition import default_handler, push_to_gateway, pusha
 from prometheus_client.metrics_core import Metric
 
 from alerts.heartbeat import shown_url
-from maintenance.logs import get_logger
+from maintenance.runtime.logs import get_logger
 
 # No `<counter>_created` series: they double every counter on the Pushgateway for a start time
 # that, in run-once mode, is just the pod's.

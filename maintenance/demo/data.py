@@ -5,7 +5,7 @@ Times are relative to PostgreSQL's ``now()``, so the story is the same whenever 
 
 from __future__ import annotations
 
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 
 # Each block is one kind of row; the comment says why it exists in the story.
 SEED_SQL = {
