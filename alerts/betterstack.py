@@ -14,6 +14,8 @@ What it does on each request
 - **No duplicate incidents**: a POST has no idempotency key at Better Stack, so a failure after
   which the incident may exist anyway (timeout, dropped connection, 5xx) is not blindly
   re-sent: :meth:`create_incident` first looks the incident up by its metadata key.
+- **No foreign incidents**: a lookup takes an incident only when its metadata carries the key
+  *and* every ``scope`` entry (the feed's installation id), checked here on each candidate.
 - **The token** travels only in the ``Authorization`` header: never in a URL, an error, a log
   line or ``repr``. ``pagination.next`` links are followed only on the configured origin, so
   the token is never sent anywhere else.
@@ -78,6 +80,12 @@ class Incident:
         items = raw if isinstance(raw, list) else [raw] if raw is not None else []
         return [str(i.get("value")) if isinstance(i, Mapping) else str(i) for i in items]
 
+    def matches(self, key_name: str, key_value: str, scope: Mapping[str, str]) -> bool:
+        """Its metadata has ``key_value`` under ``key_name`` and exactly ``[value]`` under each scope entry."""
+        return key_value in self.metadata_values(key_name) and all(
+            self.metadata_values(name) == [value] for name, value in scope.items()
+        )
+
 
 class BetterStackClient:
     """One Better Stack Uptime API account (one token, optionally one team)."""
@@ -119,22 +127,28 @@ class BetterStackClient:
         return f"BetterStackClient(base_url={self.base_url!r}, team_name={self.team_name!r}, token='***')"
 
     # --- the API --------------------------------------------------------------------------------
-    def create_incident(self, fields: Mapping[str, Any], *, key_name: str, key_value: str) -> Incident:
-        """POST an incident whose metadata carries ``key_name: [key_value]``; return it once confirmed.
+    def create_incident(
+        self, fields: Mapping[str, Any], *, key_name: str, key_value: str, scope: Mapping[str, str] | None = None
+    ) -> Incident:
+        """POST an incident whose metadata carries ``key_name: [key_value]`` and each ``scope``
+        entry (``name: [value]``); return it once confirmed.
 
         Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
-        have created it anyway, the incident is looked up by that metadata and returned if found.
+        have created it anyway, the incident is looked up by that metadata (key and scope) and
+        returned if found.
         """
         body = dict(fields)
         metadata = dict(body.get("metadata") or {})
         metadata[key_name] = [key_value]
+        for name, value in (scope or {}).items():
+            metadata[name] = [value]
         body["metadata"] = metadata
         if self.team_name:
             body["team_name"] = self.team_name
         found: list[Incident] = []
 
         def created_anyway() -> bool:
-            incident = self.find_incident(key_name, key_value)
+            incident = self.find_incident(key_name, key_value, scope=scope)
             if incident is not None:
                 found.append(incident)
             return incident is not None
@@ -147,11 +161,15 @@ class BetterStackClient:
             raise self._error(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", 201)
         return incident
 
-    def find_incident(self, key_name: str, key_value: str) -> Incident | None:
-        """The incident whose metadata ``key_name`` has ``key_value`` (resolved or not), if any.
+    def find_incident(
+        self, key_name: str, key_value: str, *, scope: Mapping[str, str] | None = None
+    ) -> Incident | None:
+        """The incident whose metadata ``key_name`` has ``key_value`` and whose metadata matches
+        every ``scope`` entry exactly (``name: [value]``), resolved or not, if any.
 
-        Uses Better Stack's metadata filter and follows ``pagination.next``; each candidate's
-        metadata is checked here too, so a server that ignored the filter cannot fool it.
+        Uses Better Stack's metadata filter on the key and follows ``pagination.next``; each
+        candidate's metadata — key and scope — is checked here, so neither a server that ignored
+        the filter nor an incident someone else created with the same key can be taken for ours.
         """
         params: dict[str, Any] | None = {f"metadata[{key_name}][][value]": key_value, "per_page": PAGE_SIZE}
         if self.team_name:
@@ -164,7 +182,7 @@ class BetterStackClient:
             page = self._body(response)
             for item in page.get("data") or []:
                 incident = _incident_from(item)
-                if incident is not None and key_value in incident.metadata_values(key_name):
+                if incident is not None and incident.matches(key_name, key_value, scope or {}):
                     return incident
             next_url = (page.get("pagination") or {}).get("next")
             if not next_url:

@@ -17,11 +17,20 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
    that are folded into one summary incident (``312 new dead letters in 281 queues``).
    Nothing is dropped.
 5. **Exactly once**: each incident is first recorded as an *intent* (``state='pending'``) with
-   a deterministic ``alert_key`` (kind + the dead-letter ids it covers) and its coverage rows,
-   in one transaction; then POSTed with the key in its ``metadata``; only a ``201`` with
-   ``data.id`` moves it to ``open``. An intent left ``pending`` by an earlier run (crash between
-   POST and record, or Better Stack down) is first looked up by that metadata: found → recorded,
-   not posted again; absent → posted. The dead-letter table is never written.
+   a deterministic ``alert_key`` (this installation's id + kind + the dead-letter ids it covers)
+   and its coverage rows, in one transaction; then POSTed with the key and the installation id
+   in its ``metadata`` (``core_jobs_alert_key``, ``core_jobs_installation``); only a ``201``
+   with ``data.id`` moves it to ``open``. An intent left ``pending`` by an earlier run (crash
+   between POST and record, or Better Stack down) is first looked up by that metadata: found →
+   recorded, not posted again; absent → posted. A lookup adopts an incident only when its
+   metadata has both our key and our installation id, so databases sharing one Better Stack
+   team never take each other's incidents. The dead-letter table is never written.
+
+   **The installation** (``core.installation``, migration ``0006_alert_identity``) is one row
+   with a random UUID made by the migration, read once per run; the database refuses to change
+   it. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the database's earlier
+   life (same ids) are never adopted. A copy of a database (restored backup, ``CREATE DATABASE
+   … TEMPLATE``) carries its origin's identity.
 6. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
    resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``.
 7. After the first failure that says Better Stack is unreachable (or refuses the token), the
@@ -75,6 +84,7 @@ from harness.pg import advisory_lock
 
 LOCK_NAME = "core_jobs.alerts"
 METADATA_KEY = "core_jobs_alert_key"
+INSTALLATION_METADATA_KEY = "core_jobs_installation"
 NEW, STALE = "new", "stale"
 # A 4xx with one of these says nothing about one incident: the token or the account is wrong.
 _STOP_STATUSES = frozenset({401, 403})
@@ -150,11 +160,13 @@ class DeadLetterGroup:
     samples: tuple[tuple[str, str | None], ...] = ()
     queues: tuple[tuple[str, int], ...] = ()  # the folded queues and their counts
 
-    @property
-    def alert_key(self) -> str:
-        """Deterministic: the same kind and dead letters always give the same key."""
-        digest = hashlib.sha256(f"{self.kind}|{','.join(map(str, self.ids))}".encode()).hexdigest()[:16]
-        return f"core-jobs:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
+    def alert_key(self, installation: str) -> str:
+        """Deterministic within one installation: the same kind and dead letters always give the
+        same key; another installation (another database, or this one after ``downgrade base``)
+        gives another key for the same ids."""
+        ids = ",".join(map(str, self.ids))
+        digest = hashlib.sha256(f"{installation}|{self.kind}|{ids}".encode()).hexdigest()[:16]
+        return f"core-jobs:{installation}:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,9 @@ class PlannedIncident:
 
 
 # --- SQL --------------------------------------------------------------------------------------
+# This installation's identity (migration 0006_alert_identity): one row, never changed.
+READ_INSTALLATION = "SELECT id::text FROM core.installation"
+
 # New: pending, younger than the stale cutoff, not covered by a 'new' alert. Walks the partial
 # index of pending dead letters only, so its cost follows the backlog, not the table's history.
 SCAN_NEW = """
@@ -314,7 +329,8 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        planned = plan_incidents(conn, now, self.config)
+        installation = read_installation(conn)
+        planned = plan_incidents(conn, now, self.config, installation)
         if self.dry_run:
             self._dry_run(conn, planned, result)
         else:
@@ -322,7 +338,7 @@ class AlertFeed:
             for incident in planned:
                 self._record_intent(conn, incident, now)
             try:
-                self._deliver(conn, now, earlier, result)
+                self._deliver(conn, now, installation, earlier, result)
                 self._resolve_handled(conn, now, result)
             except _Stop:
                 pass
@@ -361,18 +377,20 @@ class AlertFeed:
         self.log.info("alerts.feed.intent_recorded", alert_id=alert_id, alert_key=incident.alert_key,
                       kind=incident.kind, queue=incident.queue, num_dead_letters=len(ids))
 
-    def _deliver(self, conn: psycopg.Connection, now: datetime, earlier: set[int], result: AlertFeedResult) -> None:
+    def _deliver(self, conn: psycopg.Connection, now: datetime, installation: str, earlier: set[int],
+                 result: AlertFeedResult) -> None:
         """Post every pending intent; one left by an earlier run is first looked up by its key."""
         assert self.client is not None
+        scope = {INSTALLATION_METADATA_KEY: installation}
         for intent in _pending_intents(conn):
             try:
                 incident = None
                 if intent.id in earlier:
-                    incident = self.client.find_incident(METADATA_KEY, intent.alert_key)
+                    incident = self.client.find_incident(METADATA_KEY, intent.alert_key, scope=scope)
                 recovered = incident is not None
                 if incident is None:
                     incident = self.client.create_incident(
-                        self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key
+                        self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
                     )
             except BetterStackError as exc:
                 self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
@@ -442,6 +460,14 @@ class AlertFeed:
         return body
 
 
+def read_installation(conn: psycopg.Connection) -> str:
+    """This installation's id, which scopes every alert key and lookup (read once per run)."""
+    row = conn.execute(READ_INSTALLATION).fetchone()
+    if row is None:
+        raise RuntimeError("core.installation has no row: the alert feed has no identity; run `core-jobs migrate`")
+    return row[0]
+
+
 def record_posted(conn: psycopg.Connection, alert_id: int, incident_id: str, now: datetime) -> None:
     """Better Stack confirmed the incident: the intent becomes an open alert with its id."""
     conn.execute(MARK_OPEN, {"id": alert_id, "incident_id": incident_id, "now": now})
@@ -468,9 +494,11 @@ def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> li
     return _with_details(conn, groups, config)
 
 
-def plan_incidents(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[PlannedIncident]:
-    """The incidents this run would post, composed (name, summary, description)."""
-    return [compose(group, now, config) for group in scan(conn, now, config)]
+def plan_incidents(
+    conn: psycopg.Connection, now: datetime, config: AlertFeedConfig, installation: str
+) -> list[PlannedIncident]:
+    """The incidents this run would post, composed (name, summary, description), keyed for ``installation``."""
+    return [compose(group, now, config, installation) for group in scan(conn, now, config)]
 
 
 def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
@@ -511,9 +539,10 @@ def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], confi
     return detailed
 
 
-def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> PlannedIncident:
+def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
     """What the on-call person reads: name, one-line summary, and the full description."""
     n = len(group.ids)
+    alert_key = group.alert_key(installation)
     letters = "dead letter" if n == 1 else "dead letters"
     where = group.queue if group.queue is not None else f"{len(group.queues)} queues"
     span = f"{_when(group.first_created)} – {_when(group.last_created)}"
@@ -549,8 +578,8 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> P
     elif group.queue is not None and config.ops_url(group.queue):
         lines += [f"Dead letters of this queue: {config.ops_url(group.queue)}", ""]
     lines.append(action)
-    lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {group.alert_key}.")
-    return PlannedIncident(group.kind, group.queue, group.alert_key, name, summary, "\n".join(lines), group.ids)
+    lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {alert_key}.")
+    return PlannedIncident(group.kind, group.queue, alert_key, name, summary, "\n".join(lines), group.ids)
 
 
 def _when(moment: datetime) -> str:

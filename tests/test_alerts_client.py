@@ -107,6 +107,16 @@ def test_find_checks_metadata_across_pages(fake_bs):
     assert client.find_incident(KEY, "absent") is None
 
 
+def test_find_refuses_an_incident_with_the_key_but_another_scope(fake_bs):
+    """An incident carrying our key but another installation's id is not ours, even from a server ignoring the filter."""
+    client = make_client(fake_bs)
+    client.create_incident(incident(), key_name=KEY, key_value="k-1", scope={"core_jobs_installation": "staging"})
+    fake_bs.ignore_metadata_filter = True
+    assert client.find_incident(KEY, "k-1", scope={"core_jobs_installation": "prod"}) is None
+    found = client.find_incident(KEY, "k-1", scope={"core_jobs_installation": "staging"})
+    assert found is not None and found.metadata_values("core_jobs_installation") == ["staging"]
+
+
 def test_find_uses_the_metadata_filter(fake_bs):
     """The lookup sends metadata[key][][value]=… and gets the one match in a single request."""
     client = make_client(fake_bs, max_requests_per_second=100)

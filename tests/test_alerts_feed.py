@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from alerts.feed import METADATA_KEY, AlertFeedResult
+from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import advisory_lock, server_now
@@ -35,7 +35,7 @@ def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
     assert "corr-points.credit-1" in credit["description"]
     assert "https://ops.example/dead-letters?queue=points.credit" in credit["description"]
     assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
-    assert credit["metadata"][METADATA_KEY][0].startswith("core-jobs:new:")
+    assert credit["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:new:")
     assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
         ("new", "points.credit", "open"), ("new", "notifications.email", "open")
     ]

@@ -1,6 +1,8 @@
-"""The alert state's invariants live in the database (migration 0002_alerts)."""
+"""The alert state's invariants live in the database (migrations 0002_alerts and 0006_alert_identity)."""
 
 from __future__ import annotations
+
+import uuid
 
 import psycopg
 import pytest
@@ -80,3 +82,34 @@ def test_downgrade_removes_everything_the_alerts_migration_created(database_url)
             " WHERE n.nspname = 'core' AND p.proname LIKE 'dead_letter_alert%%'"
         ).fetchone()[0]
     assert (left, functions) == (0, 0)
+
+
+def test_the_installation_is_one_row_with_a_random_uuid(conn):
+    """The migration writes exactly one identity, a UUID; a second row is refused."""
+    rows = conn.execute("SELECT id FROM core.installation").fetchall()
+    assert len(rows) == 1 and isinstance(rows[0][0], uuid.UUID)
+    with pytest.raises(psycopg.errors.UniqueViolation, match="installation_single_row"):
+        conn.execute("INSERT INTO core.installation DEFAULT VALUES")
+    with pytest.raises(psycopg.errors.CheckViolation, match="installation_singleton_true"):
+        conn.execute("INSERT INTO core.installation (singleton) VALUES (false)")
+
+
+@pytest.mark.parametrize("statement", [
+    "UPDATE core.installation SET id = gen_random_uuid()",
+    "DELETE FROM core.installation",
+    "TRUNCATE core.installation",
+])
+def test_the_installation_can_never_change(conn, statement):
+    """UPDATE, DELETE and TRUNCATE of the identity are refused, and it keeps its id."""
+    before = conn.execute("SELECT id FROM core.installation").fetchone()
+    with pytest.raises(psycopg.errors.CheckViolation, match="written once"):
+        conn.execute(statement)
+    assert conn.execute("SELECT id FROM core.installation").fetchone() == before
+
+
+def test_downgrade_of_the_identity_migration_removes_the_installation(database_url):
+    """Down to 0005_purge: core.installation and its guard function are gone."""
+    migrate.downgrade(database_url, "0005_purge")
+    with psycopg.connect(database_url) as conn:
+        assert conn.execute("SELECT to_regclass('core.installation')").fetchone()[0] is None
+        assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'installation_immutable'").fetchone()[0] == 0
