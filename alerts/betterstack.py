@@ -31,7 +31,7 @@ from __future__ import annotations
 import random as _random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -73,6 +73,9 @@ class Incident:
     id: str
     status: str | None
     metadata: Mapping[str, Any]
+    # True when create_incident found it by its metadata after a failed POST instead of
+    # confirming its own POST: it existed already (the earlier attempt got through).
+    recovered: bool = False
 
     def metadata_values(self, key: str) -> list[str]:
         """Values of metadata ``key``, whether Better Stack sent ``["v"]``, ``[{"value": "v"}]`` or ``"v"``."""
@@ -135,7 +138,7 @@ class BetterStackClient:
 
         Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
         have created it anyway, the incident is looked up by that metadata (key and scope) and
-        returned if found.
+        returned if found, with ``recovered=True``.
         """
         body = dict(fields)
         metadata = dict(body.get("metadata") or {})
@@ -155,7 +158,7 @@ class BetterStackClient:
 
         response = self._send("POST", INCIDENTS_PATH, json=body, ok=(201,), before_resend=created_anyway)
         if response is None:
-            return found[0]
+            return replace(found[0], recovered=True)
         incident = _incident_from(self._body(response).get("data"))
         if incident is None:
             raise self._error(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", 201)

@@ -53,8 +53,8 @@ Options (:class:`AlertFeedConfig`)
 
 Result (fixed keys, all numbers; the runner logs them in ``alerts.feed.stop``)
 ------------------------------------------------------------------------------
-``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata after a
-crash), ``incidents_resolved``, ``dead_letters_alerted`` (covered by incidents confirmed this
+``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata instead
+of confirmed by our POST: after a crash, or by the lookup after a retried POST), ``incidents_resolved``, ``dead_letters_alerted`` (covered by incidents confirmed this
 run), ``dead_letters_unalerted`` (pending, not covered by a confirmed incident),
 ``dead_letters_unescalated`` (stale, not covered by a confirmed escalation), ``post_failures``
 (intents still unconfirmed after the run), ``resolve_failures``, ``skipped``, ``dry_run``,
@@ -387,11 +387,13 @@ class AlertFeed:
                 incident = None
                 if intent.id in earlier:
                     incident = self.client.find_incident(METADATA_KEY, intent.alert_key, scope=scope)
-                recovered = incident is not None
                 if incident is None:
                     incident = self.client.create_incident(
                         self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
                     )
+                    recovered = incident.recovered  # found by the lookup after a retried POST
+                else:
+                    recovered = True
             except BetterStackError as exc:
                 self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
                                queue=intent.queue, status=exc.status, error=str(exc))

@@ -22,7 +22,7 @@ def test_create_returns_the_confirmed_id_and_sends_the_key_in_metadata(fake_bs):
     """A 201 with data.id gives that id; the incident carries the metadata key and the bearer token."""
     client = make_client(fake_bs, team_name="Platform")
     created = client.create_incident(incident(), key_name=KEY, key_value="k-1")
-    assert created.id == "1001"
+    assert created.id == "1001" and not created.recovered
     stored = fake_bs.incidents["1001"]
     assert stored["body"]["metadata"][KEY] == ["k-1"]
     assert stored["body"]["team_name"] == "Platform"
@@ -40,10 +40,10 @@ def test_500_then_success_posts_once_after_a_lookup(fake_bs):
 
 
 def test_a_500_after_the_incident_was_created_is_not_posted_twice(fake_bs):
-    """When Better Stack created the incident but the answer was a 500, the lookup finds it: no duplicate."""
+    """When Better Stack created the incident but the answer was a 500, the lookup finds it (recovered): no duplicate."""
     fake_bs.fail_next("create", Fault(status=500, after_create=True))
     created = make_client(fake_bs).create_incident(incident(), key_name=KEY, key_value="k-lost")
-    assert list(fake_bs.incidents) == [created.id]
+    assert list(fake_bs.incidents) == [created.id] and created.recovered
     assert len(fake_bs.posts()) == 1
 
 

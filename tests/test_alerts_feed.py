@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 from dataclasses import replace
 from datetime import timedelta
@@ -214,6 +215,17 @@ def test_better_stack_down_fails_the_run_and_the_next_run_posts_it(db, conn, fak
     back = feed.run_once(server_now(conn))
     assert (back.ok, back.incidents_posted, back.post_failures, back.dead_letters_unalerted) == (True, 2, 0, 0)
     assert len(fake_bs.incidents) == 2
+
+
+def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, fresh_logs):
+    """Better Stack created the incident but answered 500; the client's lookup finds it: recovered, not posted."""
+    add_dead_letters(conn, "points.credit", 2)
+    fake_bs.fail_next("create", Fault(status=500, after_create=True))
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (0, 1, 2, True)
+    assert len(fake_bs.incidents) == 1 and alert_rows(conn)[0][2] == "open"
+    events = [json.loads(line)["event"] for line in fresh_logs.getvalue().splitlines()]
+    assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
 
 
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
