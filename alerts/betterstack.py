@@ -66,6 +66,10 @@ class BetterStackError(Exception):
         self.status = status
 
 
+class IncidentNotFound(BetterStackError):
+    """Better Stack answered 404 for one incident: deleted there, or not visible to this token."""
+
+
 @dataclass(frozen=True)
 class Incident:
     """The parts of a Better Stack incident the feed needs."""
@@ -194,10 +198,15 @@ class BetterStackClient:
         raise BetterStackError(f"GET {INCIDENTS_PATH}: more than {MAX_PAGES} pages for one metadata key")
 
     def resolve_incident(self, incident_id: str, *, resolved_by: str) -> bool:
-        """Resolve an incident: True if this call resolved it, False if it was already resolved (409)."""
+        """Resolve an incident: True if this call resolved it, False if it was already resolved (409).
+
+        A 404 raises :class:`IncidentNotFound` (not retried, like any other 4xx).
+        """
         path = f"{INCIDENTS_PATH}/{_path_segment(incident_id)}/resolve"
-        response = self._send("POST", path, json={"resolved_by": resolved_by}, ok=(200, 201, 409))
+        response = self._send("POST", path, json={"resolved_by": resolved_by}, ok=(200, 201, 404, 409))
         assert response is not None
+        if response.status_code == 404:
+            raise self._error(f"POST {path}: HTTP 404: {_excerpt(response)}", 404, IncidentNotFound)
         return response.status_code != 409
 
     def close(self) -> None:
@@ -281,9 +290,11 @@ class BetterStackClient:
             raise self._error(f"{where}: expected a JSON object", response.status_code)
         return body
 
-    def _error(self, message: str, status: int | None) -> BetterStackError:
+    def _error(
+        self, message: str, status: int | None, kind: type[BetterStackError] = BetterStackError
+    ) -> BetterStackError:
         """An error whose text can never carry the token, even if a server echoed it back."""
-        return BetterStackError(message.replace(self._token, "***"), status=status)
+        return kind(message.replace(self._token, "***"), status=status)
 
     def _same_origin(self, url: str) -> str:
         """A pagination link, refused unless it points at the configured API (the token goes along)."""

@@ -32,7 +32,11 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
    life (same ids) are never adopted. A copy of a database (restored backup, ``CREATE DATABASE
    … TEMPLATE``) carries its origin's identity.
 6. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
-   resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``.
+   resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``
+   (``resolution='resolved'``). A ``404`` means someone deleted the incident there: once the
+   incident list confirms it (it answers, without that incident — a wrong API URL answers 404
+   to everything and stays a failure), the alert is marked ``resolved`` with
+   ``resolution='gone'`` (``alerts.feed.incident_gone``) and the run moves on.
 7. After the first failure that says Better Stack is unreachable (or refuses the token), the
    rest is left for the next run; a ``4xx`` about one incident's content skips only that one.
 
@@ -54,7 +58,8 @@ Options (:class:`AlertFeedConfig`)
 Result (fixed keys, all numbers; the runner logs them in ``alerts.feed.stop``)
 ------------------------------------------------------------------------------
 ``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata instead
-of confirmed by our POST: after a crash, or by the lookup after a retried POST), ``incidents_resolved``, ``dead_letters_alerted`` (covered by incidents confirmed this
+of confirmed by our POST: after a crash, or by the lookup after a retried POST), ``incidents_resolved``, ``incidents_gone`` (deleted at Better Stack, recorded ``gone``),
+``dead_letters_alerted`` (covered by incidents confirmed this
 run), ``dead_letters_unalerted`` (pending, not covered by a confirmed incident),
 ``dead_letters_unescalated`` (stale, not covered by a confirmed escalation), ``post_failures``
 (intents still unconfirmed after the run), ``resolve_failures``, ``skipped``, ``dry_run``,
@@ -62,7 +67,7 @@ run), ``dead_letters_unalerted`` (pending, not covered by a confirmed incident),
 
 Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.incident_posted``,
 ``alerts.feed.escalation_posted``, ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``,
-``alerts.feed.incident_resolved``, ``alerts.feed.resolve_failed``, ``alerts.feed.dry_run_incident``,
+``alerts.feed.incident_resolved``, ``alerts.feed.incident_gone`` (warning), ``alerts.feed.resolve_failed``, ``alerts.feed.dry_run_incident``,
 ``alerts.feed.dry_run_resolve``.
 """
 
@@ -79,13 +84,15 @@ from urllib.parse import quote
 import psycopg
 import structlog
 
-from alerts.betterstack import BetterStackClient, BetterStackError
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from harness.pg import advisory_lock
 
 LOCK_NAME = "core_jobs.alerts"
 METADATA_KEY = "core_jobs_alert_key"
 INSTALLATION_METADATA_KEY = "core_jobs_installation"
 NEW, STALE = "new", "stale"
+# How a resolved alert ended (core.dead_letter_alerts.resolution).
+RESOLVED, ALREADY_RESOLVED, GONE = "resolved", "already_resolved", "gone"
 # A 4xx with one of these says nothing about one incident: the token or the account is wrong.
 _STOP_STATUSES = frozenset({401, 403})
 _ERROR_CHARS = 200
@@ -124,6 +131,7 @@ class AlertFeedResult:
     escalations_posted: int = 0
     incidents_recovered: int = 0
     incidents_resolved: int = 0
+    incidents_gone: int = 0
     dead_letters_alerted: int = 0
     dead_letters_unalerted: int = 0
     dead_letters_unescalated: int = 0
@@ -272,8 +280,10 @@ SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
  ORDER BY a.id
 """
 
+# resolution: 'resolved' (Better Stack has it resolved) or 'gone' (deleted there).
 MARK_RESOLVED = """
-UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s WHERE id = %(id)s AND state = 'open'
+UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s, resolution = %(resolution)s
+ WHERE id = %(id)s AND state = 'open'
 """
 
 
@@ -339,7 +349,7 @@ class AlertFeed:
                 self._record_intent(conn, incident, now)
             try:
                 self._deliver(conn, now, installation, earlier, result)
-                self._resolve_handled(conn, now, result)
+                self._resolve_handled(conn, now, installation, result)
             except _Stop:
                 pass
             result.post_failures = len(_pending_intents(conn))
@@ -413,14 +423,13 @@ class AlertFeed:
                 result.incidents_posted += 1
                 self.log.info("alerts.feed.incident_posted", **fields_)
 
-    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, result: AlertFeedResult) -> None:
+    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, installation: str,
+                         result: AlertFeedResult) -> None:
         assert self.client is not None
         due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
         for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
             try:
-                resolved_now = self.client.resolve_incident(
-                    incident_id, resolved_by=self.config.requester_email or "core-jobs"
-                )
+                outcome = self._resolve(incident_id, alert_key, installation)
             except BetterStackError as exc:
                 self.log.error("alerts.feed.resolve_failed", incident_id=incident_id, alert_key=alert_key,
                                status=exc.status, error=str(exc))
@@ -431,10 +440,33 @@ class AlertFeed:
                     result.resolve_failures += len(due) - position - 1
                     raise
                 continue
-            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now})
-            result.incidents_resolved += 1
-            self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
-                          kind=kind, queue=queue, already_resolved=not resolved_now)
+            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED})
+            if outcome == GONE:
+                result.incidents_gone += 1
+                self.log.warning("alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key,
+                                 kind=kind, queue=queue)
+            else:
+                result.incidents_resolved += 1
+                self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
+                              kind=kind, queue=queue, already_resolved=outcome == ALREADY_RESOLVED)
+
+    def _resolve(self, incident_id: str, alert_key: str, installation: str) -> str:
+        """Resolve one incident at Better Stack: RESOLVED, ALREADY_RESOLVED (409) or GONE.
+
+        A 404 means the incident was deleted there — once the incident list confirms it: that
+        list must answer (a wrong API URL answers 404 to everything) and no longer have the
+        incident. Otherwise a BetterStackError, and the alert stays open.
+        """
+        assert self.client is not None
+        try:
+            resolved_now = self.client.resolve_incident(incident_id, resolved_by=self.config.requester_email or "core-jobs")
+        except IncidentNotFound as exc:
+            listed = self.client.find_incident(METADATA_KEY, alert_key, scope={INSTALLATION_METADATA_KEY: installation})
+            if listed is not None and listed.id == incident_id:
+                raise BetterStackError(f"resolve of incident {incident_id} answered 404, yet the incident list still "
+                                       f"has it: {exc}", status=404) from exc
+            return GONE
+        return RESOLVED if resolved_now else ALREADY_RESOLVED
 
     def incident_fields(self, intent: _Intent) -> dict[str, Any]:
         """The POST body of an intent (the client adds the key to ``metadata`` and ``team_name``)."""

@@ -6,7 +6,7 @@ import io
 
 import pytest
 
-from alerts.betterstack import BetterStackClient, BetterStackError
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from alerts_support import fresh_logs  # noqa: F401  (fixture)
 from fake_betterstack import TOKEN, Fault, FakeClock, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
 from maintenance.logs import configure_logging, get_logger
@@ -146,6 +146,17 @@ def test_resolve_twice_reports_already_resolved(fake_bs):
     assert client.resolve_incident(created.id, resolved_by="oncall@example.com") is True
     assert client.resolve_incident(created.id, resolved_by="oncall@example.com") is False
     assert fake_bs.incidents[created.id]["resolved_by"] == "oncall@example.com"
+
+
+def test_resolving_a_deleted_incident_raises_not_found_without_retrying(fake_bs):
+    """A 404 on resolve (the incident was deleted at Better Stack) raises IncidentNotFound at once."""
+    client = make_client(fake_bs)
+    created = client.create_incident(incident(), key_name=KEY, key_value="k")
+    del fake_bs.incidents[created.id]
+    with pytest.raises(IncidentNotFound) as raised:
+        client.resolve_incident(created.id, resolved_by="oncall@example.com")
+    assert raised.value.status == 404
+    assert [r.path for r in fake_bs.requests].count(f"/api/v3/incidents/{created.id}/resolve") == 1
 
 
 def test_token_never_in_errors_repr_or_logs(fake_bs):

@@ -142,6 +142,42 @@ def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, con
     assert alert_rows(conn)[0][2] == "resolved"
 
 
+def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, fresh_logs):
+    """Resolve answers 404 for an incident deleted by hand: the alert ends resolved as 'gone', logged, and runs are ok."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    [incident_id] = list(fake_bs.incidents)
+    del fake_bs.incidents[incident_id]
+    handle(conn, ids)
+    result = feed.run_once(server_now(conn))
+    assert (result.ok, result.incidents_gone, result.incidents_resolved, result.resolve_failures) == (True, 1, 0, 0)
+    assert conn.execute("SELECT state, resolution FROM core.dead_letter_alerts").fetchone() == ("resolved", "gone")
+    [gone] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines()) if e["event"] == "alerts.feed.incident_gone"]
+    assert (gone["incident_id"], gone["queue"]) == (incident_id, "points.credit")
+    again = feed.run_once(server_now(conn))
+    assert (again.ok, again.incidents_gone, again.resolve_failures) == (True, 0, 0)
+
+
+@pytest.mark.parametrize("faults", [
+    pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
+    pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
+])
+def test_a_404_not_confirmed_by_the_incident_list_is_a_failure_not_gone(db, conn, fake_bs, faults):
+    """A 404 on resolve counts as gone only when the incident list answers without it (not with a wrong API
+    URL, where everything is 404, nor while the incident is still listed): else the alert stays open."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    handle(conn, ids)
+    for route, fault in faults.items():
+        fake_bs.fail_next(route, fault)
+    failed = feed.run_once(server_now(conn))
+    assert (failed.ok, failed.incidents_gone, failed.resolve_failures) == (False, 0, 1)
+    assert alert_rows(conn)[0][2] == "open"
+    assert feed.run_once(server_now(conn)).incidents_resolved == 1
+
+
 def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_bs):
     """Five failing queues with a cap of 3: the two largest get their own, three fold into one summary."""
     for n, queue in enumerate(["q.a", "q.b", "q.c", "q.d", "q.e"]):

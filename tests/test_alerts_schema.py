@@ -21,6 +21,10 @@ def alert_id(conn) -> int:
     return conn.execute(INSERT_ALERT, ("k-1",)).fetchone()[0]
 
 
+def open_alert(conn, alert_id: int, incident_id: str = "9") -> None:
+    conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %s WHERE id = %s", (incident_id, alert_id))
+
+
 def test_an_alert_is_open_only_with_a_confirmed_incident_id(conn, alert_id):
     """Moving to open without Better Stack's id is refused."""
     with pytest.raises(psycopg.errors.CheckViolation, match="confirmed_has_incident"):
@@ -36,7 +40,7 @@ def test_an_intent_cannot_jump_to_resolved(conn, alert_id):
 
 def test_a_confirmed_incident_id_never_changes(conn, alert_id):
     """Once open with an incident id, another id cannot be written over it."""
-    conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = '9' WHERE id = %s", (alert_id,))
+    open_alert(conn, alert_id)
     with pytest.raises(psycopg.errors.CheckViolation, match="cannot change"):
         conn.execute("UPDATE core.dead_letter_alerts SET incident_id = '10' WHERE id = %s", (alert_id,))
 
@@ -45,6 +49,40 @@ def test_what_an_alert_says_is_immutable(conn, alert_id):
     """The name (like the key, kind, queue and text) cannot be rewritten."""
     with pytest.raises(psycopg.errors.CheckViolation, match="only its state"):
         conn.execute("UPDATE core.dead_letter_alerts SET name = 'other' WHERE id = %s", (alert_id,))
+
+
+def test_a_resolved_alert_says_how_it_ended(conn, alert_id):
+    """Resolved needs a resolution, 'resolved' or 'gone'; one that is neither is refused."""
+    open_alert(conn, alert_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="resolved_has_resolution"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now() WHERE id = %s", (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="resolution_valid"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'lost'"
+                     " WHERE id = %s", (alert_id,))
+    conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone'"
+                 " WHERE id = %s", (alert_id,))
+
+
+def test_a_resolved_alert_is_final(conn, alert_id):
+    """Once resolved, not even its resolution can be rewritten."""
+    open_alert(conn, alert_id)
+    conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone'"
+                 " WHERE id = %s", (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="final"):
+        conn.execute("UPDATE core.dead_letter_alerts SET resolution = 'resolved' WHERE id = %s", (alert_id,))
+
+
+def test_alerts_resolved_before_the_identity_migration_count_as_resolved(database_url):
+    """Upgrading a database with a resolved alert gives it resolution 'resolved'; open ones get none."""
+    migrate.downgrade(database_url, "0005_purge")
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, state, name, summary, description,
+                                                               num_dead_letters, incident_id, resolved_at)
+                        VALUES ('old-1', 'new', 'q', 'resolved', 'n', 's', 'd', 1, '7', now()),
+                               ('old-2', 'new', 'q', 'open', 'n', 's', 'd', 1, '8', NULL)""")
+        migrate.upgrade(database_url)
+        rows = conn.execute("SELECT alert_key, resolution FROM core.dead_letter_alerts ORDER BY id").fetchall()
+    assert rows == [("old-1", "resolved"), ("old-2", None)]
 
 
 def test_a_dead_letter_is_covered_once_per_kind(conn, alert_id):
