@@ -264,6 +264,76 @@ def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovere
     assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
 
 
+def alert_states(conn) -> list[tuple]:
+    return conn.execute("SELECT kind, state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall()
+
+
+def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, fresh_logs):
+    """Better Stack was down; the dead letters were replayed before it came back: no page, the intent is cancelled."""
+    ids = add_dead_letters(conn, "points.credit", 3)
+    feed = make_feed(db, fake_bs)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(server_now(conn)).post_failures == 1
+    handle(conn, ids)
+    back = feed.run_once(server_now(conn))
+    assert (back.ok, back.intents_cancelled, back.incidents_posted, back.post_failures) == (True, 1, 0, 0)
+    assert len(fake_bs.posts()) == 4 and fake_bs.incidents == {}  # only the first run's failed attempts
+    assert alert_states(conn) == [("new", "cancelled", "handled")]
+    [cancelled] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines())
+                   if e["event"] == "alerts.feed.intent_cancelled"]
+    assert (cancelled["reason"], cancelled["queue"], cancelled["num_dead_letters"]) == ("handled", "points.credit", 3)
+    assert feed.run_once(server_now(conn)).intents_cancelled == 0
+
+
+def test_an_earlier_intent_that_reached_better_stack_is_recovered_and_resolved_not_cancelled(db, conn, fake_bs):
+    """The POST created the incident but no answer got back; once its dead letters are handled the next run finds
+    it by its key and resolves it, instead of cancelling the intent and leaving the incident open."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    fake_bs.fail_next("create", Fault(status=503, after_create=True))
+    fake_bs.fail_next("list", *[Fault(status=503)] * 4)
+    assert feed.run_once(server_now(conn)).post_failures == 1
+    handle(conn, ids)
+    back = feed.run_once(server_now(conn))
+    assert (back.ok, back.incidents_recovered, back.incidents_resolved, back.intents_cancelled) == (True, 1, 1, 0)
+    assert [i["status"] for i in fake_bs.incidents.values()] == ["Resolved"]
+    assert alert_states(conn) == [("new", "resolved", None)]
+
+
+def test_a_pending_new_intent_whose_dead_letter_turned_stale_is_paged_once_by_the_escalation(db, conn, fake_bs):
+    """The new incident never went out and its dead letter is now stale: only the escalation is posted."""
+    add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(now).post_failures == 1
+    later = feed.run_once(now + timedelta(hours=2))
+    assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 0, 1)
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
+    assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
+    assert coverage(conn) == {"new": 1, "stale": 1}
+
+
+def test_a_partly_stale_pending_intent_pages_each_dead_letter_once(db, conn, fake_bs):
+    """Of an unposted new intent, the dead letter now stale is paged by the escalation and the still fresh one by a
+    new incident of its own: one page each, none left out."""
+    [old] = add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    [fresh] = add_dead_letters(conn, "points.expire", 1, age="1 hour")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(now).post_failures == 1
+    later = feed.run_once(now + timedelta(hours=2))
+    assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 1, 1)
+    posted = {p.body["name"]: p.body["description"] for p in fake_bs.posts()[4:]}
+    assert set(posted) == {"1 dead letter in points.expire unreviewed for over 3 days", "1 new dead letter in points.expire"}
+    assert f"Dead letter ids {old}–{old} (1)" in posted["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert f"Dead letter ids {fresh}–{fresh} (1)" in posted["1 new dead letter in points.expire"]
+    assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
+    assert coverage(conn) == {"new": 2, "stale": 1}
+
+
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
     """A 422 for one incident leaves it pending and failing the run, while the other queue is posted."""
     add_dead_letters(conn, "points.credit", 3)

@@ -25,6 +25,11 @@ def open_alert(conn, alert_id: int, incident_id: str = "9") -> None:
     conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %s WHERE id = %s", (incident_id, alert_id))
 
 
+def cancel(conn, alert_id: int, reason: str = "handled") -> None:
+    conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(), cancel_reason = %s"
+                 " WHERE id = %s", (reason, alert_id))
+
+
 def test_an_alert_is_open_only_with_a_confirmed_incident_id(conn, alert_id):
     """Moving to open without Better Stack's id is refused."""
     with pytest.raises(psycopg.errors.CheckViolation, match="confirmed_has_incident"):
@@ -85,6 +90,37 @@ def test_alerts_resolved_before_the_identity_migration_count_as_resolved(databas
     assert rows == [("old-1", "resolved"), ("old-2", None)]
 
 
+def test_an_intent_is_cancelled_with_a_time_and_a_known_reason(conn, alert_id):
+    """pending -> cancelled needs cancelled_at and a cancel_reason, handled or superseded."""
+    cancelled = "UPDATE core.dead_letter_alerts SET state = 'cancelled', {} WHERE id = %s"
+    with pytest.raises(psycopg.errors.CheckViolation, match="cancelled_has_reason"):
+        conn.execute(cancelled.format("cancelled_at = now()"), (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="cancelled_has_time"):
+        conn.execute(cancelled.format("cancel_reason = 'handled'"), (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="cancel_reason_valid"):
+        conn.execute(cancelled.format("cancelled_at = now(), cancel_reason = 'bored'"), (alert_id,))
+    cancel(conn, alert_id, "superseded")
+    assert conn.execute("SELECT state, cancel_reason FROM core.dead_letter_alerts").fetchone() == ("cancelled", "superseded")
+
+
+def test_an_open_incident_cannot_be_cancelled(conn, alert_id):
+    """open -> cancelled is refused: what Better Stack has is resolved, never cancelled."""
+    open_alert(conn, alert_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="only transitions"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
+                     " cancel_reason = 'handled' WHERE id = %s", (alert_id,))
+
+
+def test_a_cancelled_intent_has_no_incident_and_is_final(conn, alert_id):
+    """A cancelled intent carries no incident id and can never be posted afterwards (cancelled -> open)."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="confirmed_has_incident"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
+                     " cancel_reason = 'handled', incident_id = '9' WHERE id = %s", (alert_id,))
+    cancel(conn, alert_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="final"):
+        conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = '9' WHERE id = %s", (alert_id,))
+
+
 def test_a_dead_letter_is_covered_once_per_kind(conn, alert_id):
     """A second 'new' coverage of one dead letter is refused by the primary key; a 'stale' one is allowed."""
     [dead_letter] = add_dead_letters(conn, "points.credit", 1)
@@ -105,6 +141,22 @@ def test_coverage_can_be_neither_rewritten_nor_deleted(conn, alert_id):
         conn.execute("UPDATE core.dead_letter_alert_coverage SET kind = 'stale'")
     with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
         conn.execute("DELETE FROM core.dead_letter_alert_coverage")
+
+
+def test_only_a_cancelled_alert_releases_its_coverage(conn, alert_id):
+    """The coverage of a cancelled alert can be deleted (released), not rewritten; another alert's stays append-only."""
+    [dead_letter] = add_dead_letters(conn, "points.credit", 1)
+    other = conn.execute(INSERT_ALERT, ("k-2",)).fetchone()[0]
+    cover = "INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, %s, %s)"
+    conn.execute(cover, (dead_letter, "new", alert_id))
+    conn.execute(cover, (dead_letter, "stale", other))
+    cancel(conn, alert_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+        conn.execute("UPDATE core.dead_letter_alert_coverage SET kind = 'stale' WHERE alert_id = %s", (alert_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+        conn.execute("DELETE FROM core.dead_letter_alert_coverage WHERE alert_id = %s", (other,))
+    conn.execute("DELETE FROM core.dead_letter_alert_coverage WHERE alert_id = %s", (alert_id,))
+    assert conn.execute("SELECT alert_id FROM core.dead_letter_alert_coverage").fetchall() == [(other,)]
 
 
 def test_downgrade_removes_everything_the_alerts_migration_created(database_url):
@@ -145,9 +197,22 @@ def test_the_installation_can_never_change(conn, statement):
     assert conn.execute("SELECT id FROM core.installation").fetchone() == before
 
 
-def test_downgrade_of_the_identity_migration_removes_the_installation(database_url):
-    """Down to 0005_purge: core.installation and its guard function are gone."""
-    migrate.downgrade(database_url, "0005_purge")
-    with psycopg.connect(database_url) as conn:
+def test_downgrade_of_the_identity_migration_restores_the_old_lifecycle(database_url):
+    """Down to 0005_purge: the installation is gone, cancelled intents go with their coverage, other alerts stay
+    (under the old rules again); up again works."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        [dead_letter] = add_dead_letters(conn, "points.credit", 1)
+        cancelled, kept = (conn.execute(INSERT_ALERT, (key,)).fetchone()[0] for key in ("k-1", "k-2"))
+        cover = "INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, %s, %s)"
+        conn.execute(cover, (dead_letter, "new", cancelled))
+        conn.execute(cover, (dead_letter, "stale", kept))
+        cancel(conn, cancelled)
+        migrate.downgrade(database_url, "0005_purge")
         assert conn.execute("SELECT to_regclass('core.installation')").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'installation_immutable'").fetchone()[0] == 0
+        assert conn.execute("SELECT alert_key, state FROM core.dead_letter_alerts").fetchall() == [("k-2", "pending")]
+        assert conn.execute("SELECT alert_id, kind FROM core.dead_letter_alert_coverage").fetchall() == [(kept, "stale")]
+        with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+            conn.execute("DELETE FROM core.dead_letter_alert_coverage")
+        migrate.upgrade(database_url)
+        assert conn.execute("SELECT count(*) FROM core.installation").fetchone()[0] == 1

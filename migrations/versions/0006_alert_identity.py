@@ -15,6 +15,18 @@
   Present exactly when the state is ``resolved``; alerts resolved before this revision get
   ``resolved``. A resolved alert is final: the database refuses any change to it.
 
+* ``core.dead_letter_alerts`` lifecycle ``pending -> open -> resolved`` gains
+  ``pending -> cancelled``: an intent that never reached Better Stack and is moot —
+  ``cancel_reason`` ``handled`` (all its dead letters were handled before it was posted) or
+  ``superseded`` (a ``new`` intent one of whose pending dead letters turned stale: the
+  escalation pages them). ``cancelled_at`` and ``cancel_reason`` exactly when cancelled; no
+  ``incident_id``; final, like ``resolved``.
+* ``core.dead_letter_alert_coverage`` stays append-only, except that the coverage rows of a
+  *cancelled* alert may be deleted: a cancelled intent paged nothing, so it releases its dead
+  letters still pending review, and the next scan plans them again (one page each, none left
+  out). Downgrading deletes the cancelled intents (the old lifecycle has no such state) with
+  the coverage they still hold, which is only of handled dead letters.
+
 A database copied from another (``CREATE DATABASE … TEMPLATE``, a restored backup) carries the
 identity of its origin: it is stored data, like the rest.
 
@@ -68,7 +80,39 @@ ALTER TABLE core.dead_letter_alerts
     ADD CONSTRAINT dead_letter_alerts_resolved_has_resolution CHECK ((state = 'resolved') = (resolution IS NOT NULL));
 """
 
-# The guard of 0002_alerts, plus: a resolved alert is final.
+ADD_CANCELLED = """
+ALTER TABLE core.dead_letter_alerts
+    ADD COLUMN cancelled_at  timestamptz,
+    ADD COLUMN cancel_reason text,
+    DROP CONSTRAINT dead_letter_alerts_state_valid,
+    ADD CONSTRAINT dead_letter_alerts_state_valid CHECK (state IN ('pending', 'open', 'resolved', 'cancelled')),
+    -- Confirmed by Better Stack (open, resolved) exactly when it has Better Stack's id.
+    DROP CONSTRAINT dead_letter_alerts_confirmed_has_incident,
+    ADD CONSTRAINT dead_letter_alerts_confirmed_has_incident CHECK ((state IN ('open', 'resolved')) = (incident_id IS NOT NULL)),
+    ADD CONSTRAINT dead_letter_alerts_cancelled_has_time CHECK ((state = 'cancelled') = (cancelled_at IS NOT NULL)),
+    ADD CONSTRAINT dead_letter_alerts_cancelled_has_reason CHECK ((state = 'cancelled') = (cancel_reason IS NOT NULL)),
+    ADD CONSTRAINT dead_letter_alerts_cancel_reason_valid CHECK (cancel_reason IN ('handled', 'superseded'));
+-- The feed's work list: intents to deliver and open incidents to resolve; cancelled ones are done too.
+DROP INDEX core.dead_letter_alerts_unfinished_idx;
+CREATE INDEX dead_letter_alerts_unfinished_idx ON core.dead_letter_alerts (state, id) WHERE state IN ('pending', 'open');
+"""
+
+# A cancelled intent releases the coverage it still holds; every other coverage row is a fact.
+COVERAGE_GUARD = """
+CREATE OR REPLACE FUNCTION core.dead_letter_alert_coverage_forbid_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'DELETE'
+       AND EXISTS (SELECT 1 FROM core.dead_letter_alerts WHERE id = OLD.alert_id AND state = 'cancelled') THEN
+        RETURN OLD;
+    END IF;
+    RAISE EXCEPTION 'core.dead_letter_alert_coverage is append-only, except the release of a cancelled alert''s coverage (% refused)', TG_OP
+        USING ERRCODE = 'check_violation';
+END $$;
+"""
+
+# The guard of 0002_alerts with the lifecycle pending -> open -> resolved | pending -> cancelled,
+# and: a finished (resolved or cancelled) alert is final.
 GUARD_UPDATE = """
 CREATE OR REPLACE FUNCTION core.dead_letter_alerts_guard_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
@@ -83,17 +127,48 @@ BEGIN
         RAISE EXCEPTION 'alert %: incident_id % is confirmed by Better Stack and cannot change', OLD.id, OLD.incident_id
             USING ERRCODE = 'check_violation';
     END IF;
+    IF OLD.state IN ('resolved', 'cancelled') AND NEW IS DISTINCT FROM OLD THEN
+        RAISE EXCEPTION 'alert % is % (%): a finished alert is final', OLD.id, OLD.state, coalesce(OLD.resolution, OLD.cancel_reason)
+            USING ERRCODE = 'check_violation';
+    END IF;
     IF NEW.state IS DISTINCT FROM OLD.state
-       AND NOT (OLD.state, NEW.state) IN (('pending', 'open'), ('open', 'resolved')) THEN
-        RAISE EXCEPTION 'alert % cannot move from % to %: the only transitions are pending -> open -> resolved',
+       AND NOT (OLD.state, NEW.state) IN (('pending', 'open'), ('open', 'resolved'), ('pending', 'cancelled')) THEN
+        RAISE EXCEPTION 'alert % cannot move from % to %: the only transitions are pending -> open -> resolved and pending -> cancelled',
               OLD.id, OLD.state, NEW.state
             USING ERRCODE = 'check_violation';
     END IF;
-    IF OLD.state = 'resolved' AND NEW IS DISTINCT FROM OLD THEN
-        RAISE EXCEPTION 'alert % is resolved (%): a finished alert is final', OLD.id, OLD.resolution
-            USING ERRCODE = 'check_violation';
-    END IF;
     RETURN NEW;
+END $$;
+"""
+
+# The old lifecycle has no 'cancelled': cancelled intents (they paged nothing) go, with the
+# coverage they still hold (only of handled dead letters, never scanned again), while the
+# coverage guard above still allows it; then the state and its columns go.
+DROP_CANCELLED = """
+DELETE FROM core.dead_letter_alert_coverage
+ WHERE alert_id IN (SELECT id FROM core.dead_letter_alerts WHERE state = 'cancelled');
+DELETE FROM core.dead_letter_alerts WHERE state = 'cancelled';
+DROP INDEX core.dead_letter_alerts_unfinished_idx;
+CREATE INDEX dead_letter_alerts_unfinished_idx ON core.dead_letter_alerts (state, id) WHERE state <> 'resolved';
+ALTER TABLE core.dead_letter_alerts
+    DROP CONSTRAINT dead_letter_alerts_cancel_reason_valid,
+    DROP CONSTRAINT dead_letter_alerts_cancelled_has_reason,
+    DROP CONSTRAINT dead_letter_alerts_cancelled_has_time,
+    DROP CONSTRAINT dead_letter_alerts_confirmed_has_incident,
+    ADD CONSTRAINT dead_letter_alerts_confirmed_has_incident CHECK ((state = 'pending') = (incident_id IS NULL)),
+    DROP CONSTRAINT dead_letter_alerts_state_valid,
+    ADD CONSTRAINT dead_letter_alerts_state_valid CHECK (state IN ('pending', 'open', 'resolved')),
+    DROP COLUMN cancel_reason,
+    DROP COLUMN cancelled_at;
+"""
+
+# 0002_alerts' coverage guard: append-only without exception.
+RESTORE_COVERAGE_GUARD = """
+CREATE OR REPLACE FUNCTION core.dead_letter_alert_coverage_forbid_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'core.dead_letter_alert_coverage is append-only (% refused)', TG_OP
+        USING ERRCODE = 'check_violation';
 END $$;
 """
 
@@ -135,10 +210,14 @@ DROP FUNCTION IF EXISTS core.installation_immutable();
 def upgrade() -> None:
     op.execute(CREATE_INSTALLATION)
     op.execute(ADD_RESOLUTION)
+    op.execute(ADD_CANCELLED)
     op.execute(GUARD_UPDATE)
+    op.execute(COVERAGE_GUARD)
 
 
 def downgrade() -> None:
+    op.execute(DROP_CANCELLED)
+    op.execute(RESTORE_COVERAGE_GUARD)
     op.execute(RESTORE_GUARD_UPDATE)
     op.execute(DROP_RESOLUTION)
     op.execute(DROP_INSTALLATION)
