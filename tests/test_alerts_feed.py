@@ -334,6 +334,26 @@ def test_a_partly_stale_pending_intent_pages_each_dead_letter_once(db, conn, fak
     assert coverage(conn) == {"new": 2, "stale": 1}
 
 
+def test_a_superseded_intent_settled_a_run_late_leaves_its_dead_letter_to_the_posted_escalation(db, conn, fake_bs):
+    """The new intent's lookup failed (400) in the run that posted the escalation; the next run cancels it and the
+    escalation covers the dead letter as new too: one page, nothing unalerted."""
+    add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    feed.run_once(now)
+    fake_bs.fail_next("list", Fault(status=400))
+    escalated = feed.run_once(now + timedelta(hours=2))
+    assert (escalated.escalations_posted, escalated.intents_cancelled, escalated.post_failures) == (1, 0, 1)
+    settled = feed.run_once(now + timedelta(hours=3))
+    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (True, 1, 0, 0)
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
+    assert conn.execute("SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
+                        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind").fetchall() == [
+        ("new", "stale"), ("stale", "stale")]
+
+
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
     """A 422 for one incident leaves it pending and failing the run, while the other queue is posted."""
     add_dead_letters(conn, "points.credit", 3)
