@@ -18,6 +18,7 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
+from harness_support import backdate_replay
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.logs import configure_logging
 from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
@@ -71,15 +72,6 @@ def replayed_at(conn: psycopg.Connection, job_id: uuid.UUID) -> datetime:
     return conn.execute(
         "SELECT status_changed_at FROM core.dead_letters WHERE job_id = %s AND status = 'replayed'", (job_id,)
     ).fetchone()[0]
-
-
-def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime) -> None:
-    """Move the database's stamp of a replay back in time (its triggers, which guard it, set aside)."""
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")
-        conn.execute(
-            "UPDATE core.dead_letters SET status_changed_at = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
-        )
 
 
 def remaining(conn: psycopg.Connection) -> set[uuid.UUID]:
