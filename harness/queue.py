@@ -15,6 +15,15 @@ outcome                what the adapter does
 Every settling call returns whether it took effect: False means the delivery's lease was lost
 (it expired and the message is, or will be, delivered again), and the write changed nothing.
 Only the reference adapter exists (harness/pgqueue.py); other brokers are out of scope.
+
+Replays. A replay publishes ``Envelope(replay_of=<the dead letter's id>)``; an adapter carries
+``replay_of`` with the message, unchanged across retries and redeliveries, exactly as it carries
+``job_id``. The harness needs nothing else from the broker: the delivery's final outcome
+(``Acked``, ``Duplicate``, ``DeadLettered``) marks the replay handled in its own transaction,
+and until then the purge keeps the job's fences however long the message waits. A broker that
+loses the message, or an adapter that drops ``replay_of``, leaves the replay outstanding: its
+fences are kept (never a double effect) until an operator releases it (``core-jobs dead-letters
+release``). README.md, "Replays and the purge".
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ class Envelope:
     payload: Any  # JSON
     tenant_id: UUID = NO_TENANT
     correlation_id: str | None = None
+    replay_of: int | None = None  # the dead letter a replay republished; None for every other message
 
 
 @dataclass(frozen=True)

@@ -40,13 +40,22 @@ def dead_letter(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | N
     return write_dead_letter(conn, letter), job_id
 
 
-def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime) -> None:
-    """Move the database's stamp of a replay back in time (its triggers, which guard it, set aside)."""
+def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
+                    stamp: str = "status_changed_at") -> None:
+    """Move the database's stamp of a replay (``status_changed_at``), or of its delivery's handling
+    (``replay_handled_at``), back in time — its triggers, which guard it, set aside."""
+    assert stamp in ("status_changed_at", "replay_handled_at")
     with conn.transaction():
         conn.execute("SET LOCAL session_replication_role = replica")
         conn.execute(
-            "UPDATE core.dead_letters SET status_changed_at = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
+            f"UPDATE core.dead_letters SET {stamp} = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
         )
+
+
+def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, bool]:
+    """(replay_outcome, whether replay_handled_at is stamped) of a dead letter: (None, False) while outstanding."""
+    return conn.execute("SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s",
+                        (letter_id,)).fetchone()
 
 
 def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
