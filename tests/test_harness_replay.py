@@ -81,8 +81,7 @@ def test_a_replay_queued_longer_than_the_retry_window_is_still_applied_once(data
     assert fences(conn, job_id) == 1
 
 
-def test_once_the_replayed_delivery_is_handled_its_fence_is_purged_after_the_window(database_url, conn, db,
-                                                                                      default_purge):
+def test_once_the_replayed_delivery_is_handled_its_fence_is_purged_after_the_window(database_url, conn, default_purge):
     """The fence of a handled replay is kept margin x window after the handling (a lost ack), then purged as any other."""
     letter_id, job_id = replayed_in_a_backlog(database_url, conn)
     assert run_worker(database_url).duplicates == 1
