@@ -17,8 +17,8 @@ from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installati
 from alerts_support import add_dead_letters, alert_rows, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import server_now
-from maintenance import migrate
-from maintenance.db import Database
+from maintenance.runtime import migrate
+from maintenance.runtime.db import Database
 
 
 @pytest.fixture
