@@ -7,9 +7,11 @@
 - **HTTP URLs** (:func:`check_http_url`: Better Stack, the heartbeat, the Pushgateway): parsed as
   httpx and urllib will use them — host, IPv6 brackets, port 1-65535, no credentials.
 - **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
-  URL in a text by :data:`MASK`; the log redactor (``maintenance/logs.py``) applies it to every
-  log string. :func:`redact_url` also masks ``?password=``. :func:`url_passwords` lists a
-  database URL's passwords so the redactor masks them wherever they appear alone.
+  URL in a text by :data:`MASK`, up to the last ``@`` before the host, so a raw ``@`` in the
+  password (or the user name) leaves nothing of it visible; the log redactor
+  (``maintenance/logs.py``) applies it to every log string. :func:`redact_url` also masks
+  ``?password=``. :func:`url_passwords` lists a database URL's passwords so the redactor masks
+  them wherever they appear alone.
   :func:`shown_url` is the origin-only display (``https://host/…``) of a URL whose path is a
   secret (the heartbeat token), used in log events.
 
@@ -27,8 +29,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 MASK = "***"
 
-# scheme://user:password@ — the password of a URL in any text.
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.I)
+# scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
+# last @ before the host (the first @ not followed by another one before the host ends).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I
+)
 
 # A libpq ?password= (or &password=) query parameter.
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
@@ -80,7 +85,10 @@ def url_passwords(url: str) -> list[str]:
 
 
 def mask_url_passwords(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``."""
+    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``.
+
+    The password ends at the last ``@`` before the host, so ``u:p@ss@host`` shows as ``u:***@host``.
+    """
     return _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
 
 
