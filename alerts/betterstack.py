@@ -14,6 +14,8 @@ What it does on each request
 - **No duplicate incidents**: a POST has no idempotency key at Better Stack, so a failure after
   which the incident may exist anyway (timeout, dropped connection, 5xx) is not blindly
   re-sent: :meth:`create_incident` first looks the incident up by its metadata key.
+- **No foreign incidents**: a lookup takes an incident only when its metadata carries the key
+  *and* every ``scope`` entry (the feed's installation id), checked here on each candidate.
 - **The token** travels only in the ``Authorization`` header: never in a URL, an error, a log
   line or ``repr``. ``pagination.next`` links are followed only on the configured origin, so
   the token is never sent anywhere else.
@@ -29,7 +31,7 @@ from __future__ import annotations
 import random as _random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -64,6 +66,10 @@ class BetterStackError(Exception):
         self.status = status
 
 
+class IncidentNotFound(BetterStackError):
+    """Better Stack answered 404 for one incident: deleted there, or not visible to this token."""
+
+
 @dataclass(frozen=True)
 class Incident:
     """The parts of a Better Stack incident the feed needs."""
@@ -71,12 +77,21 @@ class Incident:
     id: str
     status: str | None
     metadata: Mapping[str, Any]
+    # True when create_incident found it by its metadata after a failed POST instead of
+    # confirming its own POST: it existed already (the earlier attempt got through).
+    recovered: bool = False
 
     def metadata_values(self, key: str) -> list[str]:
         """Values of metadata ``key``, whether Better Stack sent ``["v"]``, ``[{"value": "v"}]`` or ``"v"``."""
         raw = self.metadata.get(key)
         items = raw if isinstance(raw, list) else [raw] if raw is not None else []
         return [str(i.get("value")) if isinstance(i, Mapping) else str(i) for i in items]
+
+    def matches(self, key_name: str, key_value: str, scope: Mapping[str, str]) -> bool:
+        """Its metadata has ``key_value`` under ``key_name`` and exactly ``[value]`` under each scope entry."""
+        return key_value in self.metadata_values(key_name) and all(
+            self.metadata_values(name) == [value] for name, value in scope.items()
+        )
 
 
 class BetterStackClient:
@@ -119,39 +134,49 @@ class BetterStackClient:
         return f"BetterStackClient(base_url={self.base_url!r}, team_name={self.team_name!r}, token='***')"
 
     # --- the API --------------------------------------------------------------------------------
-    def create_incident(self, fields: Mapping[str, Any], *, key_name: str, key_value: str) -> Incident:
-        """POST an incident whose metadata carries ``key_name: [key_value]``; return it once confirmed.
+    def create_incident(
+        self, fields: Mapping[str, Any], *, key_name: str, key_value: str, scope: Mapping[str, str] | None = None
+    ) -> Incident:
+        """POST an incident whose metadata carries ``key_name: [key_value]`` and each ``scope``
+        entry (``name: [value]``); return it once confirmed.
 
         Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
-        have created it anyway, the incident is looked up by that metadata and returned if found.
+        have created it anyway, the incident is looked up by that metadata (key and scope) and
+        returned if found, with ``recovered=True``.
         """
         body = dict(fields)
         metadata = dict(body.get("metadata") or {})
         metadata[key_name] = [key_value]
+        for name, value in (scope or {}).items():
+            metadata[name] = [value]
         body["metadata"] = metadata
         if self.team_name:
             body["team_name"] = self.team_name
         found: list[Incident] = []
 
         def created_anyway() -> bool:
-            incident = self.find_incident(key_name, key_value)
+            incident = self.find_incident(key_name, key_value, scope=scope)
             if incident is not None:
                 found.append(incident)
             return incident is not None
 
         response = self._send("POST", INCIDENTS_PATH, json=body, ok=(201,), before_resend=created_anyway)
         if response is None:
-            return found[0]
+            return replace(found[0], recovered=True)
         incident = _incident_from(self._body(response).get("data"))
         if incident is None:
             raise self._error(f"POST {INCIDENTS_PATH}: 201 without data.id: {_excerpt(response)}", 201)
         return incident
 
-    def find_incident(self, key_name: str, key_value: str) -> Incident | None:
-        """The incident whose metadata ``key_name`` has ``key_value`` (resolved or not), if any.
+    def find_incident(
+        self, key_name: str, key_value: str, *, scope: Mapping[str, str] | None = None
+    ) -> Incident | None:
+        """The incident whose metadata ``key_name`` has ``key_value`` and whose metadata matches
+        every ``scope`` entry exactly (``name: [value]``), resolved or not, if any.
 
-        Uses Better Stack's metadata filter and follows ``pagination.next``; each candidate's
-        metadata is checked here too, so a server that ignored the filter cannot fool it.
+        Uses Better Stack's metadata filter on the key and follows ``pagination.next``; each
+        candidate's metadata — key and scope — is checked here, so neither a server that ignored
+        the filter nor an incident someone else created with the same key can be taken for ours.
         """
         params: dict[str, Any] | None = {f"metadata[{key_name}][][value]": key_value, "per_page": PAGE_SIZE}
         if self.team_name:
@@ -164,7 +189,7 @@ class BetterStackClient:
             page = self._body(response)
             for item in page.get("data") or []:
                 incident = _incident_from(item)
-                if incident is not None and key_value in incident.metadata_values(key_name):
+                if incident is not None and incident.matches(key_name, key_value, scope or {}):
                     return incident
             next_url = (page.get("pagination") or {}).get("next")
             if not next_url:
@@ -173,10 +198,15 @@ class BetterStackClient:
         raise BetterStackError(f"GET {INCIDENTS_PATH}: more than {MAX_PAGES} pages for one metadata key")
 
     def resolve_incident(self, incident_id: str, *, resolved_by: str) -> bool:
-        """Resolve an incident: True if this call resolved it, False if it was already resolved (409)."""
+        """Resolve an incident: True if this call resolved it, False if it was already resolved (409).
+
+        A 404 raises :class:`IncidentNotFound` (not retried, like any other 4xx).
+        """
         path = f"{INCIDENTS_PATH}/{_path_segment(incident_id)}/resolve"
-        response = self._send("POST", path, json={"resolved_by": resolved_by}, ok=(200, 201, 409))
+        response = self._send("POST", path, json={"resolved_by": resolved_by}, ok=(200, 201, 404, 409))
         assert response is not None
+        if response.status_code == 404:
+            raise self._error(f"POST {path}: HTTP 404: {_excerpt(response)}", 404, IncidentNotFound)
         return response.status_code != 409
 
     def close(self) -> None:
@@ -260,9 +290,11 @@ class BetterStackClient:
             raise self._error(f"{where}: expected a JSON object", response.status_code)
         return body
 
-    def _error(self, message: str, status: int | None) -> BetterStackError:
+    def _error(
+        self, message: str, status: int | None, kind: type[BetterStackError] = BetterStackError
+    ) -> BetterStackError:
         """An error whose text can never carry the token, even if a server echoed it back."""
-        return BetterStackError(message.replace(self._token, "***"), status=status)
+        return kind(message.replace(self._token, "***"), status=status)
 
     def _same_origin(self, url: str) -> str:
         """A pagination link, refused unless it points at the configured API (the token goes along)."""

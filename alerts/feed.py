@@ -5,27 +5,51 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
 --------------------------------------------------------------------------------------------
 1. Takes the advisory lock ``core_jobs.alerts``. If another runner holds it, the run is
    skipped (``alerts.feed.skipped``, ``skipped=1``): one runner at a time.
-2. **New dead letters** (``pending_review``, younger than ``stale_after``, not yet covered by an
+2. **Earlier intents first** (see 6): each intent an earlier run left ``pending`` is looked up
+   at Better Stack; found → ``open``; absent and moot → **cancelled**, never posted:
+   ``handled`` when all its dead letters were handled meanwhile (no page about nothing), or
+   ``superseded`` when it is a ``new`` intent one of whose pending dead letters is stale now.
+   A cancelled intent releases its dead letters still pending, and the scan below plans them
+   again: the stale ones into the escalation, the fresh ones into a new incident — each dead
+   letter is paged once, and none is left out. The database knows the state (``pending →
+   open → resolved``, ``pending → cancelled``) and allows deleting only a cancelled alert's
+   coverage.
+3. **New dead letters** (``pending_review``, younger than ``stale_after``, not yet covered by an
    alert) → one incident **per queue**, e.g. ``12 new dead letters in points.credit``, with the
    time range, the most frequent ``last_error`` values with counts, sample ``job_id`` /
    ``correlation_id`` and a link from ``ops_url_template``; routed with ``policy_id``.
-3. **Stale dead letters** (still ``pending_review`` at ``now − stale_after``, not yet escalated)
+4. **Stale dead letters** (still ``pending_review`` at ``now − stale_after``, not yet escalated)
    → one escalation incident per queue, routed with ``escalation_policy_id``. A dead letter that
    was never alerted because it was already stale when first seen is covered by the escalation
    alone (one page, not two).
-4. **Storms**: at most ``max_incidents_per_run`` incidents per kind; the smallest groups beyond
+5. **Storms**: at most ``max_incidents_per_run`` incidents per kind; the smallest groups beyond
    that are folded into one summary incident (``312 new dead letters in 281 queues``).
    Nothing is dropped.
-5. **Exactly once**: each incident is first recorded as an *intent* (``state='pending'``) with
-   a deterministic ``alert_key`` (kind + the dead-letter ids it covers) and its coverage rows,
-   in one transaction; then POSTed with the key in its ``metadata``; only a ``201`` with
-   ``data.id`` moves it to ``open``. An intent left ``pending`` by an earlier run (crash between
-   POST and record, or Better Stack down) is first looked up by that metadata: found → recorded,
-   not posted again; absent → posted. The dead-letter table is never written.
-6. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
-   resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``.
-7. After the first failure that says Better Stack is unreachable (or refuses the token), the
-   rest is left for the next run; a ``4xx`` about one incident's content skips only that one.
+6. **Exactly once**: each incident is first recorded as an *intent* (``state='pending'``) with
+   a deterministic ``alert_key`` (this installation's id + kind + the dead-letter ids it covers)
+   and its coverage rows, in one transaction; then POSTed with the key and the installation id
+   in its ``metadata`` (``core_jobs_alert_key``, ``core_jobs_installation``); only a ``201``
+   with ``data.id`` moves it to ``open``. An intent left ``pending`` by an earlier run (crash
+   between POST and record, or Better Stack down) is first looked up by that metadata (2):
+   found → recorded, not posted again; absent → posted, unless cancelled. A lookup adopts an
+   incident only when its metadata has both our key and our installation id, so databases
+   sharing one Better Stack team never take each other's incidents. The dead-letter table is
+   never written.
+
+   **The installation** (``core.installation``, migration ``0006_alert_identity``) is one row
+   with a random UUID made by the migration, read once per run; the database refuses to change
+   it. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the database's earlier
+   life (same ids) are never adopted. A copy of a database (restored backup, ``CREATE DATABASE
+   … TEMPLATE``) carries its origin's identity.
+7. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
+   resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``
+   (``resolution='resolved'``). A ``404`` means someone deleted the incident there: once the
+   incident list confirms it (it answers, without that incident — a wrong API URL answers 404
+   to everything and stays a failure), the alert is marked ``resolved`` with
+   ``resolution='gone'`` (``alerts.feed.incident_gone``) and the run moves on.
+8. After the first failure that says Better Stack is unreachable (or refuses the token), the
+   rest is left for the next run (this run's intents are still recorded); a ``4xx`` about one
+   incident's content skips only that one.
 
 Without a Better Stack client (no token) the run is **dry**: it logs each incident it would post
 (``alerts.feed.dry_run_incident`` with ``name`` and ``summary``) and writes nothing, so that
@@ -44,17 +68,21 @@ Options (:class:`AlertFeedConfig`)
 
 Result (fixed keys, all numbers; the runner logs them in ``alerts.feed.stop``)
 ------------------------------------------------------------------------------
-``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata after a
-crash), ``incidents_resolved``, ``dead_letters_alerted`` (covered by incidents confirmed this
-run), ``dead_letters_unalerted`` (pending, not covered by a confirmed incident),
-``dead_letters_unescalated`` (stale, not covered by a confirmed escalation), ``post_failures``
-(intents still unconfirmed after the run), ``resolve_failures``, ``skipped``, ``dry_run``,
-``dry_run_incidents``. ``ok`` is false when anything could not be posted or resolved.
+``incidents_posted``, ``escalations_posted``, ``incidents_recovered`` (found by metadata instead
+of confirmed by our POST: after a crash, or by the lookup after a retried POST),
+``incidents_resolved``, ``incidents_gone`` (deleted at Better Stack, recorded ``gone``),
+``intents_cancelled`` (``handled`` or ``superseded``, never posted), ``dead_letters_alerted``
+(covered by incidents confirmed this run), ``dead_letters_unalerted`` (pending, not covered by a
+confirmed incident), ``dead_letters_unescalated`` (stale, not covered by a confirmed
+escalation), ``post_failures`` (intents still unconfirmed after the run), ``resolve_failures``,
+``skipped``, ``dry_run``, ``dry_run_incidents``. ``ok`` is false when anything could not be
+posted or resolved.
 
-Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.incident_posted``,
-``alerts.feed.escalation_posted``, ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``,
-``alerts.feed.incident_resolved``, ``alerts.feed.resolve_failed``, ``alerts.feed.dry_run_incident``,
-``alerts.feed.dry_run_resolve``.
+Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
+(``reason``, ``released``), ``alerts.feed.incident_posted``, ``alerts.feed.escalation_posted``,
+``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``, ``alerts.feed.incident_resolved``,
+``alerts.feed.incident_gone`` (warning), ``alerts.feed.resolve_failed``,
+``alerts.feed.dry_run_incident``, ``alerts.feed.dry_run_resolve``.
 """
 
 from __future__ import annotations
@@ -70,12 +98,17 @@ from urllib.parse import quote
 import psycopg
 import structlog
 
-from alerts.betterstack import BetterStackClient, BetterStackError
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from harness.pg import advisory_lock
 
 LOCK_NAME = "core_jobs.alerts"
 METADATA_KEY = "core_jobs_alert_key"
+INSTALLATION_METADATA_KEY = "core_jobs_installation"
 NEW, STALE = "new", "stale"
+# How a resolved alert ended (core.dead_letter_alerts.resolution).
+RESOLVED, ALREADY_RESOLVED, GONE = "resolved", "already_resolved", "gone"
+# Why an intent was cancelled (core.dead_letter_alerts.cancel_reason).
+CANCELLED_HANDLED, CANCELLED_SUPERSEDED = "handled", "superseded"
 # A 4xx with one of these says nothing about one incident: the token or the account is wrong.
 _STOP_STATUSES = frozenset({401, 403})
 _ERROR_CHARS = 200
@@ -114,6 +147,8 @@ class AlertFeedResult:
     escalations_posted: int = 0
     incidents_recovered: int = 0
     incidents_resolved: int = 0
+    incidents_gone: int = 0
+    intents_cancelled: int = 0
     dead_letters_alerted: int = 0
     dead_letters_unalerted: int = 0
     dead_letters_unescalated: int = 0
@@ -150,11 +185,13 @@ class DeadLetterGroup:
     samples: tuple[tuple[str, str | None], ...] = ()
     queues: tuple[tuple[str, int], ...] = ()  # the folded queues and their counts
 
-    @property
-    def alert_key(self) -> str:
-        """Deterministic: the same kind and dead letters always give the same key."""
-        digest = hashlib.sha256(f"{self.kind}|{','.join(map(str, self.ids))}".encode()).hexdigest()[:16]
-        return f"core-jobs:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
+    def alert_key(self, installation: str) -> str:
+        """Deterministic within one installation: the same kind and dead letters always give the
+        same key; another installation (another database, or this one after ``downgrade base``)
+        gives another key for the same ids."""
+        ids = ",".join(map(str, self.ids))
+        digest = hashlib.sha256(f"{installation}|{self.kind}|{ids}".encode()).hexdigest()[:16]
+        return f"core-jobs:{installation}:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
 
 
 @dataclass(frozen=True)
@@ -169,6 +206,9 @@ class PlannedIncident:
 
 
 # --- SQL --------------------------------------------------------------------------------------
+# This installation's identity (migration 0006_alert_identity): one row, never changed.
+READ_INSTALLATION = "SELECT id::text FROM core.installation"
+
 # New: pending, younger than the stale cutoff, not covered by a 'new' alert. Walks the partial
 # index of pending dead letters only, so its cost follows the backlog, not the table's history.
 SCAN_NEW = """
@@ -209,11 +249,11 @@ COUNT_UNALERTED = """
 SELECT count(*) FILTER (WHERE NOT EXISTS (
            SELECT 1 FROM core.dead_letter_alert_coverage AS c
              JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
-            WHERE c.dead_letter_id = dl.id AND c.kind = 'new' AND a.state <> 'pending')),
+            WHERE c.dead_letter_id = dl.id AND c.kind = 'new' AND a.state IN ('open', 'resolved'))),
        count(*) FILTER (WHERE dl.created_at <= %(stale_cutoff)s AND NOT EXISTS (
            SELECT 1 FROM core.dead_letter_alert_coverage AS c
              JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
-            WHERE c.dead_letter_id = dl.id AND c.kind = 'stale' AND a.state <> 'pending'))
+            WHERE c.dead_letter_id = dl.id AND c.kind = 'stale' AND a.state IN ('open', 'resolved')))
   FROM core.dead_letters AS dl
  WHERE dl.status = 'pending_review'
 """
@@ -241,6 +281,42 @@ SELECT id, alert_key, kind, queue, name, summary, description, num_dead_letters
   FROM core.dead_letter_alerts WHERE state = 'pending' ORDER BY id
 """
 
+# What an earlier intent's dead letters have become: how many are still pending review, and how
+# many of those are stale at the cutoff (a 'new' intent with a stale one is superseded).
+INTENT_STANDING = """
+SELECT count(*) FILTER (WHERE dl.status = 'pending_review'),
+       count(*) FILTER (WHERE dl.status = 'pending_review' AND dl.created_at <= %(stale_cutoff)s)
+  FROM core.dead_letter_alert_coverage AS c
+  JOIN core.dead_letters AS dl ON dl.id = c.dead_letter_id
+ WHERE c.alert_id = %(id)s AND c.kind = %(kind)s
+"""
+
+CANCEL_INTENT = """
+UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = %(now)s, cancel_reason = %(reason)s
+ WHERE id = %(id)s AND state = 'pending'
+"""
+
+# A cancelled intent paged nothing: its dead letters still pending review are released (the
+# database allows deleting only a cancelled alert's coverage), so this run's scan plans them
+# again. The coverage of its handled dead letters stays, as the record of what it covered.
+RELEASE_COVERAGE = """
+DELETE FROM core.dead_letter_alert_coverage AS c
+ USING core.dead_letters AS dl
+ WHERE c.alert_id = %(id)s AND dl.id = c.dead_letter_id AND dl.status = 'pending_review'
+RETURNING c.dead_letter_id
+"""
+
+# A released dead letter an escalation already covers (recorded in an earlier run) is paged by
+# that escalation: it covers it as 'new' too, as RECORD_NEW_COVERAGE_OF_ESCALATION does.
+COVER_RELEASED_BY_ESCALATION = """
+INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
+SELECT s.dead_letter_id, 'new', s.alert_id
+  FROM core.dead_letter_alert_coverage AS s
+ WHERE s.kind = 'stale' AND s.dead_letter_id = ANY(%(ids)s::bigint[])
+   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
+                    WHERE c.dead_letter_id = s.dead_letter_id AND c.kind = 'new')
+"""
+
 MARK_OPEN = """
 UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %(incident_id)s, posted_at = %(now)s
  WHERE id = %(id)s AND state = 'pending'
@@ -257,8 +333,10 @@ SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
  ORDER BY a.id
 """
 
+# resolution: 'resolved' (Better Stack has it resolved) or 'gone' (deleted there).
 MARK_RESOLVED = """
-UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s WHERE id = %(id)s AND state = 'open'
+UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s, resolution = %(resolution)s
+ WHERE id = %(id)s AND state = 'open'
 """
 
 
@@ -314,20 +392,26 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        planned = plan_incidents(conn, now, self.config)
-        if self.dry_run:
-            self._dry_run(conn, planned, result)
-        else:
-            earlier = {intent.id for intent in _pending_intents(conn)}
-            for incident in planned:
-                self._record_intent(conn, incident, now)
-            try:
-                self._deliver(conn, now, earlier, result)
-                self._resolve_handled(conn, now, result)
-            except _Stop:
-                pass
-            result.post_failures = len(_pending_intents(conn))
+        installation = read_installation(conn)
         stale_cutoff = now - self.config.stale_after
+        if self.dry_run:
+            self._dry_run(conn, plan_incidents(conn, now, self.config, installation), result)
+        else:
+            # Earlier intents first: the dead letters a cancelled one releases are planned again below.
+            unsettled: set[int] | None
+            try:
+                unsettled = self._settle_earlier(conn, now, installation, stale_cutoff, result)
+            except _Stop:
+                unsettled = None  # Better Stack is unreachable: record this run's intents, send nothing more
+            for incident in plan_incidents(conn, now, self.config, installation):
+                self._record_intent(conn, incident, now)
+            if unsettled is not None:
+                try:
+                    self._deliver(conn, now, installation, unsettled, result)
+                    self._resolve_handled(conn, now, installation, result)
+                except _Stop:
+                    pass
+            result.post_failures = len(_pending_intents(conn))
         row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
         result.dead_letters_unalerted, result.dead_letters_unescalated = row
         return result
@@ -361,46 +445,96 @@ class AlertFeed:
         self.log.info("alerts.feed.intent_recorded", alert_id=alert_id, alert_key=incident.alert_key,
                       kind=incident.kind, queue=incident.queue, num_dead_letters=len(ids))
 
-    def _deliver(self, conn: psycopg.Connection, now: datetime, earlier: set[int], result: AlertFeedResult) -> None:
-        """Post every pending intent; one left by an earlier run is first looked up by its key."""
+    def _settle_earlier(self, conn: psycopg.Connection, now: datetime, installation: str, stale_cutoff: datetime,
+                        result: AlertFeedResult) -> set[int]:
+        """Settle the intents earlier runs left pending, before this run plans anything.
+
+        Each may have reached Better Stack (a crash, a lost answer), so it is looked up by its
+        key first: found → open (recovered). Absent and moot → cancelled, never posted: all its
+        dead letters were handled meanwhile (``handled``), or it is a ``new`` intent one of whose
+        pending dead letters is stale now (``superseded``: the escalation planned next pages
+        them, and its still fresh ones go into a new incident). Returns the ids whose lookup
+        failed: they are not posted this run.
+        """
         assert self.client is not None
+        scope = {INSTALLATION_METADATA_KEY: installation}
+        unsettled: set[int] = set()
         for intent in _pending_intents(conn):
             try:
-                incident = None
-                if intent.id in earlier:
-                    incident = self.client.find_incident(METADATA_KEY, intent.alert_key)
-                recovered = incident is not None
-                if incident is None:
-                    incident = self.client.create_incident(
-                        self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key
-                    )
+                incident = self.client.find_incident(METADATA_KEY, intent.alert_key, scope=scope)
+            except BetterStackError as exc:
+                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
+                               queue=intent.queue, status=exc.status, error=str(exc))
+                unsettled.add(intent.id)
+                _stop_unless_about_this_one(exc)
+                continue
+            if incident is not None:
+                self._confirmed(conn, intent, incident.id, now, recovered=True, result=result)
+                continue
+            pending, stale = conn.execute(INTENT_STANDING, {"id": intent.id, "kind": intent.kind,
+                                                            "stale_cutoff": stale_cutoff}).fetchone()
+            if pending == 0:
+                self._cancel(conn, intent, CANCELLED_HANDLED, now, result)
+            elif intent.kind == NEW and stale > 0:
+                self._cancel(conn, intent, CANCELLED_SUPERSEDED, now, result)
+        return unsettled
+
+    def _cancel(self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime,
+                result: AlertFeedResult) -> None:
+        """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
+        with conn.transaction():
+            conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
+            released = [row[0] for row in conn.execute(RELEASE_COVERAGE, {"id": intent.id})]
+            conn.execute(COVER_RELEASED_BY_ESCALATION, {"ids": released})
+        result.intents_cancelled += 1
+        self.log.info("alerts.feed.intent_cancelled", alert_id=intent.id, alert_key=intent.alert_key, kind=intent.kind,
+                      queue=intent.queue, reason=reason, num_dead_letters=intent.num_dead_letters,
+                      released=len(released))
+
+    def _deliver(self, conn: psycopg.Connection, now: datetime, installation: str, unsettled: set[int],
+                 result: AlertFeedResult) -> None:
+        """Post every pending intent (the earlier ones were looked up already), except ``unsettled``."""
+        assert self.client is not None
+        scope = {INSTALLATION_METADATA_KEY: installation}
+        for intent in _pending_intents(conn):
+            if intent.id in unsettled:
+                continue
+            try:
+                incident = self.client.create_incident(
+                    self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
+                )
             except BetterStackError as exc:
                 self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
                                queue=intent.queue, status=exc.status, error=str(exc))
                 _stop_unless_about_this_one(exc)
                 continue
-            record_posted(conn, intent.id, incident.id, now)
-            result.dead_letters_alerted += intent.num_dead_letters
-            fields_ = {"alert_key": intent.alert_key, "incident_id": incident.id, "kind": intent.kind,
-                       "queue": intent.queue, "num_dead_letters": intent.num_dead_letters, "name": intent.name}
-            if recovered:
-                result.incidents_recovered += 1
-                self.log.info("alerts.feed.incident_recovered", **fields_)
-            elif intent.kind == STALE:
-                result.escalations_posted += 1
-                self.log.info("alerts.feed.escalation_posted", **fields_)
-            else:
-                result.incidents_posted += 1
-                self.log.info("alerts.feed.incident_posted", **fields_)
+            # recovered: found by the client's lookup after a retried POST, not confirmed by it.
+            self._confirmed(conn, intent, incident.id, now, recovered=incident.recovered, result=result)
 
-    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, result: AlertFeedResult) -> None:
+    def _confirmed(self, conn: psycopg.Connection, intent: _Intent, incident_id: str, now: datetime, *,
+                   recovered: bool, result: AlertFeedResult) -> None:
+        """Better Stack has the incident: record it open, count and log how we know."""
+        record_posted(conn, intent.id, incident_id, now)
+        result.dead_letters_alerted += intent.num_dead_letters
+        fields_ = {"alert_key": intent.alert_key, "incident_id": incident_id, "kind": intent.kind,
+                   "queue": intent.queue, "num_dead_letters": intent.num_dead_letters, "name": intent.name}
+        if recovered:
+            result.incidents_recovered += 1
+            self.log.info("alerts.feed.incident_recovered", **fields_)
+        elif intent.kind == STALE:
+            result.escalations_posted += 1
+            self.log.info("alerts.feed.escalation_posted", **fields_)
+        else:
+            result.incidents_posted += 1
+            self.log.info("alerts.feed.incident_posted", **fields_)
+
+    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, installation: str,
+                         result: AlertFeedResult) -> None:
         assert self.client is not None
         due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
         for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
             try:
-                resolved_now = self.client.resolve_incident(
-                    incident_id, resolved_by=self.config.requester_email or "core-jobs"
-                )
+                outcome = self._resolve(incident_id, alert_key, installation)
             except BetterStackError as exc:
                 self.log.error("alerts.feed.resolve_failed", incident_id=incident_id, alert_key=alert_key,
                                status=exc.status, error=str(exc))
@@ -411,10 +545,33 @@ class AlertFeed:
                     result.resolve_failures += len(due) - position - 1
                     raise
                 continue
-            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now})
-            result.incidents_resolved += 1
-            self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
-                          kind=kind, queue=queue, already_resolved=not resolved_now)
+            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED})
+            if outcome == GONE:
+                result.incidents_gone += 1
+                self.log.warning("alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key,
+                                 kind=kind, queue=queue)
+            else:
+                result.incidents_resolved += 1
+                self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
+                              kind=kind, queue=queue, already_resolved=outcome == ALREADY_RESOLVED)
+
+    def _resolve(self, incident_id: str, alert_key: str, installation: str) -> str:
+        """Resolve one incident at Better Stack: RESOLVED, ALREADY_RESOLVED (409) or GONE.
+
+        A 404 means the incident was deleted there — once the incident list confirms it: that
+        list must answer (a wrong API URL answers 404 to everything) and no longer have the
+        incident. Otherwise a BetterStackError, and the alert stays open.
+        """
+        assert self.client is not None
+        try:
+            resolved_now = self.client.resolve_incident(incident_id, resolved_by=self.config.requester_email or "core-jobs")
+        except IncidentNotFound as exc:
+            listed = self.client.find_incident(METADATA_KEY, alert_key, scope={INSTALLATION_METADATA_KEY: installation})
+            if listed is not None and listed.id == incident_id:
+                raise BetterStackError(f"resolve of incident {incident_id} answered 404, yet the incident list still "
+                                       f"has it: {exc}", status=404) from exc
+            return GONE
+        return RESOLVED if resolved_now else ALREADY_RESOLVED
 
     def incident_fields(self, intent: _Intent) -> dict[str, Any]:
         """The POST body of an intent (the client adds the key to ``metadata`` and ``team_name``)."""
@@ -440,6 +597,14 @@ class AlertFeed:
         if policy:
             body["policy_id"] = policy
         return body
+
+
+def read_installation(conn: psycopg.Connection) -> str:
+    """This installation's id, which scopes every alert key and lookup (read once per run)."""
+    row = conn.execute(READ_INSTALLATION).fetchone()
+    if row is None:
+        raise RuntimeError("core.installation has no row: the alert feed has no identity; run `core-jobs migrate`")
+    return row[0]
 
 
 def record_posted(conn: psycopg.Connection, alert_id: int, incident_id: str, now: datetime) -> None:
@@ -468,9 +633,11 @@ def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> li
     return _with_details(conn, groups, config)
 
 
-def plan_incidents(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[PlannedIncident]:
-    """The incidents this run would post, composed (name, summary, description)."""
-    return [compose(group, now, config) for group in scan(conn, now, config)]
+def plan_incidents(
+    conn: psycopg.Connection, now: datetime, config: AlertFeedConfig, installation: str
+) -> list[PlannedIncident]:
+    """The incidents this run would post, composed (name, summary, description), keyed for ``installation``."""
+    return [compose(group, now, config, installation) for group in scan(conn, now, config)]
 
 
 def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
@@ -511,9 +678,10 @@ def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], confi
     return detailed
 
 
-def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> PlannedIncident:
+def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
     """What the on-call person reads: name, one-line summary, and the full description."""
     n = len(group.ids)
+    alert_key = group.alert_key(installation)
     letters = "dead letter" if n == 1 else "dead letters"
     where = group.queue if group.queue is not None else f"{len(group.queues)} queues"
     span = f"{_when(group.first_created)} – {_when(group.last_created)}"
@@ -549,8 +717,8 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig) -> P
     elif group.queue is not None and config.ops_url(group.queue):
         lines += [f"Dead letters of this queue: {config.ops_url(group.queue)}", ""]
     lines.append(action)
-    lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {group.alert_key}.")
-    return PlannedIncident(group.kind, group.queue, group.alert_key, name, summary, "\n".join(lines), group.ids)
+    lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {alert_key}.")
+    return PlannedIncident(group.kind, group.queue, alert_key, name, summary, "\n".join(lines), group.ids)
 
 
 def _when(moment: datetime) -> str:

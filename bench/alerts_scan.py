@@ -74,10 +74,10 @@ SEED = {
     # 1 000 resolved alerts covering the handled history, 50 open ones covering the stale as new.
     "alerts": """
         INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, state, name, summary, description,
-                                             num_dead_letters, incident_id, posted_at, resolved_at)
+                                             num_dead_letters, incident_id, posted_at, resolved_at, resolution)
         SELECT 'bench:' || g, 'new', 'queue.' || (g % 60), CASE WHEN g <= 1000 THEN 'resolved' ELSE 'open' END,
                'n', 's', 'd', 1, (100000 + g)::text, now() - interval '30 days',
-               CASE WHEN g <= 1000 THEN now() - interval '1 day' END
+               CASE WHEN g <= 1000 THEN now() - interval '1 day' END, CASE WHEN g <= 1000 THEN 'resolved' END
           FROM generate_series(1, 1050) AS g""",
     "coverage": f"""
         INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)

@@ -49,7 +49,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.operations import LIST_PAGE  # noqa: E402
-from maintenance import migrate  # noqa: E402
+from maintenance.runtime import migrate  # noqa: E402
 from maintenance.demo import scratch_database  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

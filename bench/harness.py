@@ -46,7 +46,7 @@ from harness.retry import RetryPolicy  # noqa: E402
 from harness.worker import Worker, WorkerConfig  # noqa: E402
 from maintenance import migrate  # noqa: E402
 from maintenance.demo import scratch_database  # noqa: E402
-from maintenance.logs import configure_logging  # noqa: E402
+from maintenance.runtime.logs import configure_logging  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

@@ -77,7 +77,7 @@ INSERT INTO {table} (job_id, consumer, tenant_id, expires_at)
 VALUES (gen_random_uuid(), 'points.credit', '00000000-0000-4000-8000-000000000001', now() + interval '7 days')
 """
 
-# The metrics job's count (maintenance/metrics.py, count_successes).
+# The metrics job's count (maintenance/jobs/metrics/__init__.py, count_successes).
 COUNT = """
 SELECT consumer, count(*) FROM {table}
  WHERE processed_at >= %(since)s AND processed_at < %(until)s

@@ -5,9 +5,12 @@
     uv run python bench/purge.py --rows 200000   # smaller, quicker
     uv run python bench/purge.py --shuffled --expired-percent 1   # the steady state: few expired
     uv run python bench/purge.py --shuffled-percent 20  # 20 % of rows scattered, the rest in order
+    uv run python bench/purge.py --replay-history 200000  # plus 200 000 replays handled long ago
 
 Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired ones held by
-a pending dead letter) into a template database, then on identical copies
+a pending dead letter; with ``--replay-history N`` also N replayed dead letters whose deliveries
+were handled 30 days ago, the history the replay guard's index must skip) into a template
+database, then on identical copies
 (``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.purge.Purger``, default
 settings, strategy ``auto``), (a') the purge forced onto the strategy auto did not choose, and
 (b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer
@@ -44,10 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from harness.pg import connect  # noqa: E402
 from harness.retry import RetryPolicy, max_retry_window  # noqa: E402
 from maintenance import migrate  # noqa: E402
-from maintenance.db import Database  # noqa: E402
+from maintenance.runtime.db import Database  # noqa: E402
 from maintenance.demo import with_database  # noqa: E402
-from maintenance.logs import configure_logging  # noqa: E402
-from maintenance.purge import PurgeConfig, Purger  # noqa: E402
+from maintenance.runtime.logs import configure_logging  # noqa: E402
+from maintenance.jobs.purge import PurgeConfig, Purger  # noqa: E402
 from maintenance.settings import TtlGuard  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -75,6 +78,21 @@ INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)
 SELECT job_id, consumer, '{}', 5, 'ProviderUnavailable: HTTP 503'
   FROM core.processed_jobs TABLESAMPLE BERNOULLI (0.05) WHERE expires_at < now()"""
 
+# Replays whose deliveries were handled 30 days ago (dead letters are never deleted, so they pile
+# up): the replay guard reads only the outstanding and recent ones, from its index's tail. Loaded
+# with the guard trigger set aside, to back-date the stamps.
+LOAD_REPLAY_HISTORY = (
+    """INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)
+       SELECT gen_random_uuid(), 'points.credit', '{}', 5, 'ProviderUnavailable: HTTP 503'
+         FROM generate_series(1, %(rows)s)""",
+    "ALTER TABLE core.dead_letters DISABLE TRIGGER dead_letters_guard_update",
+    """UPDATE core.dead_letters
+          SET status = 'replayed', status_changed_at = now() - interval '31 days',
+              replay_outcome = 'duplicate', replay_handled_at = now() - interval '30 days'
+        WHERE id > (SELECT max(id) - %(rows)s FROM core.dead_letters)""",
+    "ALTER TABLE core.dead_letters ENABLE TRIGGER dead_letters_guard_update",
+)
+
 # The writer: one fence per transaction; a redelivery hits the primary key and does nothing.
 INSERT_FENCE = """
 INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
@@ -90,7 +108,8 @@ def admin(server: str, statement: sql.Composable) -> None:
         conn.execute(statement)
 
 
-def build_template(server: str, name: str, rows: int, shuffled: float, expired: float = 0.6) -> tuple[str, float]:
+def build_template(server: str, name: str, rows: int, shuffled: float, expired: float = 0.6,
+                   replay_history: int = 0) -> tuple[str, float]:
     admin(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = with_database(server, name)
     migrate.upgrade(url)
@@ -100,6 +119,9 @@ def build_template(server: str, name: str, rows: int, shuffled: float, expired: 
         span = min(timedelta(days=10), TTL / (1 - expired))
         conn.execute(LOAD_FENCES.format(layout=layout), {"rows": rows, "ttl": TTL, "expired": expired, "span": span})
         conn.execute(LOAD_PENDING_DEAD_LETTERS)
+        if replay_history:
+            for statement in LOAD_REPLAY_HISTORY:
+                conn.execute(statement, {"rows": replay_history} if "%(rows)s" in statement else None)
         # Hint bits, visibility map and statistics, so both copies start from the same warm state.
         conn.execute("VACUUM (ANALYZE) core.processed_jobs")
         conn.execute("VACUUM (ANALYZE) core.dead_letters")
@@ -235,6 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffled-percent", type=float, default=0.0,
                         help="rows placed at random, the rest in expiry order, %% (default 0; --shuffled: 100)")
     parser.add_argument("--expired-percent", type=float, default=60.0, help="expired fences, %% (default 60)")
+    parser.add_argument("--replay-history", type=int, default=0, metavar="N",
+                        help="also load N replayed dead letters handled 30 days ago (default 0)")
     parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
     parser.add_argument("--target-batch-ms", type=float,
                         default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
@@ -257,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"purge benchmark: {args.rows:,} fences, {args.expired_percent:g} % expired, 8 consumers, 1 000 tenants,"
           f" layout {layout};")
     print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}"
-          f" at most, aiming at {args.target_batch_ms:g} ms")
+          f" at most, aiming at {args.target_batch_ms:g} ms; {args.replay_history:,} replays handled 30 days ago")
     target = timedelta(milliseconds=args.target_batch_ms)
     results: dict[str, dict] = {}
     chosen: list[dict] = []
     try:
-        _, load_s = build_template(server, template, args.rows, shuffled, args.expired_percent / 100)
+        _, load_s = build_template(server, template, args.rows, shuffled, args.expired_percent / 100,
+                                   args.replay_history)
         print(f"loaded template in {load_s:.1f} s")
         auto, auto_samples = run_on_copy(
             server, template, "auto", purge_action(args.batch_size, target, "auto", chosen, results), args.writer_rate,

@@ -7,6 +7,15 @@ tenant and the job id, so that a replay republishes exactly the same job (J-B6).
 ``pending_review``; the database enforces its lifecycle. The caller supplies the transaction —
 the reference queue writes the letter in the one that removes the message, so a failure is
 neither lost nor recorded twice.
+
+A replayed delivery (``replay_of``: the dead letter it replays) marks that replay handled when it
+reaches a final outcome, in the transaction of the outcome (:func:`mark_replay_handled`): the
+work's for ``processed``, the fence probe's for ``duplicate`` (harness/handling.py), and this
+writer's for ``dead_lettered`` — the new pending letter takes over holding the job's fences in
+the same commit. Until then the purge keeps those fences, however long the delivery waits
+(maintenance/jobs/purge/paths.py). The database stamps ``replay_handled_at`` and refuses a second
+outcome; a mark that finds the replay already handled (a redelivery after a lost ack, or an
+operator's release) changes nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["DeadLetter", "MAX_ERROR_CHARS", "describe_error", "write_dead_letter"]
+__all__ = ["DeadLetter", "MAX_ERROR_CHARS", "describe_error", "mark_replay_handled", "write_dead_letter"]
 
 MAX_ERROR_CHARS = 2000
 _ELLIPSIS = " …[truncated]"
@@ -34,6 +43,7 @@ class DeadLetter:
     last_error: str
     tenant_id: UUID | None = None
     correlation_id: str | None = None
+    replay_of: int | None = None  # the dead letter whose replayed delivery failed again, if any
 
 
 def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
@@ -71,7 +81,21 @@ def _message(error: BaseException) -> str:
         return f"<message unprintable: {why}>"
 
 
+# A replay's final outcome, once: the database stamps replay_handled_at and refuses a second one.
+MARK_REPLAY_HANDLED = """
+UPDATE core.dead_letters
+   SET replay_outcome = %(outcome)s
+ WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
+"""
+
+# The letter, and — for a replayed delivery failing again — its replay marked dead_lettered, in
+# one statement: atomic whatever the caller's transaction (no replay: the UPDATE matches nothing).
 INSERT_DEAD_LETTER = """
+WITH replay_handled AS (
+    UPDATE core.dead_letters
+       SET replay_outcome = 'dead_lettered'
+     WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
+)
 INSERT INTO core.dead_letters
        (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id)
 VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s,
@@ -80,8 +104,17 @@ RETURNING id
 """
 
 
+def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str) -> bool:
+    """Record the final ``outcome`` of the replay of dead letter ``replay_of``, in the caller's
+    transaction; False when one was already recorded (a redelivery, or an operator's release)."""
+    return conn.execute(MARK_REPLAY_HANDLED, {"replay_of": replay_of, "outcome": outcome}).rowcount == 1
+
+
 def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
-    """Insert the dead letter in the caller's transaction; return its id."""
+    """Insert the dead letter in the caller's transaction; return its id.
+
+    A letter of a replayed delivery (``replay_of``) marks that replay ``dead_lettered`` in the same statement.
+    """
     row = conn.execute(
         INSERT_DEAD_LETTER,
         {
@@ -93,6 +126,7 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
             "last_error": letter.last_error[:MAX_ERROR_CHARS],
             "tenant_id": letter.tenant_id,
             "correlation_id": letter.correlation_id,
+            "replay_of": letter.replay_of,
         },
     ).fetchone()
     assert row is not None

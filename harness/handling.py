@@ -30,6 +30,11 @@
    workers died mid-job or lost their leases. It is not run again (a message that kills its
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
    (``exhausted``) at once.
+5. A replayed delivery (``envelope.replay_of``) marks its replay handled with its final outcome,
+   in that outcome's transaction (harness/dead_letters.py): ``processed`` in the work
+   transaction, ``duplicate`` in the fence probe's (committed instead of rolled back),
+   ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
+   the purge keeps the job's fences through every retry of a fence processed long ago.
 
 Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
@@ -47,7 +52,7 @@ from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
-from harness.dead_letters import DeadLetter, describe_error
+from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
 from harness.errors import PermanentError, PoisonMessage, TransientError
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
@@ -108,13 +113,18 @@ def handle(
         with conn.transaction():
             if conn.execute(INSERT_FENCE, fence).fetchone() is None:
                 duplicate = True
-                raise psycopg.Rollback()
-            try:
-                consumer.handler(conn, payload, context)
-            except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
-                raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled back,"
-                                     " so nothing was committed") from exc
-            _check_work_transaction(conn)
+                if envelope.replay_of is None:
+                    raise psycopg.Rollback()  # nothing was written
+                mark_replay_handled(conn, envelope.replay_of, "duplicate")
+            else:
+                try:
+                    consumer.handler(conn, payload, context)
+                except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
+                    raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled"
+                                         " back, so nothing was committed") from exc
+                _check_work_transaction(conn)
+                if envelope.replay_of is not None:
+                    mark_replay_handled(conn, envelope.replay_of, "processed")
     except KeyboardInterrupt:
         raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
     except BaseException as exc:  # noqa: BLE001 - an unclassified failure, SystemExit included, is transient by design
@@ -159,10 +169,13 @@ def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Del
     The handler is not run again — a job that kills its worker would otherwise do so forever —
     unless the fence shows the work did commit, which makes this a plain duplicate.
     """
+    replay_of = delivery.envelope.replay_of
     with conn.transaction():
         # A probe, like the real fence: it waits for a worker still committing this job, then tells.
         done = conn.execute(INSERT_FENCE, fence).fetchone() is None
-        raise psycopg.Rollback()  # this delivery writes no fence
+        if not done or replay_of is None:
+            raise psycopg.Rollback()  # this delivery writes no fence
+        mark_replay_handled(conn, replay_of, "duplicate")  # the probe inserted nothing: commit the mark alone
     if done:
         metrics.duplicate(consumer.name)
         return Duplicate()
@@ -205,6 +218,7 @@ def _dead_letter(
             last_error=describe_error(error),
             tenant_id=envelope.tenant_id,
             correlation_id=envelope.correlation_id,
+            replay_of=envelope.replay_of,
         ),
     )
 

@@ -16,6 +16,9 @@ For the demo, the tests and small deployments. Every decision about time uses th
   attempt and the fence absorbs it if the first worker did commit its work.
 - **Release** gives claimed but unhandled messages back at once (a worker stopping), without
   counting the attempt.
+- **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
+  so it survives retries and lease expiries; the claim hands it back in the envelope, and the
+  harness marks that replay handled with the delivery's final outcome (harness/queue.py).
 
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
@@ -42,8 +45,8 @@ from harness.queue import Delivery, Envelope, check_payload
 __all__ = ["PgQueue"]
 
 PUBLISH = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, run_at)
-VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, now() + %(delay)s)
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
+VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(replay_of)s, now() + %(delay)s)
 RETURNING id
 """
 
@@ -66,7 +69,7 @@ UPDATE core.queue_messages AS m
        leased_by = %(worker)s
   FROM ready
  WHERE m.id = ready.id
-RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.attempts, m.run_at
+RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.attempts, m.run_at
 """
 
 # Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
@@ -147,6 +150,7 @@ class PgQueue:
             "tenant_id": envelope.tenant_id,
             "correlation_id": envelope.correlation_id,
             "payload": Jsonb(envelope.payload),
+            "replay_of": envelope.replay_of,
             "delay": delay,
         }
 
@@ -157,15 +161,16 @@ class PgQueue:
             rows = self.conn.execute(
                 CLAIM, {"queue": queue, "limit": limit, "lease": self.lease, "worker": self.worker}
             ).fetchall()
-        rows.sort(key=lambda r: (r[7], r[0]))
+        rows.sort(key=lambda r: (r[8], r[0]))
         return [
             Delivery(
                 queue=queue,
-                envelope=Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id),
+                envelope=Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id,
+                                  replay_of=replay_of),
                 attempt=attempts,
                 receipt=(message_id, token),
             )
-            for message_id, token, job_id, tenant_id, correlation_id, payload, attempts, _run_at in rows
+            for message_id, token, job_id, tenant_id, correlation_id, payload, replay_of, attempts, _run_at in rows
         ]
 
     def ack(self, deliveries: Sequence[Delivery]) -> int:

@@ -22,6 +22,15 @@ neither; Python's ``json`` reads them, and reads ``1e400`` as inf), ``\\u0000`` 
 a lone UTF-16 surrogate, a value that is not JSON (a datetime, a set) — with
 :class:`InvalidPayload` naming where (``payload.items[1].note``). ``publish`` calls it first,
 so a bad payload is that error, never a database error, and nothing is queued.
+
+Replays. A replay publishes ``Envelope(replay_of=<the dead letter's id>)``; an adapter carries
+``replay_of`` with the message, unchanged across retries and redeliveries, exactly as it carries
+``job_id``. The harness needs nothing else from the broker: the delivery's final outcome
+(``Acked``, ``Duplicate``, ``DeadLettered``) marks the replay handled in its own transaction,
+and until then the purge keeps the job's fences however long the message waits. A broker that
+loses the message, or an adapter that drops ``replay_of``, leaves the replay outstanding: its
+fences are kept (never a double effect) until an operator releases it (``core-jobs dead-letters
+release``). README.md, "Replays and the purge".
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ class Envelope:
     payload: Any  # JSON
     tenant_id: UUID = NO_TENANT
     correlation_id: str | None = None
+    replay_of: int | None = None  # the dead letter a replay republished; None for every other message
 
 
 class InvalidPayload(ValueError):

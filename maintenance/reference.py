@@ -165,11 +165,11 @@ def source_events(root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGE
 
 def job_events() -> Iterator[tuple[str, set[str], str]]:
     """The runner's start/stop/error events of every scheduled job, with the job's result fields."""
-    from maintenance.registry import jobs
+    from maintenance.jobs import by_name as jobs
 
     for spec in jobs().values():
         fields = set(spec.zero_fields())
-        where = f"maintenance/runner.py (job `{spec.name}`)"
+        where = f"maintenance/runtime/runner.py (job `{spec.name}`)"
         yield f"{spec.events}.start", {"job"}, where
         yield f"{spec.events}.stop", fields | {"job", "ok", "duration_s"}, where
         yield f"{spec.events}.error", fields | {"job", "duration_s", "error"}, where

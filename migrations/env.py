@@ -1,6 +1,6 @@
 """Alembic environment for core-jobs.
 
-Run through `core-jobs migrate` (maintenance/migrate.py), which hands over an open SQLAlchemy
+Run through `core-jobs migrate` (maintenance/runtime/migrate.py), which hands over an open SQLAlchemy
 connection in ``config.attributes["connection"]``. The version table lives in schema ``core``
 next to the tables it versions. A transaction-scoped advisory lock serialises concurrent
 migrators (two pods running the pre-upgrade hook at once).

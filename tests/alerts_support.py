@@ -11,8 +11,8 @@ import pytest
 
 from alerts.feed import AlertFeed, AlertFeedConfig
 from fake_betterstack import FakeBetterStack, make_client
-from maintenance.db import Database
-from maintenance.logs import configure_logging
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import configure_logging
 
 @pytest.fixture(autouse=True)
 def fresh_logs() -> Iterator[io.StringIO]:

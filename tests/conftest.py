@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from maintenance import migrate
-from maintenance.db import Database
+from maintenance.runtime import migrate
+from maintenance.runtime.db import Database
 from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"

@@ -1,16 +1,22 @@
-"""Helpers shared by the harness tests: publishing, reading effects, waiting on PostgreSQL."""
+"""Helpers shared by the harness tests: publishing, dead letters, running a worker, reading effects, waiting on PostgreSQL."""
 
 from __future__ import annotations
 
 import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from prometheus_client import CollectorRegistry
 
+from harness.dead_letters import DeadLetter, write_dead_letter
+from harness.examples.points import consumer as points_consumer
+from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
 from harness.queue import Envelope
+from harness.retry import RetryPolicy
+from harness.worker import Worker, WorkerConfig, WorkerStats
 
 TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 TTL = timedelta(days=7)
@@ -23,6 +29,40 @@ def publish(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None 
     envelope = Envelope(job_id=job_id, payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
     PgQueue(conn).publish(queue, envelope, delay=delay)
     return job_id
+
+
+def dead_letter(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
+                error: str = "TransientError: ledger timeout") -> tuple[int, uuid.UUID]:
+    """A pending dead letter of the points consumer, as the harness writes it; returns (id, job_id)."""
+    job_id = job_id or uuid.uuid4()
+    letter = DeadLetter(job_id=job_id, queue=queue, consumer="points.credit", payload=payload, attempts=5,
+                        last_error=error, tenant_id=TENANT, correlation_id=f"corr-{job_id.hex[:6]}")
+    return write_dead_letter(conn, letter), job_id
+
+
+def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
+                    stamp: str = "status_changed_at") -> None:
+    """Move the database's stamp of a replay (``status_changed_at``), or of its delivery's handling
+    (``replay_handled_at``), back in time — its triggers, which guard it, set aside."""
+    assert stamp in ("status_changed_at", "replay_handled_at")
+    with conn.transaction():
+        conn.execute("SET LOCAL session_replication_role = replica")
+        conn.execute(
+            f"UPDATE core.dead_letters SET {stamp} = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
+        )
+
+
+def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, bool]:
+    """(replay_outcome, whether replay_handled_at is stamped) of a dead letter: (None, False) while outstanding."""
+    return conn.execute("SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s",
+                        (letter_id,)).fetchone()
+
+
+def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
+    """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics."""
+    metrics = HarnessMetrics(CollectorRegistry())
+    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL),
+                  metrics=metrics).run(once=True)
 
 
 def points(conn: psycopg.Connection, member: str) -> int:

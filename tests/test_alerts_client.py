@@ -6,10 +6,10 @@ import io
 
 import pytest
 
-from alerts.betterstack import BetterStackClient, BetterStackError
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from alerts_support import fresh_logs  # noqa: F401  (fixture)
 from fake_betterstack import TOKEN, Fault, FakeClock, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
-from maintenance.logs import configure_logging, get_logger
+from maintenance.runtime.logs import configure_logging, get_logger
 
 KEY = "core_jobs_alert_key"
 
@@ -22,7 +22,7 @@ def test_create_returns_the_confirmed_id_and_sends_the_key_in_metadata(fake_bs):
     """A 201 with data.id gives that id; the incident carries the metadata key and the bearer token."""
     client = make_client(fake_bs, team_name="Platform")
     created = client.create_incident(incident(), key_name=KEY, key_value="k-1")
-    assert created.id == "1001"
+    assert created.id == "1001" and not created.recovered
     stored = fake_bs.incidents["1001"]
     assert stored["body"]["metadata"][KEY] == ["k-1"]
     assert stored["body"]["team_name"] == "Platform"
@@ -40,10 +40,10 @@ def test_500_then_success_posts_once_after_a_lookup(fake_bs):
 
 
 def test_a_500_after_the_incident_was_created_is_not_posted_twice(fake_bs):
-    """When Better Stack created the incident but the answer was a 500, the lookup finds it: no duplicate."""
+    """When Better Stack created the incident but the answer was a 500, the lookup finds it (recovered): no duplicate."""
     fake_bs.fail_next("create", Fault(status=500, after_create=True))
     created = make_client(fake_bs).create_incident(incident(), key_name=KEY, key_value="k-lost")
-    assert list(fake_bs.incidents) == [created.id]
+    assert list(fake_bs.incidents) == [created.id] and created.recovered
     assert len(fake_bs.posts()) == 1
 
 
@@ -107,6 +107,16 @@ def test_find_checks_metadata_across_pages(fake_bs):
     assert client.find_incident(KEY, "absent") is None
 
 
+def test_find_refuses_an_incident_with_the_key_but_another_scope(fake_bs):
+    """An incident carrying our key but another installation's id is not ours, even from a server ignoring the filter."""
+    client = make_client(fake_bs)
+    client.create_incident(incident(), key_name=KEY, key_value="k-1", scope={"core_jobs_installation": "staging"})
+    fake_bs.ignore_metadata_filter = True
+    assert client.find_incident(KEY, "k-1", scope={"core_jobs_installation": "prod"}) is None
+    found = client.find_incident(KEY, "k-1", scope={"core_jobs_installation": "staging"})
+    assert found is not None and found.metadata_values("core_jobs_installation") == ["staging"]
+
+
 def test_find_uses_the_metadata_filter(fake_bs):
     """The lookup sends metadata[key][][value]=… and gets the one match in a single request."""
     client = make_client(fake_bs, max_requests_per_second=100)
@@ -136,6 +146,17 @@ def test_resolve_twice_reports_already_resolved(fake_bs):
     assert client.resolve_incident(created.id, resolved_by="oncall@example.com") is True
     assert client.resolve_incident(created.id, resolved_by="oncall@example.com") is False
     assert fake_bs.incidents[created.id]["resolved_by"] == "oncall@example.com"
+
+
+def test_resolving_a_deleted_incident_raises_not_found_without_retrying(fake_bs):
+    """A 404 on resolve (the incident was deleted at Better Stack) raises IncidentNotFound at once."""
+    client = make_client(fake_bs)
+    created = client.create_incident(incident(), key_name=KEY, key_value="k")
+    del fake_bs.incidents[created.id]
+    with pytest.raises(IncidentNotFound) as raised:
+        client.resolve_incident(created.id, resolved_by="oncall@example.com")
+    assert raised.value.status == 404
+    assert [r.path for r in fake_bs.requests].count(f"/api/v3/incidents/{created.id}/resolve") == 1
 
 
 def test_token_never_in_errors_repr_or_logs(fake_bs):

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import io
+import json
 import threading
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
 
-from alerts.feed import METADATA_KEY, AlertFeedResult
+from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import advisory_lock, server_now
-from maintenance.logs import configure_logging
+from maintenance.runtime.logs import configure_logging
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
@@ -35,7 +36,7 @@ def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
     assert "corr-points.credit-1" in credit["description"]
     assert "https://ops.example/dead-letters?queue=points.credit" in credit["description"]
     assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
-    assert credit["metadata"][METADATA_KEY][0].startswith("core-jobs:new:")
+    assert credit["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:new:")
     assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
         ("new", "points.credit", "open"), ("new", "notifications.email", "open")
     ]
@@ -141,6 +142,42 @@ def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, con
     assert alert_rows(conn)[0][2] == "resolved"
 
 
+def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, fresh_logs):
+    """Resolve answers 404 for an incident deleted by hand: the alert ends resolved as 'gone', logged, and runs are ok."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    [incident_id] = list(fake_bs.incidents)
+    del fake_bs.incidents[incident_id]
+    handle(conn, ids)
+    result = feed.run_once(server_now(conn))
+    assert (result.ok, result.incidents_gone, result.incidents_resolved, result.resolve_failures) == (True, 1, 0, 0)
+    assert conn.execute("SELECT state, resolution FROM core.dead_letter_alerts").fetchone() == ("resolved", "gone")
+    [gone] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines()) if e["event"] == "alerts.feed.incident_gone"]
+    assert (gone["incident_id"], gone["queue"]) == (incident_id, "points.credit")
+    again = feed.run_once(server_now(conn))
+    assert (again.ok, again.incidents_gone, again.resolve_failures) == (True, 0, 0)
+
+
+@pytest.mark.parametrize("faults", [
+    pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
+    pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
+])
+def test_a_404_not_confirmed_by_the_incident_list_is_a_failure_not_gone(db, conn, fake_bs, faults):
+    """A 404 on resolve counts as gone only when the incident list answers without it (not with a wrong API
+    URL, where everything is 404, nor while the incident is still listed): else the alert stays open."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    feed.run_once(server_now(conn))
+    handle(conn, ids)
+    for route, fault in faults.items():
+        fake_bs.fail_next(route, fault)
+    failed = feed.run_once(server_now(conn))
+    assert (failed.ok, failed.incidents_gone, failed.resolve_failures) == (False, 0, 1)
+    assert alert_rows(conn)[0][2] == "open"
+    assert feed.run_once(server_now(conn)).incidents_resolved == 1
+
+
 def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_bs):
     """Five failing queues with a cap of 3: the two largest get their own, three fold into one summary."""
     for n, queue in enumerate(["q.a", "q.b", "q.c", "q.d", "q.e"]):
@@ -214,6 +251,107 @@ def test_better_stack_down_fails_the_run_and_the_next_run_posts_it(db, conn, fak
     back = feed.run_once(server_now(conn))
     assert (back.ok, back.incidents_posted, back.post_failures, back.dead_letters_unalerted) == (True, 2, 0, 0)
     assert len(fake_bs.incidents) == 2
+
+
+def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, fresh_logs):
+    """Better Stack created the incident but answered 500; the client's lookup finds it: recovered, not posted."""
+    add_dead_letters(conn, "points.credit", 2)
+    fake_bs.fail_next("create", Fault(status=500, after_create=True))
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (0, 1, 2, True)
+    assert len(fake_bs.incidents) == 1 and alert_rows(conn)[0][2] == "open"
+    events = [json.loads(line)["event"] for line in fresh_logs.getvalue().splitlines()]
+    assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
+
+
+def alert_states(conn) -> list[tuple]:
+    return conn.execute("SELECT kind, state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall()
+
+
+def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, fresh_logs):
+    """Better Stack was down; the dead letters were replayed before it came back: no page, the intent is cancelled."""
+    ids = add_dead_letters(conn, "points.credit", 3)
+    feed = make_feed(db, fake_bs)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(server_now(conn)).post_failures == 1
+    handle(conn, ids)
+    back = feed.run_once(server_now(conn))
+    assert (back.ok, back.intents_cancelled, back.incidents_posted, back.post_failures) == (True, 1, 0, 0)
+    assert len(fake_bs.posts()) == 4 and fake_bs.incidents == {}  # only the first run's failed attempts
+    assert alert_states(conn) == [("new", "cancelled", "handled")]
+    [cancelled] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines())
+                   if e["event"] == "alerts.feed.intent_cancelled"]
+    assert (cancelled["reason"], cancelled["queue"], cancelled["num_dead_letters"]) == ("handled", "points.credit", 3)
+    assert feed.run_once(server_now(conn)).intents_cancelled == 0
+
+
+def test_an_earlier_intent_that_reached_better_stack_is_recovered_and_resolved_not_cancelled(db, conn, fake_bs):
+    """The POST created the incident but no answer got back; once its dead letters are handled the next run finds
+    it by its key and resolves it, instead of cancelling the intent and leaving the incident open."""
+    ids = add_dead_letters(conn, "points.credit", 2)
+    feed = make_feed(db, fake_bs)
+    fake_bs.fail_next("create", Fault(status=503, after_create=True))
+    fake_bs.fail_next("list", *[Fault(status=503)] * 4)
+    assert feed.run_once(server_now(conn)).post_failures == 1
+    handle(conn, ids)
+    back = feed.run_once(server_now(conn))
+    assert (back.ok, back.incidents_recovered, back.incidents_resolved, back.intents_cancelled) == (True, 1, 1, 0)
+    assert [i["status"] for i in fake_bs.incidents.values()] == ["Resolved"]
+    assert alert_states(conn) == [("new", "resolved", None)]
+
+
+def test_a_pending_new_intent_whose_dead_letter_turned_stale_is_paged_once_by_the_escalation(db, conn, fake_bs):
+    """The new incident never went out and its dead letter is now stale: only the escalation is posted."""
+    add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(now).post_failures == 1
+    later = feed.run_once(now + timedelta(hours=2))
+    assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 0, 1)
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
+    assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
+    assert coverage(conn) == {"new": 1, "stale": 1}
+
+
+def test_a_partly_stale_pending_intent_pages_each_dead_letter_once(db, conn, fake_bs):
+    """Of an unposted new intent, the dead letter now stale is paged by the escalation and the still fresh one by a
+    new incident of its own: one page each, none left out."""
+    [old] = add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    [fresh] = add_dead_letters(conn, "points.expire", 1, age="1 hour")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert feed.run_once(now).post_failures == 1
+    later = feed.run_once(now + timedelta(hours=2))
+    assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 1, 1)
+    posted = {p.body["name"]: p.body["description"] for p in fake_bs.posts()[4:]}
+    assert set(posted) == {"1 dead letter in points.expire unreviewed for over 3 days", "1 new dead letter in points.expire"}
+    assert f"Dead letter ids {old}–{old} (1)" in posted["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert f"Dead letter ids {fresh}–{fresh} (1)" in posted["1 new dead letter in points.expire"]
+    assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
+    assert coverage(conn) == {"new": 2, "stale": 1}
+
+
+def test_a_superseded_intent_settled_a_run_late_leaves_its_dead_letter_to_the_posted_escalation(db, conn, fake_bs):
+    """The new intent's lookup failed (400) in the run that posted the escalation; the next run cancels it and the
+    escalation covers the dead letter as new too: one page, nothing unalerted."""
+    add_dead_letters(conn, "points.expire", 1, age="2 days 23 hours")
+    feed = make_feed(db, fake_bs)
+    now = server_now(conn)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    feed.run_once(now)
+    fake_bs.fail_next("list", Fault(status=400))
+    escalated = feed.run_once(now + timedelta(hours=2))
+    assert (escalated.escalations_posted, escalated.intents_cancelled, escalated.post_failures) == (1, 0, 1)
+    settled = feed.run_once(now + timedelta(hours=3))
+    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (True, 1, 0, 0)
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
+    assert conn.execute("SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
+                        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind").fetchall() == [
+        ("new", "stale"), ("stale", "stale")]
 
 
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from maintenance.alerts_job import betterstack_client, feed_config
+from maintenance.jobs.alerts import betterstack_client, feed_config
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.settings import load_settings
 

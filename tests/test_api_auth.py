@@ -11,7 +11,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from api_support import AUDIENCE, ISSUER, ApiClient, add_dead_letters, api_settings, public_jwk, serving
 from maintenance.api.auth import DISCARD, READ, REPLAY
 from maintenance.api.server import build_app
-from maintenance.logs import configure_logging
+from maintenance.runtime.logs import configure_logging
 from maintenance.settings import ConfigError, Settings
 
 BASE = "/v1/core/dead-letters"

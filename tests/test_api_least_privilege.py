@@ -9,7 +9,7 @@ import pytest
 from psycopg import sql
 
 from api_support import add_dead_letters
-from maintenance import migrate
+from maintenance.runtime import migrate
 
 ROLE = "core_jobs_api"
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 
-from maintenance import migrate
+from maintenance.runtime import migrate
 
 
 def test_demo_walks_through_the_example_consumer(demo_output):

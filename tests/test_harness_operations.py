@@ -10,14 +10,9 @@ import uuid
 import httpx
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 
-from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.examples.points import consumer as points_consumer
-from harness.metrics import HarnessMetrics, default_metrics
-from harness.retry import RetryPolicy
-from harness.worker import Worker, WorkerConfig
-from harness_support import QUEUE, TENANT, TTL, fences, points, publish, scalar
+from harness.metrics import default_metrics
+from harness_support import QUEUE, TENANT, dead_letter, fences, points, publish, run_worker, scalar
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 
@@ -25,19 +20,6 @@ from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 def cli(clean_env, database_url):
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     return main
-
-
-def dead_letter(conn, payload, *, job_id=None, queue=QUEUE, error="TransientError: ledger timeout") -> tuple[int, uuid.UUID]:
-    job_id = job_id or uuid.uuid4()
-    letter = DeadLetter(job_id=job_id, queue=queue, consumer="points.credit", payload=payload, attempts=5,
-                        last_error=error, tenant_id=TENANT, correlation_id=f"corr-{job_id.hex[:6]}")
-    return write_dead_letter(conn, letter), job_id
-
-
-def run_worker(database_url):
-    metrics = HarnessMetrics(CollectorRegistry())
-    return Worker(database_url, points_consumer, policy=RetryPolicy(), config=WorkerConfig(fence_ttl=TTL),
-                  metrics=metrics).run(once=True)
 
 
 def ledger(conn):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import json
 
-from maintenance.logs import SecretRedactor, configure_logging, get_logger
+from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
 
 
 def test_json_lines_when_not_a_tty():

@@ -17,12 +17,12 @@ from psycopg.conninfo import make_conninfo
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
-from maintenance.db import Database
-from maintenance.logs import configure_logging
-from maintenance.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
-from maintenance.registry import JobSpec
-from maintenance.runner import run_job
-from maintenance.telemetry import Telemetry
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import configure_logging
+from maintenance.jobs.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
+from maintenance.jobs.base import JobSpec
+from maintenance.runtime.runner import run_job
+from maintenance.runtime.telemetry import Telemetry
 
 TENANT = "00000000-0000-4000-8000-{:012x}"
 PUSH_PATH = "/metrics/job/core-jobs/job_name/metrics"

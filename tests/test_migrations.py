@@ -9,7 +9,7 @@ import pytest
 import sqlalchemy.exc
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from maintenance import migrate
+from maintenance.runtime import migrate
 
 
 def core_tables(url: str) -> set[str]:

@@ -18,10 +18,12 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
+from harness.dead_letters import mark_replay_handled
+from harness_support import backdate_replay
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.logs import configure_logging
-from maintenance.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
-from maintenance.purge_paths import Estimates, choose, sample_percent
+from maintenance.runtime.logs import configure_logging
+from maintenance.jobs.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
+from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -53,7 +55,9 @@ def add_old_expired_fences(conn: psycopg.Connection, now: datetime, count: int) 
     ]
 
 
-def add_dead_letter(conn: psycopg.Connection, job_id: uuid.UUID, status: str = "pending_review") -> None:
+def add_dead_letter(conn: psycopg.Connection, job_id: uuid.UUID, status: str = "pending_review", *,
+                    handled: str | None = None) -> int:
+    """A dead letter of ``job_id`` in ``status``; a replayed one is outstanding unless ``handled`` gives its delivery's outcome."""
     row = conn.execute(
         "INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)"
         " VALUES (%s, 'points.credit', '{}', 5, 'ProviderUnavailable: HTTP 503') RETURNING id",
@@ -64,22 +68,16 @@ def add_dead_letter(conn: psycopg.Connection, job_id: uuid.UUID, status: str = "
             "UPDATE core.dead_letters SET status = %s, discard_reason = %s WHERE id = %s",
             (status, "duplicate, ticket OPS-1" if status == "discarded" else None, row[0]),
         )
+    if handled is not None:
+        assert mark_replay_handled(conn, row[0], handled)
+    return row[0]
 
 
-def replayed_at(conn: psycopg.Connection, job_id: uuid.UUID) -> datetime:
-    """When the database stamped the replay of ``job_id``'s dead letter."""
+def handled_at(conn: psycopg.Connection, job_id: uuid.UUID) -> datetime:
+    """When the database stamped the handling of the replayed delivery of ``job_id``'s dead letter."""
     return conn.execute(
-        "SELECT status_changed_at FROM core.dead_letters WHERE job_id = %s AND status = 'replayed'", (job_id,)
+        "SELECT replay_handled_at FROM core.dead_letters WHERE job_id = %s AND status = 'replayed'", (job_id,)
     ).fetchone()[0]
-
-
-def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime) -> None:
-    """Move the database's stamp of a replay back in time (its triggers, which guard it, set aside)."""
-    with conn.transaction():
-        conn.execute("SET LOCAL session_replication_role = replica")
-        conn.execute(
-            "UPDATE core.dead_letters SET status_changed_at = %s WHERE job_id = %s AND status = 'replayed'", (when, job_id)
-        )
 
 
 def remaining(conn: psycopg.Connection) -> set[uuid.UUID]:
@@ -167,14 +165,14 @@ REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_
 @BOTH_PATHS
 @REPLAY_GUARDS
 def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit, strategy):
-    """A pending dead letter holds its fence; discarded ones, and replays older than margin x window, do not."""
+    """A pending dead letter holds its fence; discarded ones, and replays handled more than margin x window ago, do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
     add_dead_letter(conn, pending)
-    add_dead_letter(conn, replayed, "replayed")
+    add_dead_letter(conn, replayed, "replayed", handled="duplicate")
     add_dead_letter(conn, discarded, "discarded")
-    add_dead_letter(conn, replayed_then_pending, "replayed")
+    add_dead_letter(conn, replayed_then_pending, "replayed", handled="dead_lettered")
     add_dead_letter(conn, replayed_then_pending)  # failed again after the replay: pending once more
-    later = replayed_at(conn, replayed_then_pending) + PROTECTED + SECOND  # the replays' deliveries are over
+    later = handled_at(conn, replayed_then_pending) + PROTECTED + SECOND  # the replayed deliveries are long over
     result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(later)
     assert remaining(conn) == {pending, replayed_then_pending}
     assert result.num_deleted == 3
@@ -183,17 +181,20 @@ def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, co
 
 @BOTH_PATHS
 @REPLAY_GUARDS
-def test_keeps_a_fence_while_its_replay_may_still_be_delivered(db, conn, now, hashed_pending_limit, strategy):
-    """A dead letter replayed less than margin x window ago holds its fence; one replayed just before that does not."""
+def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_handled(
+        db, conn, now, hashed_pending_limit, strategy):
+    """A replay not yet handled holds its fence however long ago it was made; once handled, margin x window more, then not."""
     (fence,) = add_old_expired_fences(conn, now, 1)
-    add_dead_letter(conn, fence)
-    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE job_id = %s", (fence,))
-    # The republished job is in flight and may be retried for a retry window: the fence must absorb it.
-    replay = replayed_at(conn, fence)
+    letter = add_dead_letter(conn, fence, "replayed")
+    backdate_replay(conn, fence, now - timedelta(days=30))  # replayed a month ago; its message still waits
     run = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy)
-    assert run.run_once(replay + PROTECTED - SECOND).num_deleted == 0
+    assert run.run_once(now + timedelta(days=30)).num_deleted == 0
     assert remaining(conn) == {fence}
-    assert run.run_once(replay + PROTECTED + SECOND).num_deleted == 1
+    assert mark_replay_handled(conn, letter, "duplicate")  # the harness handled the replayed delivery
+    handled = handled_at(conn, fence)
+    assert run.run_once(handled + PROTECTED - SECOND).num_deleted == 0  # a lost ack may still bring it back
+    assert remaining(conn) == {fence}
+    assert run.run_once(handled + PROTECTED + SECOND).num_deleted == 1
     assert remaining(conn) == set()
 
 
@@ -496,16 +497,21 @@ def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
         (now, now - PROTECTED),
     ).fetchall()
     for i, (job_id,) in enumerate(held):
-        add_dead_letter(conn, job_id, ("pending_review", "replayed", "discarded")[i % 3])
-        if i % 3 == 1:  # replays a second either side of margin x window before the cutoff
-            backdate_replay(conn, job_id, now - PROTECTED + (SECOND if i % 2 else -SECOND))
+        kind = i % 4
+        add_dead_letter(conn, job_id, ("pending_review", "replayed", "discarded", "replayed")[kind],
+                        handled="duplicate" if kind == 1 else None)
+        if kind == 1:  # replayed deliveries handled a second either side of margin x window before the cutoff
+            backdate_replay(conn, job_id, now - PROTECTED + (SECOND if (i // 4) % 2 else -SECOND),
+                            stamp="replay_handled_at")
+        if kind == 3:  # replays a month old whose deliveries are still outstanding
+            backdate_replay(conn, job_id, now - timedelta(days=30))
 
 
 def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UUID]:
     """The fences the rules keep, computed here row by row."""
     pending = {r[0] for r in conn.execute(
         "SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'"
-        " OR (status = 'replayed' AND status_changed_at >= %s)", (now - PROTECTED,)
+        " OR (status = 'replayed' AND (replay_handled_at IS NULL OR replay_handled_at >= %s))", (now - PROTECTED,)
     )}
     rows = conn.execute("SELECT job_id, processed_at, expires_at FROM core.processed_jobs").fetchall()
     return {
@@ -516,7 +522,7 @@ def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UU
 
 @REPLAY_GUARDS
 def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed_pending_limit):
-    """On the same rows (every cutoff, pending and handled dead letters, short TTLs) both paths keep the same set."""
+    """On the same rows (every cutoff, pending, handled and outstanding dead letters, short TTLs) both paths keep the same set."""
     add_mixed_fences(conn, now)
     conn.execute("CREATE TABLE core.fences_before AS SELECT * FROM core.processed_jobs")
     expected = expected_after_purge(conn, now)
@@ -530,8 +536,9 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
         assert result.num_deleted == total - len(expected)
     conn.execute("DROP TABLE core.fences_before")
     assert kept["index"] == kept["sweep"] == expected
-    # not expired (loaded, then one second left), inside the window, pending, replayed inside the window
-    assert 750 + 20 + 20 + 20 + 10 == len(expected)
+    # not expired (loaded, then one second left), inside the window, pending, replays handled inside the window
+    # (7 of 15), outstanding replays
+    assert 750 + 20 + 20 + 15 + 7 + 15 == len(expected)
 
 
 def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):

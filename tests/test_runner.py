@@ -7,9 +7,9 @@ import json
 
 from freezegun import freeze_time
 
-from maintenance.logs import configure_logging
-from maintenance.registry import JobSpec
-from maintenance.runner import run_jobs
+from maintenance.runtime.logs import configure_logging
+from maintenance.jobs.base import JobSpec
+from maintenance.runtime.runner import run_jobs
 
 
 class CountingResult:

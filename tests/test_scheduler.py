@@ -24,14 +24,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
-from maintenance.http import make_server, serve_in_background
-from maintenance.logs import configure_logging
-from maintenance.metrics import MetricsJob
-from maintenance.registry import JobSpec
-from maintenance.runner import build_jobs
-from maintenance.scheduler import JobScheduler
+from maintenance.runtime.http import make_server, serve_in_background
+from maintenance.runtime.logs import configure_logging
+from maintenance.jobs.metrics import MetricsJob
+from maintenance.jobs.base import JobSpec
+from maintenance.runtime.runner import build_jobs
+from maintenance.runtime.scheduler import JobScheduler
 from maintenance.settings import ConfigError, Settings
-from maintenance.telemetry import Telemetry
+from maintenance.runtime.telemetry import Telemetry
 
 START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc)
 

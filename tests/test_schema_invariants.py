@@ -125,6 +125,42 @@ def test_discard_reason_cannot_be_rewritten_after_the_discard(conn, dead_letter_
         conn.execute("UPDATE core.dead_letters SET discard_reason = 'second' WHERE id = %s", (dead_letter_id,))
 
 
+def replayed(conn: psycopg.Connection, dead_letter_id: int) -> int:
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (dead_letter_id,))
+    return dead_letter_id
+
+
+def test_a_replays_outcome_is_stamped_by_the_database_and_set_only_once(conn, dead_letter_id):
+    """The outcome of a replay's delivery gets the server's time (not the client's) and cannot change afterwards."""
+    replayed(conn, dead_letter_id)
+    conn.execute("UPDATE core.dead_letters SET replay_outcome = 'duplicate', replay_handled_at = '2000-01-01T00:00:00Z'"
+                 " WHERE id = %s", (dead_letter_id,))
+    outcome, stamped_now = conn.execute(
+        "SELECT replay_outcome, replay_handled_at > now() - interval '1 minute' FROM core.dead_letters WHERE id = %s",
+        (dead_letter_id,)).fetchone()
+    assert (outcome, stamped_now) == ("duplicate", True)
+    for change in ("replay_outcome = 'processed'", "replay_outcome = NULL", "replay_handled_at = now() - interval '1 day'"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="was already handled"):
+            conn.execute(f"UPDATE core.dead_letters SET {change} WHERE id = %s", (dead_letter_id,))
+
+
+@pytest.mark.parametrize("status", ["pending_review", "discarded"])
+def test_only_a_replayed_dead_letter_gets_a_replay_outcome(conn, dead_letter_id, status):
+    """A pending or discarded dead letter has no replay whose delivery could be handled."""
+    if status == "discarded":
+        conn.execute("UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'x' WHERE id = %s",
+                     (dead_letter_id,))
+    with pytest.raises(psycopg.errors.CheckViolation, match="only the replay of a replayed dead letter"):
+        conn.execute("UPDATE core.dead_letters SET replay_outcome = 'processed' WHERE id = %s", (dead_letter_id,))
+
+
+def test_a_replay_outcome_must_be_a_known_one(conn, dead_letter_id):
+    """Outcomes are processed | duplicate | dead_lettered | released | untracked; anything else is refused."""
+    replayed(conn, dead_letter_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="dead_letters_replay_outcome_valid"):
+        conn.execute("UPDATE core.dead_letters SET replay_outcome = 'done' WHERE id = %s", (dead_letter_id,))
+
+
 @pytest.mark.parametrize("statement", ["DELETE FROM core.dead_letters", "TRUNCATE core.dead_letters"])
 def test_dead_letters_are_never_deleted(conn, dead_letter_id, statement):
     """DELETE and TRUNCATE of dead letters are refused and the row survives."""

@@ -17,7 +17,7 @@ from psycopg.conninfo import conninfo_to_dict
 import harness.pg
 from harness_support import QUEUE, TENANT, points, publish, scalar
 from maintenance.cli import EXIT_OK, main
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 
 
 def set_database_defaults(conn, database_url: str, **settings: str) -> None:

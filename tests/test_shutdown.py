@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import signal
 
-from maintenance import shutdown
-from maintenance.registry import JobSpec
-from maintenance.runner import run_jobs
+from maintenance.runtime import signals as shutdown
+from maintenance.jobs.base import JobSpec
+from maintenance.runtime.runner import run_jobs
 
 
 class RecordingJob:

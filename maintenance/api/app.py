@@ -67,7 +67,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from maintenance.api import routes
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
-from maintenance.logs import get_logger
+from maintenance.runtime.logs import get_logger
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

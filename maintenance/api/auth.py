@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi import Request
 
 from maintenance.api.problems import Problem
-from maintenance.logs import get_logger
+from maintenance.runtime.logs import get_logger
 
 READ = "core.dead_letters.read"
 REPLAY = "core.dead_letters.replay"

@@ -79,6 +79,9 @@ class DeadLetterOut(BaseModel):
     discard_reason: str | None
     created_at: datetime
     status_changed_at: datetime | None
+    replay_outcome: str | None = Field(description="Set once the replayed delivery was handled (or released); "
+                                       "null on a replayed dead letter means its replay is outstanding.")
+    replay_handled_at: datetime | None
 
     @classmethod
     def of(cls, row: DeadLetterRow) -> DeadLetterOut:

@@ -30,7 +30,7 @@ from psycopg_pool import ConnectionPool
 
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
-from maintenance.logs import get_logger
+from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings
 
 APPLICATION_NAME = "core-jobs-api"

@@ -2,7 +2,7 @@
 
 A dead letter replayed less than TTL_MARGIN x the max retry window ago still holds its fence:
 the republished job may still be delivered (and retried) and the fence must absorb it
-(maintenance/purge_paths.py). Every purge batch reads the job_ids of those recent replays;
+(maintenance/jobs/purge/paths.py). Every purge batch reads the job_ids of those recent replays;
 this partial index keeps that a short range scan however many dead letters accumulate (they
 are never deleted). On a large live table build it first with CREATE INDEX CONCURRENTLY (same
 definition); IF NOT EXISTS then skips it here.

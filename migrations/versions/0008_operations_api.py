@@ -29,14 +29,14 @@ database granted it and drops the role only when no other database still grants 
 DBA run ``CREATE ROLE core_jobs_api NOLOGIN`` once per cluster, then migrate again.
 
 Revision ID: 0008_operations_api
-Revises: 0005_purge
+Revises: 0007_replay_outstanding
 Create Date: 2026-12-01
 """
 
 from alembic import op
 
 revision = "0008_operations_api"
-down_revision = "0005_purge"
+down_revision = "0007_replay_outstanding"
 branch_labels = None
 depends_on = None
 
@@ -120,7 +120,7 @@ GRANT SELECT ON core.dead_letters, core.dead_letter_actions TO {API_ROLE};
 -- Only the review state may change (the lifecycle triggers decide which changes are valid).
 GRANT UPDATE (status, discard_reason) ON core.dead_letters TO {API_ROLE};
 -- A replay publishes the job again: insert only, and read back nothing but the new id.
-GRANT INSERT (queue, job_id, tenant_id, correlation_id, payload, run_at) ON core.queue_messages TO {API_ROLE};
+GRANT INSERT (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at) ON core.queue_messages TO {API_ROLE};
 GRANT SELECT (id) ON core.queue_messages TO {API_ROLE};
 -- The idempotency ledger: look up and append.
 GRANT SELECT, INSERT ON core.api_idempotency_keys TO {API_ROLE};

@@ -16,15 +16,16 @@ import psycopg
 import sqlalchemy.exc
 
 from harness.retry import compute_delay, max_retry_window
-from maintenance import harness_cli, migrate
-from maintenance.db import Database
-from maintenance.heartbeat import ping_heartbeat
-from maintenance.logs import SecretRedactor, configure_logging, get_logger
-from maintenance.registry import jobs
-from maintenance.runner import build_jobs, run_jobs
+from maintenance.cli import harness as harness_cli
+from maintenance.runtime import migrate
+from maintenance.runtime.db import Database
+from maintenance.runtime.heartbeat import ping_heartbeat
+from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
+from maintenance.jobs import by_name as jobs
+from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.settings import ConfigError, Settings, format_duration, load_settings
-from maintenance.shutdown import stop_on_sigterm
-from maintenance.telemetry import push_configured
+from maintenance.runtime.signals import stop_on_sigterm
+from maintenance.runtime.telemetry import push_configured
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -90,7 +91,7 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.scheduler import serve  # APScheduler and the HTTP server: only for serve
+    from maintenance.runtime.scheduler import serve  # APScheduler and the HTTP server: only for serve
 
     return serve(settings)
 

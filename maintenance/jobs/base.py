@@ -1,6 +1,6 @@
-"""The registry of scheduled jobs that `core-jobs run-once` and `core-jobs serve` run.
+"""What every scheduled job provides: a :class:`JobSpec` and a ``run_once(now) -> Result``.
 
-A job module registers a :class:`JobSpec`; its ``build`` validates the configuration (raising
+A job package exposes ``SPEC`` (listed in :data:`maintenance.jobs.JOBS`); its ``build`` validates the configuration (raising
 ``ConfigError``, so a bad setting exits 2 before any data is touched) and returns an object
 with ``run_once(now) -> Result``. A result has ``ok`` and ``fields()`` (the fixed keys of the
 job's stop event); ``zero_fields()`` gives the same keys with zero counts for the error event.
@@ -8,13 +8,12 @@ job's stop event); ``zero_fields()`` gives the same keys with zero counts for th
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 from maintenance.settings import Settings
 
 
@@ -42,25 +41,3 @@ class JobSpec:
     @property
     def events(self) -> str:
         return self.event_prefix or f"maintenance.{self.name}"
-
-
-# Modules that register jobs, in the order `run-once` runs them when no job is named.
-JOB_MODULES: tuple[str, ...] = (
-    "maintenance.purge",
-    "maintenance.alerts_job",
-    "maintenance.metrics",
-)
-
-_JOBS: dict[str, JobSpec] = {}
-
-
-def register(spec: JobSpec) -> JobSpec:
-    _JOBS[spec.name] = spec
-    return spec
-
-
-def jobs() -> dict[str, JobSpec]:
-    """Every registered job by name, in run order."""
-    for module in JOB_MODULES:
-        importlib.import_module(module)
-    return dict(_JOBS)

@@ -1,18 +1,19 @@
 """The Better Stack heartbeat: a dead-man's switch for the whole maintenance run.
 
-After ``core-jobs run-once`` (and, under ``core-jobs serve``, after each scheduled run), when
-``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL`` is set, the run POSTs to that URL when every job
-succeeded, or to its ``/fail`` form when one failed, with a short plain-text body naming the
-failed jobs. Better Stack raises an incident when no ping
-arrives within the heartbeat's period (the CronJob stopped running) or when a ``/fail`` ping
-arrives (it ran and failed).
+After ``core-jobs run-once`` (one ping after all its jobs) and, under ``core-jobs serve``, after
+each scheduled run, when ``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL`` is set, the run POSTs to that
+URL when every job succeeded, or to its ``/fail`` form when one failed, with a short plain-text
+body naming the failed jobs. Better Stack raises an incident when no ping arrives within the
+heartbeat's period (the CronJob stopped running) or when a ``/fail`` ping arrives (it ran and
+failed). Nothing happens without the URL.
 
 A failed ping is logged (``alerts.heartbeat.failed``) and changes nothing else: the exit code
 stays the jobs' own. One attempt, no retry: the next scheduled run pings again, and a missing
 ping is exactly what the heartbeat is there to notice.
 
 The heartbeat URL's path is a token: it is never logged. Events carry ``url`` as
-``scheme://host/…`` only. Events: ``alerts.heartbeat.sent`` (``outcome`` ok|fail,
+``scheme://host/…`` only (:func:`maintenance.settings.shown_url`). Events (named ``alerts.*``
+like the rest of the Better Stack feed): ``alerts.heartbeat.sent`` (``outcome`` ok|fail,
 ``num_jobs_failed``), ``alerts.heartbeat.failed`` (``outcome``, ``error``).
 """
 
@@ -20,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 import httpx
-import structlog
 
-BODY_LIMIT = 1000
+from maintenance.runtime.logs import get_logger
+from maintenance.settings import Settings, shown_url
+
+BODY_LIMIT = 1000  # characters of the ping's body
 
 
 def heartbeat_target(url: str, failed_jobs: Sequence[str]) -> str:
@@ -43,12 +45,6 @@ def heartbeat_body(ran_jobs: Sequence[str], failed_jobs: Sequence[str], source: 
     return text[:BODY_LIMIT]
 
 
-def shown_url(url: str) -> str:
-    """The URL without its path (the token): ``https://uptime.betterstack.com/…``."""
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/…"
-
-
 def send_heartbeat(
     url: str,
     *,
@@ -59,7 +55,7 @@ def send_heartbeat(
     log: Any = None,
 ) -> bool:
     """Ping the heartbeat; True when Better Stack answered 2xx. Never raises for a network problem."""
-    log = log or structlog.get_logger()
+    log = log or get_logger()
     outcome = "fail" if failed_jobs else "ok"
     target = heartbeat_target(url, failed_jobs)
     shown = shown_url(url)
@@ -79,3 +75,17 @@ def send_heartbeat(
         return False
     log.info("alerts.heartbeat.sent", url=shown, outcome=outcome, num_jobs_failed=len(failed_jobs))
     return True
+
+
+def ping_heartbeat(settings: Settings, outcomes: Sequence[Any], *, source: str) -> None:
+    """Ping after the runs in ``outcomes`` (runner outcomes: ``name``, ``ok``); ``source`` opens the body."""
+    if settings.betterstack_heartbeat_url is None:
+        return
+    send_heartbeat(
+        settings.betterstack_heartbeat_url.get_secret_value(),
+        ran_jobs=[o.name for o in outcomes],
+        failed_jobs=[o.name for o in outcomes if not o.ok],
+        timeout=settings.betterstack_timeout.total_seconds(),
+        source=source,
+        log=get_logger(),
+    )

@@ -13,9 +13,9 @@ from datetime import timedelta
 
 from alerts.betterstack import DEFAULT_RETRY_POLICY, BetterStackClient
 from alerts.feed import AlertFeed, AlertFeedConfig, AlertFeedResult
-from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.registry import JobSpec, register
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.jobs.base import JobSpec
 from maintenance.settings import ENV_PREFIX, ConfigError, Settings
 
 
@@ -74,13 +74,11 @@ def demo_lines(db: Database, result: AlertFeedResult) -> list[str]:
     return lines
 
 
-register(
-    JobSpec(
-        name="alerts",
-        summary="Better Stack incidents for new dead letters, escalations for stale ones, auto-resolve",
-        build=build,
-        zero_fields=AlertFeedResult.zero_fields,
-        event_prefix="alerts.feed",
-        demo_lines=demo_lines,
-    )
+SPEC = JobSpec(
+    name="alerts",
+    summary="Better Stack incidents for new dead letters, escalations for stale ones, auto-resolve",
+    build=build,
+    zero_fields=AlertFeedResult.zero_fields,
+    event_prefix="alerts.feed",
+    demo_lines=demo_lines,
 )

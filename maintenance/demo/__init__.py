@@ -19,11 +19,11 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import SecretStr
 from psycopg import sql
 
-from maintenance import migrate
-from maintenance.db import Database
-from maintenance.demo_data import seed
-from maintenance.demo_harness import walk_through
-from maintenance.runner import build_jobs, run_jobs
+from maintenance.runtime import migrate
+from maintenance.runtime.db import Database
+from maintenance.demo.data import seed
+from maintenance.demo.harness import walk_through
+from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.settings import Settings
 
 

@@ -49,10 +49,10 @@ setting                        unit      default  meaning
 METRICS_MAX_TRANSACTION        duration  PT5M     longest work transaction of a consumer
 METRICS_TENANT_LABEL           bool      false    split success counters by tenant
 METRICS_TENANT_TOP_N           count     10       named tenants per consumer (1-100)
-METRICS_PUSHGATEWAY_URL        URL       unset    push every run's metrics (maintenance/telemetry.py)
+METRICS_PUSHGATEWAY_URL        URL       unset    push every run's metrics (maintenance/runtime/telemetry.py)
 =============================  ========  =======  ===============================================
 
-Metrics (besides the run metrics every job gets, see maintenance/telemetry.py):
+Metrics (besides the run metrics every job gets, see maintenance/runtime/telemetry.py):
 
 ==========================================================  =======  ==============================
 ``core_jobs_successes_total{consumer[,tenant]}``            counter  fences counted, cumulative
@@ -82,9 +82,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from psycopg.types.json import Jsonb
 
-from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.registry import JobSpec, register
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.jobs.base import JobSpec
 from maintenance.settings import ConfigError, Settings
 
 WATERMARK = "success_volume"
@@ -379,12 +379,10 @@ def demo_lines(db: Database, result: MetricsResult) -> list[str]:
     return lines
 
 
-SPEC = register(
-    JobSpec(
-        name="metrics",
-        summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
-        build=lambda settings, db: MetricsJob(db, MetricsConfig.from_settings(settings)),
-        zero_fields=zero_fields,
-        demo_lines=demo_lines,
-    )
+SPEC = JobSpec(
+    name="metrics",
+    summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
+    build=lambda settings, db: MetricsJob(db, MetricsConfig.from_settings(settings)),
+    zero_fields=zero_fields,
+    demo_lines=demo_lines,
 )

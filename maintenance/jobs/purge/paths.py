@@ -1,6 +1,6 @@
 """The purge's two access paths, and how a run chooses between them (issue 3).
 
-``maintenance/purge.py`` runs the batch loop (transactions, timeouts, budget, lock); this module
+``maintenance/jobs/purge/__init__.py`` runs the batch loop (transactions, timeouts, budget, lock); this module
 says which rows one batch deletes and when the walk is done. Both paths delete exactly the same
 rows: every batch applies the same guards (``DELETABLE``).
 
@@ -34,37 +34,45 @@ _EXPIRED_AND_OUTSIDE_WINDOW = """
    AND p.processed_at < %(protected_from)s"""
 
 # The replay guard: a pending dead letter may still be replayed, so its fence must stay. A
-# replayed one holds it too while the republished job may still be delivered — like a fence's
-# own retries, for margin x retry window after the replay (status_changed_at, stamped by the
-# database): a fence deleted meanwhile would let that delivery apply the work twice. Two
-# equivalent spellings; the run picks one from the number of dead letters holding a fence:
+# replayed one holds it too while its republished delivery is *outstanding* (replay_outcome NULL:
+# not yet processed, found a duplicate or dead-lettered again — the harness marks that in the
+# outcome's own transaction), however long it waits; and then for margin x retry window after it
+# was handled (replay_handled_at, stamped by the database), as a fence is kept after it is
+# processed: a lost ack or a broker redelivery may still bring the delivery back. Without it, a
+# fence processed long ago would be deleted under a redelivery of a replay found a duplicate.
+# Two equivalent spellings; the run picks one from the number of dead letters holding a fence:
 # - hashed: PostgreSQL reads the holding job_ids once per batch (the partial indexes
-#   dead_letters_pending_job_idx and dead_letters_replayed_at_idx) into a hash table and probes
-#   it per row. Measured 15 ms vs 24 ms per 10 000-row batch with ~600 pending. NOT IN is exact
-#   here: job_id is NOT NULL. With too many for work_mem the plan would turn into a scan per
-#   row, hence:
+#   dead_letters_pending_job_idx, and dead_letters_replay_hold_idx from its tail: the NULLs, then
+#   the recent stamps) into a hash table and probes it per row. Measured 15 ms vs 24 ms per
+#   10 000-row batch with ~600 pending. NOT IN is exact here: job_id is NOT NULL. With too many
+#   for work_mem the plan would turn into a scan per row, hence:
 # - probed: one probe of dead_letters_job_id_idx per row, for any number.
 _NOT_HELD = {
     "hashed": """
    AND p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review'
                         UNION ALL
                         SELECT d.job_id FROM core.dead_letters AS d
-                         WHERE d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s)""",
+                         WHERE d.status = 'replayed' AND d.replay_handled_at IS NULL
+                        UNION ALL
+                        SELECT d.job_id FROM core.dead_letters AS d
+                         WHERE d.status = 'replayed' AND d.replay_handled_at >= %(protected_from)s)""",
     "probed": """
    AND NOT EXISTS (SELECT 1 FROM core.dead_letters AS d
                     WHERE d.job_id = p.job_id
                       AND (d.status = 'pending_review'
-                           OR (d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s)))""",
+                           OR (d.status = 'replayed'
+                               AND (d.replay_handled_at IS NULL OR d.replay_handled_at >= %(protected_from)s))))""",
 }
 # Up to this many pending dead letters the hashed spelling is used.
 HASHED_PENDING_LIMIT = 50_000
 # Every guard, in the spelling that holds for any number of pending dead letters.
 DELETABLE = _EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD["probed"]
 
-# Dead letters holding a fence: pending, or replayed within margin x retry window.
+# Dead letters holding a fence: pending, replayed and outstanding, or replayed and handled within margin x retry window.
 COUNT_HOLDING = """
 SELECT (SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review')
-     + (SELECT count(*) FROM core.dead_letters WHERE status = 'replayed' AND status_changed_at >= %(protected_from)s)"""
+     + (SELECT count(*) FROM core.dead_letters WHERE status = 'replayed' AND replay_handled_at IS NULL)
+     + (SELECT count(*) FROM core.dead_letters WHERE status = 'replayed' AND replay_handled_at >= %(protected_from)s)"""
 
 # Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
 # server crash may undo the last few batches, which the next run simply deletes again.

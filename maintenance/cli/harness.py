@@ -1,11 +1,17 @@
-"""The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard.
+"""The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard/release.
+
+``dead-letters list`` shows a replayed letter's state as ``replayed:outstanding`` (its delivery
+not handled yet: the purge keeps the job's fences) or ``replayed:<outcome>``; ``--outstanding``
+lists only those still holding fences. ``dead-letters release`` ends an outstanding replay whose
+message will never be delivered (harness/operations.py).
 
 Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
 handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
 not be reached or failed the command (one ``database error`` line on stderr, secrets masked); 2 a
 configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
-letter that is not ``pending_review``, a blank discard reason) — nothing changed. The worker
-exits with no other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
+letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
+message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
+other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
 """
 
 from __future__ import annotations
@@ -25,13 +31,13 @@ from prometheus_client import start_http_server
 from harness.consumer import Consumer, valid_name
 from harness.dead_letters import describe_error
 from harness.metrics import default_metrics
-from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, replay
+from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, release, replay
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
 from harness.retry import max_retry_window
 from harness.worker import Worker, WorkerConfig
-from maintenance.db import Database
-from maintenance.logs import get_logger
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -121,16 +127,17 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
-        rows = list_dead_letters(conn, queue=args.queue, status=args.status, limit=args.limit)
+        rows = list_dead_letters(conn, queue=args.queue, status=args.status, outstanding=args.outstanding,
+                                 limit=args.limit)
     if args.json:
         print(json.dumps([_as_json(r) for r in rows], indent=2))
         return EXIT_OK
     if not rows:
         print("no dead letters match")
         return EXIT_OK
-    print(f"{'id':>6}  {'status':<14}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
+    print(f"{'id':>6}  {'status':<22}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
     for r in rows:
-        print(f"{r.id:>6}  {r.status:<14}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
+        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
               f"{r.job_id}  {_one_line(r.last_error, 80)}")
     return EXIT_OK
 
@@ -153,6 +160,10 @@ def cmd_dead_letters_discard(args: argparse.Namespace, settings: Settings) -> in
     return _act(settings, lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason), "discarded")
 
 
+def cmd_dead_letters_release(args: argparse.Namespace, settings: Settings) -> int:
+    return _act(settings, lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason), "released")
+
+
 def _act(settings: Settings, action: Any, verb: str) -> int:
     try:
         with Database(settings.conninfo()).connect(autocommit=True) as conn:
@@ -165,6 +176,13 @@ def _act(settings: Settings, action: Any, verb: str) -> int:
         print(f"{verb} dead letter {r.id} (job {r.job_id}, queue {r.queue})")
     print(f"{len(rows)} dead letter(s) {verb}")
     return EXIT_OK
+
+
+def _state(row: DeadLetterRow) -> str:
+    """The status, and for a replayed letter what became of its delivery: ``replayed:outstanding`` until handled."""
+    if row.status != "replayed":
+        return row.status
+    return f"replayed:{row.replay_outcome or 'outstanding'}"
 
 
 def _as_json(row: DeadLetterRow) -> dict[str, Any]:
@@ -226,6 +244,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--status", choices=STATUSES)
     p.add_argument("--limit", type=_bounded_int(1, 1_000_000), default=100, metavar="N",
                    help="at most N rows, 1-1000000 (default 100)")
+    p.add_argument("--outstanding", action="store_true",
+                   help="only replays whose delivery is not handled yet (they hold their job's fences)")
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
     p.set_defaults(handler=cmd_dead_letters_list)
 
@@ -243,3 +263,10 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reason", required=True, help="why (required, non-blank)")
     p.add_argument("--operator", **operator)
     p.set_defaults(handler=cmd_dead_letters_discard)
+
+    p = dl_sub.add_parser("release", help="end an outstanding replay whose message will never be delivered"
+                                          " (its fences become purgeable after the retry window)")
+    p.add_argument("ids", nargs="+", type=int, metavar="ID")
+    p.add_argument("--reason", required=True, help="why (required, non-blank), e.g. the broker's incident")
+    p.add_argument("--operator", **operator)
+    p.set_defaults(handler=cmd_dead_letters_release)

@@ -20,7 +20,7 @@ from harness.operations import discard, replay
 from harness.pgqueue import PgQueue
 from harness.queue import Envelope
 from harness.worker import Worker, WorkerConfig
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 from maintenance.settings import Settings
 
 TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000d0")

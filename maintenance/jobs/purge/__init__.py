@@ -7,15 +7,30 @@ all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start 
 2. ``processed_at < cutoff - TTL_MARGIN x max retry window`` — no retry or broker redelivery
    can still arrive for it, even if a misconfigured consumer wrote a too-short ``expires_at``
    (J-AC6);
-3. no dead letter of the same ``job_id`` is ``pending_review`` — a replay needs the fence, or
-   it would apply the work twice (checked through the partial index
-   ``dead_letters_pending_job_idx``) — nor was replayed less than ``TTL_MARGIN x max retry
-   window`` before ``cutoff`` (``status_changed_at``; index ``dead_letters_replayed_at_idx``):
-   the republished job may still be delivered and retried that long. Discarded dead letters,
-   and replays older than that, do not hold a fence. Not covered: a replay that commits while
-   the one batch holding its fence runs (a few ms) is not seen by that batch's snapshot;
-   closing that needs replay and batch to serialize (a transaction-level advisory lock taken
-   shared by the replay, exclusive by each batch), a change to the harness's replay.
+3. no dead letter of the same ``job_id`` holds it (index ``dead_letters_pending_job_idx``, and
+   ``dead_letters_replay_hold_idx``):
+
+   - ``pending_review``: a replay needs the fence, or it would apply the work twice;
+   - replayed and *outstanding* (``replay_outcome`` NULL): the republished delivery has not been
+     handled yet — it may wait in a backlog for any time, and be retried; the fence is kept
+     until the harness marks it processed, duplicate or dead-lettered again, which it does in
+     that outcome's own transaction, whatever the broker (harness/queue.py, "Replays");
+   - replayed and handled less than ``TTL_MARGIN x max retry window`` before ``cutoff``
+     (``replay_handled_at``, stamped by the database): as after any processing, a lost ack or a
+     broker redelivery may bring the delivery back that long.
+
+   Discarded dead letters, and replays handled (or released by an operator) longer ago than
+   that, do not hold a fence. A replay whose message is lost for good (a broker that dropped it)
+   stays outstanding and keeps its fences until an operator releases it (``core-jobs
+   dead-letters release ID --reason``).
+
+Races with a batch: each batch decides in one statement, on one snapshot. Every change that
+ends a hold commits together with the state that takes over: a replay commits the message and
+``replayed`` together, a handled delivery its outcome and the mark (a dead letter written again
+is itself pending). So a batch whose snapshot predates the change sees the old holder (pending,
+or outstanding), and one after it the new (outstanding, or handled just now — inside the
+window); a replay committing while the batch runs is seen as still pending and holds the fence
+too. No fence is deleted while any holder exists.
 
 Before touching anything, the job refuses to run (exit 2, nothing deleted) when
 ``CORE_JOBS_PROCESSED_JOBS_TTL`` is shorter than ``CORE_JOBS_TTL_MARGIN`` x the maximum retry
@@ -27,7 +42,7 @@ How it deletes
 --------------
 Each batch is its own transaction with ``SET LOCAL statement_timeout`` and asynchronous commit;
 a crash leaves only whole batches deleted and the next run continues. Once per run, before the
-first batch, the run picks one of two access paths (``maintenance/purge_paths.py``; both apply
+first batch, the run picks one of two access paths (``maintenance/jobs/purge/paths.py``; both apply
 the same guards, so they delete the same rows):
 
 - ``index``: walks the ``expires_at`` index in order and deletes each batch by ``ctid``,
@@ -113,7 +128,8 @@ numeric keys, all 0 on error; the metrics issue exports them:
 Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
 ``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
-``pending_dead_letters`` — those holding a fence: pending, or recently replayed —, ``estimate_ms``). Per batch:
+``pending_dead_letters`` — those holding a fence: pending, outstanding replays, replays handled
+within the window —, ``estimate_ms``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,
@@ -135,9 +151,9 @@ import psycopg
 from psycopg import errors
 
 from harness.pg import advisory_lock
-from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.purge_paths import (
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.jobs.purge.paths import (
     COUNT_HOLDING,
     HASHED_PENDING_LIMIT,
     STRATEGIES,
@@ -147,9 +163,9 @@ from maintenance.purge_paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.registry import JobSpec, register
+from maintenance.jobs.base import JobSpec
 from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
-from maintenance.shutdown import stop_requested
+from maintenance.runtime.signals import stop_requested
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
@@ -167,7 +183,8 @@ SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                       
                           AND EXISTS (SELECT 1 FROM core.dead_letters d
                                        WHERE d.job_id = p.job_id
                                          AND (d.status = 'pending_review'
-                                              OR (d.status = 'replayed' AND d.status_changed_at >= %(protected_from)s))))
+                                              OR (d.status = 'replayed' AND (d.replay_handled_at IS NULL
+                                                                             OR d.replay_handled_at >= %(protected_from)s)))))
                                                                                              AS pending_dead_letter
   FROM core.processed_jobs AS p"""
 
@@ -438,10 +455,10 @@ def demo_lines(db: Database, result: PurgeResult) -> list[str]:
         ).fetchone()
     return [
         f"deleted {result.num_deleted} fences in {result.num_batches} batch(es): expired, processed more than"
-        f" {format_duration(result.cutoff - result.protected_from)} (margin x retry window) ago, no pending dead letter",
+        f" {format_duration(result.cutoff - result.protected_from)} (margin x retry window) ago, no dead letter holding them",
         f"kept {inside_window} expired fences still inside the retry window (a late retry still needs them)",
-        f"kept {pending} expired fences whose job has a dead letter pending review, or replayed inside the retry"
-        " window (a replay needs them)",
+        f"kept {pending} expired fences whose job has a dead letter pending review, or a replay not yet handled"
+        " or handled inside the retry window (a replay needs them)",
         f"kept {not_expired} fences not expired yet",
         f"access path: {'sweep of the table in block ranges' if result.used_sweep else 'walk of the expires_at index'}"
         f" ({result.strategy_reason})",
@@ -453,13 +470,11 @@ def build(settings: Settings, db: Database) -> Purger:
     return Purger(PurgeConfig.from_settings(settings), db)
 
 
-SPEC = register(
-    JobSpec(
-        name="purge",
-        summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
-        build=build,
-        zero_fields=zero_fields,
-        event_prefix=EVENTS,
-        demo_lines=demo_lines,
-    )
+SPEC = JobSpec(
+    name="purge",
+    summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
+    build=build,
+    zero_fields=zero_fields,
+    event_prefix=EVENTS,
+    demo_lines=demo_lines,
 )

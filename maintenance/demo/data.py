@@ -5,7 +5,7 @@ Times are relative to PostgreSQL's ``now()``, so the story is the same whenever 
 
 from __future__ import annotations
 
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 
 # Each block is one kind of row; the comment says why it exists in the story.
 SEED_SQL = {
@@ -65,7 +65,8 @@ SEED_SQL = {
                '00000000-0000-4000-8000-000000000004', 'points.expire', now() - interval '5 days' - g * interval '1 hour'
           FROM generate_series(1, 4) AS g""",
     # Handled history: replayed and discarded dead letters. Inserted pending, then reviewed in a
-    # second statement: an UPDATE cannot see rows that its own statement's CTE inserted.
+    # second statement: an UPDATE cannot see rows that its own statement's CTE inserted. The
+    # replays' deliveries were processed long ago (a third statement: the outcome follows the replay).
     "dead_letters_handled": """
         INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at)
         SELECT gen_random_uuid(), 'points.credit', jsonb_build_object('member_id', 'm-h-' || g, 'points', 5),
@@ -75,7 +76,9 @@ SEED_SQL = {
            SET status = CASE WHEN right(correlation_id, 1)::int % 3 = 0 THEN 'discarded' ELSE 'replayed' END,
                discard_reason = CASE WHEN right(correlation_id, 1)::int % 3 = 0
                                      THEN 'duplicate of a manual credit, ticket OPS-1422' END
-         WHERE correlation_id LIKE 'corr-h-%'""",
+         WHERE correlation_id LIKE 'corr-h-%';
+        UPDATE core.dead_letters SET replay_outcome = 'processed'
+         WHERE correlation_id LIKE 'corr-h-%' AND status = 'replayed'""",
 }
 
 STORY = {

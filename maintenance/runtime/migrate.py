@@ -14,9 +14,9 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from maintenance.db import Database
+from maintenance.runtime.db import Database
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"  # beside maintenance/, in the tree and in site-packages
 
 
 def _engine(conninfo: str) -> sqlalchemy.Engine:

@@ -1,4 +1,4 @@
-"""Runs registered jobs once: the shared start/stop/error events and the exit status.
+"""Runs the jobs once: the shared start/stop/error events and the exit status.
 
 Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result fields and
 ``ok``, or ``<job>.error`` with the same fields at zero plus ``error``; all carry ``job``, stop
@@ -12,12 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maintenance.db import Database
-from maintenance.logs import get_logger
-from maintenance.registry import Job, JobSpec, jobs
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.jobs import by_name as jobs
+from maintenance.jobs.base import Job, JobSpec
 from maintenance.settings import ConfigError, Settings
-from maintenance.shutdown import stop_requested
-from maintenance.telemetry import Telemetry, default
+from maintenance.runtime.signals import stop_requested
+from maintenance.runtime.telemetry import Telemetry, default
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""The runtime every job shares: database access, logs, the runner, the scheduler, HTTP, telemetry, signals."""
