@@ -13,9 +13,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -148,25 +146,11 @@ def api_settings(database_url: str, jwks_url: str, **overrides: Any):
     return Settings(**values)
 
 
-@contextlib.contextmanager
-def serving(app: Any, settings: Any) -> Iterator[str]:
-    """``app`` on uvicorn on a free port of 127.0.0.1, in a thread; yields its base URL.
+def serving(app: Any, settings: Any):
+    """``app`` on uvicorn on a free port of 127.0.0.1, in a thread, for a ``with`` block; yields its base URL."""
+    from maintenance.api.server import running
 
-    The socket listens before the server starts, so the first request waits in the backlog
-    instead of the test waiting for the server.
-    """
-    from maintenance.api.server import bind, make_server
-
-    sock = bind("127.0.0.1", 0)
-    server = make_server(app, settings)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="api-under-test", daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(30)
-        sock.close()
+    return running(app, settings)
 
 
 @pytest.fixture

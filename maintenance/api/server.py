@@ -125,6 +125,25 @@ def make_server(app: FastAPI, settings: Settings) -> Server:
     return Server(config)
 
 
+@contextmanager
+def running(app: FastAPI, settings: Settings, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """``app`` served by uvicorn in a background thread for the block (the demo, the tests); its base URL.
+
+    The socket listens before the server starts, so a first request waits in the backlog instead
+    of the caller waiting for the server. The block's end stops it gracefully.
+    """
+    sock = bind(host, port)
+    server = make_server(app, settings)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="core-jobs-api", daemon=True)
+    thread.start()
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
 def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
     """Run the API until SIGTERM; 0 after a graceful stop."""
     app = build_app(settings)

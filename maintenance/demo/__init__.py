@@ -22,6 +22,7 @@ from psycopg import sql
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.demo.data import seed
+from maintenance.demo.api import walk_through as api_walk_through
 from maintenance.demo.harness import walk_through
 from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.settings import Settings
@@ -109,5 +110,7 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")
         out.write("\nThe consumer harness, with the example points consumer (harness/examples/points.py):\n")
         walk_through(demo_settings, db, out)
+        out.write("\nThe operations API (core-jobs api, docs/api.md), over HTTP:\n")
+        api_walk_through(demo_settings, out)
         out.write("\nDemo finished; the database is being removed.\n" if not keep else "\nDemo finished.\n")
         return 0 if all(o.ok for o in outcomes) else 1
