@@ -36,6 +36,8 @@ from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from prometheus_client import CollectorRegistry  # noqa: E402
+
 from harness.consumer import Consumer  # noqa: E402
 from harness.examples.points import CREDIT_POINTS, make_consumer  # noqa: E402
 from harness.handling import INSERT_FENCE, handle  # noqa: E402
@@ -47,7 +49,6 @@ from harness.worker import Worker, WorkerConfig  # noqa: E402
 from maintenance import migrate  # noqa: E402
 from maintenance.demo import scratch_database  # noqa: E402
 from maintenance.runtime.logs import configure_logging  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 TTL = timedelta(days=7)

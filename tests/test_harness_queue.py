@@ -8,20 +8,31 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from harness_support import (
+    QUEUE,
+    TTL,
+    expire_leases,
+    fences,
+    make_due,
+    points,
+    publish,
+    row_counts,
+    scalar,
+)
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from harness.consumer import Consumer
 from harness.dead_letters import DeadLetter
 from harness.errors import TransientError
-from harness.examples.points import CreditPoints, OutageLedger, consumer as points_consumer, make_consumer
+from harness.examples.points import CreditPoints, OutageLedger, make_consumer
+from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, Envelope, InvalidPayload
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
 

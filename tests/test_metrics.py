@@ -17,10 +17,11 @@ from psycopg.conninfo import make_conninfo
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
+from maintenance.jobs.base import JobSpec
+from maintenance.jobs.metrics.config import MetricsConfig
+from maintenance.jobs.metrics.job import SETTLE, MetricsJob, add_counts, choose_horizon
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
-from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import run_job
 from maintenance.runtime.telemetry import Telemetry
 

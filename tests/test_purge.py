@@ -17,13 +17,14 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from harness_support import backdate_replay
 
 from harness.dead_letters import mark_replay_handled
-from harness_support import backdate_replay
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
+from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
+from maintenance.jobs.purge.job import LOCK_NAME, Purger
 from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
+from maintenance.runtime.logs import configure_logging
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)

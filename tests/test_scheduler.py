@@ -19,19 +19,19 @@ from apscheduler.executors.debug import DebugExecutor
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
+from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
+from maintenance.jobs.base import JobSpec
+from maintenance.jobs.metrics.job import MetricsJob
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.metrics import MetricsJob
-from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import build_jobs
 from maintenance.runtime.scheduler import JobScheduler
-from maintenance.settings import ConfigError, Settings
 from maintenance.runtime.telemetry import Telemetry
+from maintenance.settings import ConfigError, Settings
 
 START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc)
 

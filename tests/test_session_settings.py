@@ -11,11 +11,11 @@ import json
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from harness_support import QUEUE, TENANT, points, publish, scalar
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import harness.pg
-from harness_support import QUEUE, TENANT, points, publish, scalar
 from maintenance.cli import EXIT_OK, main
 from maintenance.runtime.db import Database
 

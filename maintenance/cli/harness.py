@@ -31,7 +31,15 @@ from prometheus_client import start_http_server
 from harness.consumer import Consumer, valid_name
 from harness.dead_letters import describe_error
 from harness.metrics import default_metrics
-from harness.operations import STATUSES, DeadLetterRow, OperationRefused, discard, list_dead_letters, release, replay
+from harness.operations import (
+    STATUSES,
+    DeadLetterRow,
+    OperationRefused,
+    discard,
+    list_dead_letters,
+    release,
+    replay,
+)
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
 from harness.retry import max_retry_window

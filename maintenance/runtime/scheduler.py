@@ -39,15 +39,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from maintenance.jobs.base import Job, JobSpec
+from maintenance.runtime import signals as shutdown
 from maintenance.runtime.db import Database
 from maintenance.runtime.heartbeat import ping_heartbeat
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import SecretRedactor, get_logger
-from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.runner import build_jobs, run_job
-from maintenance.runtime import signals as shutdown
-from maintenance.settings import Settings
 from maintenance.runtime.telemetry import Telemetry, default, push_configured
+from maintenance.settings import Settings
 
 
 class JobScheduler:
