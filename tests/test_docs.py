@@ -19,6 +19,8 @@ README_MAX_BYTES = 12_000
 # A Markdown inline link or image: [text](target) or [text](target "title").
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
 FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
+# A repository path in backticks, as the pages name the code (`maintenance/jobs/purge/paths.py`).
+REPO_PATH = re.compile(r"`(?P<path>(?:maintenance|alerts|harness|migrations|tests|bench|helm|docs)/[\w./-]+)`")
 HEADING = re.compile(r"^#{1,6}[ \t]+(?P<text>.+?)[ \t#]*$", re.M)
 
 
@@ -83,3 +85,14 @@ def test_link_check_reports_a_missing_file_and_a_missing_heading(tmp_path):
         encoding="utf-8",
     )
     assert broken_links(page) == ["missing.md: no such file", "other.md#nowhere: no heading #nowhere in other.md"]
+
+
+def test_every_repository_path_named_in_readme_and_docs_exists():
+    """Every `maintenance/…`, `harness/…`, `docs/…` (etc.) path README.md and docs/ name in backticks exists."""
+    missing = {
+        str(path.relative_to(ROOT)): names
+        for path in documents()
+        if (names := sorted({m.group("path") for m in REPO_PATH.finditer(path.read_text(encoding="utf-8"))
+                             if not (ROOT / m.group("path").rstrip("/")).exists()}))
+    }
+    assert missing == {}, f"paths that do not exist: {missing}"
