@@ -1,6 +1,6 @@
 """Metrics settings (issue 5): the Pushgateway, the success-counting horizon and the tenant label.
 
-The metrics job is ``maintenance/jobs/metrics.py``, the push ``maintenance/runtime/telemetry.py``.
+The metrics job is ``maintenance/jobs/metrics/__init__.py``, the push ``maintenance/runtime/telemetry.py``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Purge settings (issue 3): batch sizing, timeouts, time budget and access path of the processed_jobs purge.
 
-The purge job itself is ``maintenance/jobs/purge.py``; its manual explains how these are used.
+The purge job itself is ``maintenance/jobs/purge/__init__.py``; its manual explains how these are used.
 """
 
 from __future__ import annotations
