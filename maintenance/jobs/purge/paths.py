@@ -42,7 +42,7 @@ from maintenance.jobs.purge.sql import (
     TIME_GUARDS,
 )
 
-# --- auto's cost model (measured with bench/purge.py, see README "### Purge") --------------------
+# --- auto's cost model (measured with bench/purge.py, see docs/performance.md) -------------------
 # Sample 1 % of the pages, but at least this many (all of a small table): ~20 000 rows of a
 # 2 M-row table in 6-12 ms, enough to tell 1 % expired from 2 %;
 MIN_SAMPLED_BLOCKS = 200
