@@ -19,7 +19,8 @@ from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Envelope, RetryAfter
 from harness.retry import RetryPolicy
 from harness_consumers import PickyCredit, Unprintable
-from harness_support import TENANT, TTL, fences, points, scalar, wait_until_waiting_on_lock
+from factories import TENANT
+from harness_support import TTL, fences, points, scalar, wait_until_waiting_on_lock
 
 POLICY = RetryPolicy()
 

@@ -21,7 +21,8 @@ from harness.pgqueue import PgQueue
 from harness.queue import Acked, Envelope, InvalidPayload
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
+from factories import QUEUE, publish
+from harness_support import TTL, expire_leases, fences, make_due, points, row_counts, scalar
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
 

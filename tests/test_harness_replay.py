@@ -18,16 +18,14 @@ from harness.handling import handle
 from harness.operations import replay
 from harness.pgqueue import PgQueue
 from harness.retry import RetryPolicy
+from factories import QUEUE, dead_letter, publish
 from harness_support import (
-    QUEUE,
     TTL,
     backdate_replay,
-    dead_letter,
     expire_leases,
     fences,
     make_due,
     points,
-    publish,
     replay_state,
     run_worker,
     scalar,
