@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import socket
 
-from alerts.heartbeat import send_heartbeat
 from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
+from maintenance.runtime.heartbeat import send_heartbeat
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
