@@ -28,6 +28,9 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
+# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server) and log capture (logs).
+pytest_plugins = ["fake_betterstack", "logcapture"]
+
 
 def _docker_answers() -> bool:
     try:

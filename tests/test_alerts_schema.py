@@ -6,7 +6,7 @@ import uuid
 
 import psycopg
 import pytest
-from alerts_support import add_dead_letters
+from factories import add_dead_letters
 
 from maintenance.runtime import migrate
 

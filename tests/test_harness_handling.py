@@ -8,15 +8,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from factories import TENANT
 from harness_consumers import PickyCredit, Unprintable
-from harness_support import (
-    TENANT,
-    TTL,
-    fences,
-    points,
-    scalar,
-    wait_until_waiting_on_lock,
-)
+from harness_support import TTL, fences, points, scalar, wait_until_waiting_on_lock
 from prometheus_client import CollectorRegistry
 
 from harness.consumer import Consumer

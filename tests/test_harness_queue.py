@@ -8,14 +8,13 @@ from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
+from factories import QUEUE, publish
 from harness_support import (
-    QUEUE,
     TTL,
     expire_leases,
     fences,
     make_due,
     points,
-    publish,
     row_counts,
     scalar,
 )

@@ -12,16 +12,14 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from factories import QUEUE, dead_letter, publish
 from harness_support import (
-    QUEUE,
     TTL,
     backdate_replay,
-    dead_letter,
     expire_leases,
     fences,
     make_due,
     points,
-    publish,
     replay_state,
     run_worker,
     scalar,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from factories import publish
 from harness_consumers import LOCK_KEY
 from harness_support import (
     TTL,
     expire_leases,
     fences,
     points,
-    publish,
     scalar,
     wait_for_advisory_waiter,
 )
