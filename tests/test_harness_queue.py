@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -59,7 +59,7 @@ def letter_for(delivery) -> DeadLetter:
         ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
         ({"member_id\x00": "m-1"}, "payload: a key"),
         ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
-        ({"at": datetime(2024, 1, 1, tzinfo=timezone.utc)}, "payload.at"),
+        ({"at": datetime(2024, 1, 1, tzinfo=UTC)}, "payload.at"),
     ],
 )
 def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):

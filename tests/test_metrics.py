@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -348,7 +348,7 @@ def test_lowering_top_n_folds_the_smallest_named_tenants_into_other():
 
 def test_horizon_is_the_oldest_open_transaction_within_bounds():
     """The cutoff is the oldest open transaction's start, at most now - 1 s, at least now - max_transaction."""
-    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     lag = timedelta(minutes=5)
     assert choose_horizon(now, None, hidden=0, prepared=0, max_transaction=lag) == (now - SETTLE, "settle")
     opened = now - timedelta(seconds=30)

@@ -499,7 +499,7 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
     assert kept["index"] == kept["sweep"] == expected
     # not expired (loaded, then one second left), inside the window, pending, replays handled inside the window
     # (7 of 15), outstanding replays
-    assert 750 + 20 + 20 + 15 + 7 + 15 == len(expected)
+    assert len(expected) == 750 + 20 + 20 + 15 + 7 + 15
 
 
 def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
@@ -63,11 +63,11 @@ class JobScheduler:
         # Every schedule is checked before anything starts (ConfigError names the setting).
         self.schedules = {spec.name: settings.schedule_of(spec.name) for spec, _job in built}
         self.scheduler = scheduler or BackgroundScheduler(
-            timezone=timezone.utc, executors={"default": ThreadPoolExecutor(max(1, len(built)))}
+            timezone=UTC, executors={"default": ThreadPoolExecutor(max(1, len(built)))}
         )
         for spec, job in built:
             self.scheduler.add_job(
-                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=timezone.utc),
+                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
                 args=(spec, job), id=spec.name, name=spec.name,
                 max_instances=1, coalesce=True,
                 misfire_grace_time=max(1, int(settings.scheduler_misfire_grace.total_seconds())),

@@ -5,7 +5,7 @@ APScheduler is imported only when an expression is checked, so importing the set
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 
 def check_crontab(expr: str) -> str:
@@ -25,7 +25,7 @@ def check_crontab(expr: str) -> str:
     if any(ch.isdigit() for ch in fields[4]):
         raise ValueError("write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0")
     try:
-        CronTrigger.from_crontab(text, timezone=timezone.utc)
+        CronTrigger.from_crontab(text, timezone=UTC)
     except ValueError as exc:
         raise ValueError(f"not a valid crontab expression: {exc}") from None
     return text

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -35,7 +35,7 @@ OTHER_TENANTS = "other"
 # A transaction takes its start time a moment before pg_stat_activity shows it; fences newer
 # than this are left for the next run.
 SETTLE = timedelta(seconds=1)
-NEVER = datetime.min.replace(tzinfo=timezone.utc)
+NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 # --- pure parts --------------------------------------------------------------------------------
