@@ -28,7 +28,9 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
-pytest_plugins = ["api_support"]  # the operations API's fixtures: keys, JWKS server, tokens, the running API
+# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), and the
+# operations API's keys, JWKS server, tokens and running API (api_support).
+pytest_plugins = ["fake_betterstack", "logcapture", "api_support"]
 
 
 def _docker_answers() -> bool:
@@ -48,7 +50,9 @@ def _server_url() -> Iterator[str]:
         yield configured.replace("postgresql+psycopg://", "postgresql://")
         return
     if _docker_answers():
-        from testcontainers.community.postgres import PostgresContainer  # testcontainers.postgres is deprecated
+        from testcontainers.community.postgres import (
+            PostgresContainer,  # testcontainers.postgres is deprecated
+        )
 
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()
