@@ -48,9 +48,9 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.operations import LIST_PAGE  # noqa: E402
-from maintenance.runtime import migrate  # noqa: E402
-from maintenance.demo import scratch_database  # noqa: E402
+from harness.operations import LIST_PAGE
+from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 ISSUER, AUDIENCE = "https://bench.invalid/", "core-jobs-api"
@@ -258,7 +258,7 @@ def run(url: str, api_url: str, token: str, args: argparse.Namespace) -> int:
         print(f"  {r['scenario']:<52} {r['p50']:8.2f} {r['p95']:8.2f} {r['p99']:8.2f}")
     ratio = sql_results[1]["p50"] / sql_results[0]["p50"]
     print(f"  OFFSET / keyset at p50: {ratio:.1f}x")
-    print(f"\nBulk replay of 10 000 dead letters by filter, one request each: "
+    print("\nBulk replay of 10 000 dead letters by filter, one request each: "
           + ", ".join(f"{s:.2f} s" for s in bulk) + f"; median {statistics.median(bulk):.2f} s  target <= 2 s: "
           + ("ok" if statistics.median(bulk) <= 2 else "MISSED"))
     return 0

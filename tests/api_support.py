@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -163,23 +162,3 @@ def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
     with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
         yield client
 
-
-INSERT_DEAD_LETTERS = """
-INSERT INTO core.dead_letters (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id, created_at)
-SELECT gen_random_uuid(), %(queue)s, %(consumer)s, jsonb_build_object('member_id', 'm-' || n, 'points', n), 5,
-       %(error)s, %(tenant_id)s, coalesce(%(correlation_id)s, 'corr-' || n), %(created_at)s - n * interval '1 second'
-  FROM generate_series(1, %(count)s) AS n
-RETURNING id
-"""
-
-
-def add_dead_letters(conn: Any, count: int = 1, *, queue: str = "points.credit", consumer: str = "points.credit",
-                     tenant_id: Any = None, correlation_id: str | None = None, created_at: Any = None,
-                     error: str = "TransientError: ledger timeout") -> list[int]:
-    """``count`` pending dead letters, one second apart going back from ``created_at`` (default now); their ids."""
-    rows = conn.execute(INSERT_DEAD_LETTERS, {
-        "queue": queue, "consumer": consumer, "error": error, "count": count, "correlation_id": correlation_id,
-        "tenant_id": tenant_id or uuid.UUID("00000000-0000-4000-8000-0000000000aa"),
-        "created_at": created_at or conn.execute("SELECT now()").fetchone()[0],
-    }).fetchall()
-    return [r[0] for r in rows]

@@ -8,8 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-
-from api_support import add_dead_letters
+from factories import QUEUE, add_dead_letters
 from harness_support import scalar
 
 BASE = "/v1/core/dead-letters"
@@ -35,8 +34,8 @@ def assert_problem(response, status, slug):
 # --- list ---------------------------------------------------------------------------------------
 def test_lists_pending_dead_letters_newest_first_without_payloads(api, conn):
     """The default list is pending_review only, newest first, and leaves the payload to the detail."""
-    older, newer = add_dead_letters(conn, 1, created_at=None) + add_dead_letters(conn, 1)
-    handled = add_dead_letters(conn, 1)[0]
+    older, newer = add_dead_letters(conn, QUEUE, 1, created_at=None) + add_dead_letters(conn, QUEUE, 1)
+    handled = add_dead_letters(conn, QUEUE, 1)[0]
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (handled,))
     body = api.get(BASE).json()
     assert [item["id"] for item in body["items"]] == [newer, older]
@@ -46,14 +45,14 @@ def test_lists_pending_dead_letters_newest_first_without_payloads(api, conn):
 
 def test_keyset_pages_visit_every_row_once_while_new_rows_arrive(api, conn):
     """Following next_cursor visits each row exactly once, newest first, even when rows are written between pages."""
-    ids = add_dead_letters(conn, 23)  # one second apart: ids[0] is the newest
+    ids = add_dead_letters(conn, QUEUE, 23)  # one second apart: ids[0] is the newest
     seen, cursor, pages = [], None, 0
     while True:
         params = {"limit": 5} | ({"cursor": cursor} if cursor else {})
         body = api.get(BASE, params=params).json()
         seen += [item["id"] for item in body["items"]]
         pages += 1
-        add_dead_letters(conn, 1)  # newer than everything: never on a later page
+        add_dead_letters(conn, QUEUE, 1)  # newer than everything: never on a later page
         cursor = body["next_cursor"]
         if cursor is None:
             break
@@ -63,7 +62,7 @@ def test_keyset_pages_visit_every_row_once_while_new_rows_arrive(api, conn):
 def test_rows_with_the_same_created_at_page_by_id(api, conn):
     """Ties on created_at are broken by id, so a page boundary inside a tie loses and repeats nothing."""
     when = scalar(conn, "SELECT now()")
-    ids = [add_dead_letters(conn, 1, created_at=when + timedelta(seconds=1))[0] for _ in range(5)]
+    ids = [add_dead_letters(conn, QUEUE, 1, created_at=when + timedelta(seconds=1))[0] for _ in range(5)]
     first = api.get(BASE, params={"limit": 2}).json()
     rest = api.get(BASE, params={"limit": 10, "cursor": first["next_cursor"]}).json()
     assert [i["id"] for i in first["items"] + rest["items"]] == sorted(ids, reverse=True)
@@ -72,20 +71,20 @@ def test_rows_with_the_same_created_at_page_by_id(api, conn):
 @pytest.mark.parametrize("name", ["queue", "consumer", "tenant_id", "job_id", "correlation_id"])
 def test_each_filter_narrows_the_list_to_its_matches(api, conn, name):
     """Every filter returns exactly the dead letters with that value."""
-    target = add_dead_letters(conn, 2, queue="notifications.email", consumer="mailer",
-                              tenant_id=uuid.UUID("00000000-0000-4000-8000-0000000000bb"), correlation_id="corr-x")
-    add_dead_letters(conn, 3)
+    target = add_dead_letters(conn, "notifications.email", 2, consumer="mailer",
+                              tenant_id=uuid.UUID("00000000-0000-4000-8000-0000000000bb"))
+    add_dead_letters(conn, QUEUE, 3)
     row = conn.execute("SELECT queue, consumer, tenant_id, job_id, correlation_id FROM core.dead_letters WHERE id = %s",
                        (target[0],)).fetchone()
     value = dict(zip(["queue", "consumer", "tenant_id", "job_id", "correlation_id"], row, strict=True))[name]
-    expected = [target[0]] if name == "job_id" else target
+    expected = [target[0]] if name in ("job_id", "correlation_id") else target
     items = api.get(BASE, params={name: str(value)}).json()["items"]
     assert [i["id"] for i in items] == expected
 
 
 def test_status_filter_lists_handled_dead_letters(api, conn):
     """status=discarded lists the discarded ones, with their reason."""
-    kept, gone = add_dead_letters(conn, 2)
+    _kept, gone = add_dead_letters(conn, QUEUE, 2)
     conn.execute("UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'dup' WHERE id = %s", (gone,))
     items = api.get(BASE, params={"status": "discarded"}).json()["items"]
     assert [(i["id"], i["discard_reason"]) for i in items] == [(gone, "dup")]
@@ -93,7 +92,7 @@ def test_status_filter_lists_handled_dead_letters(api, conn):
 
 def test_created_range_includes_after_and_excludes_before(api, conn):
     """created_after is inclusive, created_before exclusive."""
-    ids = add_dead_letters(conn, 4)  # created now, now-1s, now-2s, now-3s
+    ids = add_dead_letters(conn, QUEUE, 4)  # created now, now-1s, now-2s, now-3s
     stamps = dict(conn.execute("SELECT id, created_at FROM core.dead_letters").fetchall())
     params = {"created_after": stamps[ids[2]].isoformat(), "created_before": stamps[ids[0]].isoformat()}
     assert [i["id"] for i in api.get(BASE, params=params).json()["items"]] == [ids[1], ids[2]]
@@ -111,7 +110,7 @@ def test_a_malformed_list_request_is_400(api, conn, params):
 
 def test_a_cursor_of_other_filters_is_refused(api, conn):
     """A cursor is bound to the filters of the list that returned it."""
-    add_dead_letters(conn, 3)
+    add_dead_letters(conn, QUEUE, 3)
     cursor = api.get(BASE, params={"limit": 1}).json()["next_cursor"]
     body = assert_problem(api.get(BASE, params={"limit": 1, "cursor": cursor, "queue": "other"}), 400, "malformed-request")
     assert "other filters" in body["detail"]
@@ -120,7 +119,7 @@ def test_a_cursor_of_other_filters_is_refused(api, conn):
 # --- detail -----------------------------------------------------------------------------------
 def test_detail_has_the_payload_and_the_audit_history(api, conn):
     """GET /{id}: the full payload and every action on it, with the operator and reason."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1, payload={"member_id": "m-1", "points": 1})[0]
     api.post(f"{BASE}/{letter}/discard", json={"reason": "credited by hand, OPS-9"})
     body = api.get(f"{BASE}/{letter}").json()
     assert body["payload"] == {"member_id": "m-1", "points": 1}
@@ -138,7 +137,7 @@ def test_an_unknown_id_is_404(api, conn):
 # --- replay and discard -----------------------------------------------------------------------
 def test_replay_republishes_the_same_job_and_audits_the_token_subject(api, conn):
     """J-B6: one message with the dead letter's job_id and payload; status replayed; the ledger names the token's sub."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1, payload={"member_id": "m-1", "points": 1})[0]
     job_id = scalar(conn, "SELECT job_id FROM core.dead_letters WHERE id = %s", (letter,))
     response = api.post(f"{BASE}/{letter}/replay", json={"reason": "ledger is back, INC-88"})
     assert response.status_code == 200 and response.json()["status"] == "replayed"
@@ -149,7 +148,7 @@ def test_replay_republishes_the_same_job_and_audits_the_token_subject(api, conn)
 
 def test_the_operator_cannot_be_chosen_by_the_client(api, conn):
     """A body naming an operator is refused (422); the ledger only ever records the token's sub."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     assert_problem(api.post(f"{BASE}/{letter}/replay", json={"operator": "someone-else"}), 422, "invalid-request")
     api.post(f"{BASE}/{letter}/replay", headers=api.as_operator("ops:luis"))
     assert ledger(conn) == [(letter, "replayed", "ops:luis", None)]
@@ -158,7 +157,7 @@ def test_the_operator_cannot_be_chosen_by_the_client(api, conn):
 @pytest.mark.parametrize("action", ["replay", "discard"])
 def test_an_action_on_a_handled_dead_letter_is_409_with_its_status(api, conn, action):
     """Only pending_review can be replayed or discarded; the 409 says the current status and nothing changes."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (letter,))
     body = assert_problem(api.post(f"{BASE}/{letter}/{action}", json={"reason": "again"}), 409, "not-pending-review")
     assert body["current_status"] == "replayed" and body["id"] == letter
@@ -173,7 +172,7 @@ def test_an_action_on_an_unknown_id_is_404(api, conn, action):
 
 def test_discard_records_the_reason(api, conn):
     """Discard sets status and reason and writes one ledger row under the token's sub."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     body = api.post(f"{BASE}/{letter}/discard", json={"reason": "  negative points, OPS-2001 "}).json()
     assert (body["status"], body["discard_reason"]) == ("discarded", "negative points, OPS-2001")
     assert ledger(conn) == [(letter, "discarded", "ops:ana@example.com", "negative points, OPS-2001")]
@@ -182,14 +181,14 @@ def test_discard_records_the_reason(api, conn):
 @pytest.mark.parametrize("body", [{}, {"reason": ""}, {"reason": "   "}, {"reason": "x" * 1001}, {"reason": None}])
 def test_discard_without_a_usable_reason_is_422_and_changes_nothing(api, conn, body):
     """J-AC7: a missing, blank or over-long reason is 422 invalid-request; the letter stays pending."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     assert_problem(api.post(f"{BASE}/{letter}/discard", json=body), 422, "invalid-request")
     assert status_of(conn, letter) == "pending_review" and ledger(conn) == []
 
 
 def test_malformed_json_is_400(api, conn):
     """A body that is not JSON is 400 malformed-request."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     response = api.post(f"{BASE}/{letter}/discard", content=b'{"reason": ', headers={"Content-Type": "application/json"})
     assert_problem(response, 400, "malformed-request")
     assert status_of(conn, letter) == "pending_review"
@@ -197,7 +196,7 @@ def test_malformed_json_is_400(api, conn):
 
 def test_a_body_over_the_limit_is_413_and_changes_nothing(api, conn):
     """A body larger than CORE_JOBS_API_MAX_BODY_BYTES is 413 payload-too-large before it is parsed."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     response = api.post(f"{BASE}/{letter}/discard", json={"reason": "r" * (300 * 1024)})
     assert_problem(response, 413, "payload-too-large")
     assert status_of(conn, letter) == "pending_review"
@@ -205,7 +204,7 @@ def test_a_body_over_the_limit_is_413_and_changes_nothing(api, conn):
 
 def test_a_chunked_body_over_the_limit_is_413(api, conn):
     """Without a Content-Length the limit is counted as the body streams in."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     chunks = (b'{"reason": "' + b"r" * 1024 * 64 if i == 0 else b"r" * 1024 * 64 for i in range(5))
     response = api.post(f"{BASE}/{letter}/discard", content=chunks, headers={"Content-Type": "application/json"})
     assert_problem(response, 413, "payload-too-large")
@@ -215,7 +214,7 @@ def test_a_chunked_body_over_the_limit_is_413(api, conn):
 # --- bulk -------------------------------------------------------------------------------------
 def test_bulk_replay_with_one_unknown_id_changes_nothing(api, conn):
     """All or nothing: one id that does not exist → 404 naming it, no dead letter replayed, no message."""
-    ids = add_dead_letters(conn, 3)
+    ids = add_dead_letters(conn, QUEUE, 3)
     body = assert_problem(api.post(f"{BASE}/replay", json={"ids": [*ids, 999_999]}), 404, "dead-letter-not-found")
     assert body["missing_ids"] == [999_999]
     assert {status_of(conn, i) for i in ids} == {"pending_review"}
@@ -224,7 +223,7 @@ def test_bulk_replay_with_one_unknown_id_changes_nothing(api, conn):
 
 def test_bulk_discard_with_one_handled_id_changes_nothing(api, conn):
     """All or nothing: one dead letter that is not pending → 409 listing it with its status, nothing discarded."""
-    ids = add_dead_letters(conn, 3)
+    ids = add_dead_letters(conn, QUEUE, 3)
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (ids[1],))
     body = assert_problem(api.post(f"{BASE}/discard", json={"ids": ids, "reason": "cleanup"}), 409, "not-pending-review")
     assert body["current_status"] == "replayed" and body["id"] == ids[1]
@@ -233,7 +232,7 @@ def test_bulk_discard_with_one_handled_id_changes_nothing(api, conn):
 
 def test_bulk_replay_by_ids_replays_each_once(api, conn):
     """Every id given is replayed, in one transaction, one message each."""
-    ids = add_dead_letters(conn, 4)
+    ids = add_dead_letters(conn, QUEUE, 4)
     body = api.post(f"{BASE}/replay", json={"ids": ids, "reason": "INC-9"}).json()
     assert body == {"action": "replayed", "count": 4, "ids": sorted(ids)}
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 4
@@ -241,8 +240,8 @@ def test_bulk_replay_by_ids_replays_each_once(api, conn):
 
 def test_bulk_by_filter_acts_on_every_pending_dead_letter_of_the_queue(api, conn):
     """filter {queue, status=pending_review} discards all pending of that queue, and only those."""
-    mine = add_dead_letters(conn, 3, queue="points.expire")
-    other = add_dead_letters(conn, 2)
+    mine = add_dead_letters(conn, "points.expire", 3)
+    other = add_dead_letters(conn, QUEUE, 2)
     body = api.post(f"{BASE}/discard", json={"filter": {"queue": "points.expire", "status": "pending_review"},
                                              "reason": "job retired"}).json()
     assert (body["count"], body["ids"]) == (3, sorted(mine))
@@ -260,7 +259,7 @@ def test_a_bulk_request_that_is_not_ids_or_a_pending_filter_is_422(api, conn, bo
 
 def test_concurrent_replays_of_one_dead_letter_replay_it_once(api, conn):
     """Eight replays of one dead letter at once: exactly one 200, seven 409, one message, one ledger row."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     start = threading.Barrier(8)
 
     def replay(_):
@@ -271,3 +270,17 @@ def test_concurrent_replays_of_one_dead_letter_replay_it_once(api, conn):
         codes = sorted(pool.map(replay, range(8)))
     assert codes == [200] + [409] * 7
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1 and len(ledger(conn)) == 1
+
+
+def test_detail_shows_a_released_replay_in_the_history(api, conn):
+    """A replay released by an operator (0007) is part of the audit history the detail returns."""
+    from harness import operations
+
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
+    api.post(f"{BASE}/{letter}/replay", json={"reason": "INC-7"})
+    conn.execute("DELETE FROM core.queue_messages")  # the broker lost the message
+    operations.release(conn, [letter], operator="ops:luis", reason="message lost in the broker, INC-7")
+    body = api.get(f"{BASE}/{letter}").json()
+    assert [(a["action"], a["operator"]) for a in body["actions"]] == [
+        ("replayed", "ops:ana@example.com"), ("released", "ops:luis")]
+    assert body["replay_outcome"] == "released"

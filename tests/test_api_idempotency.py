@@ -7,8 +7,7 @@ import threading
 
 import psycopg
 import pytest
-
-from api_support import add_dead_letters
+from factories import QUEUE, add_dead_letters
 from harness_support import scalar
 
 BASE = "/v1/core/dead-letters"
@@ -20,7 +19,7 @@ def messages(conn):
 
 def test_a_retried_key_returns_the_original_response_even_after_the_dead_letter_changed(api, conn):
     """Same key, operator and body: the first response (status and body) again, though the letter is now replayed; no second replay."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     key = {"Idempotency-Key": "replay-7f3a"}
     first = api.post(f"{BASE}/{letter}/replay", json={"reason": "INC-1"}, headers=key)
     assert first.status_code == 200 and "idempotent-replayed" not in first.headers
@@ -33,7 +32,7 @@ def test_a_retried_key_returns_the_original_response_even_after_the_dead_letter_
 
 def test_the_same_body_in_another_form_is_the_same_request(api, conn):
     """Whitespace, key order and a reason's surrounding blanks do not change the request's fingerprint."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     key = {"Idempotency-Key": "discard-1", "Content-Type": "application/json"}
     first = api.post(f"{BASE}/{letter}/discard", content=b'{"reason":"dup"}', headers=key)
     again = api.post(f"{BASE}/{letter}/discard", content=b'{ "reason" : "  dup " }', headers=key)
@@ -47,7 +46,7 @@ def test_the_same_body_in_another_form_is_the_same_request(api, conn):
 ], ids=["other-body", "other-route", "other-operator"])
 def test_a_key_reused_for_another_request_or_operator_is_409(api, conn, second):
     """The same key with another body, route or operator: 409 idempotency-key-reused, and nothing runs."""
-    letter, other = add_dead_letters(conn, 2)
+    letter, other = add_dead_letters(conn, QUEUE, 2)
     key = {"Idempotency-Key": "k-1"}
     assert api.post(f"{BASE}/{letter}/replay", json={"reason": "INC-1"}, headers=key).status_code == 200
     headers = key | (api.as_operator(second["operator"]) if "operator" in second else {})
@@ -59,7 +58,7 @@ def test_a_key_reused_for_another_request_or_operator_is_409(api, conn, second):
 
 def test_a_refused_action_is_recorded_and_answered_again(api, conn):
     """A 409 not-pending-review is the action's answer: the same key gets it again, while the letter's status moved on."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (letter,))
     key = {"Idempotency-Key": "k-409"}
     first = api.post(f"{BASE}/{letter}/discard", json={"reason": "r"}, headers=key)
@@ -70,7 +69,7 @@ def test_a_refused_action_is_recorded_and_answered_again(api, conn):
 
 def test_a_request_refused_before_the_action_does_not_use_the_key(api, conn):
     """A 422 (blank reason) records nothing: the fixed request with the same key runs."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     key = {"Idempotency-Key": "k-fix"}
     assert api.post(f"{BASE}/{letter}/discard", json={"reason": " "}, headers=key).status_code == 422
     assert api.post(f"{BASE}/{letter}/discard", json={"reason": "fixed"}, headers=key).status_code == 200
@@ -78,7 +77,7 @@ def test_a_request_refused_before_the_action_does_not_use_the_key(api, conn):
 
 def test_bulk_actions_are_idempotent_too(api, conn):
     """A retried bulk replay with its key replays nothing more."""
-    ids = add_dead_letters(conn, 3)
+    ids = add_dead_letters(conn, QUEUE, 3)
     key = {"Idempotency-Key": "bulk-1"}
     first = api.post(f"{BASE}/replay", json={"ids": ids}, headers=key)
     again = api.post(f"{BASE}/replay", json={"ids": ids}, headers=key)
@@ -87,7 +86,7 @@ def test_bulk_actions_are_idempotent_too(api, conn):
 
 def test_concurrent_requests_with_one_key_run_the_action_once(api, conn):
     """Eight identical requests with one key at once: one replay, eight identical 200 answers."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     start = threading.Barrier(8)
 
     def replay(_):
@@ -104,14 +103,14 @@ def test_concurrent_requests_with_one_key_run_the_action_once(api, conn):
 @pytest.mark.parametrize("key", ["", "has space", "x" * 256, "ключ".encode()])
 def test_a_malformed_key_is_400(api, conn, key):
     """Keys are 1-255 visible ASCII characters."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     response = api.post(f"{BASE}/{letter}/replay", headers={"Idempotency-Key": key})
     assert response.status_code == 400 and messages(conn) == 0
 
 
 def test_the_ledger_keeps_the_operator_the_request_and_the_response(api, conn):
     """One row per key, with the token's sub, the route template and the response status and body."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     body = api.post(f"{BASE}/{letter}/replay", headers={"Idempotency-Key": "k-row"}).json()
     row = conn.execute("SELECT operator, method, route, response_status, response_body FROM core.api_idempotency_keys"
                        ).fetchall()

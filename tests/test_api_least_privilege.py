@@ -6,9 +6,9 @@ import secrets
 
 import psycopg
 import pytest
+from factories import QUEUE, add_dead_letters
 from psycopg import sql
 
-from api_support import add_dead_letters
 from maintenance.runtime import migrate
 
 ROLE = "core_jobs_api"
@@ -43,7 +43,7 @@ def as_api_role(database_url):
         "delete-queue-messages", "delete-idempotency-keys", "insert-dead-letter"])
 def test_the_api_role_is_refused_everything_its_endpoints_do_not_need(as_api_role, conn, statement):
     """Deleting a dead letter, changing a payload, touching processed_jobs, forging the audit: permission denied."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1, payload={"points": 1})[0]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         as_api_role.execute(statement.format(id=letter))
     assert conn.execute("SELECT payload->>'points', queue FROM core.dead_letters").fetchall() == [("1", "points.credit")]
@@ -53,7 +53,7 @@ def test_the_api_role_can_do_what_the_endpoints_do(as_api_role, conn):
     """Read, replay (status + a queue message), discard with a reason; the trigger audits both under the operator."""
     from harness import operations
 
-    replayed, discarded = add_dead_letters(conn, 2)
+    replayed, discarded = add_dead_letters(conn, QUEUE, 2)
     operations.replay(as_api_role, [replayed], operator="ops:ana")
     operations.discard(as_api_role, [discarded], operator="ops:ana", reason="dup")
     assert operations.get_dead_letter(as_api_role, replayed).actions[0].operator == "ops:ana"

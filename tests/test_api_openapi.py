@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
+from factories import QUEUE, add_dead_letters
 from hypothesis import HealthCheck, settings
-
-from api_support import add_dead_letters
 
 EXAMPLES = 25
 
@@ -50,8 +49,8 @@ class OperatorToken:
 @pytest.fixture
 def seeded_api(api, conn):
     """The running API with a few dead letters, pending, in two queues; its token for OperatorToken."""
-    add_dead_letters(conn, 5)
-    add_dead_letters(conn, 3, queue="q")
+    add_dead_letters(conn, QUEUE, 5)
+    add_dead_letters(conn, "q", 3)
     return api
 
 

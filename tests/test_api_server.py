@@ -12,8 +12,10 @@ import time
 
 import httpx
 import pytest
+from api_support import AUDIENCE, ISSUER, ApiClient, api_settings, serving
+from factories import QUEUE, add_dead_letters
+from waiting import wait_until
 
-from api_support import AUDIENCE, ISSUER, ApiClient, add_dead_letters, api_settings, serving
 from maintenance.api.server import build_app
 
 BASE = "/v1/core/dead-letters"
@@ -37,20 +39,16 @@ def read_event(process: subprocess.Popen, name: str) -> dict:
     raise AssertionError(f"{name} never logged; stderr: {process.stderr.read()}")
 
 
-def wait_for_api_lock_waiter(conn, timeout: float = 20.0) -> int:
-    """Block until one of the API's connections waits on a row lock; its pid."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'core-jobs-api'"
-                           " AND wait_event_type = 'Lock'").fetchone()
-        if row:
-            return row[0]
-    raise AssertionError("no API connection ever waited on a lock")
+def api_lock_waiter(conn) -> int | None:
+    """The pid of an API connection waiting on a row lock, if one is."""
+    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'core-jobs-api'"
+                       " AND wait_event_type = 'Lock'").fetchone()
+    return row[0] if row else None
 
 
 def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(database_url, jwks, tokens, conn):
     """SIGTERM during a replay: the replay completes (200, committed), the process logs stopping/stopped and exits 0."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     process = api_process(database_url, jwks.url)
     try:
         started = read_event(process, "maintenance.api.started")
@@ -62,7 +60,7 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(database_url, jw
             request = threading.Thread(target=lambda: answers.append(httpx.post(
                 f"{url}{BASE}/{letter}/replay", headers={"Authorization": f"Bearer {tokens.token()}"}, timeout=30)))
             request.start()
-            wait_for_api_lock_waiter(conn)
+            wait_until(lambda: api_lock_waiter(conn), what="the replay waiting on the row lock")
             process.send_signal(signal.SIGTERM)
             assert read_event(process, "maintenance.api.stopping")["signal"] == "SIGTERM"
         request.join(30)
@@ -103,7 +101,7 @@ def test_readyz_is_200_with_the_database(api):
 
 def test_metrics_count_requests_and_latency_per_route_and_status(api, conn):
     """core_jobs_api_requests_total and the latency histogram are labelled by route template and status."""
-    letter = add_dead_letters(conn, 1)[0]
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
     api.post(f"{BASE}/{letter}/replay")
     api.post(f"{BASE}/{letter}/replay")
     api.get("/no/such/path")

@@ -203,8 +203,8 @@ def create_app(*, pool: ConnectionPool, verifier: TokenVerifier, max_body_bytes:
     app.state.metrics = metrics = metrics or ApiMetrics()
 
     app.add_exception_handler(Problem, lambda request, exc: exc.response())
-    app.add_exception_handler(RequestValidationError, _validation_problem)
-    app.add_exception_handler(StarletteHTTPException, _http_problem)
+    app.add_exception_handler(RequestValidationError, _validation_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_problem)  # type: ignore[arg-type]
     app.add_exception_handler(PoolTimeout, _database_problem)
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import jwt
-from cryptography.hazmat.primitives.asymmetric import ec, ed25519, ed448, rsa
+from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi import Request
 

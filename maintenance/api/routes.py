@@ -20,7 +20,16 @@ import psycopg
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 from psycopg_pool import ConnectionPool
-from pydantic import AfterValidator, AwareDatetime, BeforeValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from harness import operations
 from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
@@ -89,9 +98,9 @@ class DeadLetterOut(BaseModel):
 
 
 class ActionOut(BaseModel):
-    """One entry of the audit ledger: who replayed or discarded it, when, why."""
+    """One entry of the audit ledger: who replayed, discarded or released it, when, why."""
 
-    action: Literal["replayed", "discarded"]
+    action: Literal["replayed", "discarded", "released"]
     operator: str
     reason: str | None
     acted_at: datetime
@@ -109,7 +118,7 @@ class PageOut(BaseModel):
 
 
 class BulkOut(BaseModel):
-    action: Literal["replayed", "discarded"]
+    action: Literal["replayed", "discarded", "released"]
     count: int
     ids: list[int]
 
@@ -261,14 +270,13 @@ def list_dead_letters(
 @router.get("/{id:int}", response_model=DeadLetterDetailOut, responses=problem_responses(*AUTH_ERRORS, 404),
             summary="One dead letter with its payload and audit history")
 def get_dead_letter(request: Request, principal: Annotated[Principal, Depends(require(READ))],
-                    id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> DeadLetterDetailOut:  # noqa: A002
+                    id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> DeadLetterDetailOut:
     with pool_of(request).connection() as conn:
         detail = operations.get_dead_letter(conn, id)
     if detail is None:
         raise Problem(404, "dead-letter-not-found", f"no dead letter with id {id}", missing_ids=[id])
     return DeadLetterDetailOut(**DeadLetterOut.of(detail.row).model_dump(), payload=detail.row.payload,
-                               actions=[ActionOut(action=a.action, operator=a.operator, reason=a.reason,
-                                                  acted_at=a.acted_at) for a in detail.actions])
+                               actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions])
 
 
 @router.post("/replay", response_model=BulkOut, responses=problem_responses(*ACTION_ERRORS),
@@ -304,7 +312,7 @@ def discard_many(request: Request, principal: Annotated[Principal, Depends(requi
 @router.post("/{id:int}/replay", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
              summary="Republish one dead letter with the same job_id (J-B6); only from pending_review")
 def replay_one(request: Request, principal: Annotated[Principal, Depends(require(REPLAY))],
-               id: Annotated[int, Path(ge=1, le=MAX_ID)],  # noqa: A002
+               id: Annotated[int, Path(ge=1, le=MAX_ID)],
                body: ReplayIn | None = None, idempotency_key: IdempotencyKey = None) -> JSONResponse:
     body = body or ReplayIn()
 
@@ -321,7 +329,7 @@ def replay_one(request: Request, principal: Annotated[Principal, Depends(require
 @router.post("/{id:int}/discard", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
              summary="Discard one dead letter with a reason (J-AC7); only from pending_review")
 def discard_one(request: Request, principal: Annotated[Principal, Depends(require(DISCARD))],
-                id: Annotated[int, Path(ge=1, le=MAX_ID)],  # noqa: A002
+                id: Annotated[int, Path(ge=1, le=MAX_ID)],
                 body: DiscardIn, idempotency_key: IdempotencyKey = None) -> JSONResponse:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:

@@ -62,13 +62,13 @@ def _story(http: httpx.Client, url: str, key: rsa.RSAPrivateKey, out: TextIO) ->
     say(f"2. GET /v1/core/dead-letters?queue={QUEUE}&limit=5 -> {page.status_code}: {len(items)} pending, newest "
         f"first (ids {', '.join(str(i['id']) for i in items)}); next_cursor {'set' if page.json()['next_cursor'] else 'null'}")
     letter = items[-1]["id"]
-    request = {"url": f"/v1/core/dead-letters/{letter}/replay", "json": {"reason": "ledger outage over, INC-88"},
-               "headers": operator | {"Idempotency-Key": f"demo-replay-{letter}"}}
-    first = http.post(**request)
+    path, keyed = f"/v1/core/dead-letters/{letter}/replay", operator | {"Idempotency-Key": f"demo-replay-{letter}"}
+    reason = {"reason": "ledger outage over, INC-88"}
+    first = http.post(path, json=reason, headers=keyed)
     body = first.json()
     say(f"3. POST /v1/core/dead-letters/{letter}/replay (Idempotency-Key demo-replay-{letter}) -> {first.status_code}: "
         f"status {body['status']}, job {body['job_id']} republished with the same job_id")
-    again = http.post(**request)
+    again = http.post(path, json=reason, headers=keyed)
     say(f"4. the same request again -> {again.status_code}, Idempotent-Replayed: "
         f"{again.headers.get('idempotent-replayed')}, the same body: {again.content == first.content}")
     plain = http.post(f"/v1/core/dead-letters/{letter}/replay", json={"reason": "once more"}, headers=operator)
@@ -87,6 +87,6 @@ def _story(http: httpx.Client, url: str, key: rsa.RSAPrivateKey, out: TextIO) ->
                  f"curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Idempotency-Key: '$(uuidgen) "
                  f"-H 'Content-Type: application/json' -d '{{\"reason\": \"INC-88\"}}' "
                  f"$API/v1/core/dead-letters/{letter}/replay",
-                 f"curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' "
-                 f"-d '{{\"reason\": \"negative points, OPS-2001\"}}' $API/v1/core/dead-letters/ID/discard"):
+                 "curl -s -X POST -H \"Authorization: Bearer $TOKEN\" -H 'Content-Type: application/json' "
+                 "-d '{\"reason\": \"negative points, OPS-2001\"}' $API/v1/core/dead-letters/ID/discard"):
         say(f"   $ {line}")
