@@ -284,3 +284,27 @@ def test_detail_shows_a_released_replay_in_the_history(api, conn):
     assert [(a["action"], a["operator"]) for a in body["actions"]] == [
         ("replayed", "ops:ana@example.com"), ("released", "ops:luis")]
     assert body["replay_outcome"] == "released"
+
+
+@pytest.mark.parametrize("queue", [None, QUEUE])
+def test_a_pending_page_is_an_index_range_even_when_thousands_share_a_created_at(conn, queue):
+    """The default list (alone or by queue) reads its page off an index in (created_at, id) order: no sort of a tie group.
+
+    A guard of the property: at this size the planner kept the right index even before 0008 replaced
+    0001's and 0002's (created_at) partial indexes; at 1 M rows (bench/api.py) it did not.
+    """
+    from harness.operations import LIST_PAGE
+
+    when = scalar(conn, "SELECT now()")
+    history = add_dead_letters(conn, QUEUE, 60_000, created_at=when - timedelta(hours=1))  # a second apart
+    tied = add_dead_letters(conn, QUEUE, 6000, created_at=when)
+    conn.execute("SET session_replication_role = replica")  # history, and a batch dead-lettered in one transaction
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id <= %s AND id %% 50 <> 0", (max(history),))
+    conn.execute("UPDATE core.dead_letters SET created_at = %s WHERE id >= %s", (when, min(tied)))
+    conn.execute("SET session_replication_role = DEFAULT")
+    conn.execute("VACUUM ANALYZE core.dead_letters")
+    params = {"status": "pending_review", "queue": queue, "consumer": None, "tenant_id": None, "job_id": None,
+              "correlation_id": None, "created_after": None, "created_before": None, "limit": 51,
+              "after_created_at": when, "after_id": min(tied) + 3000}
+    plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + LIST_PAGE, params, prepare=False))
+    assert "Sort" not in plan and "Index Scan Backward" in plan, plan

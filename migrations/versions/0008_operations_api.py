@@ -6,7 +6,10 @@
 * **Indexes for keyset pages** of ``GET /v1/core/dead-letters`` (newest first, by
   ``(created_at, id)``): one per filter a page is usually asked by — status alone, queue,
   consumer, tenant — each ending in ``created_at, id`` so that a page is an index range read
-  backwards, however deep; plus ``correlation_id`` (few rows each; ``job_id`` already has one).
+  backwards, however deep, with no sort; for pending dead letters (the default list) partial
+  ones, alone and by queue, which replace their prefixes from 0001 and 0002 (the alert feed and
+  the purge use them the same way); plus ``correlation_id`` (few rows each; ``job_id`` already
+  has one).
   On a large live table build them first with ``CREATE INDEX CONCURRENTLY`` (same definitions);
   ``IF NOT EXISTS`` then skips them here.
 * ``core.api_idempotency_keys`` — the idempotency ledger: one row per ``Idempotency-Key`` with
@@ -116,6 +119,16 @@ END $$;
 
 CREATE_LIST_INDEXES = """
 -- Keyset pages, newest first: WHERE <filter> AND (created_at, id) < (cursor) ORDER BY created_at DESC, id DESC.
+-- Pending ones (the default list): partial indexes that replace 0001's (queue, created_at) and
+-- 0002's (created_at), their prefixes, which serve the alert feed and the purge as before. With
+-- those the planner read pending pages in created_at order and sorted by id: every row of a
+-- created_at shared by thousands (one transaction dead-lettering a batch) read for each page.
+CREATE INDEX IF NOT EXISTS dead_letters_pending_page_idx ON core.dead_letters (created_at, id)
+    WHERE status = 'pending_review';
+CREATE INDEX IF NOT EXISTS dead_letters_pending_queue_page_idx ON core.dead_letters (queue, created_at, id)
+    WHERE status = 'pending_review';
+DROP INDEX IF EXISTS core.dead_letters_pending_created_idx;
+DROP INDEX IF EXISTS core.dead_letters_pending_queue_idx;
 CREATE INDEX IF NOT EXISTS dead_letters_status_created_idx ON core.dead_letters (status, created_at, id);
 CREATE INDEX IF NOT EXISTS dead_letters_queue_status_created_idx ON core.dead_letters (queue, status, created_at, id);
 CREATE INDEX IF NOT EXISTS dead_letters_consumer_status_created_idx ON core.dead_letters (consumer, status, created_at, id);
@@ -124,6 +137,12 @@ CREATE INDEX IF NOT EXISTS dead_letters_correlation_idx ON core.dead_letters (co
 """
 
 DROP_LIST_INDEXES = """
+CREATE INDEX IF NOT EXISTS dead_letters_pending_queue_idx ON core.dead_letters (queue, created_at)
+    WHERE status = 'pending_review';
+CREATE INDEX IF NOT EXISTS dead_letters_pending_created_idx ON core.dead_letters (created_at)
+    WHERE status = 'pending_review';
+DROP INDEX IF EXISTS core.dead_letters_pending_page_idx;
+DROP INDEX IF EXISTS core.dead_letters_pending_queue_page_idx;
 DROP INDEX IF EXISTS core.dead_letters_status_created_idx;
 DROP INDEX IF EXISTS core.dead_letters_queue_status_created_idx;
 DROP INDEX IF EXISTS core.dead_letters_consumer_status_created_idx;
