@@ -46,7 +46,7 @@ from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
 __all__ = ["Action", "DeadLetterDetail", "DeadLetterFilter", "DeadLetterRow", "OperationRefused", "Page", "Position",
-           "discard", "get_dead_letter", "list_dead_letters", "list_page", "release", "replay"]
+           "discard", "get_dead_letter", "get_row", "list_dead_letters", "list_page", "release", "replay"]
 
 STATUSES = ("pending_review", "replayed", "discarded")
 
@@ -310,10 +310,15 @@ def list_page(conn: psycopg.Connection, where: DeadLetterFilter = DeadLetterFilt
     return Page(rows=rows, next=Position(created_at=rows[-1].created_at, id=rows[-1].id))
 
 
+def get_row(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterRow | None:
+    """One dead letter as it is now (no audit history); None when unknown."""
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        return cur.execute(GET_ONE, {"id": dead_letter_id}).fetchone()
+
+
 def get_dead_letter(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterDetail | None:
     """One dead letter with its payload and its audit history (oldest action first); None when unknown."""
-    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
-        row = cur.execute(GET_ONE, {"id": dead_letter_id}).fetchone()
+    row = get_row(conn, dead_letter_id)
     if row is None:
         return None
     with conn.cursor(row_factory=class_row(Action)) as cur:

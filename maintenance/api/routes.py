@@ -18,7 +18,7 @@ from uuid import UUID
 
 import psycopg
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import ConnectionPool
 from pydantic import (
     AfterValidator,
@@ -211,9 +211,14 @@ def _refusal(exc: OperationRefused) -> Problem:
 
 
 def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
-    detail = operations.get_dead_letter(conn, dead_letter_id)
-    assert detail is not None  # it was just locked and changed in this transaction
-    return DeadLetterOut.of(detail.row).model_dump(mode="json")
+    row = operations.get_row(conn, dead_letter_id)
+    assert row is not None  # it was just locked and changed in this transaction
+    return DeadLetterOut.of(row).model_dump(mode="json")
+
+
+def _json(model: BaseModel) -> Response:
+    """The model as JSON, serialised once (a response_model would validate it a second time)."""
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 def _act(request: Request, principal: Principal, key: str | None, body: BaseModel | None, action) -> JSONResponse:
@@ -253,7 +258,7 @@ def list_dead_letters(
     created_before: Annotated[Timestamp | None, Query(description="Exclusive, with a time zone.")] = None,
     cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
-) -> PageOut:
+) -> Response:
     unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
     if unknown:
         raise Problem(400, "malformed-request", f"unknown query parameter(s): {', '.join(unknown)}; "
@@ -263,8 +268,8 @@ def list_dead_letters(
     after = decode_cursor(cursor, where) if cursor is not None else None
     with pool_of(request).connection() as conn:
         page = operations.list_page(conn, where, after=after, limit=limit)
-    return PageOut(items=[DeadLetterOut.of(r) for r in page.rows], limit=limit,
-                   next_cursor=encode_cursor(page.next, where) if page.next else None)
+    return _json(PageOut(items=[DeadLetterOut.of(r) for r in page.rows], limit=limit,
+                         next_cursor=encode_cursor(page.next, where) if page.next else None))
 
 
 @router.get("/{id:int}", response_model=DeadLetterDetailOut, responses=problem_responses(*AUTH_ERRORS, 404),
@@ -275,8 +280,9 @@ def get_dead_letter(request: Request, principal: Annotated[Principal, Depends(re
         detail = operations.get_dead_letter(conn, id)
     if detail is None:
         raise Problem(404, "dead-letter-not-found", f"no dead letter with id {id}", missing_ids=[id])
-    return DeadLetterDetailOut(**DeadLetterOut.of(detail.row).model_dump(), payload=detail.row.payload,
-                               actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions])
+    return _json(DeadLetterDetailOut(**DeadLetterOut.of(detail.row).model_dump(), payload=detail.row.payload,
+                                     actions=[ActionOut.model_validate(a, from_attributes=True)
+                                              for a in detail.actions]))
 
 
 @router.post("/replay", response_model=BulkOut, responses=problem_responses(*ACTION_ERRORS),
