@@ -268,11 +268,12 @@ class DeadLetterDetail:
     actions: list[Action]
 
 
-# A keyset page, newest first. Each absent filter folds away in the custom plan (executed
+# A keyset page, newest first, without payloads (the detail has them: a page of 500 would carry
+# and parse every one). Each absent filter folds away in the custom plan (executed
 # unprepared, so never a generic plan), leaving an index range read backwards on one of
 # 0008's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
 LIST_PAGE = f"""
-SELECT {_COLUMNS}
+SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,")}
   FROM core.dead_letters
  WHERE status = %(status)s
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)
@@ -295,7 +296,7 @@ SELECT id, action, operator, reason, acted_at FROM core.dead_letter_actions WHER
 
 def list_page(conn: psycopg.Connection, where: DeadLetterFilter = DeadLetterFilter(), *,
               after: Position | None = None, limit: int = 50) -> Page:
-    """Up to ``limit`` dead letters matching ``where``, newest first, strictly after ``after``."""
+    """Up to ``limit`` dead letters matching ``where``, newest first, strictly after ``after``; ``payload`` is None."""
     if where.status not in STATUSES:
         raise OperationRefused([f"unknown status {where.status!r}; valid: {', '.join(STATUSES)}"])
     if limit < 1:

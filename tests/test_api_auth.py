@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from api_support import AUDIENCE, ISSUER, ApiClient, api_settings, public_jwk, serving
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -194,3 +196,50 @@ def test_tokens_never_reach_the_log(api, conn, tokens, logs):
     assert {"maintenance.api.request", "maintenance.api.token_refused"} <= set(logs.names())
     for token in (good, expired):
         assert token not in logs.text and token.split(".")[2] not in logs.text
+
+
+class CountingKeys:
+    """The session's RSA public key, counting how often a verification asks for it."""
+
+    def __init__(self, key):
+        self.key, self.asked = key, 0
+
+    def key_for(self, kid):
+        self.asked += 1
+        return self.key
+
+
+def test_a_token_is_verified_once_a_minute_not_per_request(tokens, signing_keys):
+    """The same token again within 60 s is answered from the cache; after 60 s it is verified again."""
+    from maintenance.api.auth import TokenVerifier
+
+    now = [time.time()]
+    keys = CountingKeys(signing_keys.rsa.public_key())
+    verifier = TokenVerifier(keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0,
+                             clock=lambda: now[0])
+    token = tokens.token(expires_in=3600)  # valid on PyJWT's own clock throughout
+    for _ in range(3):
+        assert verifier.verify(token).subject == "ops:ana@example.com"
+    assert keys.asked == 1
+    now[0] += 61
+    verifier.verify(token)
+    assert keys.asked == 2
+
+
+def test_a_cached_token_is_not_accepted_past_its_exp(tokens, signing_keys):
+    """The cache never outlives the token: at exp it is verified again, and refused once expired."""
+    from maintenance.api.auth import InvalidToken, TokenVerifier
+
+    keys = CountingKeys(signing_keys.rsa.public_key())
+    real_now = time.time()
+    now = [real_now]
+    verifier = TokenVerifier(keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0,
+                             clock=lambda: now[0])
+    token = tokens.token(expires_in=5)
+    verifier.verify(token)
+    now[0] = real_now + 6  # past exp for the cache; PyJWT's own clock still says valid
+    verifier.verify(token)
+    assert keys.asked == 2
+    expired = tokens.token(expires_in=-1)
+    with pytest.raises(InvalidToken, match="expired"):
+        verifier.verify(expired)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import helm_python
 import pytest
-
 from test_helm_chart import API_ON, chart, of_kind, render_objects, with_secret  # noqa: F401  (chart: fixture)
 
 
 @pytest.fixture(scope="module")
-def api_mode(chart):  # noqa: F811
+def api_mode(chart):
     return render_objects(chart, with_secret({"api": API_ON}))
 
 
@@ -21,7 +20,7 @@ def api_objects(objects, kind):
     return [o for o in of_kind(objects, kind) if o["metadata"]["labels"]["app.kubernetes.io/component"] == "api"]
 
 
-def test_the_api_is_off_by_default(chart):  # noqa: F811
+def test_the_api_is_off_by_default(chart):
     """Without api.enabled the chart renders no API Deployment or Service."""
     objects = render_objects(chart, with_secret())
     assert api_objects(objects, "Deployment") == [] and api_objects(objects, "Service") == []
@@ -60,14 +59,14 @@ def test_the_api_service_targets_the_api_pods_and_is_scraped(api_mode):
 
 
 @pytest.mark.parametrize("missing", ["jwksUrl", "issuer", "audience"])
-def test_an_enabled_api_without_its_issuer_settings_fails_to_render(chart, missing):  # noqa: F811
+def test_an_enabled_api_without_its_issuer_settings_fails_to_render(chart, missing):
     """api.enabled without the JWKS URL, issuer or audience fails the install, naming the value."""
     values = {**API_ON, missing: ""}
     with pytest.raises(helm_python.HelmError, match=f"api.{missing} is required"):
         render_objects(chart, with_secret({"api": values}))
 
 
-def test_chart_managed_api_settings_are_refused_in_settings(chart):  # noqa: F811
+def test_chart_managed_api_settings_are_refused_in_settings(chart):
     """CORE_JOBS_API_JWKS_URL belongs to api.jwksUrl: the values schema refuses it in settings."""
     with pytest.raises(helm_python.HelmValuesError):
         chart.validate_schema(with_secret({"settings": {"CORE_JOBS_API_JWKS_URL": "https://x.example/jwks"}}))

@@ -23,6 +23,8 @@ answers ``error="insufficient_scope"``. The token itself is never logged or echo
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -110,12 +112,40 @@ _DESCRIPTIONS: list[tuple[type[Exception], str]] = [
 
 
 class TokenVerifier:
-    """Verifies bearer tokens and returns who is calling (:class:`Principal`)."""
+    """Verifies bearer tokens and returns who is calling (:class:`Principal`).
 
-    def __init__(self, keys: KeySource, *, issuer: str, audience: str, algorithms: list[str], leeway: float) -> None:
+    A verified token is remembered for at most :data:`CACHE_SECONDS` (and never past its ``exp``):
+    an operator's client sends the same token with every request, and verifying it again each
+    time was a third of a list request's CPU. A key withdrawn from the JWKS stops a cached token
+    within that minute; a refused token is never cached.
+    """
+
+    CACHE_SECONDS = 60.0
+    CACHE_SIZE = 1024
+
+    def __init__(self, keys: KeySource, *, issuer: str, audience: str, algorithms: list[str], leeway: float,
+                 clock=time.time) -> None:
         self.keys, self.issuer, self.audience, self.algorithms, self.leeway = keys, issuer, audience, algorithms, leeway
+        self.clock = clock
+        self._verified: dict[str, tuple[float, Principal]] = {}
+        self._lock = threading.Lock()
 
     def verify(self, token: str) -> Principal:
+        now = self.clock()
+        with self._lock:
+            cached = self._verified.get(token)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        principal, expires = self._verify(token)
+        with self._lock:
+            if len(self._verified) >= self.CACHE_SIZE:
+                self._verified = {t: c for t, c in self._verified.items() if c[0] > now}
+                if len(self._verified) >= self.CACHE_SIZE:
+                    self._verified.clear()
+            self._verified[token] = (min(expires, now + self.CACHE_SECONDS), principal)
+        return principal
+
+    def _verify(self, token: str) -> tuple[Principal, float]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -138,7 +168,7 @@ class TokenVerifier:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject.strip():
             raise InvalidToken("the token's sub is not a non-blank string")
-        return Principal(subject=subject.strip(), permissions=permissions_of(claims))
+        return Principal(subject=subject.strip(), permissions=permissions_of(claims)), float(claims["exp"])
 
 
 def permissions_of(claims: dict[str, Any]) -> frozenset[str]:

@@ -94,7 +94,8 @@ class DeadLetterOut(BaseModel):
 
     @classmethod
     def of(cls, row: DeadLetterRow) -> DeadLetterOut:
-        return cls(**{name: getattr(row, name) for name in cls.model_fields})
+        # The row's types are the database's, already what the model declares: no second validation.
+        return cls.model_construct(**{name: getattr(row, name) for name in DeadLetterOut.model_fields})
 
 
 class ActionOut(BaseModel):
