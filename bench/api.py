@@ -95,6 +95,12 @@ def percentiles(samples: list[float]) -> tuple[float, float, float]:
 
 
 SERVER_MS: list[float] = []  # duration_ms of every request the API logged, in order
+API_PID: list[int] = []  # the API process, whose CPU time per request is reported
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _read_request_log(process: subprocess.Popen) -> None:
@@ -134,13 +140,15 @@ def measure(name: str, kind: str, target: str, auth: str, requests: list, warmup
     shares = [(kind, target, auth, rest[i::CLIENTS]) for i in range(CLIENTS)]
     with multiprocessing.Pool(CLIENTS) as pool:
         time.sleep(1)  # the pool's processes start before the clock does
-        logged = len(SERVER_MS)
+        logged, cpu, started = len(SERVER_MS), _cpu_seconds(API_PID[0]), time.perf_counter()
         latencies = [ms for share in pool.map(_client, shares) for ms in share]
+        wall, cpu = time.perf_counter() - started, _cpu_seconds(API_PID[0]) - cpu
     time.sleep(0.5)  # the last request lines reach the log reader
     server = SERVER_MS[logged:logged + len(latencies)] if kind == "http" else []
     p50, p95, p99 = percentiles(latencies)
     s50, s95, _ = percentiles(server) if len(server) > 1 else (float("nan"),) * 3
-    return {"scenario": name, "n": len(latencies), "p50": p50, "p95": p95, "p99": p99, "s50": s50, "s95": s95}
+    return {"scenario": name, "n": len(latencies), "p50": p50, "p95": p95, "p99": p99, "s50": s50, "s95": s95,
+            "rps": len(latencies) / wall, "cpu_ms": 1000 * cpu / len(latencies) if kind == "http" else float("nan")}
 
 
 def seed(url: str, rows: int, bulk_rounds: int) -> None:
@@ -195,6 +203,7 @@ def main() -> int:
                             "scope": "core.dead_letters.read core.dead_letters.replay core.dead_letters.discard"},
                            key, algorithm="RS256")
         process, api_url = start_api(url, str(key_file))
+        API_PID.append(process.pid)
         try:
             return run(url, api_url, token, args)
         finally:
@@ -260,11 +269,13 @@ def run(url: str, api_url: str, token: str, args: argparse.Namespace) -> int:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nAPI under {CLIENTS} concurrent clients, {args.requests} requests per scenario (ms; load average {load}"
           f" on {os.cpu_count()} cores):")
-    print(f"  {'scenario':<52} {'p50':>8} {'p95':>8} {'p99':>8}   {'server p50':>10} {'p95':>7}   target p95 <= 50 ms")
+    print(f"  {'scenario':<52} {'p50':>7} {'p95':>7} {'p99':>7}  {'server p50':>10} {'p95':>6}  {'req/s':>6}"
+          f"  {'API CPU/req':>11}  target p95 <= 50 ms")
     for r in results:
-        print(f"  {r['scenario']:<52} {r['p50']:8.2f} {r['p95']:8.2f} {r['p99']:8.2f}   {r['s50']:10.2f} {r['s95']:7.2f}"
-              f"   {'ok' if r['p95'] <= 50 else 'MISSED'}")
-    print("  (p50-p99: from the client, round trip included; server: the API's own duration_ms of the same requests)")
+        print(f"  {r['scenario']:<52} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f}  {r['s50']:10.2f} {r['s95']:6.2f}"
+              f"  {r['rps']:6.0f}  {r['cpu_ms']:8.2f} ms  {'ok' if r['p95'] <= 50 else 'MISSED'}")
+    print("  (p50-p99: from the client, round trip included; server: the API's own duration_ms of the same requests;"
+          " API CPU/req: the API process's CPU time per request)")
     print(f"\nThe keyset against the OFFSET it replaces, default list page 100, {CLIENTS} connections (ms, SQL only):")
     for r in sql_results:
         print(f"  {r['scenario']:<52} {r['p50']:8.2f} {r['p95']:8.2f} {r['p99']:8.2f}")
