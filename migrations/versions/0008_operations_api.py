@@ -20,7 +20,7 @@
 * **The role ``core_jobs_api``** (NOLOGIN) — what the API needs and nothing more: read dead
   letters and their audit history, change only ``status`` and ``discard_reason`` (the
   database's lifecycle triggers still decide which changes are valid), publish a replay to
-  ``core.queue_messages`` (insert only), read and append to the idempotency ledger. It cannot
+  ``core.queue_messages`` (insert only, nothing read back), read and append to the idempotency ledger. It cannot
   delete a dead letter, change a payload, or touch ``core.processed_jobs``. The audit trigger
   runs as its owner (SECURITY DEFINER, fixed search_path) so that the role needs no write
   access to the audit ledger and cannot forge a row of it. Grant it to a login:
@@ -210,9 +210,8 @@ GRANT USAGE ON SCHEMA core TO {API_ROLE};
 GRANT SELECT ON core.dead_letters, core.dead_letter_actions TO {API_ROLE};
 -- Only the review state may change (the lifecycle triggers decide which changes are valid).
 GRANT UPDATE (status, discard_reason) ON core.dead_letters TO {API_ROLE};
--- A replay publishes the job again: insert only, and read back nothing but the new id.
+-- A replay publishes the job again (harness.pgqueue.PUBLISH_MANY): insert only, nothing read back.
 GRANT INSERT (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at) ON core.queue_messages TO {API_ROLE};
-GRANT SELECT (id) ON core.queue_messages TO {API_ROLE};
 -- The idempotency ledger: look up and append.
 GRANT SELECT, INSERT ON core.api_idempotency_keys TO {API_ROLE};
 -- The audit trigger writes the ledger as its owner, so the role needs no INSERT on it.
