@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import threading
 
 from freezegun import freeze_time
 
 from maintenance.runtime.logs import configure_logging
 from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import run_jobs
+from maintenance.runtime.telemetry import Telemetry
 
 
 class CountingResult:
@@ -36,7 +38,7 @@ class FailingJob:
 
 
 def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0},
+    return JobSpec(name=name, summary=name, build=lambda s, d, _stop: None, zero_fields=lambda: {"num_done": 0},
                    event_prefix=f"test.{name}")
 
 
@@ -46,7 +48,8 @@ def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db)
     configure_logging(fmt="json", stream=stream)
     after = CountingJob()
     with freeze_time("2001-01-01"):  # the application clock is wrong; the job still gets the server's
-        outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db)
+        outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db, Telemetry(),
+                            stop=threading.Event())
 
     assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
     assert outcomes[0].error == "RuntimeError: provider down"

@@ -141,6 +141,7 @@ error: ``maintenance.purge.gave_up``; info: ``maintenance.purge.skipped``.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -165,7 +166,6 @@ from maintenance.jobs.purge.paths import (
 )
 from maintenance.jobs.base import JobSpec
 from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
-from maintenance.runtime.signals import stop_requested
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
@@ -272,7 +272,7 @@ class Purger:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        should_stop: Callable[[], bool] = stop_requested,
+        stop: threading.Event | None = None,
         batch_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         guard = config.guard
@@ -297,7 +297,7 @@ class Purger:
         self.db = db
         self._monotonic = monotonic
         self._sleep = sleep
-        self._should_stop = should_stop
+        self._stop = stop if stop is not None else threading.Event()  # the command's (SIGTERM)
         self._batch_clock = batch_clock
         self._log = get_logger(job="purge")
 
@@ -336,7 +336,7 @@ class Purger:
                     max_runtime=format_duration(cfg.max_runtime),
                 )
                 return
-            if self._should_stop():  # SIGTERM: the batch in hand is done, start no other
+            if self._stop.is_set():  # SIGTERM: the batch in hand is done, start no other
                 result.stopped_on_signal = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
@@ -466,8 +466,8 @@ def demo_lines(db: Database, result: PurgeResult) -> list[str]:
 
 
 # --- 4. scheduler entry point -------------------------------------------------------------------
-def build(settings: Settings, db: Database) -> Purger:
-    return Purger(PurgeConfig.from_settings(settings), db)
+def build(settings: Settings, db: Database, stop: threading.Event) -> Purger:
+    return Purger(PurgeConfig.from_settings(settings), db, stop=stop)
 
 
 SPEC = JobSpec(
