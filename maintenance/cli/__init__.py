@@ -60,7 +60,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     from harness.retry import compute_delay, max_retry_window
-    from maintenance.jobs import by_name as jobs
+    from maintenance.jobs.catalog import by_name as jobs
     from maintenance.settings import format_duration
 
     out = sys.stdout

@@ -23,7 +23,7 @@ import json
 import sys
 import threading
 import uuid
-from datetime import timezone
+from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
@@ -100,7 +100,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     with on_signals(stop, on_signal=stopping):
         try:
             worker.run(once=args.once)
-        except BaseException as exc:  # noqa: BLE001 - whatever stopped it, the exit code is a documented one
+        except BaseException as exc:  # whatever stopped it, the exit code is a documented one
             # The stop event already carries the counts; say why.
             get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
             return EXIT_FAILED
@@ -150,7 +150,7 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     print(f"{'id':>6}  {'status':<22}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
     for r in rows:
-        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
+        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  "
               f"{r.job_id}  {_one_line(r.last_error, 80)}")
     return EXIT_OK
 
