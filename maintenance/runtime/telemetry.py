@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -73,7 +73,7 @@ class LastRun:
     error: str | None
 
 
-def _without_created(families: Iterator[Metric]) -> Iterator[Metric]:
+def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
     """The families without their ``_created`` samples (see the module docstring)."""
     for family in families:
         samples = [s for s in family.samples if not s.name.endswith("_created")]
@@ -105,7 +105,7 @@ class _JobFamilies:
             families = dict(self.telemetry._families)
         for name, metrics in families.items():
             if self.only is None or name == self.only:
-                yield from _without_created(iter(metrics))
+                yield from _without_created(metrics)
 
 
 class _OneJob:
