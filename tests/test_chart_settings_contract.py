@@ -24,9 +24,8 @@ import pytest
 from maintenance.cli import build_parser
 from maintenance.jobs import by_name as jobs
 from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
-from test_helm_chart import (  # noqa: F401  (chart: fixture)
-    CHART_DIR, SECRET_SETTINGS, chart, pod_templates, render_objects, with_secret,
-)
+from helm_support import CHART_DIR
+from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 # Several real, non-secret settings with values the application accepts.
 REAL_SETTINGS = {

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import io
 import json
 
 from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
+
+pytestmark = pytest.mark.pure
 
 
 def test_json_lines_when_not_a_tty():
