@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+from fake_betterstack import FakeBetterStack, make_client
 
 from alerts.feed import AlertFeed, AlertFeedConfig
-from fake_betterstack import FakeBetterStack, make_client
 from maintenance.runtime.db import Database
 
 CONFIG = AlertFeedConfig(

@@ -54,7 +54,9 @@ def _server_url() -> Iterator[str]:
         yield configured.replace("postgresql+psycopg://", "postgresql://")
         return
     if _docker_answers():
-        from testcontainers.community.postgres import PostgresContainer  # testcontainers.postgres is deprecated
+        from testcontainers.community.postgres import (
+            PostgresContainer,  # testcontainers.postgres is deprecated
+        )
 
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()

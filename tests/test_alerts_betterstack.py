@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import pytest
+from fake_betterstack import TOKEN, FakeClock, Fault, make_client
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from fake_betterstack import TOKEN, Fault, FakeClock, make_client
 from maintenance.runtime.logs import get_logger
 
 KEY = "core_jobs_alert_key"

@@ -9,6 +9,7 @@ from pathlib import Path
 from alerts_support import alert_rows, make_feed
 from factories import add_dead_letters
 from fake_betterstack import TOKEN
+
 from harness.pg import server_now
 
 WORKER = Path(__file__).with_name("alerts_crash_worker.py")

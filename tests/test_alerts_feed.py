@@ -7,11 +7,11 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-
-from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
 from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
+
+from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
 
 

@@ -22,8 +22,13 @@ import helm_python
 import pytest
 
 from maintenance.cli import build_parser
-from maintenance.jobs import by_name as jobs
-from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
+from maintenance.jobs.catalog import by_name as jobs
+from maintenance.settings import (
+    ENV_PREFIX,
+    FOREIGN_VARIABLES,
+    known_variables,
+    load_settings,
+)
 from helm_support import CHART_DIR
 from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
 

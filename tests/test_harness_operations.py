@@ -10,10 +10,10 @@ import uuid
 import httpx
 import psycopg
 import pytest
-
-from harness.metrics import default_metrics
 from factories import QUEUE, TENANT, dead_letter, publish
 from harness_support import fences, points, run_worker, scalar
+
+from harness.metrics import default_metrics
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 

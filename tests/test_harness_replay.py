@@ -12,12 +12,6 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-
-from harness.examples.points import OutageLedger, make_consumer
-from harness.handling import handle
-from harness.operations import replay
-from harness.pgqueue import PgQueue
-from harness.retry import RetryPolicy
 from factories import QUEUE, dead_letter, publish
 from harness_support import (
     TTL,
@@ -30,9 +24,16 @@ from harness_support import (
     run_worker,
     scalar,
 )
-from maintenance.runtime import migrate
+
+from harness.examples.points import OutageLedger, make_consumer
+from harness.handling import handle
+from harness.operations import replay
+from harness.pgqueue import PgQueue
+from harness.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.purge import PurgeConfig, Purger
+from maintenance.jobs.purge.config import PurgeConfig
+from maintenance.jobs.purge.job import Purger
+from maintenance.runtime import migrate
 from maintenance.settings import load_settings
 
 SECOND = timedelta(seconds=1)

@@ -6,8 +6,9 @@ import socket
 
 from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
-from maintenance.runtime.heartbeat import send_heartbeat
+
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.runtime.heartbeat import send_heartbeat
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from freezegun import freeze_time
 
 from maintenance.jobs.base import JobSpec

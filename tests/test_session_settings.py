@@ -8,16 +8,16 @@ worker or an operator command.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
+from harness_support import points, scalar
+from logcapture import events_in
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import harness.pg
-from factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
-from harness_support import points, scalar
-from logcapture import events_in
 from maintenance.cli import EXIT_OK, main
 from maintenance.runtime.db import Database
 
@@ -62,12 +62,12 @@ def test_worker_and_enqueue_work_whatever_the_database_date_and_interval_styles(
 
 def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(odd_styles, conn, capsys):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, dead-letters list prints the letter's UTC time, as text and JSON."""
-    add_dead_letter(conn, created_at=datetime(2024, 2, 1, 10, 30, tzinfo=timezone.utc))
+    add_dead_letter(conn, created_at=datetime(2024, 2, 1, 10, 30, tzinfo=UTC))
     assert main(["dead-letters", "list"]) == EXIT_OK
     assert "2024-02-01 10:30:00" in capsys.readouterr().out
     assert main(["dead-letters", "list", "--json"]) == EXIT_OK
     (row,) = json.loads(capsys.readouterr().out)
-    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -78,7 +78,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
 def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn, database_url, connect):
     """In a database whose TimeZone keeps summer time, timestamptz + 1 day across the change is still 24 hours."""
     set_database_defaults(conn, database_url, TimeZone="Europe/Madrid")  # summer time from 2024-03-31 02:00
-    before = datetime(2024, 3, 30, 12, tzinfo=timezone.utc)
+    before = datetime(2024, 3, 30, 12, tzinfo=UTC)
     with connect(database_url) as c:
         (after,) = c.execute("SELECT %s::timestamptz + %s", (before, timedelta(days=1))).fetchone()
     assert after - before == timedelta(hours=24)
