@@ -20,6 +20,8 @@ from typing import Any
 
 import helm_python
 import pytest
+from helm_support import CHART_DIR
+from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -29,8 +31,6 @@ from maintenance.settings import (
     known_variables,
     load_settings,
 )
-from helm_support import CHART_DIR
-from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 # Several real, non-secret settings with values the application accepts.
 REAL_SETTINGS = {

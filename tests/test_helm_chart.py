@@ -19,9 +19,8 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from kubernetes_validate.utils import all_versions, major_minor
-
 from helm_support import CHART_DIR
+from kubernetes_validate.utils import all_versions, major_minor
 
 RELEASE = "ops"
 NAMESPACE = "jobs"

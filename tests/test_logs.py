@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 import io
 import json
+
+import pytest
 
 from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
 
