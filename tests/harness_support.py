@@ -1,43 +1,22 @@
-"""Helpers shared by the harness tests: publishing, dead letters, running a worker, reading effects, waiting on PostgreSQL."""
+"""Helpers shared by the harness tests: running a worker, reading effects, waiting on PostgreSQL (rows come from factories.py)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from factories import TENANT
 from prometheus_client import CollectorRegistry
+from waiting import wait_until
 
-from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig, WorkerStats
 
-TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 TTL = timedelta(days=7)
-QUEUE = "points.credit"
-
-
-def publish(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
-            correlation_id: str | None = None, delay: timedelta = timedelta(0)) -> uuid.UUID:
-    job_id = job_id or uuid.uuid4()
-    envelope = Envelope(job_id=job_id, payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
-    PgQueue(conn).publish(queue, envelope, delay=delay)
-    return job_id
-
-
-def dead_letter(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
-                error: str = "TransientError: ledger timeout") -> tuple[int, uuid.UUID]:
-    """A pending dead letter of the points consumer, as the harness writes it; returns (id, job_id)."""
-    job_id = job_id or uuid.uuid4()
-    letter = DeadLetter(job_id=job_id, queue=queue, consumer="points.credit", payload=payload, attempts=5,
-                        last_error=error, tenant_id=TENANT, correlation_id=f"corr-{job_id.hex[:6]}")
-    return write_dead_letter(conn, letter), job_id
 
 
 def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
@@ -100,19 +79,12 @@ def row_counts(conn: psycopg.Connection) -> dict[str, int]:
 
 def wait_until_waiting_on_lock(conn: psycopg.Connection, pid: int, timeout: float = 20.0) -> None:
     """Block until backend ``pid`` waits on a lock (an event on the server, not a timed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)):
-            return
-    raise AssertionError(f"backend {pid} never waited on a lock")
+    wait_until(lambda: scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)),
+               timeout, f"backend {pid} waiting on a lock")
 
 
 def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float = 20.0) -> int:
     """Block until some backend waits for advisory lock ``key``; return its pid."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                           " AND objid = %s", (key,)).fetchone()
-        if row:
-            return row[0]
-    raise AssertionError(f"nobody waited for advisory lock {key}")
+    return wait_until(lambda: conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                           " AND objid = %s", (key,)).fetchone(),
+                      timeout, f"a waiter for advisory lock {key}")[0]

@@ -6,8 +6,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from alerts_support import add_dead_letters, alert_rows, fresh_logs, make_feed  # noqa: F401
-from fake_betterstack import TOKEN, bs_server, fake_bs  # noqa: F401  (fixtures)
+from alerts_support import alert_rows, make_feed
+from factories import add_dead_letters
+from fake_betterstack import TOKEN
+
 from harness.pg import server_now
 
 WORKER = Path(__file__).with_name("alerts_crash_worker.py")

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
+from alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
+from factories import add_dead_letters
+from fake_betterstack import TOKEN, Fault
 
 from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
-from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
-from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 from harness.pg import advisory_lock, server_now
-from maintenance.runtime.logs import configure_logging
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
@@ -142,7 +140,7 @@ def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, con
     assert alert_rows(conn)[0][2] == "resolved"
 
 
-def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, fresh_logs):
+def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, logs):
     """Resolve answers 404 for an incident deleted by hand: the alert ends resolved as 'gone', logged, and runs are ok."""
     ids = add_dead_letters(conn, "points.credit", 2)
     feed = make_feed(db, fake_bs)
@@ -153,7 +151,7 @@ def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_
     result = feed.run_once(server_now(conn))
     assert (result.ok, result.incidents_gone, result.incidents_resolved, result.resolve_failures) == (True, 1, 0, 0)
     assert conn.execute("SELECT state, resolution FROM core.dead_letter_alerts").fetchone() == ("resolved", "gone")
-    [gone] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines()) if e["event"] == "alerts.feed.incident_gone"]
+    [gone] = logs.named("alerts.feed.incident_gone")
     assert (gone["incident_id"], gone["queue"]) == (incident_id, "points.credit")
     again = feed.run_once(server_now(conn))
     assert (again.ok, again.incidents_gone, again.resolve_failures) == (True, 0, 0)
@@ -192,18 +190,16 @@ def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_b
     assert feed.run_once(server_now(conn)).incidents_posted == 0
 
 
-def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs):
+def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs, logs):
     """Without a token nothing is sent or written; setting one later still alerts everything."""
     add_dead_letters(conn, "points.credit", 5)
     add_dead_letters(conn, "points.expire", 2, age="4 days")
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)
     dry = make_feed(db, None).run_once(server_now(conn))
     assert (dry.dry_run, dry.dry_run_incidents, dry.dead_letters_unalerted, dry.ok) == (1, 2, 7, True)
     assert [p.name for p in dry.planned] == ["5 new dead letters in points.credit",
                                              "2 dead letters in points.expire unreviewed for over 3 days"]
-    assert '"event": "alerts.feed.dry_run_incident"' in stream.getvalue()
-    assert '"name": "5 new dead letters in points.credit"' in stream.getvalue()
+    assert '"event": "alerts.feed.dry_run_incident"' in logs.text
+    assert '"name": "5 new dead letters in points.credit"' in logs.text
     assert alert_rows(conn) == [] and coverage(conn) == {}
     assert fake_bs.requests == []
     live = make_feed(db, fake_bs).run_once(server_now(conn))
@@ -253,14 +249,14 @@ def test_better_stack_down_fails_the_run_and_the_next_run_posts_it(db, conn, fak
     assert len(fake_bs.incidents) == 2
 
 
-def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, fresh_logs):
+def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, logs):
     """Better Stack created the incident but answered 500; the client's lookup finds it: recovered, not posted."""
     add_dead_letters(conn, "points.credit", 2)
     fake_bs.fail_next("create", Fault(status=500, after_create=True))
     result = make_feed(db, fake_bs).run_once(server_now(conn))
     assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (0, 1, 2, True)
     assert len(fake_bs.incidents) == 1 and alert_rows(conn)[0][2] == "open"
-    events = [json.loads(line)["event"] for line in fresh_logs.getvalue().splitlines()]
+    events = logs.names()
     assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
 
 
@@ -268,7 +264,7 @@ def alert_states(conn) -> list[tuple]:
     return conn.execute("SELECT kind, state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall()
 
 
-def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, fresh_logs):
+def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, logs):
     """Better Stack was down; the dead letters were replayed before it came back: no page, the intent is cancelled."""
     ids = add_dead_letters(conn, "points.credit", 3)
     feed = make_feed(db, fake_bs)
@@ -279,8 +275,7 @@ def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_no
     assert (back.ok, back.intents_cancelled, back.incidents_posted, back.post_failures) == (True, 1, 0, 0)
     assert len(fake_bs.posts()) == 4 and fake_bs.incidents == {}  # only the first run's failed attempts
     assert alert_states(conn) == [("new", "cancelled", "handled")]
-    [cancelled] = [e for e in map(json.loads, fresh_logs.getvalue().splitlines())
-                   if e["event"] == "alerts.feed.intent_cancelled"]
+    [cancelled] = logs.named("alerts.feed.intent_cancelled")
     assert (cancelled["reason"], cancelled["queue"], cancelled["num_dead_letters"]) == ("handled", "points.credit", 3)
     assert feed.run_once(server_now(conn)).intents_cancelled == 0
 
@@ -364,16 +359,14 @@ def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
     assert sorted(row[2] for row in alert_rows(conn)) == ["open", "pending"]
 
 
-def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs):
+def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs, logs):
     """Retries, a failure and a success later, the captured logs never contain the API token."""
     add_dead_letters(conn, "points.credit", 3)
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)  # no secrets registered: nothing masks it for us
     fake_bs.fail_next("create", Fault(status=500), *[Fault(status=429, headers={"Retry-After": "3"})] * 3)
     feed = make_feed(db, fake_bs)
     feed.run_once(server_now(conn))
     feed.run_once(server_now(conn))
-    logged = stream.getvalue()
+    logged = logs.text
     assert "alerts.betterstack.retry" in logged and "alerts.feed.post_failed" in logged
     assert "alerts.feed.incident_posted" in logged
     assert TOKEN not in logged

@@ -12,29 +12,28 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from factories import QUEUE, dead_letter, publish
+from harness_support import (
+    TTL,
+    backdate_replay,
+    expire_leases,
+    fences,
+    make_due,
+    points,
+    replay_state,
+    run_worker,
+    scalar,
+)
 
 from harness.examples.points import OutageLedger, make_consumer
 from harness.handling import handle
 from harness.operations import replay
 from harness.pgqueue import PgQueue
 from harness.retry import RetryPolicy
-from harness_support import (
-    QUEUE,
-    TTL,
-    backdate_replay,
-    dead_letter,
-    expire_leases,
-    fences,
-    make_due,
-    points,
-    publish,
-    replay_state,
-    run_worker,
-    scalar,
-)
-from maintenance.runtime import migrate
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.purge import PurgeConfig, Purger
+from maintenance.jobs.purge.config import PurgeConfig
+from maintenance.jobs.purge.job import Purger
+from maintenance.runtime import migrate
 from maintenance.settings import load_settings
 
 SECOND = timedelta(seconds=1)

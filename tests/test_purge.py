@@ -9,20 +9,20 @@ mechanics say which.
 
 from __future__ import annotations
 
-import io
 import itertools
-import json
 import uuid
 from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from factories import add_dead_letter, add_fence
+from harness_support import backdate_replay
+from logcapture import LoggedEvents, events_in
 
 from harness.dead_letters import mark_replay_handled
-from harness_support import backdate_replay
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
+from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
+from maintenance.jobs.purge.job import LOCK_NAME, Purger
 from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
@@ -37,40 +37,12 @@ SECOND = timedelta(seconds=1)
 UNHURRIED = timedelta(hours=1)
 
 
-def add_fence(conn: psycopg.Connection, *, processed_at: datetime, expires_at: datetime) -> uuid.UUID:
-    job_id = uuid.uuid4()
-    conn.execute(
-        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)"
-        " VALUES (%s, 'points.credit', %s, %s, %s)",
-        (job_id, uuid.uuid4(), processed_at, expires_at),
-    )
-    return job_id
-
-
 def add_old_expired_fences(conn: psycopg.Connection, now: datetime, count: int) -> list[uuid.UUID]:
     """Fences processed 10 days ago that expired 3 days ago, one second apart in expiry order."""
     return [
         add_fence(conn, processed_at=now - timedelta(days=10) + i * SECOND, expires_at=now - timedelta(days=3) + i * SECOND)
         for i in range(count)
     ]
-
-
-def add_dead_letter(conn: psycopg.Connection, job_id: uuid.UUID, status: str = "pending_review", *,
-                    handled: str | None = None) -> int:
-    """A dead letter of ``job_id`` in ``status``; a replayed one is outstanding unless ``handled`` gives its delivery's outcome."""
-    row = conn.execute(
-        "INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)"
-        " VALUES (%s, 'points.credit', '{}', 5, 'ProviderUnavailable: HTTP 503') RETURNING id",
-        (job_id,),
-    ).fetchone()
-    if status != "pending_review":
-        conn.execute(
-            "UPDATE core.dead_letters SET status = %s, discard_reason = %s WHERE id = %s",
-            (status, "duplicate, ticket OPS-1" if status == "discarded" else None, row[0]),
-        )
-    if handled is not None:
-        assert mark_replay_handled(conn, row[0], handled)
-    return row[0]
 
 
 def handled_at(conn: psycopg.Connection, job_id: uuid.UUID) -> datetime:
@@ -98,21 +70,10 @@ def now(db) -> datetime:
     return db.server_now()
 
 
-class LoggedEvents:
-    """The structured events logged since it was created (debug included)."""
-
-    def __init__(self) -> None:
-        self.stream = io.StringIO()
-        configure_logging(fmt="json", level="DEBUG", stream=self.stream)
-
-    def named(self, name: str) -> list[dict]:
-        parsed = (json.loads(line) for line in self.stream.getvalue().splitlines())
-        return [event for event in parsed if event["event"] == name]
-
-
 @pytest.fixture
-def events() -> LoggedEvents:
-    return LoggedEvents()
+def events(logs: LoggedEvents) -> LoggedEvents:
+    """The log events of this test, debug included (the purge logs each batch at debug)."""
+    return logs.at_level("DEBUG")
 
 
 def test_defaults(clean_env):
@@ -167,11 +128,11 @@ REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_
 def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit, strategy):
     """A pending dead letter holds its fence; discarded ones, and replays handled more than margin x window ago, do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
-    add_dead_letter(conn, pending)
-    add_dead_letter(conn, replayed, "replayed", handled="duplicate")
-    add_dead_letter(conn, discarded, "discarded")
-    add_dead_letter(conn, replayed_then_pending, "replayed", handled="dead_lettered")
-    add_dead_letter(conn, replayed_then_pending)  # failed again after the replay: pending once more
+    add_dead_letter(conn, job_id=pending)
+    add_dead_letter(conn, job_id=replayed, status="replayed", handled="duplicate")
+    add_dead_letter(conn, job_id=discarded, status="discarded")
+    add_dead_letter(conn, job_id=replayed_then_pending, status="replayed", handled="dead_lettered")
+    add_dead_letter(conn, job_id=replayed_then_pending)  # failed again after the replay: pending once more
     later = handled_at(conn, replayed_then_pending) + PROTECTED + SECOND  # the replayed deliveries are long over
     result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(later)
     assert remaining(conn) == {pending, replayed_then_pending}
@@ -185,7 +146,7 @@ def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_
         db, conn, now, hashed_pending_limit, strategy):
     """A replay not yet handled holds its fence however long ago it was made; once handled, margin x window more, then not."""
     (fence,) = add_old_expired_fences(conn, now, 1)
-    letter = add_dead_letter(conn, fence, "replayed")
+    letter = add_dead_letter(conn, job_id=fence, status="replayed")
     backdate_replay(conn, fence, now - timedelta(days=30))  # replayed a month ago; its message still waits
     run = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy)
     assert run.run_once(now + timedelta(days=30)).num_deleted == 0
@@ -199,14 +160,14 @@ def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_
 
 
 def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events):
-    """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run."""
+    """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run; longest_batch_ms is the longer one."""
     add_old_expired_fences(conn, now, 11)
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
-    result = purger(db, batch_size=10).run_once(now)
+    result = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)).run_once(now)
     assert (result.num_deleted, result.num_batches, result.stopped_on_budget) == (11, 2, 0)
     assert [e["num_deleted"] for e in events.named("maintenance.purge.batch_deleted")] == [10, 1]
     assert remaining(conn) == {kept}
-    assert 0 < result.longest_batch_ms < 5000
+    assert result.longest_batch_ms == 7.0  # the first, longer batch, as the batch clock timed it (not the last)
 
 
 def batch_clock(*durations_ms: float):
@@ -277,7 +238,7 @@ def test_guarded_rows_do_not_end_the_run_early(db, conn, now, hashed_pending_lim
     ids = add_old_expired_fences(conn, now, 30)
     held = ids[::3]  # every third fence has a pending dead letter
     for job_id in held:
-        add_dead_letter(conn, job_id)
+        add_dead_letter(conn, job_id=job_id)
     result = purger(db, batch_size=5, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
     assert remaining(conn) == set(held)
     assert (result.num_deleted, result.num_batches) == (20, 5)
@@ -364,7 +325,7 @@ def test_run_once_purge_command_emits_the_fixed_result_fields(clean_env, databas
     add_old_expired_fences(conn, now, 4)
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     assert main(["run-once", "purge"]) == EXIT_OK
-    stop = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "maintenance.purge.stop" in line]
+    stop = events_in(capsys.readouterr().out, "maintenance.purge.stop")
     assert len(stop) == 1
     assert {k: stop[0][k] for k in ("num_deleted", "num_batches", "rows_left", "stopped_on_budget", "skipped")} == {
         "num_deleted": 4, "num_batches": 1, "rows_left": 0, "stopped_on_budget": 0, "skipped": 0,
@@ -498,7 +459,7 @@ def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
     ).fetchall()
     for i, (job_id,) in enumerate(held):
         kind = i % 4
-        add_dead_letter(conn, job_id, ("pending_review", "replayed", "discarded", "replayed")[kind],
+        add_dead_letter(conn, job_id=job_id, status=("pending_review", "replayed", "discarded", "replayed")[kind],
                         handled="duplicate" if kind == 1 else None)
         if kind == 1:  # replayed deliveries handled a second either side of margin x window before the cutoff
             backdate_replay(conn, job_id, now - PROTECTED + (SECOND if (i // 4) % 2 else -SECOND),
@@ -538,7 +499,7 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
     assert kept["index"] == kept["sweep"] == expected
     # not expired (loaded, then one second left), inside the window, pending, replays handled inside the window
     # (7 of 15), outstanding replays
-    assert 750 + 20 + 20 + 15 + 7 + 15 == len(expected)
+    assert len(expected) == 750 + 20 + 20 + 15 + 7 + 15
 
 
 def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):

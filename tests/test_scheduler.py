@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
@@ -21,25 +21,18 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_until
 
-from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
-from maintenance.runtime.http import make_server, serve_in_background
-from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.metrics import MetricsJob
 from maintenance.jobs.base import JobSpec
+from maintenance.jobs.metrics.job import MetricsJob
+from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.runner import build_jobs
 from maintenance.runtime.scheduler import JobScheduler
-from maintenance.settings import ConfigError, Settings
 from maintenance.runtime.telemetry import Telemetry
+from maintenance.settings import ConfigError, Settings
 
-START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc)
-
-
-@pytest.fixture(autouse=True)
-def json_logs() -> None:
-    """Log events go, as JSON, to this test's captured stdout."""
-    configure_logging(fmt="json")
+START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
 
 
 class SteppedScheduler(BaseScheduler):
@@ -56,7 +49,7 @@ class SteppedScheduler(BaseScheduler):
 
 
 def stepped() -> SteppedScheduler:
-    return SteppedScheduler(timezone=timezone.utc, executors={"default": DebugExecutor()})
+    return SteppedScheduler(timezone=UTC, executors={"default": DebugExecutor()})
 
 
 class Recorder:
@@ -66,7 +59,7 @@ class Recorder:
         self.ran_at: list[datetime] = []
 
     def run_once(self, now: datetime) -> Recorder:
-        self.ran_at.append(datetime.now(timezone.utc))
+        self.ran_at.append(datetime.now(UTC))
         return self
 
     ok = True
@@ -81,7 +74,7 @@ def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
 
 
 def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
-    trigger = CronTrigger.from_crontab(cron, timezone=timezone.utc)
+    trigger = CronTrigger.from_crontab(cron, timezone=UTC)
     times, previous, now = [], None, start
     while (fire := trigger.get_next_fire_time(previous, now)) and fire <= end:
         times.append(fire)
@@ -99,7 +92,7 @@ def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, built, scheduler=stepped(), telemetry=telemetry)
         jobs.start()
-        while datetime.now(timezone.utc) < end:
+        while datetime.now(UTC) < end:
             clock.tick(timedelta(minutes=1))
             jobs.scheduler.step()
         jobs.stop()
@@ -155,11 +148,11 @@ def test_missed_runs_within_the_grace_are_coalesced_into_one(db, database_url):
     assert run_after_a_pause(db, database_url, "PT5M", resume_at).ran_at == [resume_at]
 
 
-def test_a_run_later_than_the_misfire_grace_is_skipped_and_logged(db, database_url, capsys):
+def test_a_run_later_than_the_misfire_grace_is_skipped_and_logged(db, database_url, logs):
     """A fire time 50 s past with a 45 s grace does not run, and maintenance.scheduler.missed names it."""
     resume_at = MINUTE + timedelta(minutes=1, seconds=50)  # 12:01 is 50 s late
     assert run_after_a_pause(db, database_url, "PT45S", resume_at).ran_at == []
-    missed = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "maintenance.scheduler.missed" in line]
+    missed = logs.named("maintenance.scheduler.missed")
     assert [(e["job"], e["scheduled_at"]) for e in missed] == [("metrics", (MINUTE + timedelta(minutes=1)).isoformat())]
 
 
@@ -178,12 +171,12 @@ class Blocking(Recorder):
         return self
 
 
-def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, database_url, capsys):
+def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, database_url, logs):
     """max_instances=1: the 12:02 run of a job still busy with its 12:01 run is skipped (maintenance.scheduler.skipped)."""
     settings = Settings(database_url=database_url)
     job = Blocking()
     spec = JobSpec(name="metrics", summary="", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0})
-    scheduler = SteppedScheduler(timezone=timezone.utc, executors={"default": ThreadPoolExecutor(2)})
+    scheduler = SteppedScheduler(timezone=UTC, executors={"default": ThreadPoolExecutor(2)})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
         jobs.start()
@@ -196,7 +189,7 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
         jobs.stop()
 
     assert len(job.ran_at) == 1
-    skipped = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "maintenance.scheduler.skipped" in line]
+    skipped = logs.named("maintenance.scheduler.skipped")
     assert [(e["job"], e["scheduled_at"]) for e in skipped] == [("metrics", (MINUTE + timedelta(minutes=2)).isoformat())]
 
 
@@ -319,7 +312,7 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
     with psycopg.connect(database_url) as blocker:
         blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")  # the run will wait on this row
         jobs.start()
-        jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(timezone.utc))
+        jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(UTC))
         wait_until(lambda: conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
@@ -332,14 +325,6 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
     stopping.join(timeout=30)
     assert not stopping.is_alive()
     assert telemetry.last_runs["metrics"].ok is True
-
-
-def wait_until(condition, timeout: float = 20.0) -> None:
-    """Bounded wait for a condition another thread or process brings about."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        threading.Event().wait(0.01)
 
 
 def test_sigterm_stops_serve_and_exits_0(database_url):

@@ -8,14 +8,16 @@ worker or an operator command.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
+from harness_support import points, scalar
+from logcapture import events_in
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import harness.pg
-from harness_support import QUEUE, TENANT, points, publish, scalar
 from maintenance.cli import EXIT_OK, main
 from maintenance.runtime.db import Database
 
@@ -35,19 +37,13 @@ def odd_styles(clean_env, conn, database_url) -> str:
     return database_url
 
 
-def events(out: str) -> dict[str, dict]:
-    return {e["event"]: e for e in map(json.loads, out.splitlines())}
-
-
 def test_run_once_runs_every_job_whatever_the_database_date_and_interval_styles(odd_styles, conn, capsys):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, run-once purges, alerts and counts: every job ends ok."""
-    conn.execute("""INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-                    VALUES (gen_random_uuid(), 'points.credit', gen_random_uuid(), now() - interval '30 days',
-                            now() - interval '23 days')""")
-    conn.execute("""INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
-                    VALUES (gen_random_uuid(), 'points.credit', '{}', 5, 'TransientError: x', now() - interval '4 days')""")
+    now = scalar(conn, "SELECT now()")
+    add_fence(conn, processed_at=now - timedelta(days=30), expires_at=now - timedelta(days=23))
+    add_dead_letter(conn, age="4 days")
     assert main(["run-once"]) == EXIT_OK
-    seen = events(capsys.readouterr().out)
+    seen = {e["event"]: e for e in events_in(capsys.readouterr().out)}
     assert [seen[f"{p}.stop"]["ok"] for p in ("maintenance.purge", "alerts.feed", "maintenance.metrics")] == [True] * 3
     assert seen["maintenance.purge.stop"]["num_deleted"] == 1
     assert seen["alerts.feed.stop"]["dry_run_incidents"] >= 1
@@ -66,14 +62,12 @@ def test_worker_and_enqueue_work_whatever_the_database_date_and_interval_styles(
 
 def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(odd_styles, conn, capsys):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, dead-letters list prints the letter's UTC time, as text and JSON."""
-    conn.execute("""INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
-                    VALUES (gen_random_uuid(), 'points.credit', '{}', 5, 'TransientError: x',
-                            '2024-02-01 10:30:00+00')""")
+    add_dead_letter(conn, created_at=datetime(2024, 2, 1, 10, 30, tzinfo=UTC))
     assert main(["dead-letters", "list"]) == EXIT_OK
     assert "2024-02-01 10:30:00" in capsys.readouterr().out
     assert main(["dead-letters", "list", "--json"]) == EXIT_OK
     (row,) = json.loads(capsys.readouterr().out)
-    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +78,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
 def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn, database_url, connect):
     """In a database whose TimeZone keeps summer time, timestamptz + 1 day across the change is still 24 hours."""
     set_database_defaults(conn, database_url, TimeZone="Europe/Madrid")  # summer time from 2024-03-31 02:00
-    before = datetime(2024, 3, 30, 12, tzinfo=timezone.utc)
+    before = datetime(2024, 3, 30, 12, tzinfo=UTC)
     with connect(database_url) as c:
         (after,) = c.execute("SELECT %s::timestamptz + %s", (before, timedelta(days=1))).fetchone()
     assert after - before == timedelta(hours=24)

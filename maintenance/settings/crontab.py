@@ -5,7 +5,7 @@ APScheduler is imported only when an expression is checked, so importing the set
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 
 
 def check_crontab(expr: str) -> str:
@@ -14,7 +14,9 @@ def check_crontab(expr: str) -> str:
     Days of the week must be names (mon-fri, sun): APScheduler 3 numbers them from Monday=0
     while crontab counts from Sunday=0, so a digit there would silently shift the day.
     """
-    from apscheduler.triggers.cron import CronTrigger  # heavy import: only when a schedule is checked
+    from apscheduler.triggers.cron import (
+        CronTrigger,  # heavy import: only when a schedule is checked
+    )
 
     text = " ".join(str(expr).split())
     fields = text.split(" ") if text else []
@@ -23,7 +25,7 @@ def check_crontab(expr: str) -> str:
     if any(ch.isdigit() for ch in fields[4]):
         raise ValueError("write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0")
     try:
-        CronTrigger.from_crontab(text, timezone=timezone.utc)
+        CronTrigger.from_crontab(text, timezone=UTC)
     except ValueError as exc:
         raise ValueError(f"not a valid crontab expression: {exc}") from None
     return text
