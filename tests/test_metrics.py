@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from factories import add_dead_letter, add_fences
 from logcapture import events_in
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -97,7 +98,7 @@ def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, logs):
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("", status=200)
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("down", status=500)
     telemetry = Telemetry()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     run_job(spec, MetricsJob(db), db, telemetry)
 
     assert telemetry.push(gateway, "metrics") is True
@@ -127,7 +128,7 @@ class PushgatewayStandIn:
 def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, empty_database_url, httpserver):
     """Run-once succeeds, then a later run-once (a new process) fails: last_success stays, the failure shows."""
     gateway = PushgatewayStandIn(httpserver)
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     first, second = Telemetry(), Telemetry()  # two CronJob pods: each process starts from zero
 
     run_job(spec, MetricsJob(db), db, first)
@@ -140,6 +141,32 @@ def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, em
     assert gateway.families["core_jobs_job_last_success_timestamp_seconds"] == succeeded_at
     assert gateway.families["core_jobs_job_runs_total"] == {(("job_name", "metrics"), ("outcome", "failure")): 1.0}
     assert gateway.families["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 0.0
+
+
+@pytest.fixture
+def created_series_switched_on():
+    """prometheus_client's process-wide ``_created`` switch on, as a library user may leave it; restored after."""
+    import prometheus_client.metrics as metrics_module
+    from prometheus_client import disable_created_metrics, enable_created_metrics
+
+    was_on = metrics_module._use_created
+    enable_created_metrics()
+    yield
+    (enable_created_metrics if was_on else disable_created_metrics)()
+
+
+def test_no_created_series_are_served_or_pushed_whatever_the_library_switch(db, httpserver, created_series_switched_on):
+    """With prometheus_client's _created switch on, /metrics and the Pushgateway still get no *_created series."""
+    gateway = PushgatewayStandIn(httpserver)
+    telemetry = Telemetry()
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    run_job(spec, MetricsJob(db), db, telemetry)
+    assert telemetry.push(httpserver.url_for("/"), "metrics")
+
+    served = generate_latest(telemetry.registry).decode()
+    assert "core_jobs_job_runs_total" in served and "_created" not in served
+    assert "core_jobs_job_runs_total" in gateway.families
+    assert not [name for name in gateway.families if name.endswith("_created")]
 
 
 def test_pushgateway_url_with_credentials_is_refused(clean_env, capsys):
@@ -363,10 +390,10 @@ def test_horizon_is_the_oldest_open_transaction_within_bounds():
 def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     """A success sets runs_total{success}, duration, last success and result fields; a failure zeros the fields."""
     telemetry = Telemetry()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     run_job(spec, MetricsJob(db), db, telemetry)
     broken = Database(empty_database_url)  # no schema: the job fails
-    failing = JobSpec(name="broken", summary="", build=lambda s, d: MetricsJob(d),
+    failing = JobSpec(name="broken", summary="", build=lambda s, d, _stop: MetricsJob(d),
                       zero_fields=lambda: {"num_successes": 0})
     run_job(failing, MetricsJob(broken), broken, telemetry)
 

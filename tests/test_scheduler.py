@@ -70,7 +70,7 @@ class Recorder:
 
 def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
     job = Recorder()
-    return JobSpec(name=name, summary="records", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0}), job
+    return JobSpec(name=name, summary="records", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0}), job
 
 
 def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
@@ -109,7 +109,7 @@ def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
     """purge every 15 min, alerts every 5 and metrics every minute fire at their own instants, side by side."""
     settings = Settings(database_url=database_url)
     (purge, purged), (alerts, alerted) = recorder_spec("purge"), recorder_spec("alerts")
-    metrics = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {})
+    metrics = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {})
     telemetry = Telemetry()
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(purge, purged), (alerts, alerted), (metrics, MetricsJob(db))],
@@ -175,7 +175,7 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
     """max_instances=1: the 12:02 run of a job still busy with its 12:01 run is skipped (maintenance.scheduler.skipped)."""
     settings = Settings(database_url=database_url)
     job = Blocking()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0})
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0})
     scheduler = SteppedScheduler(timezone=UTC, executors={"default": ThreadPoolExecutor(2)})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
@@ -263,7 +263,7 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
     token, heartbeat = "bs-token-5e1f09c2", "https://uptime.example/api/v1/heartbeat/hb-token-77aa"
     password_url = database_url.replace("postgresql://postgres@", "postgresql://postgres:pw-9c1d3e@")
     settings = Settings(database_url=database_url, betterstack_api_token=token, betterstack_heartbeat_url=heartbeat)
-    spec = JobSpec(name="alerts", summary="", build=lambda s, d: None, zero_fields=lambda: {})
+    spec = JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {})
     telemetry = Telemetry()
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, Leaky(f"{token} {heartbeat}/fail {password_url}"))],
@@ -284,7 +284,7 @@ def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
     """With a heartbeat URL, every scheduled run pings it (its /fail form after a failed run), as run-once does."""
     settings = Settings(database_url=database_url, betterstack_heartbeat_url=fake_bs.heartbeat_url(),
                         schedule_alerts="*/2 * * * *")
-    (metrics, _), alerts = recorder_spec("metrics"), JobSpec(name="alerts", summary="", build=lambda s, d: None,
+    (metrics, _), alerts = recorder_spec("metrics"), JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None,
                                                                zero_fields=lambda: {})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(metrics, Recorder()), (alerts, Leaky("boom"))], scheduler=stepped(),

@@ -243,6 +243,6 @@ SPEC = JobSpec(
     schedule=DEFAULT_SCHEDULE,
     name="metrics",
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
-    build=lambda settings, db: MetricsJob(db, MetricsConfig.from_settings(settings)),
+    build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),
     zero_fields=zero_fields,
 )
