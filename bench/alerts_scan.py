@@ -40,7 +40,7 @@ from alerts.feed import (
     scan,
 )
 from harness.pg import connect, server_now
-from maintenance import migrate
+from maintenance.runtime import migrate
 from maintenance.demo import scratch_database
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
