@@ -90,9 +90,9 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import psycopg
@@ -143,6 +143,14 @@ class AlertFeedConfig:
 
 @dataclass
 class AlertFeedResult:
+    """One run's outcome; ``fields()`` are the stop event's fixed numeric keys, named in EVENT_FIELDS."""
+
+    EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "incidents_posted", "escalations_posted", "incidents_recovered", "incidents_resolved", "incidents_gone",
+        "intents_cancelled", "dead_letters_alerted", "dead_letters_unalerted", "dead_letters_unescalated",
+        "post_failures", "resolve_failures", "skipped", "dry_run", "dry_run_incidents",
+    )
+
     incidents_posted: int = 0
     escalations_posted: int = 0
     incidents_recovered: int = 0
@@ -157,15 +165,15 @@ class AlertFeedResult:
     skipped: int = 0
     dry_run: int = 0
     dry_run_incidents: int = 0
-    # What a dry run would post, for the demo; not a result field.
-    planned: list[PlannedIncident] = field(default_factory=list, repr=False)
+    # What a dry run would post (not an event field: each is its own alerts.feed.dry_run_incident event).
+    planned: list[PlannedIncident] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.post_failures == 0 and self.resolve_failures == 0
 
     def fields(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "planned"}
+        return {name: getattr(self, name) for name in self.EVENT_FIELDS}
 
     @classmethod
     def zero_fields(cls) -> dict[str, int]:

@@ -41,7 +41,7 @@ def purge_lines(db: Database, result: PurgeResult) -> list[str]:
         " or handled inside the retry window (a replay needs them)",
         f"kept {not_expired} fences not expired yet",
         f"access path: {'sweep of the table in block ranges' if result.used_sweep else 'walk of the expires_at index'}"
-        f" ({result.strategy_reason})",
+        " (why: the maintenance.purge.strategy_chosen event)",
     ]
 
 

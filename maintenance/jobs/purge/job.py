@@ -9,9 +9,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 from psycopg import errors
@@ -46,7 +46,12 @@ ROWS_LEFT_CAP = 100_000
 # --- result ---------------------------------------------------------------------------------
 @dataclass
 class PurgeResult:
-    """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event."""
+    """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event, named in EVENT_FIELDS."""
+
+    EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "num_deleted", "num_batches", "num_timeouts", "rows_left", "stopped_on_budget", "stopped_on_signal",
+        "skipped", "gave_up", "longest_batch_ms", "batch_size", "used_sweep",
+    )
 
     num_deleted: int = 0
     num_batches: int = 0
@@ -59,17 +64,16 @@ class PurgeResult:
     longest_batch_ms: float = 0.0
     batch_size: int = 0
     used_sweep: int = 0
-    # Not event fields: the cutoffs this run used and why it took its path, for the demo's account.
-    cutoff: datetime | None = field(default=None, repr=False)
-    protected_from: datetime | None = field(default=None, repr=False)
-    strategy_reason: str = field(default="", repr=False)
+    # Not event fields: the cutoffs this run used (cutoff - protected_from = margin x retry window).
+    cutoff: datetime | None = None
+    protected_from: datetime | None = None
 
     @property
     def ok(self) -> bool:
         return not self.gave_up
 
     def fields(self) -> dict[str, Any]:
-        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown = {name: getattr(self, name) for name in self.EVENT_FIELDS}
         shown["longest_batch_ms"] = round(self.longest_batch_ms, 1)
         return shown
 
@@ -139,7 +143,7 @@ class Purger:
         cfg = self.config
         params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
         timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
-        walk, result.strategy_reason = self._choose_walk(conn, params, timeout)
+        walk, _reason = self._choose_walk(conn, params, timeout)  # the reason is logged (strategy_chosen)
         result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
