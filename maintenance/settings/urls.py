@@ -23,9 +23,6 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-import httpx
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
 
 MASK = "***"
 
@@ -60,6 +57,9 @@ def normalize_database_url(url: str) -> str:
 
 def _check_libpq_parses(url: str) -> None:
     """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
+    import psycopg  # only when a database URL is configured: psycopg is the heaviest import of check-config
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
@@ -110,6 +110,8 @@ def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
     The messages never quote the URL: a heartbeat URL's path is a token.
     """
+    import httpx  # parsed as the Better Stack client will parse it
+
     text = value.strip()
     if not re.match(r"^https?://", text, re.I):
         raise ValueError("must be an http:// or https:// URL")
