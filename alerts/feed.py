@@ -91,7 +91,7 @@ import hashlib
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
@@ -722,7 +722,7 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, inst
 
 
 def _when(moment: datetime) -> str:
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _human(delta: timedelta) -> str:

@@ -28,10 +28,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alerts.feed import (  # noqa: E402
+from alerts.feed import (
     COUNT_UNALERTED,
     HANDLED_OPEN_ALERTS,
     SCAN_NEW,
@@ -40,9 +39,9 @@ from alerts.feed import (  # noqa: E402
     AlertFeedConfig,
     scan,
 )
-from harness.pg import connect, server_now  # noqa: E402
-from maintenance import migrate  # noqa: E402
-from maintenance.demo import scratch_database  # noqa: E402
+from harness.pg import connect, server_now
+from maintenance import migrate
+from maintenance.demo import scratch_database
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
 HANDLED = TOTAL - NEW - STALE

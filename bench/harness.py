@@ -36,18 +36,19 @@ from pydantic import BaseModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.consumer import Consumer  # noqa: E402
-from harness.examples.points import CREDIT_POINTS, make_consumer  # noqa: E402
-from harness.handling import INSERT_FENCE, handle  # noqa: E402
-from harness.metrics import HarnessMetrics  # noqa: E402
-from harness.pg import connect  # noqa: E402
-from harness.queue import Acked, Delivery, Envelope  # noqa: E402
-from harness.retry import RetryPolicy  # noqa: E402
-from harness.worker import Worker, WorkerConfig  # noqa: E402
-from maintenance import migrate  # noqa: E402
-from maintenance.demo import scratch_database  # noqa: E402
-from maintenance.runtime.logs import configure_logging  # noqa: E402
-from prometheus_client import CollectorRegistry  # noqa: E402
+from prometheus_client import CollectorRegistry
+
+from harness.consumer import Consumer
+from harness.examples.points import CREDIT_POINTS, make_consumer
+from harness.handling import INSERT_FENCE, handle
+from harness.metrics import HarnessMetrics
+from harness.pg import connect
+from harness.queue import Acked, Delivery, Envelope
+from harness.retry import RetryPolicy
+from harness.worker import Worker, WorkerConfig
+from maintenance import migrate
+from maintenance.demo import scratch_database
+from maintenance.runtime.logs import configure_logging
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 TTL = timedelta(days=7)

@@ -42,8 +42,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.pg import connect  # noqa: E402
-from maintenance.demo import scratch_database  # noqa: E402
+from harness.pg import connect
+from maintenance.demo import scratch_database
 
 VARIANTS = {
     "none": None,

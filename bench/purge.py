@@ -44,14 +44,14 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.pg import connect  # noqa: E402
-from harness.retry import RetryPolicy, max_retry_window  # noqa: E402
-from maintenance import migrate  # noqa: E402
-from maintenance.runtime.db import Database  # noqa: E402
-from maintenance.demo import with_database  # noqa: E402
-from maintenance.runtime.logs import configure_logging  # noqa: E402
-from maintenance.jobs.purge import PurgeConfig, Purger  # noqa: E402
-from maintenance.settings import TtlGuard  # noqa: E402
+from harness.pg import connect
+from harness.retry import RetryPolicy, max_retry_window
+from maintenance import migrate
+from maintenance.demo import with_database
+from maintenance.jobs.purge import PurgeConfig, Purger
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import configure_logging
+from maintenance.settings import TtlGuard
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 TTL = timedelta(days=7)

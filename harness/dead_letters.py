@@ -27,7 +27,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-__all__ = ["DeadLetter", "MAX_ERROR_CHARS", "describe_error", "mark_replay_handled", "write_dead_letter"]
+__all__ = ["MAX_ERROR_CHARS", "DeadLetter", "describe_error", "mark_replay_handled", "write_dead_letter"]
 
 MAX_ERROR_CHARS = 2000
 _ELLIPSIS = " …[truncated]"
@@ -71,12 +71,12 @@ def _message(error: BaseException) -> str:
     """``str(error)`` stripped; when that fails, what went wrong (its type, and its message if that one prints)."""
     try:
         return str(error).strip()
-    except Exception as failure:  # noqa: BLE001 - a broken __str__ must not hide the error itself
+    except Exception as failure:
         why = type(failure).__name__
         try:
             if detail := str(failure).strip():
                 why = f"{why}: {detail}"
-        except Exception:  # noqa: BLE001 - nor must a broken __str__ of that failure
+        except Exception:
             pass
         return f"<message unprintable: {why}>"
 

@@ -59,7 +59,7 @@ from harness.pg import server_now
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
 from harness.retry import RetryPolicy, compute_delay
 
-__all__ = ["handle", "failure_outcome", "INSERT_FENCE"]
+__all__ = ["INSERT_FENCE", "failure_outcome", "handle"]
 
 # The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.
 INSERT_FENCE = """
@@ -92,7 +92,7 @@ def handle(
         payload = consumer.payload_schema.model_validate(envelope.payload)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - whatever a validator raises, it will raise again: poison (J-B5)
+    except BaseException as exc:
         why = _describe_validation(exc) if isinstance(exc, ValidationError) else describe_error(exc)
         poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
@@ -127,7 +127,7 @@ def handle(
                     mark_replay_handled(conn, envelope.replay_of, "processed")
     except KeyboardInterrupt:
         raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
-    except BaseException as exc:  # noqa: BLE001 - an unclassified failure, SystemExit included, is transient by design
+    except BaseException as exc:
         return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
     if duplicate:
         metrics.duplicate(consumer.name)

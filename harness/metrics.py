@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["Metrics", "NoMetrics", "NO_METRICS", "HarnessMetrics", "default_metrics"]
+__all__ = ["NO_METRICS", "HarnessMetrics", "Metrics", "NoMetrics", "default_metrics"]
 
 
 class Metrics(Protocol):

@@ -46,8 +46,18 @@ from uuid import UUID
 from harness.dead_letters import DeadLetter
 
 __all__ = [
-    "Acked", "DeadLettered", "Delivery", "Duplicate", "Envelope", "InvalidPayload", "NO_TENANT", "Outcome",
-    "QueuePort", "RetryAfter", "check_payload", "settle",
+    "NO_TENANT",
+    "Acked",
+    "DeadLettered",
+    "Delivery",
+    "Duplicate",
+    "Envelope",
+    "InvalidPayload",
+    "Outcome",
+    "QueuePort",
+    "RetryAfter",
+    "check_payload",
+    "settle",
 ]
 
 # The tenant of platform-level jobs that belong to no tenant (processed_jobs.tenant_id is NOT NULL).

@@ -52,11 +52,11 @@ from __future__ import annotations
 
 import random as _random
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_EVEN, Decimal
 from email.utils import parsedate_to_datetime
-from typing import Callable
 
 __all__ = [
     "RetryPolicy",
@@ -163,7 +163,7 @@ def parse_retry_after(value: object, *, now: datetime | None = None) -> timedelt
     text = value.strip()
     if _DELTA_SECONDS.fullmatch(text):
         return _seconds_to_delay(Decimal(text))
-    return _http_date_to_delay(text, now or datetime.now(timezone.utc))
+    return _http_date_to_delay(text, now or datetime.now(UTC))
 
 
 def max_retry_window(policy: RetryPolicy) -> timedelta:
@@ -218,7 +218,7 @@ def _http_date_to_delay(text: str, now: datetime) -> timedelta | None:
     except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when.tzinfo is None:  # "-0000" or no zone: HTTP-dates are GMT by definition
-        when = when.replace(tzinfo=timezone.utc)
+        when = when.replace(tzinfo=UTC)
     try:
         return max(timedelta(0), when - now)
     except OverflowError:

@@ -222,7 +222,7 @@ class Worker:
                                      connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S) as fresh:
                     other = PgQueue(fresh, lease=self.config.lease, worker=queue.worker)
                     acked, released = other.ack(done), other.release(unstarted)
-        except Exception as exc:  # noqa: BLE001 - an error already on its way out must not be replaced by this one
+        except Exception as exc:
             log.warning("harness.worker.give_back_failed", consumer=self.consumer.name, num_unacked=len(done),
                         num_unreleased=len(unstarted), error=describe_error(exc))
             return

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta, timezone
+from datetime import UTC, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import unquote, urlsplit
 
@@ -290,7 +290,7 @@ def check_crontab(expr: str) -> str:
     if any(ch.isdigit() for ch in fields[4]):
         raise ValueError("write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0")
     try:
-        CronTrigger.from_crontab(text, timezone=timezone.utc)
+        CronTrigger.from_crontab(text, timezone=UTC)
     except ValueError as exc:
         raise ValueError(f"not a valid crontab expression: {exc}") from None
     return text

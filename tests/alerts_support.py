@@ -8,11 +8,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from fake_betterstack import FakeBetterStack, make_client
 
 from alerts.feed import AlertFeed, AlertFeedConfig
-from fake_betterstack import FakeBetterStack, make_client
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
+
 
 @pytest.fixture(autouse=True)
 def fresh_logs() -> Iterator[io.StringIO]:

@@ -19,7 +19,8 @@ from pydantic import field_validator
 
 from harness.consumer import Consumer, JobContext
 from harness.errors import TransientError
-from harness.examples.points import CreditPoints, consumer as points
+from harness.examples.points import CreditPoints
+from harness.examples.points import consumer as points
 from harness.retry import RetryPolicy
 
 LOCK_KEY = 424242

@@ -5,10 +5,10 @@ from __future__ import annotations
 import io
 
 import pytest
+from alerts_support import fresh_logs  # noqa: F401  (fixture)
+from fake_betterstack import TOKEN, FakeClock, Fault, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from alerts_support import fresh_logs  # noqa: F401  (fixture)
-from fake_betterstack import TOKEN, Fault, FakeClock, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
 from maintenance.runtime.logs import configure_logging, get_logger
 
 KEY = "core_jobs_alert_key"

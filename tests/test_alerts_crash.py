@@ -8,6 +8,7 @@ from pathlib import Path
 
 from alerts_support import add_dead_letters, alert_rows, fresh_logs, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, bs_server, fake_bs  # noqa: F401  (fixtures)
+
 from harness.pg import server_now
 
 WORKER = Path(__file__).with_name("alerts_crash_worker.py")

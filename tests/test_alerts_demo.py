@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 
-
 def test_demo_dry_run_lists_the_incidents_it_would_post(demo_output):
     """Without a token the demo's alerts job runs dry, names each incident it would post, and records nothing."""
     out = demo_output

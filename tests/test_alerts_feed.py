@@ -9,10 +9,10 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-
-from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+
+from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
 from maintenance.runtime.logs import configure_logging
 

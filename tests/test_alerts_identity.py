@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
-from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
 from alerts_support import add_dead_letters, alert_rows, fresh_logs, handle, make_feed  # noqa: F401
 from fake_betterstack import Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+
+from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
 from harness.pg import server_now
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database

@@ -6,8 +6,8 @@ import uuid
 
 import psycopg
 import pytest
-
 from alerts_support import add_dead_letters
+
 from maintenance.runtime import migrate
 
 INSERT_ALERT = """

@@ -20,13 +20,18 @@ from typing import Any
 
 import helm_python
 import pytest
+from test_helm_chart import (  # noqa: F401  (chart: fixture)
+    CHART_DIR,
+    SECRET_SETTINGS,
+    chart,
+    pod_templates,
+    render_objects,
+    with_secret,
+)
 
 from maintenance.cli import build_parser
 from maintenance.jobs import by_name as jobs
 from maintenance.settings import ENV_PREFIX, FOREIGN_VARIABLES, known_variables, load_settings
-from test_helm_chart import (  # noqa: F401  (chart: fixture)
-    CHART_DIR, SECRET_SETTINGS, chart, pod_templates, render_objects, with_secret,
-)
 
 # Several real, non-secret settings with values the application accepts.
 REAL_SETTINGS = {

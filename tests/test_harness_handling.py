@@ -8,6 +8,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from harness_consumers import PickyCredit, Unprintable
+from harness_support import TENANT, TTL, fences, points, scalar, wait_until_waiting_on_lock
 from prometheus_client import CollectorRegistry
 
 from harness.consumer import Consumer
@@ -18,8 +20,6 @@ from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Envelope, RetryAfter
 from harness.retry import RetryPolicy
-from harness_consumers import PickyCredit, Unprintable
-from harness_support import TENANT, TTL, fences, points, scalar, wait_until_waiting_on_lock
 
 POLICY = RetryPolicy()
 

@@ -10,9 +10,9 @@ import uuid
 import httpx
 import psycopg
 import pytest
+from harness_support import QUEUE, TENANT, dead_letter, fences, points, publish, run_worker, scalar
 
 from harness.metrics import default_metrics
-from harness_support import QUEUE, TENANT, dead_letter, fences, points, publish, run_worker, scalar
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 

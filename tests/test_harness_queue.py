@@ -4,24 +4,25 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
 from harness.consumer import Consumer
 from harness.dead_letters import DeadLetter
 from harness.errors import TransientError
-from harness.examples.points import CreditPoints, OutageLedger, consumer as points_consumer, make_consumer
+from harness.examples.points import CreditPoints, OutageLedger, make_consumer
+from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, Envelope, InvalidPayload
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from harness_support import QUEUE, TTL, expire_leases, fences, make_due, points, publish, row_counts, scalar
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
 
@@ -49,7 +50,7 @@ def letter_for(delivery) -> DeadLetter:
         ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
         ({"member_id\x00": "m-1"}, "payload: a key"),
         ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
-        ({"at": datetime(2024, 1, 1, tzinfo=timezone.utc)}, "payload.at"),
+        ({"at": datetime(2024, 1, 1, tzinfo=UTC)}, "payload.at"),
     ],
 )
 def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):

@@ -12,12 +12,6 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-
-from harness.examples.points import OutageLedger, make_consumer
-from harness.handling import handle
-from harness.operations import replay
-from harness.pgqueue import PgQueue
-from harness.retry import RetryPolicy
 from harness_support import (
     QUEUE,
     TTL,
@@ -32,9 +26,15 @@ from harness_support import (
     run_worker,
     scalar,
 )
-from maintenance.runtime import migrate
+
+from harness.examples.points import OutageLedger, make_consumer
+from harness.handling import handle
+from harness.operations import replay
+from harness.pgqueue import PgQueue
+from harness.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge import PurgeConfig, Purger
+from maintenance.runtime import migrate
 from maintenance.settings import load_settings
 
 SECOND = timedelta(seconds=1)

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from harness_consumers import LOCK_KEY
+from harness_support import TTL, expire_leases, fences, points, publish, scalar, wait_for_advisory_waiter
 from prometheus_client import CollectorRegistry
 
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from harness_consumers import LOCK_KEY
-from harness_support import TTL, expire_leases, fences, points, publish, scalar, wait_for_advisory_waiter
 
 ROOT = Path(__file__).resolve().parent.parent
 

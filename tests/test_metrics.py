@@ -7,7 +7,7 @@ import os
 import secrets
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -17,10 +17,10 @@ from psycopg.conninfo import make_conninfo
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
+from maintenance.jobs.base import JobSpec
+from maintenance.jobs.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
-from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import run_job
 from maintenance.runtime.telemetry import Telemetry
 
@@ -390,7 +390,7 @@ def test_lowering_top_n_folds_the_smallest_named_tenants_into_other():
 
 def test_horizon_is_the_oldest_open_transaction_within_bounds():
     """The cutoff is the oldest open transaction's start, at most now - 1 s, at least now - max_transaction."""
-    now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
+    now = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
     lag = timedelta(minutes=5)
     assert choose_horizon(now, None, hidden=0, prepared=0, max_transaction=lag) == (now - SETTLE, "settle")
     opened = now - timedelta(seconds=30)

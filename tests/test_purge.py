@@ -17,13 +17,13 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from harness_support import backdate_replay
 
 from harness.dead_letters import mark_replay_handled
-from harness_support import backdate_replay
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.runtime.logs import configure_logging
 from maintenance.jobs.purge import HASHED_PENDING_LIMIT, LOCK_NAME, PurgeConfig, Purger
 from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
+from maintenance.runtime.logs import configure_logging
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -538,7 +538,7 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
     assert kept["index"] == kept["sweep"] == expected
     # not expired (loaded, then one second left), inside the window, pending, replays handled inside the window
     # (7 of 15), outstanding replays
-    assert 750 + 20 + 20 + 15 + 7 + 15 == len(expected)
+    assert len(expected) == 750 + 20 + 20 + 15 + 7 + 15
 
 
 def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, events):

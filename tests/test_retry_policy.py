@@ -2,7 +2,7 @@
 
 import random
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
@@ -19,7 +19,7 @@ DEFAULTS = RetryPolicy()
 NO_JITTER = RetryPolicy(jitter=0)
 LOWEST = lambda: 0.0  # noqa: E731 - bottom of the jitter range: 80 %
 HIGHEST = lambda: 0.999999  # noqa: E731 - just under the top of the jitter range: ~120 %
-NOW = datetime(2015, 10, 21, 7, 27, 0, tzinfo=timezone.utc)
+NOW = datetime(2015, 10, 21, 7, 27, 0, tzinfo=UTC)
 ONE_MINUTE_AFTER_NOW = "Wed, 21 Oct 2015 07:28:00 GMT"
 
 

@@ -7,8 +7,8 @@ import json
 
 from freezegun import freeze_time
 
-from maintenance.runtime.logs import configure_logging
 from maintenance.jobs.base import JobSpec
+from maintenance.runtime.logs import configure_logging
 from maintenance.runtime.runner import run_jobs
 
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import psycopg
@@ -19,21 +19,21 @@ from apscheduler.executors.debug import DebugExecutor
 from apscheduler.executors.pool import ThreadPoolExecutor
 from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
+from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 
-from fake_betterstack import bs_server, fake_bs  # noqa: F401  (fixtures)
 from maintenance.cli import EXIT_CONFIG, main
+from maintenance.jobs.base import JobSpec
+from maintenance.jobs.metrics import MetricsJob
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import configure_logging
-from maintenance.jobs.metrics import MetricsJob
-from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import build_jobs
 from maintenance.runtime.scheduler import JobScheduler
-from maintenance.settings import ConfigError, Settings
 from maintenance.runtime.telemetry import Telemetry
+from maintenance.settings import ConfigError, Settings
 
-START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=timezone.utc)
+START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
@@ -56,7 +56,7 @@ class SteppedScheduler(BaseScheduler):
 
 
 def stepped() -> SteppedScheduler:
-    return SteppedScheduler(timezone=timezone.utc, executors={"default": DebugExecutor()})
+    return SteppedScheduler(timezone=UTC, executors={"default": DebugExecutor()})
 
 
 class Recorder:
@@ -66,7 +66,7 @@ class Recorder:
         self.ran_at: list[datetime] = []
 
     def run_once(self, now: datetime) -> Recorder:
-        self.ran_at.append(datetime.now(timezone.utc))
+        self.ran_at.append(datetime.now(UTC))
         return self
 
     ok = True
@@ -81,7 +81,7 @@ def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
 
 
 def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
-    trigger = CronTrigger.from_crontab(cron, timezone=timezone.utc)
+    trigger = CronTrigger.from_crontab(cron, timezone=UTC)
     times, previous, now = [], None, start
     while (fire := trigger.get_next_fire_time(previous, now)) and fire <= end:
         times.append(fire)
@@ -99,7 +99,7 @@ def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, built, scheduler=stepped(), telemetry=telemetry)
         jobs.start()
-        while datetime.now(timezone.utc) < end:
+        while datetime.now(UTC) < end:
             clock.tick(timedelta(minutes=1))
             jobs.scheduler.step()
         jobs.stop()
@@ -183,7 +183,7 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
     settings = Settings(database_url=database_url)
     job = Blocking()
     spec = JobSpec(name="metrics", summary="", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0})
-    scheduler = SteppedScheduler(timezone=timezone.utc, executors={"default": ThreadPoolExecutor(2)})
+    scheduler = SteppedScheduler(timezone=UTC, executors={"default": ThreadPoolExecutor(2)})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
         jobs.start()
@@ -319,7 +319,7 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
     with psycopg.connect(database_url) as blocker:
         blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")  # the run will wait on this row
         jobs.start()
-        jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(timezone.utc))
+        jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(UTC))
         wait_until(lambda: conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
             " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"

@@ -8,14 +8,14 @@ worker or an operator command.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from harness_support import QUEUE, TENANT, points, publish, scalar
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
 import harness.pg
-from harness_support import QUEUE, TENANT, points, publish, scalar
 from maintenance.cli import EXIT_OK, main
 from maintenance.runtime.db import Database
 
@@ -73,7 +73,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
     assert "2024-02-01 10:30:00" in capsys.readouterr().out
     assert main(["dead-letters", "list", "--json"]) == EXIT_OK
     (row,) = json.loads(capsys.readouterr().out)
-    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=timezone.utc)
+    assert datetime.fromisoformat(row["created_at"]) == datetime(2024, 2, 1, 10, 30, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(
@@ -84,7 +84,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
 def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn, database_url, connect):
     """In a database whose TimeZone keeps summer time, timestamptz + 1 day across the change is still 24 hours."""
     set_database_defaults(conn, database_url, TimeZone="Europe/Madrid")  # summer time from 2024-03-31 02:00
-    before = datetime(2024, 3, 30, 12, tzinfo=timezone.utc)
+    before = datetime(2024, 3, 30, 12, tzinfo=UTC)
     with connect(database_url) as c:
         (after,) = c.execute("SELECT %s::timestamptz + %s", (before, timedelta(days=1))).fetchone()
     assert after - before == timedelta(hours=24)

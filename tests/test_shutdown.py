@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 import signal
 
-from maintenance.runtime import signals as shutdown
 from maintenance.jobs.base import JobSpec
+from maintenance.runtime import signals as shutdown
 from maintenance.runtime.runner import run_jobs
 
 

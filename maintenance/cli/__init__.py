@@ -17,15 +17,15 @@ import sqlalchemy.exc
 
 from harness.retry import compute_delay, max_retry_window
 from maintenance.cli import harness as harness_cli
+from maintenance.jobs import by_name as jobs
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.heartbeat import ping_heartbeat
 from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
-from maintenance.jobs import by_name as jobs
 from maintenance.runtime.runner import build_jobs, run_jobs
-from maintenance.settings import ConfigError, Settings, format_duration, load_settings
 from maintenance.runtime.signals import stop_on_sigterm
 from maintenance.runtime.telemetry import push_configured
+from maintenance.settings import ConfigError, Settings, format_duration, load_settings
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1

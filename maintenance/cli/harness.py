@@ -23,7 +23,7 @@ import json
 import signal
 import sys
 import uuid
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 from prometheus_client import start_http_server
@@ -92,7 +92,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         worker.run(once=args.once)
-    except BaseException as exc:  # noqa: BLE001 - whatever stopped it, the exit code is a documented one
+    except BaseException as exc:
         # The stop event already carries the counts; say why.
         get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
         return EXIT_FAILED
@@ -137,7 +137,7 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     print(f"{'id':>6}  {'status':<22}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
     for r in rows:
-        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S}  "
+        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  "
               f"{r.job_id}  {_one_line(r.last_error, 80)}")
     return EXIT_OK
 

@@ -16,13 +16,13 @@ import warnings
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import SecretStr
 from psycopg import sql
+from pydantic import SecretStr
 
-from maintenance.runtime import migrate
-from maintenance.runtime.db import Database
 from maintenance.demo.data import seed
 from maintenance.demo.harness import walk_through
+from maintenance.runtime import migrate
+from maintenance.runtime.db import Database
 from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.settings import Settings
 

@@ -27,7 +27,7 @@ def make_server(host: str, port: int, *, health: Health, registry: CollectorRegi
     """A server bound to (host, port) — port 0 picks a free one — not yet serving."""
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+        def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/healthz":
                 ok, body = health()
@@ -44,7 +44,7 @@ def make_server(host: str, port: int, *, health: Health, registry: CollectorRegi
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             return
 
     server = ThreadingHTTPServer((host, port), Handler)

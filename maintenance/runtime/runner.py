@@ -12,13 +12,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maintenance.runtime.db import Database
-from maintenance.runtime.logs import get_logger
 from maintenance.jobs import by_name as jobs
 from maintenance.jobs.base import Job, JobSpec
-from maintenance.settings import ConfigError, Settings
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
 from maintenance.runtime.signals import stop_requested
 from maintenance.runtime.telemetry import Telemetry, default
+from maintenance.settings import ConfigError, Settings
 
 
 @dataclass

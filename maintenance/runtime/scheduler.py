@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from datetime import timezone
+from datetime import UTC
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_MAX_INSTANCES, EVENT_JOB_MISSED, JobEvent
@@ -39,15 +39,15 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from maintenance.jobs.base import Job, JobSpec
+from maintenance.runtime import signals as shutdown
 from maintenance.runtime.db import Database
 from maintenance.runtime.heartbeat import ping_heartbeat
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import SecretRedactor, get_logger
-from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.runner import build_jobs, run_job
-from maintenance.runtime import signals as shutdown
-from maintenance.settings import Settings
 from maintenance.runtime.telemetry import Telemetry, default, push_configured
+from maintenance.settings import Settings
 
 
 class JobScheduler:
@@ -63,11 +63,11 @@ class JobScheduler:
         # Every schedule is checked before anything starts (ConfigError names the setting).
         self.schedules = {spec.name: settings.schedule_of(spec.name) for spec, _job in built}
         self.scheduler = scheduler or BackgroundScheduler(
-            timezone=timezone.utc, executors={"default": ThreadPoolExecutor(max(1, len(built)))}
+            timezone=UTC, executors={"default": ThreadPoolExecutor(max(1, len(built)))}
         )
         for spec, job in built:
             self.scheduler.add_job(
-                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=timezone.utc),
+                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
                 args=(spec, job), id=spec.name, name=spec.name,
                 max_instances=1, coalesce=True,
                 misfire_grace_time=max(1, int(settings.scheduler_misfire_grace.total_seconds())),

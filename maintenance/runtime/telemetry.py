@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
@@ -146,7 +146,7 @@ class Telemetry:
         with self._lock:
             if callable(families):
                 self._families[name] = list(families())
-            self.last_runs[name] = LastRun(ok, datetime.fromtimestamp(finished, timezone.utc), duration_s, error)
+            self.last_runs[name] = LastRun(ok, datetime.fromtimestamp(finished, UTC), duration_s, error)
 
     def job_registry(self, name: str) -> CollectorRegistry:
         """A registry holding only job ``name``'s series: what its push sends."""

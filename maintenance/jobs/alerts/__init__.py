@@ -13,9 +13,9 @@ from datetime import timedelta
 
 from alerts.betterstack import DEFAULT_RETRY_POLICY, BetterStackClient
 from alerts.feed import AlertFeed, AlertFeedConfig, AlertFeedResult
+from maintenance.jobs.base import JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.jobs.base import JobSpec
 from maintenance.settings import ENV_PREFIX, ConfigError, Settings
 
 

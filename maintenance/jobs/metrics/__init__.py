@@ -74,7 +74,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import psycopg
@@ -82,9 +82,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from psycopg.types.json import Jsonb
 
+from maintenance.jobs.base import JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.jobs.base import JobSpec
 from maintenance.settings import ConfigError, Settings
 
 WATERMARK = "success_volume"
@@ -92,7 +92,7 @@ OTHER_TENANTS = "other"
 # A transaction takes its start time a moment before pg_stat_activity shows it; fences newer
 # than this are left for the next run.
 SETTLE = timedelta(seconds=1)
-NEVER = datetime.min.replace(tzinfo=timezone.utc)
+NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 # --- config ------------------------------------------------------------------------------------

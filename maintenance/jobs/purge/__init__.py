@@ -151,8 +151,7 @@ import psycopg
 from psycopg import errors
 
 from harness.pg import advisory_lock
-from maintenance.runtime.db import Database
-from maintenance.runtime.logs import get_logger
+from maintenance.jobs.base import JobSpec
 from maintenance.jobs.purge.paths import (
     COUNT_HOLDING,
     HASHED_PENDING_LIMIT,
@@ -163,9 +162,10 @@ from maintenance.jobs.purge.paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.jobs.base import JobSpec
-from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
 from maintenance.runtime.signals import stop_requested
+from maintenance.settings import ConfigError, Settings, TtlGuard, format_duration
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
