@@ -654,7 +654,7 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
         last_created=max(g.last_created for g in fold),
         queues=tuple((g.queue or "", len(g.ids)) for g in fold),
     )
-    return keep + [folded]
+    return [*keep, folded]
 
 
 def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig) -> list[DeadLetterGroup]:

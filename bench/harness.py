@@ -169,8 +169,8 @@ def main() -> None:
 
         print(f"\nReference queue throughput, {args.queue_jobs} trivial jobs per run, {args.rounds} rounds"
               " (configurations alternate within each round; median of the rounds):")
-        configs = {"1 process, batch %d" % args.batch_size: (1, args.batch_size),
-                   "2 processes, batch %d" % args.batch_size: (2, args.batch_size),
+        configs = {f"1 process, batch {args.batch_size}": (1, args.batch_size),
+                   f"2 processes, batch {args.batch_size}": (2, args.batch_size),
                    "2 processes, batch 10 (default)": (2, 10)}
         rates: dict[str, list[float]] = {label: [] for label in configs}
         for _ in range(args.rounds):

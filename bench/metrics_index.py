@@ -140,12 +140,12 @@ def run(conn: psycopg.Connection, args: argparse.Namespace) -> None:
     for _ in range(args.rounds):
         for variant, table in tables.items():
             fill = sql.SQL(FILL).format(table=table)
-            bulk[variant].append(timed(lambda: conn.execute(fill, {"until": ahead, "span": timedelta(hours=1), "n": args.bulk})))
+            bulk[variant].append(timed(lambda fill=fill: conn.execute(fill, {"until": ahead, "span": timedelta(hours=1), "n": args.bulk})))
     slice_size = 50
     for _ in range(max(1, args.singles // slice_size)):
         for variant, table in tables.items():
             one = sql.SQL(SINGLE).format(table=table)
-            single[variant] += timed(lambda: [conn.execute(one) for _ in range(slice_size)])
+            single[variant] += timed(lambda one=one: [conn.execute(one) for _ in range(slice_size)])
             # This statement's own WAL (EXPLAIN's counters; the server-wide LSN includes others').
             plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + one).fetchone()[0]
             for i, key in enumerate(("WAL Records", "WAL FPI", "WAL Bytes")):

@@ -191,7 +191,7 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
             for r in rows if r.status != "pending_review"
         ]
     if problems:
-        raise OperationRefused(problems + ["nothing was changed"])
+        raise OperationRefused([*problems, "nothing was changed"])
     return rows
 
 

@@ -40,7 +40,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from harness.dead_letters import DeadLetter
@@ -162,7 +162,7 @@ class DeadLettered:
     letter: DeadLetter
 
 
-Outcome = Union[Acked, Duplicate, RetryAfter, DeadLettered]
+Outcome = Acked | Duplicate | RetryAfter | DeadLettered
 
 
 class QueuePort(Protocol):

@@ -234,7 +234,7 @@ def _check_libpq_parses(url: str) -> None:
 def url_passwords(url: str) -> list[str]:
     """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
     parts = urlsplit(url)
-    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    written = [parts.password or "", *re.findall(r"(?:^|&)password=([^&]*)", parts.query)]
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 

@@ -73,7 +73,7 @@ def replayed_in_a_backlog(database_url, conn, member: str = "m-1", amount: int =
 
 def test_a_replay_queued_longer_than_the_retry_window_is_still_applied_once(database_url, conn, cli):
     """A replayed job still waiting in the queue a day after its replay keeps its fence through the purge: credited once."""
-    letter_id, job_id = replayed_in_a_backlog(database_url, conn)
+    _, job_id = replayed_in_a_backlog(database_url, conn)
     assert cli(["run-once", "purge"]) == EXIT_OK
     stats = run_worker(database_url)
     assert points(conn, "m-1") == 50
@@ -237,7 +237,7 @@ def test_list_outstanding_shows_only_the_replays_holding_fences(database_url, co
     """`dead-letters list --outstanding` lists replays not handled yet, shown as replayed:outstanding; handled ones say their outcome."""
     waiting, _ = replayed_in_a_backlog(database_url, conn, "m-1")
     run_worker(database_url)  # handles the first replay: a duplicate
-    still, still_job = replayed_in_a_backlog(database_url, conn, "m-2")
+    _, still_job = replayed_in_a_backlog(database_url, conn, "m-2")
     assert cli(["dead-letters", "list", "--outstanding"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "replayed:outstanding" in out and str(still_job) in out

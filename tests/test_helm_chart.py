@@ -189,7 +189,7 @@ def scheduler_mode(chart: helm_python.Chart) -> list[dict[str, Any]]:
 
 def test_the_validated_minors_start_at_the_charts_kubeversion_floor():
     """kubernetes-validate has the kubeVersion floor's schema: no claimed minor goes unchecked."""
-    assert SUPPORTED_KUBE_VERSIONS[:1] == ["%d.%d" % chart_kube_floor()], SHIPPED_KUBE_VERSIONS
+    assert SUPPORTED_KUBE_VERSIONS[:1] == ["{}.{}".format(*chart_kube_floor())], SHIPPED_KUBE_VERSIONS
 
 
 @pytest.mark.parametrize("kube_version", SUPPORTED_KUBE_VERSIONS)
