@@ -8,8 +8,8 @@ import socket
 from alerts_support import add_dead_letters, fresh_logs  # noqa: F401
 from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
 
-from alerts.heartbeat import send_heartbeat
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.runtime.heartbeat import send_heartbeat
 from maintenance.runtime.logs import configure_logging
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"

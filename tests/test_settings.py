@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from maintenance.settings import ConfigError, format_duration, load_settings, parse_duration, redact_url
+from maintenance.settings import ConfigError, load_settings
 
 
 def test_defaults_follow_the_seed(clean_env):
@@ -18,46 +18,6 @@ def test_defaults_follow_the_seed(clean_env):
     )
     assert s.ttl_margin == 2
     assert s.database_url is None
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("P7D", timedelta(days=7)),
-        ("PT30S", timedelta(seconds=30)),
-        ("P1DT12H", timedelta(days=1, hours=12)),
-        ("PT1H30M", timedelta(hours=1, minutes=30)),
-        ("P2W", timedelta(weeks=2)),
-        ("30", timedelta(seconds=30)),
-        ("0.5", timedelta(milliseconds=500)),
-        ("pt5m", timedelta(minutes=5)),
-    ],
-)
-def test_durations_accept_iso_8601_or_seconds(text, expected):
-    """A duration is ISO-8601 or a number of seconds."""
-    assert parse_duration(text) == expected
-
-
-@pytest.mark.parametrize("text", ["7 days", "P", "PT", "P1M", "P1Y", "nan", "inf", "", "1h"])
-def test_unparsable_durations_are_refused(text):
-    """Anything else — including months and years, whose length is ambiguous — is an error."""
-    with pytest.raises(ValueError):
-        parse_duration(text)
-
-
-def test_format_duration_round_trips():
-    """Durations print back as compact ISO-8601."""
-    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5),
-                  timedelta(minutes=22, seconds=23, microseconds=999999), timedelta(days=999999999, microseconds=1)):
-        assert parse_duration(format_duration(delta)) == delta
-
-
-def test_format_duration_shows_exact_microseconds_never_rounded():
-    """A duration prints exactly, to the microsecond: 23.999999 s is not shown as 24 s."""
-    assert format_duration(timedelta(minutes=22, seconds=23, microseconds=999999)) == "PT22M23.999999S"
-    assert format_duration(timedelta(seconds=59, microseconds=999999)) == "PT59.999999S"
-    assert format_duration(timedelta(days=123456789, microseconds=1)) == "P123456789DT0.000001S"
-    assert format_duration(-timedelta(microseconds=500)) == "-PT0.0005S"
 
 
 def test_ttl_guard_shows_the_exact_values_it_compared(clean_env):
@@ -185,15 +145,6 @@ def test_database_url_accepts_sqlalchemy_style_and_is_redacted(clean_env):
     assert s.conninfo() == "postgresql://app:s3cr3t-pw@db:5432/core"
     assert s.effective()["CORE_JOBS_DATABASE_URL"] == "postgresql://app:***@db:5432/core"
     assert "s3cr3t-pw" not in repr(s)
-
-
-def test_redact_url_masks_only_the_password():
-    """redact_url keeps user, host and database and hides the password, in the user part or the query."""
-    assert redact_url("postgresql://u:p%40ss@h/db?sslmode=require") == "postgresql://u:***@h/db?sslmode=require"
-    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
-    assert redact_url("postgresql://u@h/db?sslmode=require&password=q-pw&x=1") == (
-        "postgresql://u@h/db?sslmode=require&password=***&x=1"
-    )
 
 
 @pytest.mark.parametrize(

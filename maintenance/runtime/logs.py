@@ -3,8 +3,8 @@
 Output is JSON lines on stdout when stdout is not a TTY (Kubernetes, Better Stack's log
 collector), a readable console on a TTY; ``CORE_JOBS_LOG_FORMAT`` forces either. Every string
 in every event — including formatted exceptions — passes through :class:`SecretRedactor`, which
-masks passwords in URLs, ``Bearer`` tokens and every configured secret value, so a token never
-reaches a log line however it got there.
+masks passwords in URLs (``maintenance/settings/urls.py``), ``Bearer`` tokens and every configured
+secret value, so a token never reaches a log line however it got there.
 """
 
 from __future__ import annotations
@@ -17,14 +17,9 @@ from typing import Any, TextIO
 
 import structlog
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]*@", re.I)
+from maintenance.settings.urls import MASK, mask_url_passwords
+
 _BEARER = re.compile(r"(?P<head>Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
-MASK = "***"
-
-
-def mask_url_passwords(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``."""
-    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
 
 
 class SecretRedactor:

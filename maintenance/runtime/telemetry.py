@@ -44,8 +44,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created
 from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
-from alerts.heartbeat import shown_url
 from maintenance.runtime.logs import get_logger
+from maintenance.settings import shown_url
 
 # No `<counter>_created` series: they double every counter on the Pushgateway for a start time
 # that, in run-once mode, is just the pod's.

@@ -1,0 +1,117 @@
+"""Alert settings (issue 4): the Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
+
+The feed itself is ``alerts/`` (run by ``maintenance/jobs/alerts/__init__.py``). Secrets: the API token and
+the heartbeat URL (its path is a token) are ``SecretStr``; URLs are checked by
+:func:`~maintenance.settings.urls.check_http_url`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from maintenance.settings.durations import PositiveDuration
+from maintenance.settings.urls import check_http_url
+
+DEFAULT_BETTERSTACK_API_URL = "https://uptime.betterstack.com"  # Better Stack Uptime API
+DEFAULT_BETTERSTACK_TIMEOUT = timedelta(seconds=10)  # per HTTP request
+DEFAULT_BETTERSTACK_MAX_RETRIES = 3  # retries per request
+DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND = 8.0  # requests/s (the Terraform provider's limit)
+DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN = 20  # incidents per run and kind
+DEFAULT_DEAD_LETTER_STALE_AFTER = timedelta(days=3)  # pending review before escalation
+
+
+class AlertsFields(BaseModel):
+    """Better Stack: API, routing, heartbeat, limits; the ops link; the stale-dead-letter escalation."""
+
+    betterstack_api_url: str = Field(
+        default=DEFAULT_BETTERSTACK_API_URL,
+        description="Base URL of the Better Stack Uptime API (http:// or https://).",
+    )
+    betterstack_api_token: SecretStr | None = Field(
+        default=None,
+        description="Better Stack Uptime API token. Unset: the alert feed runs dry (logs what it would "
+        "post, records nothing), so setting it later still alerts everything.",
+    )
+    betterstack_team_name: str | None = Field(
+        default=None, description="Team that owns the incidents; required by Better Stack with a global API token."
+    )
+    betterstack_policy_id: str | None = Field(
+        default=None, description="Escalation policy of new-dead-letter incidents (unset: Better Stack's default routing)."
+    )
+    betterstack_escalation_policy_id: str | None = Field(
+        default=None,
+        description="Escalation policy of stale-dead-letter escalations (unset: BETTERSTACK_POLICY_ID).",
+    )
+    betterstack_requester_email: str | None = Field(
+        default=None, description="requester_email of every incident, and resolved_by when the feed resolves one."
+    )
+    betterstack_heartbeat_url: SecretStr | None = Field(
+        default=None,
+        description="Heartbeat URL pinged after `core-jobs run-once` and after each run of `serve` (its /fail form when a job failed). "
+        "Secret: its path is a token.",
+    )
+    betterstack_timeout: PositiveDuration = Field(
+        default=DEFAULT_BETTERSTACK_TIMEOUT, description="Timeout of one HTTP request to Better Stack (connect, read, write)."
+    )
+    betterstack_max_retries: int = Field(
+        default=DEFAULT_BETTERSTACK_MAX_RETRIES, ge=0, le=10,
+        description="Retries of one request after a connection error, timeout, 429 or 5xx (backoff 1 s doubling, cap 30 s, "
+        "Retry-After honoured up to RETRY_AFTER_MAX).",
+    )
+    betterstack_max_requests_per_second: float = Field(
+        default=DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND, gt=0, le=100,
+        description="Client-side rate limit towards Better Stack (the official Terraform provider keeps to 8).",
+    )
+    ops_url_template: str | None = Field(
+        default=None,
+        description="Link to the dead letters of a queue in the incident text, with {queue} as the placeholder, "
+        "e.g. https://ops.example/dead-letters?queue={queue}.",
+    )
+    alerts_max_incidents_per_run: int = Field(
+        default=DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN, ge=1, le=1000,
+        description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
+        "summary incident, never dropped.",
+    )
+    dead_letter_stale_after: PositiveDuration = Field(
+        default=DEFAULT_DEAD_LETTER_STALE_AFTER,
+        description="A dead letter still pending review this long after it was written escalates (PostgreSQL's clock).",
+    )
+
+    @field_validator("betterstack_api_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        return check_http_url(value)
+
+    @field_validator("betterstack_heartbeat_url", mode="before")
+    @classmethod
+    def _heartbeat_url(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        url = check_http_url(raw)
+        if not urlsplit(url).path.strip("/"):
+            raise ValueError("must be an http:// or https:// URL with a path (the heartbeat token)")
+        return SecretStr(url)
+
+    @field_validator("betterstack_api_token", mode="before")
+    @classmethod
+    def _blank_token_is_none(cls, value: Any) -> Any:
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else value
+        return None if raw is None or str(raw).strip() == "" else value
+
+    @field_validator("ops_url_template")
+    @classmethod
+    def _ops_template(cls, value: str | None) -> str | None:
+        if value is None or value.strip() == "":
+            return None
+        try:
+            value.format(queue="q")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"may use only the placeholder {{queue}} ({type(exc).__name__}: {exc})") from None
+        if "{queue}" not in value:
+            raise ValueError("must contain the placeholder {queue}")
+        return value

@@ -1,0 +1,109 @@
+"""Durations: how every duration setting is written, read and shown.
+
+A duration is ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``, ``P2W``) or a number of seconds
+(``30``, ``0.5``). Months and years are refused: their length is ambiguous. A leading ``-`` is
+read, so that the range check names the real problem ("must be positive"). Durations are shown
+back (check-config, the TTL guard) as compact ISO-8601, exact to the microsecond.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from datetime import timedelta
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator
+
+_ISO_DURATION = re.compile(
+    r"^P(?!$)(?:(?P<weeks>\d+(?:\.\d+)?)W)?(?:(?P<days>\d+(?:\.\d+)?)D)?"
+    r"(?:T(?=\d)(?:(?P<hours>\d+(?:\.\d+)?)H)?(?:(?P<minutes>\d+(?:\.\d+)?)M)?"
+    r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
+)
+
+
+def parse_duration(value: Any) -> timedelta:
+    """Parse an ISO-8601 duration (``P7D``, ``PT30S``) or a number of seconds into a timedelta.
+
+    Months and years are refused: their length is ambiguous. A leading ``-`` is accepted so
+    that range checks can name the real problem ("must be positive").
+    """
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError("duration must be finite")
+        return _timedelta(seconds=value)
+    if not isinstance(value, str):
+        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+    text = value.strip()
+    sign = 1
+    if text.startswith("-"):
+        sign, text = -1, text[1:]
+    try:
+        seconds = float(text)
+    except ValueError:
+        pass
+    else:
+        if not math.isfinite(seconds):
+            raise ValueError("duration must be finite")
+        return _timedelta(seconds=sign * seconds)
+    match = _ISO_DURATION.match(text.upper())
+    if not match:
+        raise ValueError(
+            f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30"
+        )
+    parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
+    return sign * _timedelta(**parts)
+
+
+def _timedelta(**parts: float) -> timedelta:
+    try:
+        return timedelta(**parts)
+    except OverflowError:  # beyond timedelta's 999 999 999 days: a ValueError names the setting
+        raise ValueError("too large: at most 999999999 days") from None
+
+
+def _must_be_positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be positive")
+    return value
+
+
+def _must_not_be_negative(value: timedelta) -> timedelta:
+    if value < timedelta(0):
+        raise ValueError("must not be negative")
+    return value
+
+
+Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
+PositiveDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_be_positive)]
+NonNegativeDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_not_be_negative)]
+
+
+def format_duration(delta: timedelta) -> str:
+    """Render a timedelta as a compact ISO-8601 duration (``P7D``, ``PT11M12S``), exact to the microsecond.
+
+    Never rounded: a guard that compares two durations must not print them equal (23.999999 s
+    stays ``PT23.999999S``). Integer arithmetic, so huge durations keep their microseconds too.
+    """
+    sign = "-" if delta < timedelta(0) else ""
+    delta = abs(delta)
+    hours, rest = divmod(delta.seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    date_part = f"{delta.days}D" if delta.days else ""
+    time_part = "".join(f"{n}{unit}" for n, unit in ((hours, "H"), (minutes, "M")) if n)
+    if seconds or delta.microseconds:
+        fraction = f".{delta.microseconds:06d}".rstrip("0") if delta.microseconds else ""
+        time_part += f"{seconds}{fraction}S"
+    if not date_part and not time_part:
+        return "PT0S"
+    return f"{sign}P{date_part}" + (f"T{time_part}" if time_part else "")
+
+
+def format_factor(value: float) -> str:
+    """A factor as written (``2``, ``1.5``, ``2.0000001``): the shortest text that reads back as exactly ``value``."""
+    short = f"{value:g}"
+    return short if float(short) == value else repr(value)

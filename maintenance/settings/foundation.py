@@ -1,0 +1,121 @@
+"""Foundation settings: the database URL, the fence TTL and its guard, the default retry policy, logging.
+
+``CORE_JOBS_DATABASE_URL`` is checked by :func:`~maintenance.settings.urls.normalize_database_url`;
+the retry policies and the TTL guard they feed are derived in :mod:`maintenance.settings.retry`.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+
+from harness.retry import RetryPolicy
+from maintenance.errors import ConfigError
+from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
+from maintenance.settings.environment import ENV_PREFIX
+from maintenance.settings.retry import RetryOverride, TtlGuard, policy_with_override, worst_retry_window
+from maintenance.settings.urls import normalize_database_url
+
+DEFAULT_PROCESSED_JOBS_TTL = timedelta(days=7)  # fence lifetime (J-B7)
+DEFAULT_TTL_MARGIN = 2.0  # factor over the max retry window
+DEFAULT_RETRY_MAX_ATTEMPTS = 5  # attempts, the first included (J-B3)
+DEFAULT_RETRY_BASE_DELAY = timedelta(seconds=30)  # before the first retry
+DEFAULT_RETRY_MAX_DELAY = timedelta(hours=1)  # cap of one retry delay
+DEFAULT_RETRY_JITTER = 0.2  # fraction
+DEFAULT_RETRY_AFTER_MAX = timedelta(seconds=120)  # bound on an honoured Retry-After (R-2)
+DEFAULT_BROKER_REDELIVERY_HORIZON = timedelta(0)  # no broker-side redelivery
+DEFAULT_LOG_FORMAT = "auto"  # JSON lines unless stdout is a TTY
+DEFAULT_LOG_LEVEL = "INFO"  # minimum level
+
+
+class FoundationFields(BaseModel):
+    """Database URL, fence TTL, default retry policy and its overrides, logging."""
+
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="PostgreSQL URL (postgresql://; postgresql+psycopg://, postgresql+psycopg2:// and postgres:// are "
+        "rewritten to it, then checked alike), as libpq reads it. Required by "
+        "every command that uses the database; `demo` starts an embedded PostgreSQL when it is unset.",
+    )
+    processed_jobs_ttl: PositiveDuration = Field(
+        default=DEFAULT_PROCESSED_JOBS_TTL,
+        description="How long a processed_jobs fence is kept (J-B7). Must exceed "
+        "TTL_MARGIN x the maximum retry window.",
+    )
+    ttl_margin: float = Field(
+        default=DEFAULT_TTL_MARGIN, ge=1.0,
+        description="Safety factor: the TTL must be at least this many times the maximum retry window.",
+    )
+    retry_max_attempts: int = Field(
+        default=DEFAULT_RETRY_MAX_ATTEMPTS, ge=1, description="Total attempts per job, the first included (J-B3)."
+    )
+    retry_base_delay: PositiveDuration = Field(
+        default=DEFAULT_RETRY_BASE_DELAY, description="Delay before the first retry; doubles each retry."
+    )
+    retry_max_delay: PositiveDuration = Field(default=DEFAULT_RETRY_MAX_DELAY, description="Cap on any single retry delay.")
+    retry_jitter: float = Field(
+        default=DEFAULT_RETRY_JITTER, ge=0.0, lt=1.0,
+        description="Jitter fraction: each delay is multiplied by U(1-j, 1+j).",
+    )
+    retry_after_max: NonNegativeDuration = Field(
+        default=DEFAULT_RETRY_AFTER_MAX,
+        description="Bound on an honoured Retry-After from a provider (R-2).",
+    )
+    retry_overrides: dict[str, RetryOverride] = Field(
+        default_factory=dict,
+        description='Per-queue retry policies as JSON: {"queue": {"max_attempts": 8, '
+        '"justification": "why"}}. A missing justification is an error (J-B3).',
+    )
+    broker_redelivery_horizon: NonNegativeDuration = Field(
+        default=DEFAULT_BROKER_REDELIVERY_HORIZON,
+        description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
+        "added to the retry window by the TTL guard.",
+    )
+    log_format: Literal["auto", "json", "console"] = Field(
+        default=DEFAULT_LOG_FORMAT, description="auto: JSON lines when stdout is not a TTY, readable console on a TTY."
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        default=DEFAULT_LOG_LEVEL, description="Minimum log level."
+    )
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _normalize_url(cls, value: Any) -> Any:
+        if value is None or value == "":
+            return None
+        raw = value.get_secret_value() if isinstance(value, SecretStr) else str(value)
+        return SecretStr(normalize_database_url(raw))
+
+    def conninfo(self) -> str:
+        """The libpq URL of the database; ConfigError when none is configured."""
+        if self.database_url is None:
+            raise ConfigError(f"{ENV_PREFIX}DATABASE_URL is not set: point it at the PostgreSQL that holds schema core")
+        return self.database_url.get_secret_value()
+
+    def default_retry_policy(self) -> RetryPolicy:
+        return RetryPolicy(
+            max_attempts=self.retry_max_attempts,
+            base_delay=self.retry_base_delay,
+            max_delay=self.retry_max_delay,
+            jitter=self.retry_jitter,
+            retry_after_cap=self.retry_after_max,
+        )
+
+    def retry_policy(self, queue: str | None = None) -> RetryPolicy:
+        """The policy of ``queue``: its justified override on top of the defaults, or the defaults."""
+        override = self.retry_overrides.get(queue) if queue is not None else None
+        return policy_with_override(self.default_retry_policy(), override)
+
+    def retry_policies(self) -> dict[str | None, RetryPolicy]:
+        """Every configured policy: ``None`` for the default, then each overridden queue."""
+        return {None: self.default_retry_policy()} | {q: self.retry_policy(q) for q in self.retry_overrides}
+
+    def max_retry_window(self) -> timedelta:
+        """The longest time a job may still be retried: worst policy + broker redelivery horizon."""
+        return worst_retry_window(self.retry_policies().values(), self.broker_redelivery_horizon)
+
+    def ttl_guard(self) -> TtlGuard:
+        """The J-B7 check: the fence TTL must be at least TTL_MARGIN x the maximum retry window."""
+        return TtlGuard(ttl=self.processed_jobs_ttl, window=self.max_retry_window(), margin=self.ttl_margin)

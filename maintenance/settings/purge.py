@@ -1,0 +1,63 @@
+"""Purge settings (issue 3): batch sizing, timeouts, time budget and access path of the processed_jobs purge.
+
+The purge job itself is ``maintenance/jobs/purge/__init__.py``; its manual explains how these are used.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
+
+DEFAULT_PURGE_BATCH_SIZE = 10_000  # rows
+DEFAULT_PURGE_MIN_BATCH_SIZE = 100  # rows
+DEFAULT_PURGE_TARGET_BATCH_DURATION = timedelta(milliseconds=10)  # wall time per batch
+DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts
+DEFAULT_PURGE_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per DELETE
+DEFAULT_PURGE_BATCH_PAUSE = timedelta(0)  # between batches
+DEFAULT_PURGE_MAX_RUNTIME = timedelta(minutes=5)  # per run
+DEFAULT_PURGE_STRATEGY = "auto"  # access path chosen per run
+
+
+class PurgeFields(BaseModel):
+    """The purge of expired processed_jobs fences."""
+
+    purge_batch_size: int = Field(
+        default=DEFAULT_PURGE_BATCH_SIZE, ge=1,
+        description="Largest number of fences per batch; each batch is its own short transaction, sized "
+        "to CORE_JOBS_PURGE_TARGET_BATCH_DURATION.",
+    )
+    purge_min_batch_size: int = Field(
+        default=DEFAULT_PURGE_MIN_BATCH_SIZE, ge=1,
+        description="Floor the batch size may shrink to (slow batches, statement timeouts); "
+        "at this size, repeated timeouts stop the run (exit 1).",
+    )
+    purge_target_batch_duration: PositiveDuration = Field(
+        default=DEFAULT_PURGE_TARGET_BATCH_DURATION,
+        description="Wall time each batch transaction aims at: after a slower batch the batch size shrinks in "
+        "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
+    )
+    purge_timeouts_before_shrink: int = Field(
+        default=DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK, ge=1,
+        description="Consecutive statement timeouts after which the batch size is halved.",
+    )
+    purge_statement_timeout: PositiveDuration = Field(
+        default=DEFAULT_PURGE_STATEMENT_TIMEOUT,
+        description="statement_timeout of each batch's DELETE (SET LOCAL).",
+    )
+    purge_batch_pause: NonNegativeDuration = Field(
+        default=DEFAULT_PURGE_BATCH_PAUSE,
+        description="Pause between batches, to leave I/O to the application.",
+    )
+    purge_max_runtime: PositiveDuration = Field(
+        default=DEFAULT_PURGE_MAX_RUNTIME,
+        description="Time budget of one run; no new batch starts after it and the run reports rows_left.",
+    )
+    purge_strategy: Literal["auto", "index", "sweep"] = Field(
+        default=DEFAULT_PURGE_STRATEGY,
+        description="Access path of each run: index walks the expires_at index in expiry order; sweep walks "
+        "the heap in block ranges; auto picks one per run from the expired fraction and the physical order.",
+    )

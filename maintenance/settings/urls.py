@@ -1,0 +1,132 @@
+"""URLs: the one place that checks URL settings and hides what is secret in a URL.
+
+- **Database URL** (:func:`normalize_database_url`): ``postgresql://``; the aliases
+  ``postgresql+psycopg://``, ``postgresql+psycopg2://`` and ``postgres://`` are rewritten to it
+  first, then every spelling takes the same check: libpq must parse it now, not at the first
+  connection (a raw ``@``, ``/`` or ``:`` in the user name or password is refused: percent-encode it).
+- **HTTP URLs** (:func:`check_http_url`: Better Stack, the heartbeat, the Pushgateway): parsed as
+  httpx and urllib will use them — host, IPv6 brackets, port 1-65535, no credentials.
+- **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
+  URL in a text by :data:`MASK`, up to the last ``@`` before the host, so a raw ``@`` in the
+  password (or the user name) leaves nothing of it visible; the log redactor
+  (``maintenance/runtime/logs.py``) applies it to every log string. :func:`redact_url` also masks
+  ``?password=``. :func:`url_passwords` lists a database URL's passwords so the redactor masks
+  them wherever they appear alone.
+  :func:`shown_url` is the origin-only display (``https://host/…``) of a URL whose path is a
+  secret (the heartbeat token), used in log events.
+
+No error message quotes the URL it refuses: it may hold a password or a token.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import unquote, urlsplit
+
+import httpx
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+MASK = "***"
+
+# scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
+# last @ before the host (the first @ not followed by another one before the host ends).
+_URL_PASSWORD = re.compile(
+    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I
+)
+
+# A libpq ?password= (or &password=) query parameter.
+_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
+
+# Spellings of the scheme accepted besides libpq's own postgresql:// (SQLAlchemy's, Heroku's).
+DATABASE_URL_SCHEME_ALIASES = ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://")
+
+
+def normalize_database_url(url: str) -> str:
+    """Accept ``postgresql://`` and its aliases (SQLAlchemy's ``+psycopg``, ``+psycopg2``, ``postgres://``); return libpq's.
+
+    The scheme is rewritten first and then every spelling takes the same check, so an alias
+    never lets through a URL that libpq would misread.
+    """
+    for prefix in DATABASE_URL_SCHEME_ALIASES:
+        if url.startswith(prefix):
+            url = "postgresql://" + url[len(prefix):]
+            break
+    if not url.startswith("postgresql://"):
+        raise ValueError("must start with postgresql:// or postgresql+psycopg://")
+    _check_libpq_parses(url)
+    return url
+
+
+def _check_libpq_parses(url: str) -> None:
+    """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        raise ValueError(
+            "libpq cannot parse it: percent-encode special characters of the password"
+            " (@ as %40, % as %25) and use only libpq's query parameters"
+        ) from None
+    # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
+    if "@" in params.get("host", "") + params.get("port", ""):
+        raise ValueError("its user name or password contains an unencoded @: write it as %40")
+    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+        raise ValueError(
+            "its port is not a number: percent-encode special characters of the user name and password"
+            " (/ as %2F, : as %3A, @ as %40)"
+        )
+
+
+def url_passwords(url: str) -> list[str]:
+    """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
+    parts = urlsplit(url)
+    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
+
+
+def mask_url_passwords(text: str) -> str:
+    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``.
+
+    The password ends at the last ``@`` before the host, so ``u:p@ss@host`` shows as ``u:***@host``.
+    """
+    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password (user part or ``?password=``) replaced by ``***``."""
+    return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, mask_url_passwords(url))
+
+
+def shown_url(url: str) -> str:
+    """The URL without its path (the token): ``https://uptime.betterstack.com/…``."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc}/…"
+
+
+def check_http_url(value: str, *, credentials_hint: str = "") -> str:
+    """``value`` (stripped, no trailing ``/``) if httpx and urllib can both use it as an http(s) URL; else ValueError.
+
+    Parsed the way the clients will: urllib (the Pushgateway push, the masked form in log events)
+    and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
+    The messages never quote the URL: a heartbeat URL's path is a token.
+    """
+    text = value.strip()
+    if not re.match(r"^https?://", text, re.I):
+        raise ValueError("must be an http:// or https:// URL")
+    if any(ch.isspace() for ch in text):
+        raise ValueError("must not contain spaces")
+    try:
+        parts = urlsplit(text)
+        port = parts.port  # reading it checks it: a number in 0-65535
+        url = httpx.URL(text)
+    except (ValueError, httpx.InvalidURL):  # an unclosed [ of an IPv6 host, a bad port, an invalid IDNA host name
+        raise ValueError(
+            "is not a URL httpx can use: check the host (an IPv6 address in [ ]) and the port (1-65535)"
+        ) from None
+    if not url.host or not parts.hostname:
+        raise ValueError("has no host")
+    if port == 0:
+        raise ValueError("its port must be 1-65535")
+    if parts.username is not None or parts.password is not None or url.userinfo:
+        raise ValueError("must not carry credentials (user:password@)" + credentials_hint)
+    return text.rstrip("/")

@@ -1,0 +1,43 @@
+"""URL handling of the settings: masking passwords, redaction, the origin-only display (pure: no database)."""
+
+from __future__ import annotations
+
+import pytest
+
+from maintenance.settings import mask_url_passwords, redact_url, shown_url
+
+
+@pytest.mark.parametrize(
+    ("text", "masked"),
+    [
+        ("postgresql://app:pw@hunter2@db/core", "postgresql://app:***@db/core"),
+        ("postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require", "postgresql://app:***@db:5432/core?sslmode=require"),
+        ('connect "postgresql://app:pw@hunter2@db/core" failed', 'connect "postgresql://app:***@db/core" failed'),
+        ("http://app@corp:hunter2@push.example/x", "http://app@corp:***@push.example/x"),
+    ],
+)
+def test_masks_a_password_with_a_raw_at_up_to_the_last_at_before_the_host(text, masked):
+    """A password (or user name) holding an unencoded @ is masked whole, up to the @ that precedes the host."""
+    assert mask_url_passwords(text) == masked
+
+
+def test_masks_each_url_of_a_text_up_to_its_own_host():
+    """Two URLs in one text are masked each on its own: the mask never runs on into the next URL."""
+    text = "from postgresql://a:pw-1@h1/db to postgresql://b:pw@2@h2/db (user x@y)"
+    assert mask_url_passwords(text) == "from postgresql://a:***@h1/db to postgresql://b:***@h2/db (user x@y)"
+
+
+def test_redact_url_masks_only_the_password():
+    """redact_url keeps user, host and database and hides the password, in the user part or the query."""
+    assert redact_url("postgresql://u:p%40ss@h/db?sslmode=require") == "postgresql://u:***@h/db?sslmode=require"
+    assert redact_url("postgresql://u@h/db") == "postgresql://u@h/db"
+    assert redact_url("postgresql://u@h/db?sslmode=require&password=q-pw&x=1") == (
+        "postgresql://u@h/db?sslmode=require&password=***&x=1"
+    )
+
+
+def test_shown_url_keeps_only_the_origin():
+    """A URL whose path is a token is shown as scheme://host:port/… only."""
+    assert shown_url("https://uptime.betterstack.com:443/api/v1/heartbeat/tok-123?x=1") == (
+        "https://uptime.betterstack.com:443/…"
+    )
