@@ -312,8 +312,10 @@ def _incident_from(data: Any) -> Incident | None:
     incident_id = data.get("id")
     if incident_id is None or str(incident_id).strip() == "":
         return None
-    attributes = data.get("attributes") if isinstance(data.get("attributes"), Mapping) else {}
-    metadata = attributes.get("metadata") if isinstance(attributes.get("metadata"), Mapping) else {}
+    raw_attributes = data.get("attributes")
+    attributes: Mapping[str, Any] = raw_attributes if isinstance(raw_attributes, Mapping) else {}
+    raw_metadata = attributes.get("metadata")
+    metadata: Mapping[str, Any] = raw_metadata if isinstance(raw_metadata, Mapping) else {}
     return Incident(id=str(incident_id), status=attributes.get("status"), metadata=metadata)
 
 

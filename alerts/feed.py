@@ -413,6 +413,7 @@ class AlertFeed:
                     pass
             result.post_failures = len(_pending_intents(conn))
         row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
+        assert row is not None  # counts: always one row
         result.dead_letters_unalerted, result.dead_letters_unescalated = row
         return result
 
@@ -434,11 +435,13 @@ class AlertFeed:
         """Intent and coverage in one transaction, before anything is sent."""
         ids = list(incident.dead_letter_ids)
         with conn.transaction():
-            alert_id = conn.execute(RECORD_INTENT, {
+            row = conn.execute(RECORD_INTENT, {
                 "alert_key": incident.alert_key, "kind": incident.kind, "queue": incident.queue,
                 "name": incident.name, "summary": incident.summary, "description": incident.description,
                 "num": len(ids), "now": now,
-            }).fetchone()[0]
+            }).fetchone()
+            assert row is not None  # an upsert's RETURNING: always one row
+            alert_id = row[0]
             conn.execute(RECORD_COVERAGE, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
             if incident.kind == STALE:
                 conn.execute(RECORD_NEW_COVERAGE_OF_ESCALATION, {"alert_id": alert_id, "ids": ids})
@@ -471,8 +474,10 @@ class AlertFeed:
             if incident is not None:
                 self._confirmed(conn, intent, incident.id, now, recovered=True, result=result)
                 continue
-            pending, stale = conn.execute(INTENT_STANDING, {"id": intent.id, "kind": intent.kind,
-                                                            "stale_cutoff": stale_cutoff}).fetchone()
+            standing = conn.execute(INTENT_STANDING, {"id": intent.id, "kind": intent.kind,
+                                                      "stale_cutoff": stale_cutoff}).fetchone()
+            assert standing is not None  # counts: always one row
+            pending, stale = standing
             if pending == 0:
                 self._cancel(conn, intent, CANCELLED_HANDLED, now, result)
             elif intent.kind == NEW and stale > 0:

@@ -98,7 +98,9 @@ def walk_through(settings: Settings, db: Database, out: TextIO) -> None:
             " ORDER BY id", (OPERATOR,)
         ):
             say(f"   audit ledger: {who} {action} {letter_id}: {reason}")
-        left = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0]
+        row = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()
+        assert row is not None
+        left = row[0]
         say(f"   messages left in the queue: {left}; metrics: " + ", ".join(
             f"{name}={metrics.value(name, consumer=QUEUE):g}" for name in ("processed", "duplicates", "retries")
         ) + ", dead_lettered=" + ", ".join(

@@ -7,7 +7,7 @@ the retry policies and the TTL guard they feed are derived in :mod:`maintenance.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -26,8 +26,8 @@ DEFAULT_RETRY_MAX_DELAY = timedelta(hours=1)  # cap of one retry delay
 DEFAULT_RETRY_JITTER = 0.2  # fraction
 DEFAULT_RETRY_AFTER_MAX = timedelta(seconds=120)  # bound on an honoured Retry-After
 DEFAULT_BROKER_REDELIVERY_HORIZON = timedelta(0)  # no broker-side redelivery
-DEFAULT_LOG_FORMAT = "auto"  # JSON lines unless stdout is a TTY
-DEFAULT_LOG_LEVEL = "INFO"  # minimum level
+DEFAULT_LOG_FORMAT: Final = "auto"  # JSON lines unless stdout is a TTY
+DEFAULT_LOG_LEVEL: Final = "INFO"  # minimum level
 
 
 class FoundationFields(BaseModel):

@@ -6,7 +6,7 @@ The purge job itself is ``maintenance/jobs/purge/__init__.py``; its manual expla
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, Field
 
@@ -19,7 +19,7 @@ DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts
 DEFAULT_PURGE_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per DELETE
 DEFAULT_PURGE_BATCH_PAUSE = timedelta(0)  # between batches
 DEFAULT_PURGE_MAX_RUNTIME = timedelta(minutes=5)  # per run
-DEFAULT_PURGE_STRATEGY = "auto"  # access path chosen per run
+DEFAULT_PURGE_STRATEGY: Final = "auto"  # access path chosen per run
 
 
 class PurgeFields(BaseModel):

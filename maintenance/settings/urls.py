@@ -68,9 +68,10 @@ def _check_libpq_parses(url: str) -> None:
             " (@ as %40, % as %25) and use only libpq's query parameters"
         ) from None
     # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
-    if "@" in params.get("host", "") + params.get("port", ""):
+    host, port_list = str(params.get("host") or ""), str(params.get("port") or "")
+    if "@" in host + port_list:
         raise ValueError("its user name or password contains an unencoded @: write it as %40")
-    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+    if not all(port.isdigit() for port in port_list.split(",") if port):
         raise ValueError(
             "its port is not a number: percent-encode special characters of the user name and password"
             " (/ as %2F, : as %3A, @ as %40)"
@@ -80,7 +81,7 @@ def _check_libpq_parses(url: str) -> None:
 def url_passwords(url: str) -> list[str]:
     """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
     parts = urlsplit(url)
-    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    written = [parts.password or "", *re.findall(r"(?:^|&)password=([^&]*)", parts.query)]
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 

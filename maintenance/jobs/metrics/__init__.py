@@ -184,7 +184,7 @@ def add_counts(totals: Mapping[str, Any], counts: Mapping[tuple[str, str | None]
     Named tenants per consumer are capped at ``top_n``; tenants without a slot are the
     difference ``total - sum(named)`` (exported as ``other``).
     """
-    result = {c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()}
+    result: dict[str, dict[str, Any]] = {c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()}
     by_consumer: dict[str, dict[str | None, int]] = {}
     for (consumer, tenant), n in counts.items():
         by_consumer.setdefault(consumer, {})[tenant] = n
@@ -339,9 +339,13 @@ class MetricsJob:
         """Lock the watermark, count up to the new horizon, store the totals and the new watermark."""
         params = {"name": WATERMARK}
         conn.execute(ENSURE_WATERMARK, params)
-        since, totals = conn.execute(LOCK_WATERMARK, params).fetchone()
+        watermark = conn.execute(LOCK_WATERMARK, params).fetchone()
+        assert watermark is not None  # ENSURE_WATERMARK just made sure the row exists
+        since, totals = watermark
         since = NEVER if since is None else since  # NULL: nothing counted yet
-        oldest_open, hidden, prepared = conn.execute(SUCCESS_HORIZON).fetchone()
+        horizon_row = conn.execute(SUCCESS_HORIZON).fetchone()
+        assert horizon_row is not None  # aggregates: always one row
+        oldest_open, hidden, prepared = horizon_row
         horizon, why = choose_horizon(
             now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.config.max_transaction
         )

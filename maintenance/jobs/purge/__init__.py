@@ -450,9 +450,10 @@ def demo_lines(db: Database, result: PurgeResult) -> list[str]:
     if result.skipped:
         return ["skipped: another purge run held the lock"]
     with db.connect(autocommit=True) as conn:
-        not_expired, inside_window, pending = conn.execute(
-            COUNT_KEPT, {"cutoff": result.cutoff, "protected_from": result.protected_from}
-        ).fetchone()
+        row = conn.execute(COUNT_KEPT, {"cutoff": result.cutoff, "protected_from": result.protected_from}).fetchone()
+    assert row is not None  # counts: always one row
+    assert result.cutoff is not None and result.protected_from is not None  # set by every run that was not skipped
+    not_expired, inside_window, pending = row
     return [
         f"deleted {result.num_deleted} fences in {result.num_batches} batch(es): expired, processed more than"
         f" {format_duration(result.cutoff - result.protected_from)} (margin x retry window) ago, no dead letter holding them",
