@@ -109,13 +109,13 @@ def dists(tmp_path_factory) -> Path:
 
 
 def test_the_harness_wheel_holds_the_harness_package_and_nothing_else(dists):
-    """core-jobs-harness's wheel has harness/ (all its modules, the example too) and its dist-info, no other file."""
+    """core-jobs-harness's wheel has harness/ (all its modules, the example too, py.typed) and its dist-info, nothing else."""
     wheel = wheel_in(dists, "core_jobs_harness")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert top_level(wheel) == {"harness"}
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")}
-    assert {n for n in names if not n.split("/")[0].endswith(".dist-info")} == sources
+    assert {n for n in names if not n.split("/")[0].endswith(".dist-info")} == sources | {"harness/py.typed"}
 
 
 def test_the_harness_declares_only_psycopg_pydantic_structlog_and_a_metrics_extra(dists):
