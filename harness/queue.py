@@ -94,7 +94,9 @@ def _jsonb_problem(value: Any, where: str) -> str | None:
     if value is None or isinstance(value, bool | int):
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
+        return (
+            None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
+        )
     if isinstance(value, str):
         return _text_problem(value, where)
     if isinstance(value, dict):

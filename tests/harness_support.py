@@ -23,25 +23,47 @@ TTL = timedelta(days=7)
 QUEUE = "points.credit"
 
 
-def publish(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
-            correlation_id: str | None = None, delay: timedelta = timedelta(0)) -> uuid.UUID:
+def publish(
+    conn: psycopg.Connection,
+    payload: Any,
+    *,
+    job_id: uuid.UUID | None = None,
+    queue: str = QUEUE,
+    correlation_id: str | None = None,
+    delay: timedelta = timedelta(0),
+) -> uuid.UUID:
     job_id = job_id or uuid.uuid4()
     envelope = Envelope(job_id=job_id, payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
     PgQueue(conn).publish(queue, envelope, delay=delay)
     return job_id
 
 
-def dead_letter(conn: psycopg.Connection, payload: Any, *, job_id: uuid.UUID | None = None, queue: str = QUEUE,
-                error: str = "TransientError: ledger timeout") -> tuple[int, uuid.UUID]:
+def dead_letter(
+    conn: psycopg.Connection,
+    payload: Any,
+    *,
+    job_id: uuid.UUID | None = None,
+    queue: str = QUEUE,
+    error: str = "TransientError: ledger timeout",
+) -> tuple[int, uuid.UUID]:
     """A pending dead letter of the points consumer, as the harness writes it; returns (id, job_id)."""
     job_id = job_id or uuid.uuid4()
-    letter = DeadLetter(job_id=job_id, queue=queue, consumer="points.credit", payload=payload, attempts=5,
-                        last_error=error, tenant_id=TENANT, correlation_id=f"corr-{job_id.hex[:6]}")
+    letter = DeadLetter(
+        job_id=job_id,
+        queue=queue,
+        consumer="points.credit",
+        payload=payload,
+        attempts=5,
+        last_error=error,
+        tenant_id=TENANT,
+        correlation_id=f"corr-{job_id.hex[:6]}",
+    )
     return write_dead_letter(conn, letter), job_id
 
 
-def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
-                    stamp: str = "status_changed_at") -> None:
+def backdate_replay(
+    conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *, stamp: str = "status_changed_at"
+) -> None:
     """Move the database's stamp of a replay (``status_changed_at``), or of its delivery's handling
     (``replay_handled_at``), back in time — its triggers, which guard it, set aside."""
     assert stamp in ("status_changed_at", "replay_handled_at")
@@ -54,20 +76,23 @@ def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime,
 
 def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, bool]:
     """(replay_outcome, whether replay_handled_at is stamped) of a dead letter: (None, False) while outstanding."""
-    return conn.execute("SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s",
-                        (letter_id,)).fetchone()
+    return conn.execute(
+        "SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s", (letter_id,)
+    ).fetchone()
 
 
 def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
     """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics."""
     metrics = HarnessMetrics(CollectorRegistry())
-    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL),
-                  metrics=metrics).run(once=True)
+    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL), metrics=metrics).run(
+        once=True
+    )
 
 
 def points(conn: psycopg.Connection, member: str) -> int:
-    row = conn.execute("SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s",
-                       (TENANT, member)).fetchone()
+    row = conn.execute(
+        "SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s", (TENANT, member)
+    ).fetchone()
     return row[0] if row else 0
 
 
@@ -81,8 +106,10 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
 
 def expire_leases(conn: psycopg.Connection) -> None:
     """Move every lease into the past: what waiting out the lease duration would do."""
-    conn.execute("UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
-                 " WHERE lease_expires_at IS NOT NULL")
+    conn.execute(
+        "UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
+        " WHERE lease_expires_at IS NOT NULL"
+    )
 
 
 def make_due(conn: psycopg.Connection) -> None:
@@ -92,9 +119,13 @@ def make_due(conn: psycopg.Connection) -> None:
 
 def row_counts(conn: psycopg.Connection) -> dict[str, int]:
     """Rows of every table in schemas core and example (the version table aside)."""
-    tables = [r[0] for r in conn.execute(
-        "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
-        " AND tablename <> 'alembic_version' ORDER BY 1")]
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
+            " AND tablename <> 'alembic_version' ORDER BY 1"
+        )
+    ]
     return {t: scalar(conn, f"SELECT count(*) FROM {t}") for t in tables}
 
 
@@ -111,8 +142,9 @@ def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float 
     """Block until some backend waits for advisory lock ``key``; return its pid."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        row = conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                           " AND objid = %s", (key,)).fetchone()
+        row = conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s", (key,)
+        ).fetchone()
         if row:
             return row[0]
     raise AssertionError(f"nobody waited for advisory lock {key}")

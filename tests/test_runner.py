@@ -36,8 +36,13 @@ class FailingJob:
 
 
 def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0},
-                   event_prefix=f"test.{name}")
+    return JobSpec(
+        name=name,
+        summary=name,
+        build=lambda s, d: None,
+        zero_fields=lambda: {"num_done": 0},
+        event_prefix=f"test.{name}",
+    )
 
 
 def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db):

@@ -11,7 +11,10 @@ from maintenance.settings import mask_url_passwords, redact_url, shown_url
     ("text", "masked"),
     [
         ("postgresql://app:pw@hunter2@db/core", "postgresql://app:***@db/core"),
-        ("postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require", "postgresql://app:***@db:5432/core?sslmode=require"),
+        (
+            "postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require",
+            "postgresql://app:***@db:5432/core?sslmode=require",
+        ),
         ('connect "postgresql://app:pw@hunter2@db/core" failed', 'connect "postgresql://app:***@db/core" failed'),
         ("http://app@corp:hunter2@push.example/x", "http://app@corp:***@push.example/x"),
     ],

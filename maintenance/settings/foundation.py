@@ -45,7 +45,8 @@ class FoundationFields(BaseModel):
         "TTL_MARGIN x the maximum retry window.",
     )
     ttl_margin: float = Field(
-        default=DEFAULT_TTL_MARGIN, ge=1.0,
+        default=DEFAULT_TTL_MARGIN,
+        ge=1.0,
         description="Safety factor: the TTL must be at least this many times the maximum retry window.",
     )
     retry_max_attempts: int = Field(
@@ -54,9 +55,13 @@ class FoundationFields(BaseModel):
     retry_base_delay: PositiveDuration = Field(
         default=DEFAULT_RETRY_BASE_DELAY, description="Delay before the first retry; doubles each retry."
     )
-    retry_max_delay: PositiveDuration = Field(default=DEFAULT_RETRY_MAX_DELAY, description="Cap on any single retry delay.")
+    retry_max_delay: PositiveDuration = Field(
+        default=DEFAULT_RETRY_MAX_DELAY, description="Cap on any single retry delay."
+    )
     retry_jitter: float = Field(
-        default=DEFAULT_RETRY_JITTER, ge=0.0, lt=1.0,
+        default=DEFAULT_RETRY_JITTER,
+        ge=0.0,
+        lt=1.0,
         description="Jitter fraction: each delay is multiplied by U(1-j, 1+j).",
     )
     retry_after_max: NonNegativeDuration = Field(

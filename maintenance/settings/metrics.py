@@ -40,10 +40,12 @@ class MetricsFields(BaseModel):
     metrics_tenant_label: bool = Field(
         default=DEFAULT_METRICS_TENANT_LABEL,
         description="Add a tenant label to core_jobs_successes_total (at most METRICS_TENANT_TOP_N "
-        "tenants per consumer, the rest as tenant=\"other\").",
+        'tenants per consumer, the rest as tenant="other").',
     )
     metrics_tenant_top_n: int = Field(
-        default=DEFAULT_METRICS_TENANT_TOP_N, ge=1, le=100,
+        default=DEFAULT_METRICS_TENANT_TOP_N,
+        ge=1,
+        le=100,
         description="Named tenants per consumer when METRICS_TENANT_LABEL is on (cardinality cap).",
     )
 

@@ -31,9 +31,7 @@ MASK = "***"
 
 # scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
 # last @ before the host (the first @ not followed by another one before the host ends).
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I
-)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I)
 
 # A libpq ?password= (or &password=) query parameter.
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
@@ -50,7 +48,7 @@ def normalize_database_url(url: str) -> str:
     """
     for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
-            url = "postgresql://" + url[len(prefix):]
+            url = "postgresql://" + url[len(prefix) :]
             break
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")

@@ -66,7 +66,9 @@ def demo_lines(db: Database, result: AlertFeedResult) -> list[str]:
     """The incidents a dry run would post (the demo has no token)."""
     if not result.dry_run:
         return [f"posted {result.incidents_posted} incidents and {result.escalations_posted} escalations"]
-    lines = [f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"]
+    lines = [
+        f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"
+    ]
     for incident in result.planned:
         label = "escalation" if incident.kind == "stale" else "incident"
         lines.append(f"{label}: {incident.name}")

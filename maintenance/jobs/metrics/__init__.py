@@ -164,8 +164,9 @@ SELECT queue,
 
 
 # --- pure parts --------------------------------------------------------------------------------
-def choose_horizon(now: datetime, oldest_open: datetime | None, *, hidden: int, prepared: int,
-                   max_transaction: timedelta) -> tuple[datetime, str]:
+def choose_horizon(
+    now: datetime, oldest_open: datetime | None, *, hidden: int, prepared: int, max_transaction: timedelta
+) -> tuple[datetime, str]:
     """The new watermark candidate and why: ``open_transaction``, ``settle`` or ``max_transaction``."""
     floor = now - max_transaction
     if hidden or prepared:
@@ -177,14 +178,17 @@ def choose_horizon(now: datetime, oldest_open: datetime | None, *, hidden: int, 
     return now - SETTLE, "settle"
 
 
-def add_counts(totals: Mapping[str, Any], counts: Mapping[tuple[str, str | None], int], *,
-               tenant_label: bool, top_n: int) -> dict[str, dict[str, Any]]:
+def add_counts(
+    totals: Mapping[str, Any], counts: Mapping[tuple[str, str | None], int], *, tenant_label: bool, top_n: int
+) -> dict[str, dict[str, Any]]:
     """New cumulative totals: ``{consumer: {"total": n, "tenants": {tenant: n}}}``.
 
     Named tenants per consumer are capped at ``top_n``; tenants without a slot are the
     difference ``total - sum(named)`` (exported as ``other``).
     """
-    result: dict[str, dict[str, Any]] = {c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()}
+    result: dict[str, dict[str, Any]] = {
+        c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()
+    }
     by_consumer: dict[str, dict[str | None, int]] = {}
     for (consumer, tenant), n in counts.items():
         by_consumer.setdefault(consumer, {})[tenant] = n
@@ -271,7 +275,9 @@ class MetricsResult:
     def metric_families(self) -> Iterator[Metric]:
         labels = ["consumer", "tenant"] if self.tenant_label else ["consumer"]
         successes = CounterMetricFamily(
-            "core_jobs_successes", "Jobs processed successfully (idempotency fences counted), cumulative.", labels=labels
+            "core_jobs_successes",
+            "Jobs processed successfully (idempotency fences counted), cumulative.",
+            labels=labels,
         )
         for key, n in self.totals_by_series().items():
             successes.add_metric(list(key), n)
@@ -283,7 +289,8 @@ class MetricsResult:
         )
         pending = GaugeMetricFamily("core_jobs_dead_letters_pending", "Dead letters pending review.", labels=["queue"])
         age = GaugeMetricFamily(
-            "core_jobs_dead_letters_oldest_pending_age_seconds", "Age of the oldest dead letter pending review.",
+            "core_jobs_dead_letters_oldest_pending_age_seconds",
+            "Age of the oldest dead letter pending review.",
             labels=["queue"],
         )
         replayed = CounterMetricFamily("core_jobs_dead_letters_replayed", "Dead letters replayed.", labels=["queue"])
@@ -374,7 +381,7 @@ def demo_lines(db: Database, result: MetricsResult) -> list[str]:
         f"counted {sum(result.successes.values())} successes up to {figures['counted_until']} (horizon: {result.horizon});"
         " the watermark row is the only row written",
     ]
-    lines += [f"core_jobs_successes_total{{consumer=\"{k}\"}} {v}" for k, v in figures["successes_total"].items()]
+    lines += [f'core_jobs_successes_total{{consumer="{k}"}} {v}' for k, v in figures["successes_total"].items()]
     for q in result.dead_letters:
         lines.append(
             f"queue {q.queue}: {q.pending} pending (oldest {q.oldest_pending_age_seconds or 0:.0f} s),"

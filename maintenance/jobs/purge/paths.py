@@ -251,8 +251,9 @@ class IndexWalk:
     name = "index"
 
     def __init__(self, guard: str) -> None:
-        self._delete = _INDEX_BATCH.format(deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD[guard],
-                                           time_guards=_EXPIRED_AND_OUTSIDE_WINDOW)
+        self._delete = _INDEX_BATCH.format(
+            deletable=_EXPIRED_AND_OUTSIDE_WINDOW + _NOT_HELD[guard], time_guards=_EXPIRED_AND_OUTSIDE_WINDOW
+        )
         self.cursor: Any = "-infinity"
         self.done = False
 
