@@ -30,7 +30,7 @@ Replays. A replay publishes ``Envelope(replay_of=<the dead letter's id>)``; an a
 and until then the purge keeps the job's fences however long the message waits. A broker that
 loses the message, or an adapter that drops ``replay_of``, leaves the replay outstanding: its
 fences are kept (never a double effect) until an operator releases it (``core-jobs dead-letters
-release``). README.md, "Replays and the purge".
+release``). docs/harness.md, "Replays and the purge".
 """
 
 from __future__ import annotations

@@ -167,7 +167,7 @@ def source_events(
 
 def job_events() -> Iterator[tuple[str, set[str], str]]:
     """The runner's start/stop/error events of every scheduled job, with the job's result fields."""
-    from maintenance.jobs import by_name as jobs
+    from maintenance.jobs.catalog import by_name as jobs
 
     for spec in jobs().values():
         fields = set(spec.zero_fields())

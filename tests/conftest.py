@@ -28,6 +28,9 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
+# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server) and log capture (logs).
+pytest_plugins = ["fake_betterstack", "logcapture"]
+
 
 def _docker_answers() -> bool:
     try:
@@ -46,7 +49,9 @@ def _server_url() -> Iterator[str]:
         yield configured.replace("postgresql+psycopg://", "postgresql://")
         return
     if _docker_answers():
-        from testcontainers.community.postgres import PostgresContainer  # testcontainers.postgres is deprecated
+        from testcontainers.community.postgres import (
+            PostgresContainer,  # testcontainers.postgres is deprecated
+        )
 
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()

@@ -1,69 +1,26 @@
-"""Helpers shared by the harness tests: publishing, dead letters, running a worker, reading effects, waiting on PostgreSQL."""
+"""Helpers shared by the harness tests: running a worker, reading effects, waiting on PostgreSQL (rows come from factories.py)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from factories import TENANT
 from prometheus_client import CollectorRegistry
+from waiting import wait_until
 
-from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig, WorkerStats
 
-TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 TTL = timedelta(days=7)
-QUEUE = "points.credit"
 
 
-def publish(
-    conn: psycopg.Connection,
-    payload: Any,
-    *,
-    job_id: uuid.UUID | None = None,
-    queue: str = QUEUE,
-    correlation_id: str | None = None,
-    delay: timedelta = timedelta(0),
-) -> uuid.UUID:
-    job_id = job_id or uuid.uuid4()
-    envelope = Envelope(job_id=job_id, payload=payload, tenant_id=TENANT, correlation_id=correlation_id)
-    PgQueue(conn).publish(queue, envelope, delay=delay)
-    return job_id
-
-
-def dead_letter(
-    conn: psycopg.Connection,
-    payload: Any,
-    *,
-    job_id: uuid.UUID | None = None,
-    queue: str = QUEUE,
-    error: str = "TransientError: ledger timeout",
-) -> tuple[int, uuid.UUID]:
-    """A pending dead letter of the points consumer, as the harness writes it; returns (id, job_id)."""
-    job_id = job_id or uuid.uuid4()
-    letter = DeadLetter(
-        job_id=job_id,
-        queue=queue,
-        consumer="points.credit",
-        payload=payload,
-        attempts=5,
-        last_error=error,
-        tenant_id=TENANT,
-        correlation_id=f"corr-{job_id.hex[:6]}",
-    )
-    return write_dead_letter(conn, letter), job_id
-
-
-def backdate_replay(
-    conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *, stamp: str = "status_changed_at"
-) -> None:
+def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
+                    stamp: str = "status_changed_at") -> None:
     """Move the database's stamp of a replay (``status_changed_at``), or of its delivery's handling
     (``replay_handled_at``), back in time — its triggers, which guard it, set aside."""
     assert stamp in ("status_changed_at", "replay_handled_at")
@@ -76,23 +33,20 @@ def backdate_replay(
 
 def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, bool]:
     """(replay_outcome, whether replay_handled_at is stamped) of a dead letter: (None, False) while outstanding."""
-    return conn.execute(
-        "SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s", (letter_id,)
-    ).fetchone()
+    return conn.execute("SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s",
+                        (letter_id,)).fetchone()
 
 
 def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
     """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics."""
     metrics = HarnessMetrics(CollectorRegistry())
-    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL), metrics=metrics).run(
-        once=True
-    )
+    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL),
+                  metrics=metrics).run(once=True)
 
 
 def points(conn: psycopg.Connection, member: str) -> int:
-    row = conn.execute(
-        "SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s", (TENANT, member)
-    ).fetchone()
+    row = conn.execute("SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s",
+                       (TENANT, member)).fetchone()
     return row[0] if row else 0
 
 
@@ -106,10 +60,8 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
 
 def expire_leases(conn: psycopg.Connection) -> None:
     """Move every lease into the past: what waiting out the lease duration would do."""
-    conn.execute(
-        "UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
-        " WHERE lease_expires_at IS NOT NULL"
-    )
+    conn.execute("UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
+                 " WHERE lease_expires_at IS NOT NULL")
 
 
 def make_due(conn: psycopg.Connection) -> None:
@@ -119,32 +71,20 @@ def make_due(conn: psycopg.Connection) -> None:
 
 def row_counts(conn: psycopg.Connection) -> dict[str, int]:
     """Rows of every table in schemas core and example (the version table aside)."""
-    tables = [
-        r[0]
-        for r in conn.execute(
-            "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
-            " AND tablename <> 'alembic_version' ORDER BY 1"
-        )
-    ]
+    tables = [r[0] for r in conn.execute(
+        "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
+        " AND tablename <> 'alembic_version' ORDER BY 1")]
     return {t: scalar(conn, f"SELECT count(*) FROM {t}") for t in tables}
 
 
 def wait_until_waiting_on_lock(conn: psycopg.Connection, pid: int, timeout: float = 20.0) -> None:
     """Block until backend ``pid`` waits on a lock (an event on the server, not a timed sleep)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)):
-            return
-    raise AssertionError(f"backend {pid} never waited on a lock")
+    wait_until(lambda: scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)),
+               timeout, f"backend {pid} waiting on a lock")
 
 
 def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float = 20.0) -> int:
     """Block until some backend waits for advisory lock ``key``; return its pid."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        row = conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s", (key,)
-        ).fetchone()
-        if row:
-            return row[0]
-    raise AssertionError(f"nobody waited for advisory lock {key}")
+    return wait_until(lambda: conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                                           " AND objid = %s", (key,)).fetchone(),
+                      timeout, f"a waiter for advisory lock {key}")[0]

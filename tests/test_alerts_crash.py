@@ -6,8 +6,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from alerts_support import add_dead_letters, alert_rows, fresh_logs, make_feed  # noqa: F401
-from fake_betterstack import TOKEN, bs_server, fake_bs  # noqa: F401  (fixtures)
+from alerts_support import alert_rows, make_feed
+from factories import add_dead_letters
+from fake_betterstack import TOKEN
 
 from harness.pg import server_now
 
@@ -18,13 +19,8 @@ def test_a_crash_after_the_post_is_recovered_by_metadata_without_a_duplicate(db,
     """A worker dies right after the first 201; the next run finds that incident by its key and posts only the other."""
     add_dead_letters(conn, "points.credit", 3)
     add_dead_letters(conn, "notifications.email", 2)
-    crashed = subprocess.run(
-        [sys.executable, str(WORKER), database_url, fake_bs.url, TOKEN],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    crashed = subprocess.run([sys.executable, str(WORKER), database_url, fake_bs.url, TOKEN],
+                             capture_output=True, text=True, timeout=60, check=False)
     assert crashed.returncode == 77, crashed.stderr
     [posted_before_crash] = list(fake_bs.incidents)
     assert [row[2] for row in alert_rows(conn)] == ["pending", "pending"]  # intents, nothing confirmed

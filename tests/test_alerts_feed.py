@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import io
-import json
 import threading
 from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from alerts_support import CONFIG, add_dead_letters, alert_rows, coverage, fresh_logs, handle, make_feed  # noqa: F401
-from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+from alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
+from factories import add_dead_letters
+from fake_betterstack import TOKEN, Fault
 
 from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
-from maintenance.runtime.logs import configure_logging
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
@@ -38,8 +36,7 @@ def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
     assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
     assert credit["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:new:")
     assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
-        ("new", "points.credit", "open"),
-        ("new", "notifications.email", "open"),
+        ("new", "points.credit", "open"), ("new", "notifications.email", "open")
     ]
     assert all(row[3] in fake_bs.incidents for row in alert_rows(conn))
     assert coverage(conn) == {"new": 15}
@@ -63,10 +60,8 @@ def test_a_new_dead_letter_after_that_gets_exactly_one_more_incident(db, conn, f
     [late] = add_dead_letters(conn, "points.credit", 1, age="1 minute")
     result = feed.run_once(server_now(conn))
     assert result.incidents_posted == 1 and result.dead_letters_alerted == 1
-    assert [p.body["name"] for p in fake_bs.posts()] == [
-        "4 new dead letters in points.credit",
-        "1 new dead letter in points.credit",
-    ]
+    assert [p.body["name"] for p in fake_bs.posts()] == ["4 new dead letters in points.credit",
+                                                         "1 new dead letter in points.credit"]
     assert str(late) in fake_bs.posts()[1].body["description"]
 
 
@@ -145,7 +140,7 @@ def test_a_resolve_that_fails_keeps_the_incident_open_until_the_next_run(db, con
     assert alert_rows(conn)[0][2] == "resolved"
 
 
-def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, fresh_logs):
+def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_on(db, conn, fake_bs, logs):
     """Resolve answers 404 for an incident deleted by hand: the alert ends resolved as 'gone', logged, and runs are ok."""
     ids = add_dead_letters(conn, "points.credit", 2)
     feed = make_feed(db, fake_bs)
@@ -156,21 +151,16 @@ def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_
     result = feed.run_once(server_now(conn))
     assert (result.ok, result.incidents_gone, result.incidents_resolved, result.resolve_failures) == (True, 1, 0, 0)
     assert conn.execute("SELECT state, resolution FROM core.dead_letter_alerts").fetchone() == ("resolved", "gone")
-    [gone] = [
-        e for e in map(json.loads, fresh_logs.getvalue().splitlines()) if e["event"] == "alerts.feed.incident_gone"
-    ]
+    [gone] = logs.named("alerts.feed.incident_gone")
     assert (gone["incident_id"], gone["queue"]) == (incident_id, "points.credit")
     again = feed.run_once(server_now(conn))
     assert (again.ok, again.incidents_gone, again.resolve_failures) == (True, 0, 0)
 
 
-@pytest.mark.parametrize(
-    "faults",
-    [
-        pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
-        pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
-    ],
-)
+@pytest.mark.parametrize("faults", [
+    pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
+    pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
+])
 def test_a_404_not_confirmed_by_the_incident_list_is_a_failure_not_gone(db, conn, fake_bs, faults):
     """A 404 on resolve counts as gone only when the incident list answers without it (not with a wrong API
     URL, where everything is 404, nor while the incident is still listed): else the alert stays open."""
@@ -200,20 +190,16 @@ def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_b
     assert feed.run_once(server_now(conn)).incidents_posted == 0
 
 
-def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs):
+def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs, logs):
     """Without a token nothing is sent or written; setting one later still alerts everything."""
     add_dead_letters(conn, "points.credit", 5)
     add_dead_letters(conn, "points.expire", 2, age="4 days")
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)
     dry = make_feed(db, None).run_once(server_now(conn))
     assert (dry.dry_run, dry.dry_run_incidents, dry.dead_letters_unalerted, dry.ok) == (1, 2, 7, True)
-    assert [p.name for p in dry.planned] == [
-        "5 new dead letters in points.credit",
-        "2 dead letters in points.expire unreviewed for over 3 days",
-    ]
-    assert '"event": "alerts.feed.dry_run_incident"' in stream.getvalue()
-    assert '"name": "5 new dead letters in points.credit"' in stream.getvalue()
+    assert [p.name for p in dry.planned] == ["5 new dead letters in points.credit",
+                                             "2 dead letters in points.expire unreviewed for over 3 days"]
+    assert '"event": "alerts.feed.dry_run_incident"' in logs.text
+    assert '"name": "5 new dead letters in points.credit"' in logs.text
     assert alert_rows(conn) == [] and coverage(conn) == {}
     assert fake_bs.requests == []
     live = make_feed(db, fake_bs).run_once(server_now(conn))
@@ -263,19 +249,14 @@ def test_better_stack_down_fails_the_run_and_the_next_run_posts_it(db, conn, fak
     assert len(fake_bs.incidents) == 2
 
 
-def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, fresh_logs):
+def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovered(db, conn, fake_bs, logs):
     """Better Stack created the incident but answered 500; the client's lookup finds it: recovered, not posted."""
     add_dead_letters(conn, "points.credit", 2)
     fake_bs.fail_next("create", Fault(status=500, after_create=True))
     result = make_feed(db, fake_bs).run_once(server_now(conn))
-    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (
-        0,
-        1,
-        2,
-        True,
-    )
+    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (0, 1, 2, True)
     assert len(fake_bs.incidents) == 1 and alert_rows(conn)[0][2] == "open"
-    events = [json.loads(line)["event"] for line in fresh_logs.getvalue().splitlines()]
+    events = logs.names()
     assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
 
 
@@ -283,7 +264,7 @@ def alert_states(conn) -> list[tuple]:
     return conn.execute("SELECT kind, state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall()
 
 
-def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, fresh_logs):
+def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_not_posted(db, conn, fake_bs, logs):
     """Better Stack was down; the dead letters were replayed before it came back: no page, the intent is cancelled."""
     ids = add_dead_letters(conn, "points.credit", 3)
     feed = make_feed(db, fake_bs)
@@ -294,9 +275,7 @@ def test_an_intent_whose_dead_letters_were_all_handled_meanwhile_is_cancelled_no
     assert (back.ok, back.intents_cancelled, back.incidents_posted, back.post_failures) == (True, 1, 0, 0)
     assert len(fake_bs.posts()) == 4 and fake_bs.incidents == {}  # only the first run's failed attempts
     assert alert_states(conn) == [("new", "cancelled", "handled")]
-    [cancelled] = [
-        e for e in map(json.loads, fresh_logs.getvalue().splitlines()) if e["event"] == "alerts.feed.intent_cancelled"
-    ]
+    [cancelled] = logs.named("alerts.feed.intent_cancelled")
     assert (cancelled["reason"], cancelled["queue"], cancelled["num_dead_letters"]) == ("handled", "points.credit", 3)
     assert feed.run_once(server_now(conn)).intents_cancelled == 0
 
@@ -325,9 +304,7 @@ def test_a_pending_new_intent_whose_dead_letter_turned_stale_is_paged_once_by_th
     assert feed.run_once(now).post_failures == 1
     later = feed.run_once(now + timedelta(hours=2))
     assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 0, 1)
-    assert [p.body["name"] for p in fake_bs.posts()[4:]] == [
-        "1 dead letter in points.expire unreviewed for over 3 days"
-    ]
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
     assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
     assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
     assert coverage(conn) == {"new": 1, "stale": 1}
@@ -345,10 +322,7 @@ def test_a_partly_stale_pending_intent_pages_each_dead_letter_once(db, conn, fak
     later = feed.run_once(now + timedelta(hours=2))
     assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 1, 1)
     posted = {p.body["name"]: p.body["description"] for p in fake_bs.posts()[4:]}
-    assert set(posted) == {
-        "1 dead letter in points.expire unreviewed for over 3 days",
-        "1 new dead letter in points.expire",
-    }
+    assert set(posted) == {"1 dead letter in points.expire unreviewed for over 3 days", "1 new dead letter in points.expire"}
     assert f"Dead letter ids {old}–{old} (1)" in posted["1 dead letter in points.expire unreviewed for over 3 days"]
     assert f"Dead letter ids {fresh}–{fresh} (1)" in posted["1 new dead letter in points.expire"]
     assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
@@ -367,20 +341,12 @@ def test_a_superseded_intent_settled_a_run_late_leaves_its_dead_letter_to_the_po
     escalated = feed.run_once(now + timedelta(hours=2))
     assert (escalated.escalations_posted, escalated.intents_cancelled, escalated.post_failures) == (1, 0, 1)
     settled = feed.run_once(now + timedelta(hours=3))
-    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (
-        True,
-        1,
-        0,
-        0,
-    )
-    assert [p.body["name"] for p in fake_bs.posts()[4:]] == [
-        "1 dead letter in points.expire unreviewed for over 3 days"
-    ]
+    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (True, 1, 0, 0)
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
     assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
-    assert conn.execute(
-        "SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
-        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind"
-    ).fetchall() == [("new", "stale"), ("stale", "stale")]
+    assert conn.execute("SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
+                        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind").fetchall() == [
+        ("new", "stale"), ("stale", "stale")]
 
 
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
@@ -393,16 +359,14 @@ def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):
     assert sorted(row[2] for row in alert_rows(conn)) == ["open", "pending"]
 
 
-def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs):
+def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs, logs):
     """Retries, a failure and a success later, the captured logs never contain the API token."""
     add_dead_letters(conn, "points.credit", 3)
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)  # no secrets registered: nothing masks it for us
     fake_bs.fail_next("create", Fault(status=500), *[Fault(status=429, headers={"Retry-After": "3"})] * 3)
     feed = make_feed(db, fake_bs)
     feed.run_once(server_now(conn))
     feed.run_once(server_now(conn))
-    logged = stream.getvalue()
+    logged = logs.text
     assert "alerts.betterstack.retry" in logged and "alerts.feed.post_failed" in logged
     assert "alerts.feed.incident_posted" in logged
     assert TOKEN not in logged

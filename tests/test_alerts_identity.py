@@ -12,8 +12,9 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from alerts_support import add_dead_letters, alert_rows, fresh_logs, handle, make_feed  # noqa: F401
-from fake_betterstack import Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+from alerts_support import alert_rows, handle, make_feed
+from factories import add_dead_letters
+from fake_betterstack import Fault
 
 from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
 from harness.pg import server_now

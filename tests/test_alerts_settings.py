@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.alerts import betterstack_client, feed_config
+from maintenance.jobs.alerts.config import betterstack_client, feed_config
 from maintenance.settings import load_settings
 
 

@@ -2,61 +2,31 @@
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+from factories import add_dead_letter, add_fences
+from logcapture import events_in
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
+from waiting import wait_until
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
 from maintenance.jobs.base import JobSpec
-from maintenance.jobs.metrics import SETTLE, MetricsConfig, MetricsJob, add_counts, choose_horizon
+from maintenance.jobs.metrics.config import MetricsConfig
+from maintenance.jobs.metrics.job import SETTLE, MetricsJob, add_counts, choose_horizon
 from maintenance.runtime.db import Database
-from maintenance.runtime.logs import configure_logging
 from maintenance.runtime.runner import run_job
 from maintenance.runtime.telemetry import Telemetry
 
-TENANT = "00000000-0000-4000-8000-{:012x}"
+TENANTS = "00000000-0000-4000-8000-{:012x}"  # tenant n of a test
 PUSH_PATH = "/metrics/job/core-jobs/job_name/metrics"
-
-
-@pytest.fixture(autouse=True)
-def json_logs() -> None:
-    """Log events go, as JSON, to this test's captured stdout (an earlier test may have pointed them elsewhere)."""
-    configure_logging(fmt="json")
-
-
-def add_fences(
-    conn: psycopg.Connection, consumer: str, n: int, processed_at: datetime | None = None, tenant: int = 1
-) -> None:
-    """n fences of ``consumer``; processed_at defaults to now() of the inserting transaction."""
-    conn.execute(
-        """INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-           SELECT gen_random_uuid(), %(c)s, %(t)s::uuid, coalesce(%(at)s, now()), coalesce(%(at)s, now()) + interval '7 days'
-             FROM generate_series(1, %(n)s)""",
-        {"c": consumer, "t": TENANT.format(tenant), "at": processed_at, "n": n},
-    )
-
-
-def add_dead_letter(conn: psycopg.Connection, queue: str, created_at: datetime, status: str = "pending_review") -> None:
-    row = conn.execute(
-        """INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
-           VALUES (gen_random_uuid(), %s, '{}', 5, 'ProviderTimeout', %s) RETURNING id""",
-        (queue, created_at),
-    ).fetchone()
-    if status != "pending_review":
-        conn.execute(
-            "UPDATE core.dead_letters SET status = %s, discard_reason = %s WHERE id = %s",
-            (status, "duplicate of an applied job" if status == "discarded" else None, row[0]),
-        )
 
 
 def server_now(conn: psycopg.Connection) -> datetime:
@@ -65,9 +35,8 @@ def server_now(conn: psycopg.Connection) -> datetime:
 
 def core_row_counts(conn: psycopg.Connection) -> dict[str, int]:
     tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'core' ORDER BY 1")]
-    return {
-        t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0] for t in tables
-    }
+    return {t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
+            for t in tables}
 
 
 def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
@@ -79,10 +48,6 @@ def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
     return samples
 
 
-def collected_event(out: str) -> dict:
-    return next(json.loads(line) for line in out.splitlines() if '"maintenance.metrics.collected"' in line)
-
-
 # --- export --------------------------------------------------------------------------------------
 def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, database_url, conn, httpserver, capsys):
     """`core-jobs run-once metrics` PUTs each consumer's success count to the Pushgateway and logs the same figures."""
@@ -90,14 +55,14 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
     add_fences(conn, "points.credit", 7, now - timedelta(minutes=30))
     add_fences(conn, "points.expire", 3, now - timedelta(minutes=20))
     add_fences(conn, "notifications.email", 1, now - timedelta(hours=2))
-    add_dead_letter(conn, "points.credit", now - timedelta(minutes=10))
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(minutes=10))
     httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
 
     assert main(["run-once", "metrics"]) == EXIT_OK
 
-    ((request, _response),) = httpserver.log
+    (request, _response), = httpserver.log
     pushed = pushed_families(request.get_data())
     assert pushed["core_jobs_successes_total"] == {
         (("consumer", "notifications.email"),): 1.0,
@@ -107,7 +72,7 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
     assert pushed["core_jobs_dead_letters_pending"] == {(("queue", "points.credit"),): 1.0}
     assert pushed["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 11.0
     assert (("job_name", "metrics"), ("outcome", "success")) in pushed["core_jobs_job_runs_total"]
-    event = collected_event(capsys.readouterr().out)
+    [event] = events_in(capsys.readouterr().out, "maintenance.metrics.collected")
     assert event["successes_total"] == {"notifications.email": 1, "points.credit": 7, "points.expire": 3}
     assert event["successes"] == {"notifications.email": 1, "points.credit": 7, "points.expire": 3}
     assert event["dead_letters"]["points.credit"]["pending"] == 1
@@ -126,27 +91,22 @@ def test_a_failed_push_is_logged_and_the_run_still_succeeds(clean_env, database_
     assert '"maintenance.metrics.stop"' in out
 
 
-def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, capsys):
+def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, logs):
     """A Pushgateway behind a path carrying a token: pushed and push_failed events show only scheme://host/…."""
     gateway = httpserver.url_for("/gw-token-4d2c")
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("", status=200)
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("down", status=500)
     telemetry = Telemetry()
-    spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
-    )
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     run_job(spec, MetricsJob(db), db, telemetry)
 
     assert telemetry.push(gateway, "metrics") is True
     assert telemetry.push(gateway, "metrics") is False
 
-    out = capsys.readouterr().out
-    events = {
-        e["event"]: e for e in map(json.loads, out.splitlines()) if e["event"].startswith("maintenance.metrics.push")
-    }
+    events = {e["event"]: e for e in events_in(logs.text) if e["event"].startswith("maintenance.metrics.push")}
     assert set(events) == {"maintenance.metrics.pushed", "maintenance.metrics.push_failed"}
     assert {e["gateway"] for e in events.values()} == {f"http://{httpserver.host}:{httpserver.port}/…"}
-    assert "gw-token-4d2c" not in out
+    assert "gw-token-4d2c" not in logs.text
 
 
 class PushgatewayStandIn:
@@ -167,9 +127,7 @@ class PushgatewayStandIn:
 def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, empty_database_url, httpserver):
     """Run-once succeeds, then a later run-once (a new process) fails: last_success stays, the failure shows."""
     gateway = PushgatewayStandIn(httpserver)
-    spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
-    )
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     first, second = Telemetry(), Telemetry()  # two CronJob pods: each process starts from zero
 
     run_job(spec, MetricsJob(db), db, first)
@@ -247,27 +205,14 @@ def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_ur
         runs = [threading.Thread(target=lambda: results.append(MetricsJob(db).run_once(now))) for _ in range(2)]
         for run in runs:
             run.start()
-        wait_until(
-            lambda: (
-                conn.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                    " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
-                ).fetchone()[0]
-                == 2
-            )
-        )
+        wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+        ).fetchone()[0] == 2)
         blocker.commit()
     for run in runs:
         run.join(timeout=30)
     assert sorted(sum(r.successes.values()) for r in results) == [0, 5]
-
-
-def wait_until(condition, timeout: float = 20.0) -> None:
-    """Bounded wait for a condition other threads bring about."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        threading.Event().wait(0.01)
 
 
 def test_a_transaction_open_longer_than_max_transaction_stops_holding_the_count_back(db, database_url, conn):
@@ -291,11 +236,9 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
     role = f"core_jobs_metrics_{os.getpid()}_{secrets.token_hex(3)}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
-        for grant in (
-            "GRANT USAGE ON SCHEMA core TO {}",
-            "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
-            "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}",
-        ):
+        for grant in ("GRANT USAGE ON SCHEMA core TO {}",
+                      "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
+                      "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}"):
             conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
         now = server_now(conn)
         add_fences(conn, "points.credit", 2, now - timedelta(minutes=10))
@@ -328,8 +271,8 @@ def test_writes_no_row_except_its_watermark(db, conn):
     """Row counts of every table in schema core are the same before and after a run; only the watermark changed."""
     now = server_now(conn)
     add_fences(conn, "points.credit", 5, now - timedelta(minutes=2))
-    add_dead_letter(conn, "points.credit", now - timedelta(hours=1))
-    add_dead_letter(conn, "points.credit", now - timedelta(hours=2), status="replayed")
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(hours=1))
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(hours=2), status="replayed")
     before = core_row_counts(conn)
     watermark_before = conn.execute("SELECT counted_until, totals FROM core.metrics_watermark").fetchall()
 
@@ -356,11 +299,11 @@ def test_a_deleted_watermark_row_restarts_the_counters(db, conn):
 def test_dead_letter_gauges_per_queue(db, conn):
     """Pending count, oldest pending age by the run's now, and replayed/discarded totals, per queue."""
     now = server_now(conn)
-    add_dead_letter(conn, "points.credit", now - timedelta(minutes=90))
-    add_dead_letter(conn, "points.credit", now - timedelta(minutes=5))
-    add_dead_letter(conn, "points.credit", now - timedelta(days=2), status="replayed")
-    add_dead_letter(conn, "notifications.email", now - timedelta(days=3), status="discarded")
-    add_dead_letter(conn, "notifications.email", now - timedelta(days=3), status="replayed")
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(minutes=90))
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(minutes=5))
+    add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(days=2), status="replayed")
+    add_dead_letter(conn, queue="notifications.email", created_at=now - timedelta(days=3), status="discarded")
+    add_dead_letter(conn, queue="notifications.email", created_at=now - timedelta(days=3), status="replayed")
 
     result = MetricsJob(db).run_once(now)
 
@@ -380,29 +323,20 @@ def test_tenant_label_names_the_top_tenants_and_sums_the_rest_as_other(db, conn)
     job = MetricsJob(db, MetricsConfig(tenant_label=True, tenant_top_n=2))
     now = server_now(conn)
     for tenant, n in ((1, 5), (2, 3), (3, 2), (4, 1)):
-        add_fences(conn, "points.credit", n, now - timedelta(minutes=10), tenant=tenant)
+        add_fences(conn, "points.credit", n, now - timedelta(minutes=10), tenant_id=TENANTS.format(tenant))
     first = job.run_once(now)
-    add_fences(conn, "points.credit", 9, now + timedelta(minutes=1), tenant=4)  # big now, but no slot left
-    add_fences(conn, "points.credit", 1, now + timedelta(minutes=1), tenant=1)
+    add_fences(conn, "points.credit", 9, now + timedelta(minutes=1), tenant_id=TENANTS.format(4))  # big now, but no slot left
+    add_fences(conn, "points.credit", 1, now + timedelta(minutes=1), tenant_id=TENANTS.format(1))
     second = job.run_once(now + timedelta(minutes=5))
 
-    t = TENANT.format
-    assert first.totals_by_series() == {
-        ("points.credit", t(1)): 5,
-        ("points.credit", t(2)): 3,
-        ("points.credit", "other"): 3,
-    }
-    assert second.totals_by_series() == {
-        ("points.credit", t(1)): 6,
-        ("points.credit", t(2)): 3,
-        ("points.credit", "other"): 12,
-    }
+    t = TENANTS.format
+    assert first.totals_by_series() == {("points.credit", t(1)): 5, ("points.credit", t(2)): 3,
+                                        ("points.credit", "other"): 3}
+    assert second.totals_by_series() == {("points.credit", t(1)): 6, ("points.credit", t(2)): 3,
+                                         ("points.credit", "other"): 12}
     families = {f.name: f for f in second.metric_families()}
     assert {tuple(s.labels.values()) for s in families["core_jobs_successes"].samples} == {
-        ("points.credit", t(1)),
-        ("points.credit", t(2)),
-        ("points.credit", "other"),
-    }
+        ("points.credit", t(1)), ("points.credit", t(2)), ("points.credit", "other")}
 
 
 def test_lowering_top_n_folds_the_smallest_named_tenants_into_other():
@@ -429,14 +363,11 @@ def test_horizon_is_the_oldest_open_transaction_within_bounds():
 def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     """A success sets runs_total{success}, duration, last success and result fields; a failure zeros the fields."""
     telemetry = Telemetry()
-    spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
-    )
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
     run_job(spec, MetricsJob(db), db, telemetry)
     broken = Database(empty_database_url)  # no schema: the job fails
-    failing = JobSpec(
-        name="broken", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
-    )
+    failing = JobSpec(name="broken", summary="", build=lambda s, d: MetricsJob(d),
+                      zero_fields=lambda: {"num_successes": 0})
     run_job(failing, MetricsJob(broken), broken, telemetry)
 
     value = telemetry.registry.get_sample_value
@@ -444,7 +375,7 @@ def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     assert value("core_jobs_job_runs_total", {"job_name": "broken", "outcome": "failure"}) == 1
     assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "metrics"}) > 0
     assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "broken"}) is None
-    assert value("core_jobs_job_duration_seconds", {"job_name": "broken"}) >= 0
+    assert value("core_jobs_job_duration_seconds", {"job_name": "broken"}) > 0  # the failed run was timed too
     assert value("core_jobs_job_result", {"job_name": "broken", "field": "num_successes"}) == 0
     assert value("core_jobs_job_result", {"job_name": "metrics", "field": "num_consumers"}) == 0
     assert telemetry.last_runs["broken"].ok is False and "UndefinedTable" in telemetry.last_runs["broken"].error

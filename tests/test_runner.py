@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import io
-import json
-
 from freezegun import freeze_time
 
 from maintenance.jobs.base import JobSpec
-from maintenance.runtime.logs import configure_logging
 from maintenance.runtime.runner import run_jobs
 
 
@@ -45,17 +41,15 @@ def spec(name: str) -> JobSpec:
     )
 
 
-def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db):
+def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db, logs):
     """A job that raises gives <prefix>.error with its fields at zero plus error; the next job runs on PostgreSQL's clock."""
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)
     after = CountingJob()
     with freeze_time("2001-01-01"):  # the application clock is wrong; the job still gets the server's
         outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db)
 
     assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
     assert outcomes[0].error == "RuntimeError: provider down"
-    events = {e["event"]: e for e in map(json.loads, stream.getvalue().splitlines())}
+    events = logs.by_name()
     assert list(events) == ["test.broken.start", "test.broken.error", "test.after.start", "test.after.stop"]
     assert events["test.broken.error"]["num_done"] == 0
     assert events["test.broken.error"]["error"] == "RuntimeError: provider down"

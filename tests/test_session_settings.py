@@ -11,7 +11,9 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from harness_support import QUEUE, TENANT, points, publish, scalar
+from factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
+from harness_support import points, scalar
+from logcapture import events_in
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -35,19 +37,13 @@ def odd_styles(clean_env, conn, database_url) -> str:
     return database_url
 
 
-def events(out: str) -> dict[str, dict]:
-    return {e["event"]: e for e in map(json.loads, out.splitlines())}
-
-
 def test_run_once_runs_every_job_whatever_the_database_date_and_interval_styles(odd_styles, conn, capsys):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, run-once purges, alerts and counts: every job ends ok."""
-    conn.execute("""INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
-                    VALUES (gen_random_uuid(), 'points.credit', gen_random_uuid(), now() - interval '30 days',
-                            now() - interval '23 days')""")
-    conn.execute("""INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
-                    VALUES (gen_random_uuid(), 'points.credit', '{}', 5, 'TransientError: x', now() - interval '4 days')""")
+    now = scalar(conn, "SELECT now()")
+    add_fence(conn, processed_at=now - timedelta(days=30), expires_at=now - timedelta(days=23))
+    add_dead_letter(conn, age="4 days")
     assert main(["run-once"]) == EXIT_OK
-    seen = events(capsys.readouterr().out)
+    seen = {e["event"]: e for e in events_in(capsys.readouterr().out)}
     assert [seen[f"{p}.stop"]["ok"] for p in ("maintenance.purge", "alerts.feed", "maintenance.metrics")] == [True] * 3
     assert seen["maintenance.purge.stop"]["num_deleted"] == 1
     assert seen["alerts.feed.stop"]["dry_run_incidents"] >= 1
@@ -56,10 +52,7 @@ def test_run_once_runs_every_job_whatever_the_database_date_and_interval_styles(
 
 def test_worker_and_enqueue_work_whatever_the_database_date_and_interval_styles(odd_styles, conn):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, enqueue publishes and the worker credits one job and dead-letters a poison one."""
-    assert (
-        main(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "points": 7}', "--tenant-id", str(TENANT)])
-        == EXIT_OK
-    )
+    assert main(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "points": 7}', "--tenant-id", str(TENANT)]) == EXIT_OK
     publish(conn, {"member_id": "m-2", "points": -1})  # poison: points must be positive
     assert main(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
     assert points(conn, "m-1") == 7
@@ -69,9 +62,7 @@ def test_worker_and_enqueue_work_whatever_the_database_date_and_interval_styles(
 
 def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(odd_styles, conn, capsys):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, dead-letters list prints the letter's UTC time, as text and JSON."""
-    conn.execute("""INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, created_at)
-                    VALUES (gen_random_uuid(), 'points.credit', '{}', 5, 'TransientError: x',
-                            '2024-02-01 10:30:00+00')""")
+    add_dead_letter(conn, created_at=datetime(2024, 2, 1, 10, 30, tzinfo=UTC))
     assert main(["dead-letters", "list"]) == EXIT_OK
     assert "2024-02-01 10:30:00" in capsys.readouterr().out
     assert main(["dead-letters", "list", "--json"]) == EXIT_OK
@@ -100,8 +91,5 @@ def test_connect_pins_the_session_and_keeps_the_mode_and_the_url_options(conn, d
     url = database_url + ("&" if "?" in database_url else "?") + "options=-c%20lock_timeout%3D1234"
     with harness.pg.connect(url, autocommit=autocommit) as c:
         assert c.autocommit is autocommit and c.info.transaction_status.name == "IDLE"
-        shown = [
-            c.execute(f"SHOW {name}").fetchone()[0]
-            for name in ("DateStyle", "IntervalStyle", "TimeZone", "lock_timeout")
-        ]
+        shown = [c.execute(f"SHOW {name}").fetchone()[0] for name in ("DateStyle", "IntervalStyle", "TimeZone", "lock_timeout")]
         assert shown == ["ISO, DMY", "postgres", "UTC", "1234ms"]

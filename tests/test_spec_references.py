@@ -39,7 +39,7 @@ BOLD_ITEM_ENTRY = re.compile(rf"^[ \t]*[-*][ \t]+\*\*{_ENTRY_ID}\*\*")
 NOT_IDENTIFIERS = {
     ("helm/core-jobs/values.schema.json", "A-Z0"): "the character class [A-Z0-9_] of the CORE_JOBS_* name pattern",
     ("tests/test_alerts_settings.py", "P-1"): "a Better Stack escalation policy id, a test value",
-    ("tests/test_alerts_heartbeat.py", "P-7"): "a Better Stack escalation policy id, a test value",
+    ("tests/test_heartbeat.py", "P-7"): "a Better Stack escalation policy id, a test value",
     ("tests/test_chart_settings_contract.py", "P-123"): "a Better Stack escalation policy id, a test value",
 }
 

@@ -17,7 +17,7 @@ import sqlalchemy.exc
 
 from harness.retry import compute_delay, max_retry_window
 from maintenance.cli import harness as harness_cli
-from maintenance.jobs import by_name as jobs
+from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.heartbeat import ping_heartbeat
@@ -50,9 +50,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
     conninfo = settings.conninfo()
     before = migrate.current_revision(conninfo)
     migrate.downgrade(conninfo, args.revision)
-    get_logger().info(
-        "maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo)
-    )
+    get_logger().info("maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo))
     return EXIT_OK
 
 
@@ -93,7 +91,9 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.runtime.scheduler import serve  # APScheduler and the HTTP server: only for serve
+    from maintenance.runtime.scheduler import (
+        serve,  # APScheduler and the HTTP server: only for serve
+    )
 
     return serve(settings)
 

@@ -20,6 +20,7 @@ from psycopg import sql
 from pydantic import SecretStr
 
 from maintenance.demo.data import seed
+from maintenance.demo.explain import EXPLAIN
 from maintenance.demo.harness import walk_through
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
@@ -104,8 +105,9 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
             shown = ", ".join(f"{k}={v}" for k, v in outcome.fields.items())
             status = "ok" if outcome.ok else f"FAILED: {outcome.error}"
             out.write(f"  {outcome.name}: {status}; {shown}\n")
-            if spec.demo_lines is not None and outcome.result is not None:
-                out.write("".join(f"      {line}\n" for line in spec.demo_lines(db, outcome.result)))
+            explain = EXPLAIN.get(spec.name)
+            if explain is not None and outcome.result is not None:
+                out.write("".join(f"      {line}\n" for line in explain(db, outcome.result)))
         out.write("\nRows per table (before -> after):\n")
         for table in sorted(before):
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")

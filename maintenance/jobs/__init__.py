@@ -1,19 +1,12 @@
-"""The scheduled jobs, in the order `core-jobs run-once` runs them when no job is named.
+"""The scheduled jobs: one package each, with the same parts.
 
-Each job is a package of its own with the same parts (see docs/adding-a-job.md): named defaults
-with their unit, a config built from the settings that validates once, ``run_once(now) ->
-Result`` whose result names its event fields, and a ``SPEC`` with the default schedule. Adding a
-job is one new package plus one line in :data:`JOBS`.
+- ``__init__.py`` — the operator's manual (the package docstring); imports nothing.
+- ``config.py`` — the named defaults, with their units (the settings import them), and the
+  config built from the settings in one place (``from_settings``).
+- ``sql.py`` — the SQL that matters, each statement under a name with what it does.
+- ``job.py`` — the job: a constructor that validates, ``run_once(now) -> Result`` (the result
+  names its event fields), ``build`` (the scheduler entry) and ``SPEC`` (name, summary, default
+  schedule).
+
+The ordered tuple of jobs is :data:`maintenance.jobs.catalog.JOBS`.
 """
-
-from __future__ import annotations
-
-from maintenance.jobs import alerts, metrics, purge
-from maintenance.jobs.base import JobSpec
-
-JOBS: tuple[JobSpec, ...] = (purge.SPEC, alerts.SPEC, metrics.SPEC)
-
-
-def by_name() -> dict[str, JobSpec]:
-    """Every job by name, in run order."""
-    return {spec.name: spec for spec in JOBS}

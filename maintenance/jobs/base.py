@@ -1,6 +1,6 @@
 """What every scheduled job provides: a :class:`JobSpec` and a ``run_once(now) -> Result``.
 
-A job package exposes ``SPEC`` (listed in :data:`maintenance.jobs.JOBS`); its ``build`` validates the configuration (raising
+A job's ``job.py`` defines ``SPEC`` (listed in :data:`maintenance.jobs.catalog.JOBS`); its ``build`` validates the configuration (raising
 ``ConfigError``, so a bad setting exits 2 before any data is touched) and returns an object
 with ``run_once(now) -> Result``. A result has ``ok`` and ``fields()`` (the fixed keys of the
 job's stop event); ``zero_fields()`` gives the same keys with zero counts for the error event.
@@ -11,10 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from maintenance.runtime.db import Database
-from maintenance.settings import Settings
+if TYPE_CHECKING:
+    from maintenance.runtime.db import Database
+    from maintenance.settings import Settings
 
 
 class JobResult(Protocol):
@@ -35,8 +36,8 @@ class JobSpec:
     build: Callable[[Settings, Database], Job]
     zero_fields: Callable[[], dict[str, Any]]
     event_prefix: str = ""
-    # Optional lines for `core-jobs demo` explaining a run: (database, result) -> lines.
-    demo_lines: Callable[[Database, Any], list[str]] | None = None
+    # The default crontab (UTC) under `core-jobs serve`; the setting CORE_JOBS_SCHEDULE_<JOB> overrides it.
+    schedule: str = ""
 
     @property
     def events(self) -> str:

@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from maintenance.jobs import by_name as jobs
 from maintenance.jobs.base import Job, JobSpec
+from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 from maintenance.runtime.signals import stop_requested

@@ -41,7 +41,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
+from prometheus_client.exposition import (
+    default_handler,
+    push_to_gateway,
+    pushadd_to_gateway,
+)
 from prometheus_client.metrics_core import Metric
 
 from maintenance.runtime.logs import get_logger

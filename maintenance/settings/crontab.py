@@ -14,7 +14,9 @@ def check_crontab(expr: str) -> str:
     Days of the week must be names (mon-fri, sun): APScheduler 3 numbers them from Monday=0
     while crontab counts from Sunday=0, so a digit there would silently shift the day.
     """
-    from apscheduler.triggers.cron import CronTrigger  # heavy import: only when a schedule is checked
+    from apscheduler.triggers.cron import (
+        CronTrigger,  # heavy import: only when a schedule is checked
+    )
 
     text = " ".join(str(expr).split())
     fields = text.split(" ") if text else []

@@ -15,7 +15,12 @@ from harness.retry import RetryPolicy
 from maintenance.errors import ConfigError
 from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
 from maintenance.settings.environment import ENV_PREFIX
-from maintenance.settings.retry import RetryOverride, TtlGuard, policy_with_override, worst_retry_window
+from maintenance.settings.retry import (
+    RetryOverride,
+    TtlGuard,
+    policy_with_override,
+    worst_retry_window,
+)
 from maintenance.settings.urls import normalize_database_url
 
 DEFAULT_PROCESSED_JOBS_TTL = timedelta(days=7)  # fence lifetime (J-B7)

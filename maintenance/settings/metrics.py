@@ -10,13 +10,19 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
+from maintenance.jobs.metrics.config import (  # the job owns its defaults; the settings import them
+    DEFAULT_MAX_TRANSACTION as DEFAULT_METRICS_MAX_TRANSACTION,
+)
+from maintenance.jobs.metrics.config import (
+    DEFAULT_TENANT_LABEL as DEFAULT_METRICS_TENANT_LABEL,
+)
+from maintenance.jobs.metrics.config import (
+    DEFAULT_TENANT_TOP_N as DEFAULT_METRICS_TENANT_TOP_N,
+)
 from maintenance.settings.durations import PositiveDuration
 from maintenance.settings.urls import check_http_url
 
 DEFAULT_METRICS_PUSH_TIMEOUT = timedelta(seconds=10)  # per push
-DEFAULT_METRICS_MAX_TRANSACTION = timedelta(minutes=5)  # longest open work transaction
-DEFAULT_METRICS_TENANT_LABEL = False  # no tenant label
-DEFAULT_METRICS_TENANT_TOP_N = 10  # named tenants per consumer
 
 
 class MetricsFields(BaseModel):

@@ -1,39 +1,51 @@
 """Purge settings (issue 3): batch sizing, timeouts, time budget and access path of the processed_jobs purge.
 
-The purge job itself is ``maintenance/jobs/purge/__init__.py``; its manual explains how these are used.
+The purge job itself is ``maintenance/jobs/purge/`` (its package docstring is the manual); the defaults are its ``config.py``'s; its manual explains how these are used.
 """
 
 from __future__ import annotations
 
-from datetime import timedelta
-from typing import Final, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from maintenance.jobs.purge.config import (
+    DEFAULT_BATCH_PAUSE as DEFAULT_PURGE_BATCH_PAUSE,
+)  # the job owns its defaults; the settings import them
+from maintenance.jobs.purge.config import (
+    DEFAULT_BATCH_SIZE as DEFAULT_PURGE_BATCH_SIZE,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_MAX_RUNTIME as DEFAULT_PURGE_MAX_RUNTIME,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_MIN_BATCH_SIZE as DEFAULT_PURGE_MIN_BATCH_SIZE,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_STATEMENT_TIMEOUT as DEFAULT_PURGE_STATEMENT_TIMEOUT,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_STRATEGY as DEFAULT_PURGE_STRATEGY,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_TARGET_BATCH_DURATION as DEFAULT_PURGE_TARGET_BATCH_DURATION,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_TIMEOUTS_BEFORE_SHRINK as DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK,
+)
 from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
-
-DEFAULT_PURGE_BATCH_SIZE = 10_000  # rows
-DEFAULT_PURGE_MIN_BATCH_SIZE = 100  # rows
-DEFAULT_PURGE_TARGET_BATCH_DURATION = timedelta(milliseconds=10)  # wall time per batch
-DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts
-DEFAULT_PURGE_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per DELETE
-DEFAULT_PURGE_BATCH_PAUSE = timedelta(0)  # between batches
-DEFAULT_PURGE_MAX_RUNTIME = timedelta(minutes=5)  # per run
-DEFAULT_PURGE_STRATEGY: Final = "auto"  # access path chosen per run
 
 
 class PurgeFields(BaseModel):
     """The purge of expired processed_jobs fences."""
 
     purge_batch_size: int = Field(
-        default=DEFAULT_PURGE_BATCH_SIZE,
-        ge=1,
+        default=DEFAULT_PURGE_BATCH_SIZE, ge=1,
         description="Largest number of fences per batch; each batch is its own short transaction, sized "
         "to CORE_JOBS_PURGE_TARGET_BATCH_DURATION.",
     )
     purge_min_batch_size: int = Field(
-        default=DEFAULT_PURGE_MIN_BATCH_SIZE,
-        ge=1,
+        default=DEFAULT_PURGE_MIN_BATCH_SIZE, ge=1,
         description="Floor the batch size may shrink to (slow batches, statement timeouts); "
         "at this size, repeated timeouts stop the run (exit 1).",
     )
@@ -43,8 +55,7 @@ class PurgeFields(BaseModel):
         "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )
     purge_timeouts_before_shrink: int = Field(
-        default=DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK,
-        ge=1,
+        default=DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK, ge=1,
         description="Consecutive statement timeouts after which the batch size is halved.",
     )
     purge_statement_timeout: PositiveDuration = Field(

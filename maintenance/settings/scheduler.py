@@ -12,13 +12,15 @@ from datetime import timedelta
 from pydantic import BaseModel, Field, field_validator
 
 from maintenance.errors import ConfigError
+from maintenance.jobs.alerts.config import (
+    DEFAULT_SCHEDULE as DEFAULT_SCHEDULE_ALERTS,  # crontab, UTC: each job owns its schedule
+)
+from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE as DEFAULT_SCHEDULE_METRICS
+from maintenance.jobs.purge.config import DEFAULT_SCHEDULE as DEFAULT_SCHEDULE_PURGE
 from maintenance.settings.crontab import check_crontab
 from maintenance.settings.durations import PositiveDuration
 from maintenance.settings.environment import ENV_PREFIX
 
-DEFAULT_SCHEDULE_PURGE = "*/15 * * * *"  # crontab, UTC
-DEFAULT_SCHEDULE_ALERTS = "*/5 * * * *"  # crontab, UTC
-DEFAULT_SCHEDULE_METRICS = "* * * * *"  # crontab, UTC
 DEFAULT_SCHEDULER_MISFIRE_GRACE = timedelta(seconds=60)  # lateness before a run is skipped
 DEFAULT_HTTP_HOST = "0.0.0.0"  # listen address
 DEFAULT_HTTP_PORT = 9108  # TCP port

@@ -6,7 +6,7 @@ totals per consumer (and named tenant). It is the only row the metrics job write
 successes are metrics, not rows). The watermark never moves backwards — a trigger refuses it.
 
 INDEX_CHOICE below is the index on ``core.processed_jobs.processed_at``; see its comment for
-the measurement behind it (bench/metrics_index.py, README "Performance / Metrics").
+the measurement behind it (bench/metrics_index.py, docs/performance.md, "Metrics").
 
 Revision ID: 0004_metrics
 Revises: 0003_harness

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import io
 import socket
 
-from alerts_support import add_dead_letters, fresh_logs  # noqa: F401
-from fake_betterstack import TOKEN, Fault, bs_server, fake_bs  # noqa: F401  (fixtures)
+from factories import add_dead_letters
+from fake_betterstack import TOKEN, Fault
 
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
 from maintenance.runtime.heartbeat import send_heartbeat
-from maintenance.runtime.logs import configure_logging
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
 
@@ -31,26 +29,22 @@ def test_failure_pings_the_fail_form_naming_the_failed_jobs(fake_bs):
     assert ping.body == "core-jobs run-once: 1 of 2 jobs failed: alerts"
 
 
-def test_a_failed_ping_is_logged_without_the_heartbeat_token(fake_bs):
+def test_a_failed_ping_is_logged_without_the_heartbeat_token(fake_bs, logs):
     """A 500 from the heartbeat endpoint returns False and logs alerts.heartbeat.failed, token masked."""
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)
     fake_bs.fail_next("heartbeat", Fault(status=500))
     assert send_heartbeat(fake_bs.heartbeat_url(), ran_jobs=["alerts"], failed_jobs=[]) is False
-    assert "alerts.heartbeat.failed" in stream.getvalue() and "HTTP 500" in stream.getvalue()
-    assert HEARTBEAT_TOKEN not in stream.getvalue()
+    assert "alerts.heartbeat.failed" in logs.text and "HTTP 500" in logs.text
+    assert HEARTBEAT_TOKEN not in logs.text
 
 
-def test_an_unreachable_heartbeat_does_not_raise():
+def test_an_unreachable_heartbeat_does_not_raise(logs):
     """Nothing listening on the port: the ping returns False instead of raising, token not logged."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)
     url = f"http://127.0.0.1:{port}/api/v1/heartbeat/{HEARTBEAT_TOKEN}"
     assert send_heartbeat(url, ran_jobs=["alerts"], failed_jobs=["alerts"], timeout=2) is False
-    assert "ConnectError" in stream.getvalue() and HEARTBEAT_TOKEN not in stream.getvalue()
+    assert "ConnectError" in logs.text and HEARTBEAT_TOKEN not in logs.text
 
 
 def test_run_once_pings_after_a_successful_run(clean_env, database_url, fake_bs):
@@ -97,7 +91,5 @@ def test_run_once_posts_incidents_with_a_token(clean_env, database_url, conn, fa
     assert main(["run-once", "alerts"]) == EXIT_OK
     [post] = fake_bs.posts()
     assert (post.body["policy_id"], post.body["team_name"], post.body["requester_email"]) == (
-        "P-7",
-        "Platform",
-        "oncall@example.com",
+        "P-7", "Platform", "oncall@example.com"
     )

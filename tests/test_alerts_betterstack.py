@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from alerts_support import fresh_logs  # noqa: F401  (fixture)
-from fake_betterstack import TOKEN, FakeClock, Fault, bs_server, fake_bs, make_client  # noqa: F401  (fixtures)
+from fake_betterstack import TOKEN, FakeClock, Fault, make_client
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from maintenance.runtime.logs import configure_logging, get_logger
+from maintenance.runtime.logs import get_logger
 
 KEY = "core_jobs_alert_key"
 
@@ -159,10 +156,8 @@ def test_resolving_a_deleted_incident_raises_not_found_without_retrying(fake_bs)
     assert [r.path for r in fake_bs.requests].count(f"/api/v3/incidents/{created.id}/resolve") == 1
 
 
-def test_token_never_in_errors_repr_or_logs(fake_bs):
+def test_token_never_in_errors_repr_or_logs(fake_bs, logs):
     """The token appears in no error (even when the server echoes it), repr or log line."""
-    stream = io.StringIO()
-    configure_logging(fmt="json", stream=stream)  # no secrets registered: nothing masks it for us
     client = BetterStackClient(fake_bs.url, TOKEN, sleep=lambda s: None, log=get_logger())
     fake_bs.fail_next("list", Fault(status=503))
     assert client.find_incident(KEY, "k") is None  # one retry, logged
@@ -170,6 +165,6 @@ def test_token_never_in_errors_repr_or_logs(fake_bs):
     with pytest.raises(BetterStackError) as raised:
         client.create_incident(incident(), key_name=KEY, key_value="k")
     assert raised.value.status == 401 and "Invalid Team API token" in str(raised.value)
-    assert "alerts.betterstack.retry" in stream.getvalue()
-    for text in (str(raised.value), repr(client), stream.getvalue()):
+    assert "alerts.betterstack.retry" in logs.text
+    for text in (str(raised.value), repr(client), logs.text):
         assert TOKEN not in text

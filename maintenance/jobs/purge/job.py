@@ -1,0 +1,277 @@
+"""The purge job: :class:`Purger` (constructor that validates; ``run_once(now) -> PurgeResult``) and its SPEC.
+
+The operator's manual is the package docstring (``maintenance/jobs/purge/__init__.py``).
+"""
+
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors
+
+from harness.pg import advisory_lock
+from maintenance.errors import ConfigError
+from maintenance.jobs.base import JobSpec
+from maintenance.jobs.purge.config import DEFAULT_SCHEDULE, STRATEGIES, PurgeConfig
+from maintenance.jobs.purge.paths import (
+    BlockSweep,
+    IndexWalk,
+    choose,
+    fetch_limited,
+    read_estimates,
+)
+from maintenance.jobs.purge.sql import COUNT_HOLDING
+from maintenance.runtime.db import Database
+from maintenance.runtime.logs import get_logger
+from maintenance.runtime.signals import stop_requested
+from maintenance.settings.durations import format_duration
+
+if TYPE_CHECKING:
+    from maintenance.settings import Settings
+
+LOCK_NAME = "core_jobs.purge"
+EVENTS = "maintenance.purge"
+# rows_left is an exact count up to this many rows; at the cap it means "at least this many".
+ROWS_LEFT_CAP = 100_000
+
+
+
+
+# --- result ---------------------------------------------------------------------------------
+@dataclass
+class PurgeResult:
+    """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event."""
+
+    num_deleted: int = 0
+    num_batches: int = 0
+    num_timeouts: int = 0
+    rows_left: int = 0
+    stopped_on_budget: int = 0
+    stopped_on_signal: int = 0
+    skipped: int = 0
+    gave_up: int = 0
+    longest_batch_ms: float = 0.0
+    batch_size: int = 0
+    used_sweep: int = 0
+    # Not event fields: the cutoffs this run used and why it took its path, for the demo's account.
+    cutoff: datetime | None = field(default=None, repr=False)
+    protected_from: datetime | None = field(default=None, repr=False)
+    strategy_reason: str = field(default="", repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return not self.gave_up
+
+    def fields(self) -> dict[str, Any]:
+        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown["longest_batch_ms"] = round(self.longest_batch_ms, 1)
+        return shown
+
+
+def zero_fields() -> dict[str, Any]:
+    return PurgeResult().fields()
+
+
+# --- 2. constructor that validates; 3. run_once -------------------------------------------------
+class Purger:
+    """Deletes expired fences in batches; see the module docstring."""
+
+    def __init__(
+        self,
+        config: PurgeConfig,
+        db: Database,
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+        should_stop: Callable[[], bool] = stop_requested,
+        batch_clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        guard = config.guard
+        if not guard.ok:
+            raise ConfigError(f"purge refused, nothing deleted: {guard.explain()}")
+        # The settings enforce these too; a PurgeConfig built in code gets the same names.
+        checks = (
+            (config.batch_size >= 1, "CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"),
+            (config.min_batch_size >= 1, "CORE_JOBS_PURGE_MIN_BATCH_SIZE must be at least 1"),
+            (config.slow_start_batch_size >= 1, "the slow start batch size must be at least 1"),
+            (config.target_batch_duration > timedelta(0), "CORE_JOBS_PURGE_TARGET_BATCH_DURATION must be positive"),
+            (config.timeouts_before_shrink >= 1, "CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK must be at least 1"),
+            (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
+            (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
+            (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
+            (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
+        )
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError("; ".join(problems))
+        self.config = config
+        self.db = db
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._should_stop = should_stop
+        self._batch_clock = batch_clock
+        self._log = get_logger(job="purge")
+
+    def run_once(self, now: datetime) -> PurgeResult:
+        """Delete what may be deleted at ``now`` (PostgreSQL's clock), within the time budget."""
+        cfg = self.config
+        deadline = self._monotonic() + cfg.max_runtime.total_seconds()
+        result = PurgeResult(
+            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)), cutoff=now,
+            protected_from=now - cfg.guard.required,
+        )
+        with self.db.connect(autocommit=True) as lock_conn, advisory_lock(lock_conn, LOCK_NAME) as acquired:
+            if not acquired:
+                result.skipped = 1
+                self._log.info(f"{EVENTS}.skipped", reason="another purge run holds the lock", lock=LOCK_NAME)
+                return result
+            with self.db.connect(autocommit=True) as conn:
+                self._delete_batches(conn, result, deadline)
+        return result
+
+    def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
+        cfg = self.config
+        params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
+        timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
+        walk, result.strategy_reason = self._choose_walk(conn, params, timeout)
+        result.used_sweep = int(walk.name == "sweep")
+        timeouts_in_a_row = 0
+        # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
+        ceiling = cfg.batch_size
+        while True:
+            if self._monotonic() >= deadline:
+                result.stopped_on_budget = 1
+                result.rows_left = self._rows_left(conn, walk, params, timeout)
+                self._log.warning(
+                    f"{EVENTS}.stopped_on_budget", rows_left=result.rows_left,
+                    max_runtime=format_duration(cfg.max_runtime),
+                )
+                return
+            if self._should_stop():  # SIGTERM: the batch in hand is done, start no other
+                result.stopped_on_signal = 1
+                result.rows_left = self._rows_left(conn, walk, params, timeout)
+                self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
+                return
+            started = self._batch_clock()
+            try:
+                batch = walk.batch(conn, timeout, params, result.batch_size)
+            except errors.QueryCanceled:
+                result.num_timeouts += 1
+                timeouts_in_a_row += 1
+                self._log.warning(
+                    f"{EVENTS}.statement_timeout", batch_size=result.batch_size, timeouts_in_a_row=timeouts_in_a_row
+                )
+                if timeouts_in_a_row < cfg.timeouts_before_shrink:
+                    continue
+                if not self._shrink(result):
+                    result.gave_up = 1
+                    result.rows_left = self._rows_left(conn, walk, params, timeout)
+                    self._log.error(
+                        f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts,
+                        rows_left=result.rows_left,
+                    )
+                    return
+                timeouts_in_a_row = 0
+                ceiling = result.batch_size  # no growing back into the size that timed out
+                continue
+            batch_ms = (self._batch_clock() - started) * 1000
+            timeouts_in_a_row = 0
+            result.num_batches += 1
+            result.num_deleted += batch["num_deleted"]
+            result.longest_batch_ms = max(result.longest_batch_ms, batch_ms)
+            self._log.debug(
+                f"{EVENTS}.batch_deleted", **batch, batch_ms=round(batch_ms, 1), batch_size=result.batch_size,
+                strategy=walk.name,
+            )
+            result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
+            if walk.done:
+                return
+            if cfg.batch_pause > timedelta(0):
+                self._sleep(cfg.batch_pause.total_seconds())
+
+    def _choose_walk(
+        self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
+    ) -> tuple[IndexWalk | BlockSweep, str]:
+        """The access path of this run and why, decided once before the first batch, and logged."""
+        pending = fetch_limited(conn, timeout, COUNT_HOLDING, params)[0]
+        guard = "hashed" if pending <= self.config.hashed_pending_limit else "probed"
+        started = time.perf_counter()
+        try:
+            estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
+        except errors.QueryCanceled:  # the table is locked: the batches will tell (timeouts, gave_up)
+            self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
+            return IndexWalk(guard), "the table was locked while estimating"
+        strategy, reason = choose(self.config.strategy, estimates)
+        measured = estimates.expired_fraction is not None and estimates.correlation is not None
+        index_s, sweep_s = estimates.seconds() if measured else (None, None)
+        self._log.info(
+            f"{EVENTS}.strategy_chosen", strategy=strategy, setting=self.config.strategy, reason=reason,
+            expired_fraction=_rounded(estimates.expired_fraction, 4),
+            sampled_rows=estimates.sampled_rows,
+            correlation=_rounded(estimates.correlation, 4),
+            table_blocks=estimates.table_blocks, rows_per_page=round(estimates.rows_per_page, 1),
+            estimated_index_s=_rounded(index_s, 3), estimated_sweep_s=_rounded(sweep_s, 3),
+            pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
+        )
+        return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
+
+    def _steer(self, batch_size: int, batch_ms: float, ceiling: int) -> int:
+        """The next batch's size: toward the target duration, within [min batch size, ceiling].
+
+        Slower than the target: shrink in proportion (the batch's time grows with its rows, or
+        with its blocks for the sweep). Under half the target: double. In between: keep.
+        """
+        target_ms = self.config.target_batch_duration.total_seconds() * 1000
+        floor = min(self.config.min_batch_size, ceiling)
+        if batch_ms > target_ms:
+            wanted = int(batch_size * target_ms / batch_ms)
+        elif batch_ms < target_ms / 2:
+            wanted = batch_size * 2
+        else:
+            return batch_size
+        return max(floor, min(ceiling, wanted))
+
+    def _shrink(self, result: PurgeResult) -> bool:
+        """Halve the batch size down to the floor; False when it is already there."""
+        floor = min(self.config.min_batch_size, self.config.batch_size)
+        if result.batch_size <= floor:
+            return False
+        previous, result.batch_size = result.batch_size, max(floor, result.batch_size // 2)
+        self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
+        return True
+
+    def _rows_left(self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any],
+                   timeout: str) -> int:
+        """Deletable rows the walk has not passed, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
+        try:
+            return walk.count_left(conn, timeout, params, ROWS_LEFT_CAP)
+        except errors.QueryCanceled:
+            self._log.warning(f"{EVENTS}.rows_left_timeout", cap=ROWS_LEFT_CAP)
+            return -1
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    """A log field's value: rounded, or None when it was not measured."""
+    return None if value is None else round(value, digits)
+
+
+# --- 4. scheduler entry point -------------------------------------------------------------------
+def build(settings: Settings, db: Database) -> Purger:
+    """The scheduler entry: the config from the settings, validated by the constructor."""
+    return Purger(PurgeConfig.from_settings(settings), db)
+
+
+SPEC = JobSpec(
+    name="purge",
+    summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
+    build=build,
+    zero_fields=zero_fields,
+    event_prefix=EVENTS,
+    schedule=DEFAULT_SCHEDULE,
+)
