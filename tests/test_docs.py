@@ -92,7 +92,14 @@ def test_every_repository_path_named_in_readme_and_docs_exists():
     missing = {
         str(path.relative_to(ROOT)): names
         for path in documents()
-        if (names := sorted({m.group("path") for m in REPO_PATH.finditer(path.read_text(encoding="utf-8"))
-                             if not (ROOT / m.group("path").rstrip("/")).exists()}))
+        if (
+            names := sorted(
+                {
+                    m.group("path")
+                    for m in REPO_PATH.finditer(path.read_text(encoding="utf-8"))
+                    if not (ROOT / m.group("path").rstrip("/")).exists()
+                }
+            )
+        )
     }
     assert missing == {}, f"paths that do not exist: {missing}"

@@ -28,6 +28,7 @@ SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                       
                                                                                              AS pending_dead_letter
   FROM core.processed_jobs AS p"""
 
+
 def purge_lines(db: Database, result: PurgeResult) -> list[str]:
     """What the run deleted and which fences it kept, by the rule that kept each."""
     if result.skipped:
@@ -53,7 +54,9 @@ def alerts_lines(db: Database, result: AlertFeedResult) -> list[str]:
     """The incidents a dry run would post (the demo has no token)."""
     if not result.dry_run:
         return [f"posted {result.incidents_posted} incidents and {result.escalations_posted} escalations"]
-    lines = [f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"]
+    lines = [
+        f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"
+    ]
     for incident in result.planned:
         label = "escalation" if incident.kind == "stale" else "incident"
         lines.append(f"{label}: {incident.name}")
@@ -67,7 +70,7 @@ def metrics_lines(db: Database, result: MetricsResult) -> list[str]:
         f"counted {sum(result.successes.values())} successes up to {figures['counted_until']} (horizon: {result.horizon});"
         " the watermark row is the only row written",
     ]
-    lines += [f"core_jobs_successes_total{{consumer=\"{k}\"}} {v}" for k, v in figures["successes_total"].items()]
+    lines += [f'core_jobs_successes_total{{consumer="{k}"}} {v}' for k, v in figures["successes_total"].items()]
     for q in result.dead_letters:
         lines.append(
             f"queue {q.queue}: {q.pending} pending (oldest {q.oldest_pending_age_seconds or 0:.0f} s),"

@@ -148,8 +148,7 @@ class IndexWalk:
     name = "index"
 
     def __init__(self, guard: str) -> None:
-        self._delete = INDEX_BATCH.format(deletable=TIME_GUARDS + REPLAY_GUARD[guard],
-                                           time_guards=TIME_GUARDS)
+        self._delete = INDEX_BATCH.format(deletable=TIME_GUARDS + REPLAY_GUARD[guard], time_guards=TIME_GUARDS)
         self.cursor: Any = "-infinity"
         self.done = False
 
