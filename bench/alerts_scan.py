@@ -40,8 +40,8 @@ from alerts.feed import (
     scan,
 )
 from harness.pg import connect, server_now
-from maintenance import migrate
 from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
 HANDLED = TOTAL - NEW - STALE

@@ -46,8 +46,8 @@ from harness.pg import connect
 from harness.queue import Acked, Delivery, Envelope
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from maintenance import migrate
 from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

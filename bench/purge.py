@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.pg import connect
 from harness.retry import RetryPolicy, max_retry_window
-from maintenance import migrate
 from maintenance.demo import with_database
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
+from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
 from maintenance.settings import TtlGuard

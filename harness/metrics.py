@@ -22,8 +22,9 @@ is logged — and the next delivery decides again, so these two may count a job 
 ``core.dead_letters`` is the record of what was written.
 
 :func:`default_metrics` is the one :class:`HarnessMetrics` in prometheus_client's default
-registry (what ``start_http_server`` and a ``/metrics`` endpoint serve); ``core-jobs worker``
-passes it. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
+registry (what ``start_http_server`` and a ``/metrics`` endpoint serve), made on the first call;
+``core-jobs worker`` does not use it: it makes its own on a registry of its own, which
+``--metrics-port`` serves. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
 (StatsD, OpenTelemetry) is any object with the four methods of :class:`Metrics`.
 """
 

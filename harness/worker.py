@@ -7,7 +7,8 @@ retries and dead letters at once, and ack the batch's successes and duplicates i
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
 claim waits ``poll_interval`` — or, with ``once``, ends the thread.
 
-Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
+Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
+passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are
 released at once without using an attempt.
 
@@ -32,7 +33,7 @@ redelivered and the fence absorbs the work already done — but it is wasted eff
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
 ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
-(default: none; harness/metrics.py). (``core-jobs worker`` passes the Prometheus counters, and adds
+(default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
 ``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
 
@@ -118,6 +119,7 @@ class Worker:
         config: WorkerConfig,
         metrics: Metrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
+        stop: threading.Event | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.consumer = consumer
@@ -126,7 +128,7 @@ class Worker:
         self.metrics = metrics
         self.application_name = application_name
         self.stats = WorkerStats()
-        self._stopping = threading.Event()
+        self._stopping = stop if stop is not None else threading.Event()  # set: finish the message in hand, stop
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def stop(self) -> None:

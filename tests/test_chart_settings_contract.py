@@ -20,14 +20,8 @@ from typing import Any
 
 import helm_python
 import pytest
-from test_helm_chart import (  # noqa: F401  (chart: fixture)
-    CHART_DIR,
-    SECRET_SETTINGS,
-    chart,
-    pod_templates,
-    render_objects,
-    with_secret,
-)
+from helm_support import CHART_DIR
+from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs

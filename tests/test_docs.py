@@ -87,19 +87,13 @@ def test_link_check_reports_a_missing_file_and_a_missing_heading(tmp_path):
     assert broken_links(page) == ["missing.md: no such file", "other.md#nowhere: no heading #nowhere in other.md"]
 
 
+def missing_paths(path: Path) -> list[str]:
+    """The repository paths ``path`` names in backticks that do not exist."""
+    named = {match.group("path") for match in REPO_PATH.finditer(path.read_text(encoding="utf-8"))}
+    return sorted(name for name in named if not (ROOT / name.rstrip("/")).exists())
+
+
 def test_every_repository_path_named_in_readme_and_docs_exists():
     """Every `maintenance/…`, `harness/…`, `docs/…` (etc.) path README.md and docs/ name in backticks exists."""
-    missing = {
-        str(path.relative_to(ROOT)): names
-        for path in documents()
-        if (
-            names := sorted(
-                {
-                    m.group("path")
-                    for m in REPO_PATH.finditer(path.read_text(encoding="utf-8"))
-                    if not (ROOT / m.group("path").rstrip("/")).exists()
-                }
-            )
-        )
-    }
+    missing = {str(path.relative_to(ROOT)): names for path in documents() if (names := missing_paths(path))}
     assert missing == {}, f"paths that do not exist: {missing}"

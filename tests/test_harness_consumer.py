@@ -11,6 +11,8 @@ from harness.consumer import Consumer, ConsumerError
 from harness.dead_letters import describe_error
 from harness.retry import RetryPolicy
 
+pytestmark = pytest.mark.pure
+
 
 class Payload(BaseModel):
     n: int

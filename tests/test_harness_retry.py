@@ -15,6 +15,8 @@ from harness.retry import (
     parse_retry_after,
 )
 
+pytestmark = pytest.mark.pure
+
 DEFAULTS = RetryPolicy()
 NO_JITTER = RetryPolicy(jitter=0)
 LOWEST = lambda: 0.0  # noqa: E731 - bottom of the jitter range: 80 %

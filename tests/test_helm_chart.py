@@ -13,16 +13,15 @@ import copy
 import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from helm_support import CHART_DIR
 from kubernetes_validate.utils import all_versions, major_minor
 
-CHART_DIR = Path(__file__).resolve().parents[1] / "helm" / "core-jobs"
 RELEASE = "ops"
 NAMESPACE = "jobs"
 SECRET = "core-jobs-secrets"
@@ -155,12 +154,6 @@ def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 
 def cron_jobs_by_job(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["metadata"]["labels"]["app.kubernetes.io/component"]: obj for obj in of_kind(objects, "CronJob")}
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART_DIR) as loaded:
-        yield loaded
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS), ids=sorted(VALUE_SETS))

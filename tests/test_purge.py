@@ -10,6 +10,7 @@ mechanics say which.
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from datetime import datetime, timedelta
 
@@ -288,11 +289,18 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
 
 
 def test_a_stop_request_ends_the_run_after_the_batch_in_hand(db, conn, now):
-    """SIGTERM's stop request lets the batch in hand commit, starts no other, reports rows_left; the next run finishes."""
+    """A stop event set during a batch lets that batch commit, starts no other, reports rows_left; the next run finishes."""
     add_old_expired_fences(conn, now, 25)
-    asked = iter([False, True])  # checked before each batch: the first may start, then a stop arrives
+    stop = threading.Event()
+    readings = itertools.count()
+
+    def batch_clock() -> float:  # read at each batch's start and end: the SIGTERM comes during the first
+        if next(readings) == 1:
+            stop.set()
+        return 0.0
+
     config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, strategy="index")
-    first = Purger(config, db, should_stop=lambda: next(asked)).run_once(now)
+    first = Purger(config, db, stop=stop, batch_clock=batch_clock).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_signal, first.rows_left) == (10, 1, 1, 15)
     assert first.ok
     second = Purger(config, db).run_once(now)

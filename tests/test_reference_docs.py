@@ -6,6 +6,8 @@ import pytest
 
 from maintenance import reference
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("page", sorted(reference.PAGES), ids=lambda p: p.name)
 def test_generated_reference_page_is_up_to_date(page):

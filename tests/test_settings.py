@@ -8,6 +8,8 @@ import pytest
 
 from maintenance.settings import ConfigError, load_settings
 
+pytestmark = pytest.mark.pure
+
 
 def test_defaults_follow_the_seed(clean_env):
     """With nothing set, the TTL is 7 days and the retry policy is J-B3's 5 x 30 s .. 1 h, jitter 20 %."""

@@ -8,6 +8,8 @@ import pytest
 
 from maintenance.settings import format_duration, parse_duration
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),

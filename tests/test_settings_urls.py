@@ -6,6 +6,8 @@ import pytest
 
 from maintenance.settings import mask_url_passwords, redact_url, shown_url
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     ("text", "masked"),

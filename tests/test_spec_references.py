@@ -19,6 +19,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "docs" / "spec.md"
 THIS_FILE = Path(__file__).resolve()

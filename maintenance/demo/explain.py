@@ -17,15 +17,12 @@ from maintenance.settings.durations import format_duration
 
 # The demo's account of the fences a run kept, by the rule that kept them.
 COUNT_KEPT = """
-SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                                AS not_expired,
+SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s) AS not_expired,
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at >= %(protected_from)s) AS inside_window,
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s
-                          AND EXISTS (SELECT 1 FROM core.dead_letters d
-                                       WHERE d.job_id = p.job_id
-                                         AND (d.status = 'pending_review'
-                                              OR (d.status = 'replayed' AND (d.replay_handled_at IS NULL
-                                                                             OR d.replay_handled_at >= %(protected_from)s)))))
-                                                                                             AS pending_dead_letter
+                          AND EXISTS (SELECT 1 FROM core.dead_letters AS d
+                                       WHERE d.job_id = p.job_id AND core.holds_fence(d, %(protected_from)s)))
+                                                                                              AS held_by_dead_letter
   FROM core.processed_jobs AS p"""
 
 

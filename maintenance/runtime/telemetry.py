@@ -16,6 +16,13 @@ metric                                                    type     meaning
 A job whose result has ``metric_families()`` (the metrics job) adds its own families; the
 latest ones are served and pushed with the job's run metrics.
 
+No ``<counter>_created`` series are served or pushed: they would double every counter on the
+Pushgateway for a start time that, in run-once mode, is just the pod's. They are left out by
+this module's collectors, not by prometheus_client's process-wide switch.
+
+There is no process-wide telemetry: each ``core-jobs`` process makes one :class:`Telemetry` in
+its command (``run-once``, ``serve``) and passes it to the runner and the scheduler.
+
 The label is ``job_name``, not ``job``: Prometheus and the Pushgateway own ``job`` (the scrape
 job, and the Pushgateway's grouping key, which overwrites a pushed ``job`` label).
 
@@ -35,25 +42,17 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.exposition import (
-    default_handler,
-    push_to_gateway,
-    pushadd_to_gateway,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import shown_url
-
-# No `<counter>_created` series: they double every counter on the Pushgateway for a start time
-# that, in run-once mode, is just the pod's.
-disable_created_metrics()
 
 PUSH_JOB = "core-jobs"
 JOB_LABEL = "job_name"
@@ -74,6 +73,26 @@ class LastRun:
     error: str | None
 
 
+def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
+    """The families without their ``_created`` samples (see the module docstring)."""
+    for family in families:
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        if samples or not family.samples:
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = samples
+            yield kept
+
+
+class _RunSeries:
+    """The run series of a registry, without ``_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _without_created(self.registry.collect())
+
+
 class _JobFamilies:
     """A collector yielding the job-specific families (e.g. success volume) of the latest runs."""
 
@@ -86,7 +105,7 @@ class _JobFamilies:
             families = dict(self.telemetry._families)
         for name, metrics in families.items():
             if self.only is None or name == self.only:
-                yield from metrics
+                yield from _without_created(metrics)
 
 
 class _OneJob:
@@ -97,7 +116,7 @@ class _OneJob:
         self.name = name
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.telemetry._run_registry.collect():
+        for family in _without_created(self.telemetry._run_registry.collect()):
             samples = [s for s in family.samples if s.labels.get(JOB_LABEL) == self.name]
             if samples:
                 sliced = Metric(family.name, family.documentation, family.type, family.unit)
@@ -140,7 +159,7 @@ class Telemetry:
         )
         # What /metrics serves: the run series plus every job's own families.
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self._run_registry)
+        self.registry.register(_RunSeries(self._run_registry))
         self.registry.register(_JobFamilies(self))
 
     def record(self, outcome: Any) -> None:
@@ -196,16 +215,9 @@ class Telemetry:
         return True
 
 
-def push_configured(settings: Any, name: str, telemetry: Telemetry | None = None) -> bool:
-    """Push job ``name``'s series when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
-    return (telemetry or default()).push(
+def push_configured(settings: Any, name: str, telemetry: Telemetry) -> bool:
+    """Push job ``name``'s series from ``telemetry`` when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
+    return telemetry.push(
         settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
     )
 
-
-_DEFAULT = Telemetry()
-
-
-def default() -> Telemetry:
-    """The process-wide telemetry that the runner records into and `serve` exposes."""
-    return _DEFAULT

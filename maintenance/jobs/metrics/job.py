@@ -18,6 +18,7 @@ from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE, MetricsConfig
 from maintenance.jobs.metrics.sql import (
     ADVANCE_WATERMARK,
     COUNT_SUCCESSES,
+    COUNT_SUCCESSES_BY_TENANT,
     DEAD_LETTER_FIGURES,
     ENSURE_WATERMARK,
     LOCK_WATERMARK,
@@ -233,8 +234,8 @@ class MetricsJob:
         until = max(since, horizon)  # never backwards
         counts: dict[tuple[str, str | None], int] = {}
         if until > since:
-            tenant = "tenant_id::text" if self.config.tenant_label else "NULL::text"
-            rows = conn.execute(COUNT_SUCCESSES.format(tenant=tenant), {"since": since, "until": until})
+            count = COUNT_SUCCESSES_BY_TENANT if self.config.tenant_label else COUNT_SUCCESSES
+            rows = conn.execute(count, {"since": since, "until": until})
             counts = {(consumer, t): n for consumer, t, n in rows}
         totals = add_counts(totals or {}, counts, tenant_label=self.config.tenant_label, top_n=self.config.tenant_top_n)
         conn.execute(ADVANCE_WATERMARK, {"until": until, "totals": Jsonb(totals), "now": now, **params})
@@ -253,6 +254,6 @@ SPEC = JobSpec(
     schedule=DEFAULT_SCHEDULE,
     name="metrics",
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
-    build=lambda settings, db: MetricsJob(db, MetricsConfig.from_settings(settings)),
+    build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),
     zero_fields=zero_fields,
 )

@@ -5,6 +5,7 @@ The operator's manual is the package docstring (``maintenance/jobs/purge/__init_
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
@@ -28,7 +29,6 @@ from maintenance.jobs.purge.paths import (
 from maintenance.jobs.purge.sql import COUNT_HOLDING
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.runtime.signals import stop_requested
 from maintenance.settings.durations import format_duration
 
 if TYPE_CHECKING:
@@ -86,7 +86,7 @@ class Purger:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        should_stop: Callable[[], bool] = stop_requested,
+        stop: threading.Event | None = None,
         batch_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         guard = config.guard
@@ -111,7 +111,7 @@ class Purger:
         self.db = db
         self._monotonic = monotonic
         self._sleep = sleep
-        self._should_stop = should_stop
+        self._stop = stop if stop is not None else threading.Event()  # the command's (SIGTERM)
         self._batch_clock = batch_clock
         self._log = get_logger(job="purge")
 
@@ -152,7 +152,7 @@ class Purger:
                     max_runtime=format_duration(cfg.max_runtime),
                 )
                 return
-            if self._should_stop():  # SIGTERM: the batch in hand is done, start no other
+            if self._stop.is_set():  # SIGTERM: the batch in hand is done, start no other
                 result.stopped_on_signal = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
@@ -273,9 +273,9 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 
 # --- 4. scheduler entry point -------------------------------------------------------------------
-def build(settings: Settings, db: Database) -> Purger:
-    """The scheduler entry: the config from the settings, validated by the constructor."""
-    return Purger(PurgeConfig.from_settings(settings), db)
+def build(settings: Settings, db: Database, stop: threading.Event) -> Purger:
+    """The scheduler entry: the config from the settings, validated by the constructor; ``stop`` ends the batch loop."""
+    return Purger(PurgeConfig.from_settings(settings), db, stop=stop)
 
 
 SPEC = JobSpec(
