@@ -220,4 +220,3 @@ def push_configured(settings: Any, name: str, telemetry: Telemetry) -> bool:
     return telemetry.push(
         settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
     )
-
