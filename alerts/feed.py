@@ -421,20 +421,36 @@ class AlertFeed:
                     pass
             result.post_failures = len(_pending_intents(conn))
         row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
+        assert row is not None  # counts: always one row
         result.dead_letters_unalerted, result.dead_letters_unescalated = row
         return result
 
     def _dry_run(self, conn: psycopg.Connection, planned: list[PlannedIncident], result: AlertFeedResult) -> None:
         pending = _pending_intents(conn)
         for intent in pending:
-            self.log.info("alerts.feed.dry_run_incident", kind=intent.kind, queue=intent.queue, name=intent.name,
-                          summary=intent.summary, num_dead_letters=intent.num_dead_letters, alert_key=intent.alert_key)
+            self.log.info(
+                "alerts.feed.dry_run_incident",
+                kind=intent.kind,
+                queue=intent.queue,
+                name=intent.name,
+                summary=intent.summary,
+                num_dead_letters=intent.num_dead_letters,
+                alert_key=intent.alert_key,
+            )
         for incident in planned:
-            self.log.info("alerts.feed.dry_run_incident", kind=incident.kind, queue=incident.queue, name=incident.name,
-                          summary=incident.summary, num_dead_letters=len(incident.dead_letter_ids),
-                          alert_key=incident.alert_key)
+            self.log.info(
+                "alerts.feed.dry_run_incident",
+                kind=incident.kind,
+                queue=incident.queue,
+                name=incident.name,
+                summary=incident.summary,
+                num_dead_letters=len(incident.dead_letter_ids),
+                alert_key=incident.alert_key,
+            )
         for row in conn.execute(HANDLED_OPEN_ALERTS).fetchall():
-            self.log.info("alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4])
+            self.log.info(
+                "alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4]
+            )
         result.dry_run_incidents = len(pending) + len(planned)
         result.planned = planned
 
@@ -442,19 +458,41 @@ class AlertFeed:
         """Intent and coverage in one transaction, before anything is sent."""
         ids = list(incident.dead_letter_ids)
         with conn.transaction():
-            alert_id = conn.execute(RECORD_INTENT, {
-                "alert_key": incident.alert_key, "kind": incident.kind, "queue": incident.queue,
-                "name": incident.name, "summary": incident.summary, "description": incident.description,
-                "num": len(ids), "now": now,
-            }).fetchone()[0]
+            row = conn.execute(
+                RECORD_INTENT,
+                {
+                    "alert_key": incident.alert_key,
+                    "kind": incident.kind,
+                    "queue": incident.queue,
+                    "name": incident.name,
+                    "summary": incident.summary,
+                    "description": incident.description,
+                    "num": len(ids),
+                    "now": now,
+                },
+            ).fetchone()
+            assert row is not None  # an upsert's RETURNING: always one row
+            alert_id = row[0]
             conn.execute(RECORD_COVERAGE, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
             if incident.kind == STALE:
                 conn.execute(RECORD_NEW_COVERAGE_OF_ESCALATION, {"alert_id": alert_id, "ids": ids})
-        self.log.info("alerts.feed.intent_recorded", alert_id=alert_id, alert_key=incident.alert_key,
-                      kind=incident.kind, queue=incident.queue, num_dead_letters=len(ids))
+        self.log.info(
+            "alerts.feed.intent_recorded",
+            alert_id=alert_id,
+            alert_key=incident.alert_key,
+            kind=incident.kind,
+            queue=incident.queue,
+            num_dead_letters=len(ids),
+        )
 
-    def _settle_earlier(self, conn: psycopg.Connection, now: datetime, installation: str, stale_cutoff: datetime,
-                        result: AlertFeedResult) -> set[int]:
+    def _settle_earlier(
+        self,
+        conn: psycopg.Connection,
+        now: datetime,
+        installation: str,
+        stale_cutoff: datetime,
+        result: AlertFeedResult,
+    ) -> set[int]:
         """Settle the intents earlier runs left pending, before this run plans anything.
 
         Each may have reached Better Stack (a crash, a lost answer), so it is looked up by its
@@ -471,36 +509,54 @@ class AlertFeed:
             try:
                 incident = self.client.find_incident(METADATA_KEY, intent.alert_key, scope=scope)
             except BetterStackError as exc:
-                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
-                               queue=intent.queue, status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.post_failed",
+                    alert_key=intent.alert_key,
+                    kind=intent.kind,
+                    queue=intent.queue,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 unsettled.add(intent.id)
                 _stop_unless_about_this_one(exc)
                 continue
             if incident is not None:
                 self._confirmed(conn, intent, incident.id, now, recovered=True, result=result)
                 continue
-            pending, stale = conn.execute(INTENT_STANDING, {"id": intent.id, "kind": intent.kind,
-                                                            "stale_cutoff": stale_cutoff}).fetchone()
+            standing = conn.execute(
+                INTENT_STANDING, {"id": intent.id, "kind": intent.kind, "stale_cutoff": stale_cutoff}
+            ).fetchone()
+            assert standing is not None  # counts: always one row
+            pending, stale = standing
             if pending == 0:
                 self._cancel(conn, intent, CANCELLED_HANDLED, now, result)
             elif intent.kind == NEW and stale > 0:
                 self._cancel(conn, intent, CANCELLED_SUPERSEDED, now, result)
         return unsettled
 
-    def _cancel(self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime,
-                result: AlertFeedResult) -> None:
+    def _cancel(
+        self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime, result: AlertFeedResult
+    ) -> None:
         """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
         with conn.transaction():
             conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
             released = [row[0] for row in conn.execute(RELEASE_COVERAGE, {"id": intent.id})]
             conn.execute(COVER_RELEASED_BY_ESCALATION, {"ids": released})
         result.intents_cancelled += 1
-        self.log.info("alerts.feed.intent_cancelled", alert_id=intent.id, alert_key=intent.alert_key, kind=intent.kind,
-                      queue=intent.queue, reason=reason, num_dead_letters=intent.num_dead_letters,
-                      released=len(released))
+        self.log.info(
+            "alerts.feed.intent_cancelled",
+            alert_id=intent.id,
+            alert_key=intent.alert_key,
+            kind=intent.kind,
+            queue=intent.queue,
+            reason=reason,
+            num_dead_letters=intent.num_dead_letters,
+            released=len(released),
+        )
 
-    def _deliver(self, conn: psycopg.Connection, now: datetime, installation: str, unsettled: set[int],
-                 result: AlertFeedResult) -> None:
+    def _deliver(
+        self, conn: psycopg.Connection, now: datetime, installation: str, unsettled: set[int], result: AlertFeedResult
+    ) -> None:
         """Post every pending intent (the earlier ones were looked up already), except ``unsettled``."""
         assert self.client is not None
         scope = {INSTALLATION_METADATA_KEY: installation}
@@ -512,20 +568,40 @@ class AlertFeed:
                     self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
                 )
             except BetterStackError as exc:
-                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
-                               queue=intent.queue, status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.post_failed",
+                    alert_key=intent.alert_key,
+                    kind=intent.kind,
+                    queue=intent.queue,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 _stop_unless_about_this_one(exc)
                 continue
             # recovered: found by the client's lookup after a retried POST, not confirmed by it.
             self._confirmed(conn, intent, incident.id, now, recovered=incident.recovered, result=result)
 
-    def _confirmed(self, conn: psycopg.Connection, intent: _Intent, incident_id: str, now: datetime, *,
-                   recovered: bool, result: AlertFeedResult) -> None:
+    def _confirmed(
+        self,
+        conn: psycopg.Connection,
+        intent: _Intent,
+        incident_id: str,
+        now: datetime,
+        *,
+        recovered: bool,
+        result: AlertFeedResult,
+    ) -> None:
         """Better Stack has the incident: record it open, count and log how we know."""
         record_posted(conn, intent.id, incident_id, now)
         result.dead_letters_alerted += intent.num_dead_letters
-        fields_ = {"alert_key": intent.alert_key, "incident_id": incident_id, "kind": intent.kind,
-                   "queue": intent.queue, "num_dead_letters": intent.num_dead_letters, "name": intent.name}
+        fields_ = {
+            "alert_key": intent.alert_key,
+            "incident_id": incident_id,
+            "kind": intent.kind,
+            "queue": intent.queue,
+            "num_dead_letters": intent.num_dead_letters,
+            "name": intent.name,
+        }
         if recovered:
             result.incidents_recovered += 1
             self.log.info("alerts.feed.incident_recovered", **fields_)
@@ -536,16 +612,22 @@ class AlertFeed:
             result.incidents_posted += 1
             self.log.info("alerts.feed.incident_posted", **fields_)
 
-    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, installation: str,
-                         result: AlertFeedResult) -> None:
+    def _resolve_handled(
+        self, conn: psycopg.Connection, now: datetime, installation: str, result: AlertFeedResult
+    ) -> None:
         assert self.client is not None
         due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
         for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
             try:
                 outcome = self._resolve(incident_id, alert_key, installation)
             except BetterStackError as exc:
-                self.log.error("alerts.feed.resolve_failed", incident_id=incident_id, alert_key=alert_key,
-                               status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.resolve_failed",
+                    incident_id=incident_id,
+                    alert_key=alert_key,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 result.resolve_failures += 1
                 try:
                     _stop_unless_about_this_one(exc)
@@ -553,15 +635,24 @@ class AlertFeed:
                     result.resolve_failures += len(due) - position - 1
                     raise
                 continue
-            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED})
+            conn.execute(
+                MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED}
+            )
             if outcome == GONE:
                 result.incidents_gone += 1
-                self.log.warning("alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key,
-                                 kind=kind, queue=queue)
+                self.log.warning(
+                    "alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key, kind=kind, queue=queue
+                )
             else:
                 result.incidents_resolved += 1
-                self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
-                              kind=kind, queue=queue, already_resolved=outcome == ALREADY_RESOLVED)
+                self.log.info(
+                    "alerts.feed.incident_resolved",
+                    incident_id=incident_id,
+                    alert_key=alert_key,
+                    kind=kind,
+                    queue=queue,
+                    already_resolved=outcome == ALREADY_RESOLVED,
+                )
 
     def _resolve(self, incident_id: str, alert_key: str, installation: str) -> str:
         """Resolve one incident at Better Stack: RESOLVED, ALREADY_RESOLVED (409) or GONE.
@@ -572,12 +663,16 @@ class AlertFeed:
         """
         assert self.client is not None
         try:
-            resolved_now = self.client.resolve_incident(incident_id, resolved_by=self.config.requester_email or "core-jobs")
+            resolved_now = self.client.resolve_incident(
+                incident_id, resolved_by=self.config.requester_email or "core-jobs"
+            )
         except IncidentNotFound as exc:
             listed = self.client.find_incident(METADATA_KEY, alert_key, scope={INSTALLATION_METADATA_KEY: installation})
             if listed is not None and listed.id == incident_id:
-                raise BetterStackError(f"resolve of incident {incident_id} answered 404, yet the incident list still "
-                                       f"has it: {exc}", status=404) from exc
+                raise BetterStackError(
+                    f"resolve of incident {incident_id} answered 404, yet the incident list still has it: {exc}",
+                    status=404,
+                ) from exc
             return GONE
         return RESOLVED if resolved_now else ALREADY_RESOLVED
 
@@ -653,7 +748,7 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
     groups = sorted(groups, key=lambda g: (-len(g.ids), g.queue or ""))
     if len(groups) <= limit:
         return groups
-    keep, fold = groups[: limit - 1], groups[limit - 1:]
+    keep, fold = groups[: limit - 1], groups[limit - 1 :]
     folded = DeadLetterGroup(
         kind=fold[0].kind,
         queue=None,
@@ -662,10 +757,12 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
         last_created=max(g.last_created for g in fold),
         queues=tuple((g.queue or "", len(g.ids)) for g in fold),
     )
-    return keep + [folded]
+    return [*keep, folded]
 
 
-def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig) -> list[DeadLetterGroup]:
+def _with_details(
+    conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig
+) -> list[DeadLetterGroup]:
     """Add the top errors and the samples of each group.
 
     Samples: one query for all groups. Top errors: one query per group, by primary key; a
@@ -679,10 +776,18 @@ def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], confi
     for group in groups:
         params = {"ids": list(group.ids), "chars": _ERROR_CHARS, "top": config.top_errors}
         errors = [(error, n) for error, n in conn.execute(TOP_ERRORS, params)]
-        detailed.append(DeadLetterGroup(
-            group.kind, group.queue, group.ids, group.first_created, group.last_created,
-            errors=tuple(errors), samples=tuple(samples[i] for i in group.ids[: config.samples]), queues=group.queues,
-        ))
+        detailed.append(
+            DeadLetterGroup(
+                group.kind,
+                group.queue,
+                group.ids,
+                group.first_created,
+                group.last_created,
+                errors=tuple(errors),
+                samples=tuple(samples[i] for i in group.ids[: config.samples]),
+                queues=group.queues,
+            )
+        )
     return detailed
 
 
@@ -702,10 +807,14 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, inst
     else:
         age = _human(config.stale_after)
         name = f"{n} {letters} in {where} unreviewed for over {age}"
-        summary = (f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
-                   f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}")
-        opening = (f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
-                   f"more than {age} after they were written ({span}).")
+        summary = (
+            f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
+            f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}"
+        )
+        opening = (
+            f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
+            f"more than {age} after they were written ({span})."
+        )
         action = "Nobody has reviewed these yet: replay or discard each, with a reason."
     lines = [opening, ""]
     if group.errors:
@@ -742,4 +851,3 @@ def _human(delta: timedelta) -> str:
         if count:
             parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
     return " ".join(parts[:2]) or "less than a minute"
-

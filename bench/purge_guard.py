@@ -22,8 +22,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.purge import DEFAULT_SERVER, admin, build_template  # noqa: E402
-from harness.pg import connect  # noqa: E402
+from bench.purge import DEFAULT_SERVER, admin, build_template
+from harness.pg import connect
 
 INLINE = {
     "hashed": """p.job_id NOT IN (SELECT d.job_id FROM core.dead_letters AS d WHERE d.status = 'pending_review'
@@ -65,8 +65,11 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(ADD_HOLDERS, {"n": args.holders})
             conn.execute("ANALYZE core.dead_letters")
             params = {"protected_from": conn.execute("SELECT now() - interval '1 day'").fetchone()[0]}
-            queries = {f"{spelling} {kind}": BATCH.format(guard=rules[spelling])
-                       for kind, rules in (("inline", INLINE), ("function", FUNCTION)) for spelling in rules}
+            queries = {
+                f"{spelling} {kind}": BATCH.format(guard=rules[spelling])
+                for kind, rules in (("inline", INLINE), ("function", FUNCTION))
+                for spelling in rules
+            }
             picked = {label: sorted(str(r[0]) for r in conn.execute(q, params)) for label, q in queries.items()}
             assert len({tuple(v) for v in picked.values()}) == 1, "the spellings picked different rows"
             times: dict[str, list[float]] = {label: [] for label in queries}
@@ -79,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         for spelling in ("hashed", "probed"):
             inline = statistics.median(times[f"{spelling} inline"])
             function = statistics.median(times[f"{spelling} function"])
-            print(f"  {spelling}: inline {inline:.2f} ms, function {function:.2f} ms, function/inline {function / inline:.2f}")
+            print(
+                f"  {spelling}: inline {inline:.2f} ms, function {function:.2f} ms, function/inline {function / inline:.2f}"
+            )
     finally:
         admin(DEFAULT_SERVER, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
     return 0

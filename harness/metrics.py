@@ -77,22 +77,30 @@ class HarnessMetrics:
         try:
             from prometheus_client import REGISTRY, Counter
         except ImportError as exc:
-            raise ImportError("harness.metrics.HarnessMetrics needs prometheus-client: install"
-                              " core-jobs-harness[metrics], or pass no metrics (counts nothing)") from exc
+            raise ImportError(
+                "harness.metrics.HarnessMetrics needs prometheus-client: install"
+                " core-jobs-harness[metrics], or pass no metrics (counts nothing)"
+            ) from exc
         self.registry = REGISTRY if registry is None else registry
         self._processed = Counter(
             "harness_jobs_processed", "Jobs whose work and fence committed.", ["consumer"], registry=self.registry
         )
         self._duplicates = Counter(
-            "harness_jobs_duplicates", "Deliveries skipped: the fence already existed.", ["consumer"],
+            "harness_jobs_duplicates",
+            "Deliveries skipped: the fence already existed.",
+            ["consumer"],
             registry=self.registry,
         )
         self._retries = Counter(
-            "harness_jobs_retries", "Transient failures scheduled for another attempt.", ["consumer"],
+            "harness_jobs_retries",
+            "Transient failures scheduled for another attempt.",
+            ["consumer"],
             registry=self.registry,
         )
         self._dead_lettered = Counter(
-            "harness_jobs_dead_lettered", "Jobs written to core.dead_letters.", ["consumer", "reason"],
+            "harness_jobs_dead_lettered",
+            "Jobs written to core.dead_letters.",
+            ["consumer", "reason"],
             registry=self.registry,
         )
 

@@ -75,8 +75,10 @@ class DeadLetterRow:
         return self.status == "replayed" and self.replay_outcome is None
 
 
-_COLUMNS = ("id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
-            " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at")
+_COLUMNS = (
+    "id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
+    " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at"
+)
 
 LIST = f"""
 SELECT {_COLUMNS}
@@ -98,26 +100,43 @@ SELECT {_COLUMNS} FROM core.dead_letters
    FOR UPDATE
 """
 
-SET_ACTOR = "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
+SET_ACTOR = (
+    "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
+)
 MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = ANY(%(ids)s)"
-MARK_DISCARDED = "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
+MARK_DISCARDED = (
+    "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
+)
 MARK_RELEASED = "UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = ANY(%(ids)s)"
 # Replays whose republished message still waits in the reference queue: they will be handled.
 STILL_QUEUED = "SELECT DISTINCT replay_of FROM core.queue_messages WHERE replay_of = ANY(%(ids)s) ORDER BY replay_of"
 
 
-def list_dead_letters(conn: psycopg.Connection, *, queue: str | None = None, status: str | None = None,
-                      outstanding: bool = False, limit: int = 1000) -> list[DeadLetterRow]:
+def list_dead_letters(
+    conn: psycopg.Connection,
+    *,
+    queue: str | None = None,
+    status: str | None = None,
+    outstanding: bool = False,
+    limit: int = 1000,
+) -> list[DeadLetterRow]:
     """Dead letters, oldest first, optionally of one queue and/or one status, or only outstanding replays."""
     if status is not None and status not in STATUSES:
         raise OperationRefused([f"unknown status {status!r}; valid: {', '.join(STATUSES)}"])
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
-        return cur.execute(LIST, {"queue": queue, "status": status, "outstanding": outstanding,
-                                  "limit": limit}).fetchall()
+        return cur.execute(
+            LIST, {"queue": queue, "status": status, "outstanding": outstanding, "limit": limit}
+        ).fetchall()
 
 
-def replay(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None,
-           operator: str, reason: str | None = None) -> list[DeadLetterRow]:
+def replay(
+    conn: psycopg.Connection,
+    ids: Sequence[int] = (),
+    *,
+    queue: str | None = None,
+    operator: str,
+    reason: str | None = None,
+) -> list[DeadLetterRow]:
     """Replay the given ids, or every pending dead letter of ``queue``; return the rows replayed."""
     if bool(ids) == bool(queue):
         raise OperationRefused(["give dead-letter ids, or a queue to replay all its pending dead letters"])
@@ -128,8 +147,13 @@ def replay(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | No
             _set_actor(conn, operator, reason)
             publisher = PgQueue(conn)
             for row in rows:
-                envelope = Envelope(job_id=row.job_id, payload=row.payload, tenant_id=row.tenant_id or NO_TENANT,
-                                    correlation_id=row.correlation_id, replay_of=row.id)
+                envelope = Envelope(
+                    job_id=row.job_id,
+                    payload=row.payload,
+                    tenant_id=row.tenant_id or NO_TENANT,
+                    correlation_id=row.correlation_id,
+                    replay_of=row.id,
+                )
                 publisher.publish(row.queue, envelope)
             conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
     return rows
@@ -163,9 +187,14 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
         rows = _lock(conn, ids, None, "released")
         queued = [r[0] for r in conn.execute(STILL_QUEUED, {"ids": [r.id for r in rows]})]
         if queued:
-            raise OperationRefused([f"dead letter {i}: its replayed message still waits in the queue, and its"
-                                    " delivery will mark the replay handled" for i in queued]
-                                   + ["nothing was changed"])
+            raise OperationRefused(
+                [
+                    f"dead letter {i}: its replayed message still waits in the queue, and its"
+                    " delivery will mark the replay handled"
+                    for i in queued
+                ]
+                + ["nothing was changed"]
+            )
         _set_actor(conn, operator, reason.strip())
         conn.execute(MARK_RELEASED, {"ids": [r.id for r in rows]})
     return rows
@@ -181,17 +210,19 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
     if action == "released":
         problems += [
             f"dead letter {r.id} is {r.status}, not replayed: only an outstanding replay can be released"
-            if r.status != "replayed" else
-            f"dead letter {r.id}: its replay was already handled ({r.replay_outcome}), there is nothing to release"
-            for r in rows if not r.outstanding
+            if r.status != "replayed"
+            else f"dead letter {r.id}: its replay was already handled ({r.replay_outcome}), there is nothing to release"
+            for r in rows
+            if not r.outstanding
         ]
     else:
         problems += [
             f"dead letter {r.id} is {r.status}, not pending_review: only pending dead letters can be {action}"
-            for r in rows if r.status != "pending_review"
+            for r in rows
+            if r.status != "pending_review"
         ]
     if problems:
-        raise OperationRefused(problems + ["nothing was changed"])
+        raise OperationRefused([*problems, "nothing was changed"])
     return rows
 
 

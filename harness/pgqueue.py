@@ -153,8 +153,13 @@ class PgQueue:
         return [
             Delivery(
                 queue=queue,
-                envelope=Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id,
-                                  replay_of=replay_of),
+                envelope=Envelope(
+                    job_id=job_id,
+                    payload=payload,
+                    tenant_id=tenant_id,
+                    correlation_id=correlation_id,
+                    replay_of=replay_of,
+                ),
                 attempt=attempts,
                 receipt=(message_id, token),
             )

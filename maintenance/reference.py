@@ -145,7 +145,9 @@ def _event_name(node: ast.expr, constants: dict[str, str]) -> str | None:
     return None
 
 
-def source_events(root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGES) -> Iterator[tuple[str, set[str], str]]:
+def source_events(
+    root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGES
+) -> Iterator[tuple[str, set[str], str]]:
     """(event, keyword fields, file) of every logger call with a dotted event name."""
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
@@ -200,7 +202,10 @@ def render_events() -> str:
     ]
     for event in collect_events().values():
         named = ", ".join(f"`{f}`" for f in sorted(event.fields - {SPREAD}))
-        fields = ", ".join(filter(None, [named, "… (a mapping built in the source)" if SPREAD in event.fields else ""])) or "—"
+        fields = (
+            ", ".join(filter(None, [named, "… (a mapping built in the source)" if SPREAD in event.fields else ""]))
+            or "—"
+        )
         places = "<br>".join(sorted(event.places))
         lines.append(f"| `{event.name}` | {fields} | {places} |")
     return "\n".join(lines) + "\n"

@@ -82,9 +82,13 @@ def container_environments(objects: list[dict[str, Any]]) -> Iterator[tuple[str,
         for container in template["spec"]["containers"]:
             env: dict[str, str] = {}
             for source in container.get("envFrom") or []:
-                assert set(source) <= {"configMapRef", "prefix"}, f"{workload}: envFrom {source} is not a chart ConfigMap"
+                assert set(source) <= {"configMapRef", "prefix"}, (
+                    f"{workload}: envFrom {source} is not a chart ConfigMap"
+                )
                 name = source["configMapRef"]["name"]
-                assert name in config_maps, f"{workload}: envFrom names ConfigMap {name}, which the chart does not render"
+                assert name in config_maps, (
+                    f"{workload}: envFrom names ConfigMap {name}, which the chart does not render"
+                )
                 env |= {source.get("prefix", "") + key: value for key, value in config_maps[name].items()}
             for entry in container.get("env") or []:
                 if "value" in entry:

@@ -161,7 +161,6 @@ def test_database_url_libpq_would_misread_exits_2_in_every_spelling_without_any_
     assert not [f for f in fragments if f in captured.out + captured.err]
 
 
-
 # check-config validates the schedules with APScheduler's cron parser (apscheduler.triggers.cron,
 # as the settings do when loaded); the scheduler itself is for `serve` only.
 HEAVY_MODULES = ("alembic", "sqlalchemy", "apscheduler.schedulers")
@@ -178,8 +177,12 @@ print(json.dumps([code, sorted(set(sys.modules) & set(sys.argv[1].split(",")))])
 @pytest.mark.parametrize("argv", [["--help"], ["check-config"], ["dead-letters", "--help"]])
 def test_a_command_that_never_migrates_or_schedules_imports_no_alembic_sqlalchemy_or_scheduler(clean_env, argv):
     """`core-jobs --help`, `check-config` and `dead-letters --help` load none of Alembic, SQLAlchemy, APScheduler's scheduler."""
-    done = subprocess.run([sys.executable, "-c", IMPORTS_OF_A_COMMAND, ",".join(HEAVY_MODULES), *argv],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_OF_A_COMMAND, ",".join(HEAVY_MODULES), *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     code, heavy = json.loads(done.stdout.splitlines()[-1])
     assert code == 0, done.stderr
     assert heavy == [], f"{argv} imported {heavy}"

@@ -30,8 +30,13 @@ def named_statements() -> list[tuple[str, str]]:
         for path in sorted((ROOT / package).rglob("*.py")):
             module = ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
             tree = ast.parse(path.read_text())
-            names = [t.id for node in tree.body if isinstance(node, ast.Assign)
-                     for t in node.targets if isinstance(t, ast.Name) and t.id.isupper()]
+            names = [
+                t.id
+                for node in tree.body
+                if isinstance(node, ast.Assign)
+                for t in node.targets
+                if isinstance(t, ast.Name) and t.id.isupper()
+            ]
             if not names:
                 continue
             loaded = importlib.import_module(module)

@@ -35,16 +35,22 @@ class FailingJob:
 
 
 def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d, _stop: None, zero_fields=lambda: {"num_done": 0},
-                   event_prefix=f"test.{name}")
+    return JobSpec(
+        name=name,
+        summary=name,
+        build=lambda s, d, _stop: None,
+        zero_fields=lambda: {"num_done": 0},
+        event_prefix=f"test.{name}",
+    )
 
 
 def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db, logs):
     """A job that raises gives <prefix>.error with its fields at zero plus error; the next job runs on PostgreSQL's clock."""
     after = CountingJob()
     with freeze_time("2001-01-01"):  # the application clock is wrong; the job still gets the server's
-        outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db, Telemetry(),
-                            stop=threading.Event())
+        outcomes = run_jobs(
+            [(spec("broken"), FailingJob()), (spec("after"), after)], db, Telemetry(), stop=threading.Event()
+        )
 
     assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
     assert outcomes[0].error == "RuntimeError: provider down"

@@ -13,7 +13,10 @@ pytestmark = pytest.mark.pure
     ("text", "masked"),
     [
         ("postgresql://app:pw@hunter2@db/core", "postgresql://app:***@db/core"),
-        ("postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require", "postgresql://app:***@db:5432/core?sslmode=require"),
+        (
+            "postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require",
+            "postgresql://app:***@db:5432/core?sslmode=require",
+        ),
         ('connect "postgresql://app:pw@hunter2@db/core" failed', 'connect "postgresql://app:***@db/core" failed'),
         ("http://app@corp:hunter2@push.example/x", "http://app@corp:***@push.example/x"),
     ],

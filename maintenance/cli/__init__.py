@@ -54,7 +54,9 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
     conninfo = settings.conninfo()
     before = migrate.current_revision(conninfo)
     migrate.downgrade(conninfo, args.revision)
-    get_logger().info("maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo))
+    get_logger().info(
+        "maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo)
+    )
     return EXIT_OK
 
 

@@ -72,10 +72,12 @@ def table_counts(db: Database) -> dict[str, int]:
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'core' AND tablename <> 'alembic_version' ORDER BY 1"
             )
         ]
-        return {
-            t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
-            for t in tables
-        }
+        counts = {}
+        for t in tables:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()
+            assert row is not None  # count(*): always one row
+            counts[t] = row[0]
+        return counts
 
 
 def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:

@@ -54,8 +54,15 @@ from maintenance.settings import Settings
 class JobScheduler:
     """The registered jobs on an APScheduler scheduler (a BackgroundScheduler unless given one)."""
 
-    def __init__(self, settings: Settings, db: Database, built: list[tuple[JobSpec, Job]], *,
-                 telemetry: Telemetry, scheduler: BaseScheduler | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        built: list[tuple[JobSpec, Job]],
+        *,
+        telemetry: Telemetry,
+        scheduler: BaseScheduler | None = None,
+    ) -> None:
         self.settings = settings
         self.db = db
         self.telemetry = telemetry
@@ -68,9 +75,13 @@ class JobScheduler:
         )
         for spec, job in built:
             self.scheduler.add_job(
-                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
-                args=(spec, job), id=spec.name, name=spec.name,
-                max_instances=1, coalesce=True,
+                self._run,
+                CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
+                args=(spec, job),
+                id=spec.name,
+                name=spec.name,
+                max_instances=1,
+                coalesce=True,
                 misfire_grace_time=max(1, int(settings.scheduler_misfire_grace.total_seconds())),
             )
         self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -84,7 +95,11 @@ class JobScheduler:
         if event.code == EVENT_JOB_MISSED:  # a JobExecutionEvent: one run time
             name, reason, when = "maintenance.scheduler.missed", "misfire grace exceeded", event.scheduled_run_time
         else:  # a JobSubmissionEvent: the run times it refused (one, as runs are coalesced)
-            name, reason, when = "maintenance.scheduler.skipped", "previous run still going", event.scheduled_run_times[-1]
+            name, reason, when = (
+                "maintenance.scheduler.skipped",
+                "previous run still going",
+                event.scheduled_run_times[-1],
+            )
         get_logger(job=event.job_id).warning(name, scheduled_at=when.isoformat(), reason=reason)
 
     def start(self) -> None:
@@ -104,8 +119,11 @@ class JobScheduler:
             jobs[name] = {
                 "schedule": cron,
                 "next_run_time": scheduled.next_run_time.isoformat() if scheduled and scheduled.next_run_time else None,
-                "last_run": None if last is None else {
-                    "ok": last.ok, "finished_at": last.finished_at.isoformat(),
+                "last_run": None
+                if last is None
+                else {
+                    "ok": last.ok,
+                    "finished_at": last.finished_at.isoformat(),
                     "duration_s": last.duration_s,
                     "error": None if last.error is None else self._redactor.redact(last.error),
                 },

@@ -134,20 +134,28 @@ class Telemetry:
         self.last_runs: dict[str, LastRun] = {}
         self._run_registry = CollectorRegistry(auto_describe=True)
         self.runs = Counter(
-            "core_jobs_job_runs", "Job runs by outcome (success or failure).", [JOB_LABEL, "outcome"],
+            "core_jobs_job_runs",
+            "Job runs by outcome (success or failure).",
+            [JOB_LABEL, "outcome"],
             registry=self._run_registry,
         )
         self.duration = Gauge(
-            "core_jobs_job_duration_seconds", "Wall-clock duration of the job's last run.", [JOB_LABEL],
+            "core_jobs_job_duration_seconds",
+            "Wall-clock duration of the job's last run.",
+            [JOB_LABEL],
             registry=self._run_registry,
         )
         self.last_success = Gauge(
-            "core_jobs_job_last_success_timestamp_seconds", "Unix time at which the job's last successful run ended.",
-            [JOB_LABEL], registry=self._run_registry,
+            "core_jobs_job_last_success_timestamp_seconds",
+            "Unix time at which the job's last successful run ended.",
+            [JOB_LABEL],
+            registry=self._run_registry,
         )
         self.result = Gauge(
-            "core_jobs_job_result", "Numeric fields of the job's last result (0 after a failed run).",
-            [JOB_LABEL, "field"], registry=self._run_registry,
+            "core_jobs_job_result",
+            "Numeric fields of the job's last result (0 after a failed run).",
+            [JOB_LABEL, "field"],
+            registry=self._run_registry,
         )
         # What /metrics serves: the run series plus every job's own families.
         self.registry = CollectorRegistry(auto_describe=False)
@@ -192,8 +200,12 @@ class Telemetry:
         push = push_to_gateway if last is None or last.ok else pushadd_to_gateway
         try:
             push(
-                gateway_url, job=PUSH_JOB, registry=self.job_registry(name),
-                grouping_key={JOB_LABEL: name}, timeout=timeout_s, handler=default_handler,
+                gateway_url,
+                job=PUSH_JOB,
+                registry=self.job_registry(name),
+                grouping_key={JOB_LABEL: name},
+                timeout=timeout_s,
+                handler=default_handler,
             )
         except Exception as exc:  # a monitoring outage must not fail the job
             error = f"{type(exc).__name__}: {exc}".replace(gateway_url, shown_url(gateway_url))
@@ -208,4 +220,3 @@ def push_configured(settings: Any, name: str, telemetry: Telemetry) -> bool:
     return telemetry.push(
         settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
     )
-

@@ -149,8 +149,12 @@ class Settings(WorkerFields, SchedulerFields, MetricsFields, AlertsFields, Purge
             elif isinstance(value, timedelta):
                 text = format_duration(value)
             elif isinstance(value, dict):
-                text = json.dumps({k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
-                                   for k, v in value.items()})
+                text = json.dumps(
+                    {
+                        k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+                        for k, v in value.items()
+                    }
+                )
             elif value is None:
                 text = ""
             else:

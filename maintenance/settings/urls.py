@@ -28,9 +28,7 @@ MASK = "***"
 
 # scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
 # last @ before the host (the first @ not followed by another one before the host ends).
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I
-)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I)
 
 # A libpq ?password= (or &password=) query parameter.
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
@@ -47,7 +45,7 @@ def normalize_database_url(url: str) -> str:
     """
     for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
-            url = "postgresql://" + url[len(prefix):]
+            url = "postgresql://" + url[len(prefix) :]
             break
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
@@ -68,9 +66,10 @@ def _check_libpq_parses(url: str) -> None:
             " (@ as %40, % as %25) and use only libpq's query parameters"
         ) from None
     # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
-    if "@" in params.get("host", "") + params.get("port", ""):
+    host, port_list = str(params.get("host") or ""), str(params.get("port") or "")
+    if "@" in host + port_list:
         raise ValueError("its user name or password contains an unencoded @: write it as %40")
-    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+    if not all(port.isdigit() for port in port_list.split(",") if port):
         raise ValueError(
             "its port is not a number: percent-encode special characters of the user name and password"
             " (/ as %2F, : as %3A, @ as %40)"
@@ -80,7 +79,7 @@ def _check_libpq_parses(url: str) -> None:
 def url_passwords(url: str) -> list[str]:
     """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
     parts = urlsplit(url)
-    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    written = [parts.password or "", *re.findall(r"(?:^|&)password=([^&]*)", parts.query)]
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 

@@ -58,5 +58,3 @@ def betterstack_client(settings: Settings) -> BetterStackClient | None:
         max_requests_per_second=settings.betterstack_max_requests_per_second,
         log=get_logger(job="alerts"),
     )
-
-

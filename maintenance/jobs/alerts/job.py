@@ -1,6 +1,5 @@
 """The alerts job: the job class, its result and SPEC. The manual is the package docstring."""
 
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING

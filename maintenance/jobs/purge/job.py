@@ -3,7 +3,6 @@
 The operator's manual is the package docstring (``maintenance/jobs/purge/__init__.py``).
 """
 
-
 from __future__ import annotations
 
 import threading
@@ -39,8 +38,6 @@ LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
 # rows_left is an exact count up to this many rows; at the cap it means "at least this many".
 ROWS_LEFT_CAP = 100_000
-
-
 
 
 # --- result ---------------------------------------------------------------------------------
@@ -127,7 +124,8 @@ class Purger:
         cfg = self.config
         deadline = self._monotonic() + cfg.max_runtime.total_seconds()
         result = PurgeResult(
-            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)), cutoff=now,
+            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)),
+            cutoff=now,
             protected_from=now - cfg.guard.required,
         )
         with self.db.connect(autocommit=True) as lock_conn, advisory_lock(lock_conn, LOCK_NAME) as acquired:
@@ -153,7 +151,8 @@ class Purger:
                 result.stopped_on_budget = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(
-                    f"{EVENTS}.stopped_on_budget", rows_left=result.rows_left,
+                    f"{EVENTS}.stopped_on_budget",
+                    rows_left=result.rows_left,
                     max_runtime=format_duration(cfg.max_runtime),
                 )
                 return
@@ -177,7 +176,9 @@ class Purger:
                     result.gave_up = 1
                     result.rows_left = self._rows_left(conn, walk, params, timeout)
                     self._log.error(
-                        f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts,
+                        f"{EVENTS}.gave_up",
+                        batch_size=result.batch_size,
+                        num_timeouts=result.num_timeouts,
                         rows_left=result.rows_left,
                     )
                     return
@@ -190,7 +191,10 @@ class Purger:
             result.num_deleted += batch["num_deleted"]
             result.longest_batch_ms = max(result.longest_batch_ms, batch_ms)
             self._log.debug(
-                f"{EVENTS}.batch_deleted", **batch, batch_ms=round(batch_ms, 1), batch_size=result.batch_size,
+                f"{EVENTS}.batch_deleted",
+                **batch,
+                batch_ms=round(batch_ms, 1),
+                batch_size=result.batch_size,
                 strategy=walk.name,
             )
             result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
@@ -215,13 +219,19 @@ class Purger:
         measured = estimates.expired_fraction is not None and estimates.correlation is not None
         index_s, sweep_s = estimates.seconds() if measured else (None, None)
         self._log.info(
-            f"{EVENTS}.strategy_chosen", strategy=strategy, setting=self.config.strategy, reason=reason,
+            f"{EVENTS}.strategy_chosen",
+            strategy=strategy,
+            setting=self.config.strategy,
+            reason=reason,
             expired_fraction=_rounded(estimates.expired_fraction, 4),
             sampled_rows=estimates.sampled_rows,
             correlation=_rounded(estimates.correlation, 4),
-            table_blocks=estimates.table_blocks, rows_per_page=round(estimates.rows_per_page, 1),
-            estimated_index_s=_rounded(index_s, 3), estimated_sweep_s=_rounded(sweep_s, 3),
-            pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
+            table_blocks=estimates.table_blocks,
+            rows_per_page=round(estimates.rows_per_page, 1),
+            estimated_index_s=_rounded(index_s, 3),
+            estimated_sweep_s=_rounded(sweep_s, 3),
+            pending_dead_letters=pending,
+            estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
 
@@ -250,8 +260,9 @@ class Purger:
         self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
         return True
 
-    def _rows_left(self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any],
-                   timeout: str) -> int:
+    def _rows_left(
+        self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any], timeout: str
+    ) -> int:
         """Deletable rows the walk has not passed, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
         try:
             return walk.count_left(conn, timeout, params, ROWS_LEFT_CAP)

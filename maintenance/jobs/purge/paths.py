@@ -190,4 +190,6 @@ class BlockSweep:
         return fields
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
-        return int(fetch_limited(conn, timeout, SWEEP_ROWS_LEFT, params | {"from_block": self.next_block, "cap": cap})[0])
+        return int(
+            fetch_limited(conn, timeout, SWEEP_ROWS_LEFT, params | {"from_block": self.next_block, "cap": cap})[0]
+        )
