@@ -146,9 +146,20 @@ class AlertFeedResult:
     """One run's outcome; ``fields()`` are the stop event's fixed numeric keys, named in EVENT_FIELDS."""
 
     EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
-        "incidents_posted", "escalations_posted", "incidents_recovered", "incidents_resolved", "incidents_gone",
-        "intents_cancelled", "dead_letters_alerted", "dead_letters_unalerted", "dead_letters_unescalated",
-        "post_failures", "resolve_failures", "skipped", "dry_run", "dry_run_incidents",
+        "incidents_posted",
+        "escalations_posted",
+        "incidents_recovered",
+        "incidents_resolved",
+        "incidents_gone",
+        "intents_cancelled",
+        "dead_letters_alerted",
+        "dead_letters_unalerted",
+        "dead_letters_unescalated",
+        "post_failures",
+        "resolve_failures",
+        "skipped",
+        "dry_run",
+        "dry_run_incidents",
     )
 
     incidents_posted: int = 0

@@ -28,7 +28,7 @@ def test_each_job_package_has_its_manual_config_and_job_modules(spec):
     package = importlib.import_module(f"maintenance.jobs.{spec.name}")
     assert package.__doc__ and len(package.__doc__) > 200, "the package docstring is the operator's manual"
     config = importlib.import_module(f"maintenance.jobs.{spec.name}.config")
-    assert config.DEFAULT_SCHEDULE == spec.schedule
+    assert spec.schedule == config.DEFAULT_SCHEDULE
     job = importlib.import_module(f"maintenance.jobs.{spec.name}.job")
     assert job.SPEC is spec
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-
 MASK = "***"
 
 # scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the

@@ -46,8 +46,17 @@ class PurgeResult:
     """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event, named in EVENT_FIELDS."""
 
     EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
-        "num_deleted", "num_batches", "num_timeouts", "rows_left", "stopped_on_budget", "stopped_on_signal",
-        "skipped", "gave_up", "longest_batch_ms", "batch_size", "used_sweep",
+        "num_deleted",
+        "num_batches",
+        "num_timeouts",
+        "rows_left",
+        "stopped_on_budget",
+        "stopped_on_signal",
+        "skipped",
+        "gave_up",
+        "longest_batch_ms",
+        "batch_size",
+        "used_sweep",
     )
 
     num_deleted: int = 0
