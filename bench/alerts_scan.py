@@ -30,15 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alerts.feed import (
-    COUNT_UNALERTED,
-    HANDLED_OPEN_ALERTS,
-    SCAN_NEW,
-    SCAN_STALE,
-    AlertFeed,
-    AlertFeedConfig,
-    scan,
-)
+from alerts.feed import AlertFeed, AlertFeedConfig, scan
+from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from harness.pg import connect, server_now
 from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
