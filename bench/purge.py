@@ -11,7 +11,7 @@ Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired 
 a pending dead letter; with ``--replay-history N`` also N replayed dead letters whose deliveries
 were handled 30 days ago, the history the replay guard's index must skip) into a template
 database, then on identical copies
-(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.purge.Purger``, default
+(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.jobs.purge.job.Purger``, default
 settings, strategy ``auto``), (a') the purge forced onto the strategy auto did not choose, and
 (b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer
 process inserts fences at a steady 500/s, one per transaction, 10 % of them redeliveries

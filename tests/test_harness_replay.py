@@ -8,6 +8,7 @@ made before revision 0007.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import psycopg
@@ -23,12 +24,15 @@ from harness_support import (
     replay_state,
     run_worker,
     scalar,
+    wait_until_waiting_on_lock,
 )
 
-from harness.examples.points import OutageLedger, make_consumer
+from harness.consumer import Consumer
+from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.handling import handle
 from harness.operations import replay
 from harness.pgqueue import PgQueue
+from harness.queue import Acked, Duplicate
 from harness.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import PurgeConfig
@@ -192,6 +196,46 @@ def test_a_dead_letter_the_queue_refuses_after_a_lost_lease_leaves_the_replay_ou
     assert queue.dead_letter(stale, outcome.letter) is False
     assert replay_state(conn, letter_id) == (None, False)
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 1
+
+
+def test_two_deliveries_of_one_replay_at_once_credit_once_and_end_the_replay_once(database_url, conn):
+    """A replayed delivery and its redelivery (its lease ran out) handled in parallel: the second waits on the
+    fence, then is a duplicate; the replay ends processed, the points are credited once."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-par", "points": 7})
+    replay(conn, [letter_id], operator="ana")
+    (first,) = PgQueue(conn).claim(QUEUE, 10)
+    expire_leases(conn)
+    (second,) = PgQueue(conn).claim(QUEUE, 10)
+    entered, release = threading.Event(), threading.Event()
+    credit = make_consumer().handler
+
+    def slow_credit(conn_, payload, ctx):
+        credit(conn_, payload, ctx)
+        entered.set()
+        assert release.wait(30)
+
+    slow = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=slow_credit)
+    outcomes: dict[str, object] = {}
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn_a,
+        psycopg.connect(database_url, autocommit=True) as conn_b,
+    ):
+
+        def run(name, c, consumer, this):
+            outcomes[name] = handle(c, consumer, this, policy=RetryPolicy(), fence_ttl=TTL)
+
+        a = threading.Thread(target=run, args=("a", conn_a, slow, first))
+        a.start()
+        assert entered.wait(30)
+        b = threading.Thread(target=run, args=("b", conn_b, make_consumer(), second))
+        b.start()
+        wait_until_waiting_on_lock(conn, conn_b.info.backend_pid)  # b is inside its INSERT of the fence
+        release.set()
+        a.join(30)
+        b.join(30)
+    assert outcomes == {"a": Acked(), "b": Duplicate()}
+    assert points(conn, "m-par") == 7
+    assert replay_state(conn, letter_id) == ("processed", True)
 
 
 # --- the operator's release -----------------------------------------------------------------------

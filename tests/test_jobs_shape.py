@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 
 import pytest
 
@@ -22,12 +23,27 @@ def test_jobs_run_in_the_documented_order():
     assert list(by_name()) == JOB_NAMES
 
 
+def settings_builders(module) -> list[str]:
+    """The functions and ``from_settings`` classmethods defined in ``module`` that take the settings."""
+    found = []
+    for name, obj in vars(module).items():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isclass(obj):
+            name, obj = f"{name}.from_settings", getattr(obj, "from_settings", None)
+        if callable(obj) and "settings" in inspect.signature(obj).parameters:
+            found.append(name)
+    return found
+
+
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_job_package_has_its_manual_config_and_job_modules(spec):
     """maintenance/jobs/<job>/ has a docstring manual and a config module with from_settings or builders."""
     package = importlib.import_module(f"maintenance.jobs.{spec.name}")
     assert package.__doc__ and len(package.__doc__) > 200, "the package docstring is the operator's manual"
     config = importlib.import_module(f"maintenance.jobs.{spec.name}.config")
+    builders = settings_builders(config)
+    assert builders, f"{config.__name__} builds nothing from the settings"
     assert spec.schedule == config.DEFAULT_SCHEDULE
     job = importlib.import_module(f"maintenance.jobs.{spec.name}.job")
     assert job.SPEC is spec
@@ -40,12 +56,25 @@ def test_each_jobs_default_schedule_is_the_settings_default(spec):
     assert Settings.model_fields[f"schedule_{spec.name}"].default == spec.schedule
 
 
+def a_result_of(job: str):
+    """A result of ``job`` as its run_once returns it (nothing done), whose fields() are its stop event's."""
+    if job == "metrics":
+        from maintenance.jobs.metrics.job import NEVER, MetricsResult
+
+        return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="settle", now=NEVER)
+    module, name = {
+        "purge": ("maintenance.jobs.purge.job", "PurgeResult"),
+        "alerts": ("alerts.feed", "AlertFeedResult"),
+    }[job]
+    return getattr(importlib.import_module(module), name)()
+
+
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_jobs_error_event_has_the_stop_events_result_keys(spec):
-    """zero_fields() (the .error event's fields) are non-empty and numeric, like a stop event's."""
+    """zero_fields() (the .error event's fields) has exactly the keys of the result's fields() (the .stop event's), all 0."""
     zero = spec.zero_fields()
-    assert zero
-    assert all(isinstance(v, int | float) and not isinstance(v, bool) for v in zero.values()), zero
+    assert list(zero) == list(a_result_of(spec.name).fields())
+    assert all(v == 0 and not isinstance(v, bool) for v in zero.values()), zero
 
 
 @pytest.mark.parametrize(

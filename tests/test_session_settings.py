@@ -76,7 +76,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
 @pytest.mark.parametrize(
     "connect",
     [lambda url: Database(url).connect(), lambda url: harness.pg.connect(url)],
-    ids=["maintenance.db", "harness.pg"],
+    ids=["maintenance.runtime.db", "harness.pg"],
 )
 def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn, database_url, connect):
     """In a database whose TimeZone keeps summer time, timestamptz + 1 day across the change is still 24 hours."""

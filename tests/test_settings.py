@@ -160,6 +160,14 @@ def test_database_url_accepts_sqlalchemy_style_and_is_redacted(clean_env):
     assert "s3cr3t-pw" not in repr(s)
 
 
+@pytest.mark.parametrize("url", ["postgresql://app:pw@db/core\n", "  postgresql+psycopg://app:pw@db/core \r\n"])
+def test_database_url_is_read_without_surrounding_whitespace(clean_env, url):
+    """A secret file's trailing newline (or spaces around the URL) is not part of the URL, as for the http URL
+    settings: libpq would otherwise take it into the database name and every job would fail to connect."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", url)
+    assert load_settings().conninfo() == "postgresql://app:pw@db/core"
+
+
 @pytest.mark.parametrize(
     "url",
     [

@@ -34,7 +34,8 @@ class AlertsFields(BaseModel):
     betterstack_api_token: SecretStr | None = Field(
         default=None,
         description="Better Stack Uptime API token. Unset: the alert feed runs dry (logs what it would "
-        "post, records nothing), so setting it later still alerts everything.",
+        "post, records nothing), so setting it later still alerts everything. Visible ASCII only (no "
+        "space or trailing newline): refused at load otherwise.",
     )
     betterstack_team_name: str | None = Field(
         default=None, description="Team that owns the incidents; required by Better Stack with a global API token."
@@ -107,9 +108,18 @@ class AlertsFields(BaseModel):
 
     @field_validator("betterstack_api_token", mode="before")
     @classmethod
-    def _blank_token_is_none(cls, value: Any) -> Any:
+    def _token(cls, value: Any) -> Any:
+        """Blank is unset; otherwise only what an ``Authorization: Bearer`` header carries as it is
+        (a secret file's trailing newline would fail every request of every run)."""
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        return None if raw is None or str(raw).strip() == "" else value
+        if raw is None or str(raw).strip() == "":
+            return None
+        if not all("!" <= c <= "~" for c in str(raw)):
+            raise ValueError(
+                "must be visible ASCII characters only: no space, line break or other character"
+                " (a secret file's trailing newline?); the value is not shown"
+            )
+        return value
 
     @field_validator("ops_url_template")
     @classmethod

@@ -40,8 +40,10 @@ def normalize_database_url(url: str) -> str:
     """Accept ``postgresql://`` and its aliases (SQLAlchemy's ``+psycopg``, ``+psycopg2``, ``postgres://``); return libpq's.
 
     The scheme is rewritten first and then every spelling takes the same check, so an alias
-    never lets through a URL that libpq would misread.
+    never lets through a URL that libpq would misread. Surrounding whitespace (a secret file's
+    trailing newline) is not part of it, as for the http URL settings.
     """
+    url = url.strip()
     for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
             url = "postgresql://" + url[len(prefix) :]
