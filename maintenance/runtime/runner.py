@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.dead_letters import describe_error
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
@@ -73,7 +74,7 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         result = job.run_once(now)
     except Exception as exc:  # a job failure must not stop the next job
         fields = spec.zero_fields()
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe_error(exc)  # never raises, even for an exception that cannot be printed
         duration_s = round(time.monotonic() - started, 3)
         log.error(f"{spec.events}.error", **fields, duration_s=duration_s, error=error)
         return JobOutcome(spec.name, False, fields, error, duration_s=duration_s)

@@ -51,6 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
+from harness.dead_letters import describe_error
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import shown_url
 
@@ -208,7 +209,7 @@ class Telemetry:
                 handler=default_handler,
             )
         except Exception as exc:  # a monitoring outage must not fail the job
-            error = f"{type(exc).__name__}: {exc}".replace(gateway_url, shown_url(gateway_url))
+            error = describe_error(exc).replace(gateway_url, shown_url(gateway_url))
             log.warning("maintenance.metrics.push_failed", gateway=shown_url(gateway_url), error=error)
             return False
         log.info("maintenance.metrics.pushed", gateway=shown_url(gateway_url), grouping_key=f"{JOB_LABEL}={name}")
