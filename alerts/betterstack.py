@@ -50,7 +50,10 @@ MAX_PAGES = 20
 ERROR_BODY_CHARS = 500
 
 DEFAULT_RETRY_POLICY = RetryPolicy(
-    max_attempts=4, base_delay=timedelta(seconds=1), max_delay=timedelta(seconds=30), jitter=0.2,
+    max_attempts=4,
+    base_delay=timedelta(seconds=1),
+    max_delay=timedelta(seconds=30),
+    jitter=0.2,
     retry_after_cap=timedelta(seconds=120),
 )
 
@@ -273,7 +276,11 @@ class BetterStackClient:
                 raise self._error(f"{method} {path}: gave up after {attempt} attempts; last: {reason}", None)
             delay = compute_delay(self.retry_policy, attempt, retry_after=retry_after, random=self._random)
             self._log.warning(
-                "alerts.betterstack.retry", method=method, path=path, attempt=attempt, reason=reason,
+                "alerts.betterstack.retry",
+                method=method,
+                path=path,
+                attempt=attempt,
+                reason=reason,
                 delay_s=round(delay.total_seconds(), 3),
             )
             self._sleep(delay.total_seconds())
@@ -302,7 +309,9 @@ class BetterStackClient:
         if not target.scheme and not target.netloc:
             return url
         if (target.scheme, target.netloc) != (base.scheme, base.netloc):
-            raise self._error(f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed", None)
+            raise self._error(
+                f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed", None
+            )
         return url
 
 
@@ -312,8 +321,10 @@ def _incident_from(data: Any) -> Incident | None:
     incident_id = data.get("id")
     if incident_id is None or str(incident_id).strip() == "":
         return None
-    attributes = data.get("attributes") if isinstance(data.get("attributes"), Mapping) else {}
-    metadata = attributes.get("metadata") if isinstance(attributes.get("metadata"), Mapping) else {}
+    raw_attributes = data.get("attributes")
+    attributes: Mapping[str, Any] = raw_attributes if isinstance(raw_attributes, Mapping) else {}
+    raw_metadata = attributes.get("metadata")
+    metadata: Mapping[str, Any] = raw_metadata if isinstance(raw_metadata, Mapping) else {}
     return Incident(id=str(incident_id), status=attributes.get("status"), metadata=metadata)
 
 

@@ -90,15 +90,34 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from contextlib import closing
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote
 
 import psycopg
 import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
+from alerts.sql import (
+    CANCEL_INTENT,
+    COUNT_UNALERTED,
+    COVER_RELEASED_BY_ESCALATION,
+    HANDLED_OPEN_ALERTS,
+    INTENT_STANDING,
+    MARK_OPEN,
+    MARK_RESOLVED,
+    PENDING_INTENTS,
+    READ_INSTALLATION,
+    RECORD_COVERAGE,
+    RECORD_INTENT,
+    RECORD_NEW_COVERAGE_OF_ESCALATION,
+    RELEASE_COVERAGE,
+    SAMPLES,
+    SCAN_NEW,
+    SCAN_STALE,
+    TOP_ERRORS,
+)
 from harness.pg import advisory_lock
 
 LOCK_NAME = "core_jobs.alerts"
@@ -143,6 +162,25 @@ class AlertFeedConfig:
 
 @dataclass
 class AlertFeedResult:
+    """One run's outcome; ``fields()`` are the stop event's fixed numeric keys, named in EVENT_FIELDS."""
+
+    EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "incidents_posted",
+        "escalations_posted",
+        "incidents_recovered",
+        "incidents_resolved",
+        "incidents_gone",
+        "intents_cancelled",
+        "dead_letters_alerted",
+        "dead_letters_unalerted",
+        "dead_letters_unescalated",
+        "post_failures",
+        "resolve_failures",
+        "skipped",
+        "dry_run",
+        "dry_run_incidents",
+    )
+
     incidents_posted: int = 0
     escalations_posted: int = 0
     incidents_recovered: int = 0
@@ -157,15 +195,15 @@ class AlertFeedResult:
     skipped: int = 0
     dry_run: int = 0
     dry_run_incidents: int = 0
-    # What a dry run would post, for the demo; not a result field.
-    planned: list[PlannedIncident] = field(default_factory=list, repr=False)
+    # What a dry run would post (not an event field: each is its own alerts.feed.dry_run_incident event).
+    planned: list[PlannedIncident] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.post_failures == 0 and self.resolve_failures == 0
 
     def fields(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "planned"}
+        return {name: getattr(self, name) for name in self.EVENT_FIELDS}
 
     @classmethod
     def zero_fields(cls) -> dict[str, int]:
@@ -203,141 +241,6 @@ class PlannedIncident:
     summary: str
     description: str
     dead_letter_ids: tuple[int, ...]
-
-
-# --- SQL --------------------------------------------------------------------------------------
-# This installation's identity (migration 0006_alert_identity): one row, never changed.
-READ_INSTALLATION = "SELECT id::text FROM core.installation"
-
-# New: pending, younger than the stale cutoff, not covered by a 'new' alert. Walks the partial
-# index of pending dead letters only, so its cost follows the backlog, not the table's history.
-SCAN_NEW = """
-SELECT dl.queue, array_agg(dl.id ORDER BY dl.id), min(dl.created_at), max(dl.created_at)
-  FROM core.dead_letters AS dl
- WHERE dl.status = 'pending_review'
-   AND dl.created_at > %(stale_cutoff)s
-   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
-                    WHERE c.dead_letter_id = dl.id AND c.kind = 'new')
- GROUP BY dl.queue
-"""
-
-# Stale: pending at the cutoff, not yet covered by an escalation.
-SCAN_STALE = """
-SELECT dl.queue, array_agg(dl.id ORDER BY dl.id), min(dl.created_at), max(dl.created_at)
-  FROM core.dead_letters AS dl
- WHERE dl.status = 'pending_review'
-   AND dl.created_at <= %(stale_cutoff)s
-   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
-                    WHERE c.dead_letter_id = dl.id AND c.kind = 'stale')
- GROUP BY dl.queue
-"""
-
-# The most frequent errors of a set of dead letters, by their first line (tracebacks differ below it).
-TOP_ERRORS = """
-SELECT left(split_part(last_error, E'\\n', 1), %(chars)s) AS error, count(*) AS n
-  FROM core.dead_letters
- WHERE id = ANY(%(ids)s)
- GROUP BY 1
- ORDER BY n DESC, error
- LIMIT %(top)s
-"""
-
-SAMPLES = "SELECT id, job_id::text, correlation_id FROM core.dead_letters WHERE id = ANY(%(ids)s) ORDER BY id"
-
-# Pending dead letters not yet covered by a confirmed (open or resolved) alert, per kind.
-COUNT_UNALERTED = """
-SELECT count(*) FILTER (WHERE NOT EXISTS (
-           SELECT 1 FROM core.dead_letter_alert_coverage AS c
-             JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
-            WHERE c.dead_letter_id = dl.id AND c.kind = 'new' AND a.state IN ('open', 'resolved'))),
-       count(*) FILTER (WHERE dl.created_at <= %(stale_cutoff)s AND NOT EXISTS (
-           SELECT 1 FROM core.dead_letter_alert_coverage AS c
-             JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id
-            WHERE c.dead_letter_id = dl.id AND c.kind = 'stale' AND a.state IN ('open', 'resolved')))
-  FROM core.dead_letters AS dl
- WHERE dl.status = 'pending_review'
-"""
-
-RECORD_INTENT = """
-INSERT INTO core.dead_letter_alerts (alert_key, kind, queue, name, summary, description, num_dead_letters, created_at)
-VALUES (%(alert_key)s, %(kind)s, %(queue)s, %(name)s, %(summary)s, %(description)s, %(num)s, %(now)s)
-RETURNING id
-"""
-
-# The intent covers its dead letters for its kind; an escalation also covers, as 'new', those
-# never alerted before (a dead letter already stale when first seen pages once, not twice).
-RECORD_COVERAGE = """
-INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
-SELECT id, %(kind)s, %(alert_id)s FROM unnest(%(ids)s::bigint[]) AS id
-"""
-RECORD_NEW_COVERAGE_OF_ESCALATION = """
-INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
-SELECT u.id, 'new', %(alert_id)s FROM unnest(%(ids)s::bigint[]) AS u(id)
- WHERE NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c WHERE c.dead_letter_id = u.id AND c.kind = 'new')
-"""
-
-PENDING_INTENTS = """
-SELECT id, alert_key, kind, queue, name, summary, description, num_dead_letters
-  FROM core.dead_letter_alerts WHERE state = 'pending' ORDER BY id
-"""
-
-# What an earlier intent's dead letters have become: how many are still pending review, and how
-# many of those are stale at the cutoff (a 'new' intent with a stale one is superseded).
-INTENT_STANDING = """
-SELECT count(*) FILTER (WHERE dl.status = 'pending_review'),
-       count(*) FILTER (WHERE dl.status = 'pending_review' AND dl.created_at <= %(stale_cutoff)s)
-  FROM core.dead_letter_alert_coverage AS c
-  JOIN core.dead_letters AS dl ON dl.id = c.dead_letter_id
- WHERE c.alert_id = %(id)s AND c.kind = %(kind)s
-"""
-
-CANCEL_INTENT = """
-UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = %(now)s, cancel_reason = %(reason)s
- WHERE id = %(id)s AND state = 'pending'
-"""
-
-# A cancelled intent paged nothing: its dead letters still pending review are released (the
-# database allows deleting only a cancelled alert's coverage), so this run's scan plans them
-# again. The coverage of its handled dead letters stays, as the record of what it covered.
-RELEASE_COVERAGE = """
-DELETE FROM core.dead_letter_alert_coverage AS c
- USING core.dead_letters AS dl
- WHERE c.alert_id = %(id)s AND dl.id = c.dead_letter_id AND dl.status = 'pending_review'
-RETURNING c.dead_letter_id
-"""
-
-# A released dead letter an escalation already covers (recorded in an earlier run) is paged by
-# that escalation: it covers it as 'new' too, as RECORD_NEW_COVERAGE_OF_ESCALATION does.
-COVER_RELEASED_BY_ESCALATION = """
-INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id)
-SELECT s.dead_letter_id, 'new', s.alert_id
-  FROM core.dead_letter_alert_coverage AS s
- WHERE s.kind = 'stale' AND s.dead_letter_id = ANY(%(ids)s::bigint[])
-   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
-                    WHERE c.dead_letter_id = s.dead_letter_id AND c.kind = 'new')
-"""
-
-MARK_OPEN = """
-UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %(incident_id)s, posted_at = %(now)s
- WHERE id = %(id)s AND state = 'pending'
-"""
-
-# Open incidents none of whose dead letters is still pending review: due for auto-resolve.
-HANDLED_OPEN_ALERTS = """
-SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
-  FROM core.dead_letter_alerts AS a
- WHERE a.state = 'open'
-   AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
-                     JOIN core.dead_letters AS dl ON dl.id = c.dead_letter_id
-                    WHERE c.alert_id = a.id AND dl.status = 'pending_review')
- ORDER BY a.id
-"""
-
-# resolution: 'resolved' (Better Stack has it resolved) or 'gone' (deleted there).
-MARK_RESOLVED = """
-UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s, resolution = %(resolution)s
- WHERE id = %(id)s AND state = 'open'
-"""
 
 
 @dataclass(frozen=True)
@@ -413,20 +316,36 @@ class AlertFeed:
                     pass
             result.post_failures = len(_pending_intents(conn))
         row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
+        assert row is not None  # counts: always one row
         result.dead_letters_unalerted, result.dead_letters_unescalated = row
         return result
 
     def _dry_run(self, conn: psycopg.Connection, planned: list[PlannedIncident], result: AlertFeedResult) -> None:
         pending = _pending_intents(conn)
         for intent in pending:
-            self.log.info("alerts.feed.dry_run_incident", kind=intent.kind, queue=intent.queue, name=intent.name,
-                          summary=intent.summary, num_dead_letters=intent.num_dead_letters, alert_key=intent.alert_key)
+            self.log.info(
+                "alerts.feed.dry_run_incident",
+                kind=intent.kind,
+                queue=intent.queue,
+                name=intent.name,
+                summary=intent.summary,
+                num_dead_letters=intent.num_dead_letters,
+                alert_key=intent.alert_key,
+            )
         for incident in planned:
-            self.log.info("alerts.feed.dry_run_incident", kind=incident.kind, queue=incident.queue, name=incident.name,
-                          summary=incident.summary, num_dead_letters=len(incident.dead_letter_ids),
-                          alert_key=incident.alert_key)
+            self.log.info(
+                "alerts.feed.dry_run_incident",
+                kind=incident.kind,
+                queue=incident.queue,
+                name=incident.name,
+                summary=incident.summary,
+                num_dead_letters=len(incident.dead_letter_ids),
+                alert_key=incident.alert_key,
+            )
         for row in conn.execute(HANDLED_OPEN_ALERTS).fetchall():
-            self.log.info("alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4])
+            self.log.info(
+                "alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4]
+            )
         result.dry_run_incidents = len(pending) + len(planned)
         result.planned = planned
 
@@ -434,19 +353,41 @@ class AlertFeed:
         """Intent and coverage in one transaction, before anything is sent."""
         ids = list(incident.dead_letter_ids)
         with conn.transaction():
-            alert_id = conn.execute(RECORD_INTENT, {
-                "alert_key": incident.alert_key, "kind": incident.kind, "queue": incident.queue,
-                "name": incident.name, "summary": incident.summary, "description": incident.description,
-                "num": len(ids), "now": now,
-            }).fetchone()[0]
+            row = conn.execute(
+                RECORD_INTENT,
+                {
+                    "alert_key": incident.alert_key,
+                    "kind": incident.kind,
+                    "queue": incident.queue,
+                    "name": incident.name,
+                    "summary": incident.summary,
+                    "description": incident.description,
+                    "num": len(ids),
+                    "now": now,
+                },
+            ).fetchone()
+            assert row is not None  # an upsert's RETURNING: always one row
+            alert_id = row[0]
             conn.execute(RECORD_COVERAGE, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
             if incident.kind == STALE:
                 conn.execute(RECORD_NEW_COVERAGE_OF_ESCALATION, {"alert_id": alert_id, "ids": ids})
-        self.log.info("alerts.feed.intent_recorded", alert_id=alert_id, alert_key=incident.alert_key,
-                      kind=incident.kind, queue=incident.queue, num_dead_letters=len(ids))
+        self.log.info(
+            "alerts.feed.intent_recorded",
+            alert_id=alert_id,
+            alert_key=incident.alert_key,
+            kind=incident.kind,
+            queue=incident.queue,
+            num_dead_letters=len(ids),
+        )
 
-    def _settle_earlier(self, conn: psycopg.Connection, now: datetime, installation: str, stale_cutoff: datetime,
-                        result: AlertFeedResult) -> set[int]:
+    def _settle_earlier(
+        self,
+        conn: psycopg.Connection,
+        now: datetime,
+        installation: str,
+        stale_cutoff: datetime,
+        result: AlertFeedResult,
+    ) -> set[int]:
         """Settle the intents earlier runs left pending, before this run plans anything.
 
         Each may have reached Better Stack (a crash, a lost answer), so it is looked up by its
@@ -463,36 +404,54 @@ class AlertFeed:
             try:
                 incident = self.client.find_incident(METADATA_KEY, intent.alert_key, scope=scope)
             except BetterStackError as exc:
-                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
-                               queue=intent.queue, status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.post_failed",
+                    alert_key=intent.alert_key,
+                    kind=intent.kind,
+                    queue=intent.queue,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 unsettled.add(intent.id)
                 _stop_unless_about_this_one(exc)
                 continue
             if incident is not None:
                 self._confirmed(conn, intent, incident.id, now, recovered=True, result=result)
                 continue
-            pending, stale = conn.execute(INTENT_STANDING, {"id": intent.id, "kind": intent.kind,
-                                                            "stale_cutoff": stale_cutoff}).fetchone()
+            standing = conn.execute(
+                INTENT_STANDING, {"id": intent.id, "kind": intent.kind, "stale_cutoff": stale_cutoff}
+            ).fetchone()
+            assert standing is not None  # counts: always one row
+            pending, stale = standing
             if pending == 0:
                 self._cancel(conn, intent, CANCELLED_HANDLED, now, result)
             elif intent.kind == NEW and stale > 0:
                 self._cancel(conn, intent, CANCELLED_SUPERSEDED, now, result)
         return unsettled
 
-    def _cancel(self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime,
-                result: AlertFeedResult) -> None:
+    def _cancel(
+        self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime, result: AlertFeedResult
+    ) -> None:
         """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
         with conn.transaction():
             conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
             released = [row[0] for row in conn.execute(RELEASE_COVERAGE, {"id": intent.id})]
             conn.execute(COVER_RELEASED_BY_ESCALATION, {"ids": released})
         result.intents_cancelled += 1
-        self.log.info("alerts.feed.intent_cancelled", alert_id=intent.id, alert_key=intent.alert_key, kind=intent.kind,
-                      queue=intent.queue, reason=reason, num_dead_letters=intent.num_dead_letters,
-                      released=len(released))
+        self.log.info(
+            "alerts.feed.intent_cancelled",
+            alert_id=intent.id,
+            alert_key=intent.alert_key,
+            kind=intent.kind,
+            queue=intent.queue,
+            reason=reason,
+            num_dead_letters=intent.num_dead_letters,
+            released=len(released),
+        )
 
-    def _deliver(self, conn: psycopg.Connection, now: datetime, installation: str, unsettled: set[int],
-                 result: AlertFeedResult) -> None:
+    def _deliver(
+        self, conn: psycopg.Connection, now: datetime, installation: str, unsettled: set[int], result: AlertFeedResult
+    ) -> None:
         """Post every pending intent (the earlier ones were looked up already), except ``unsettled``."""
         assert self.client is not None
         scope = {INSTALLATION_METADATA_KEY: installation}
@@ -504,20 +463,40 @@ class AlertFeed:
                     self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
                 )
             except BetterStackError as exc:
-                self.log.error("alerts.feed.post_failed", alert_key=intent.alert_key, kind=intent.kind,
-                               queue=intent.queue, status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.post_failed",
+                    alert_key=intent.alert_key,
+                    kind=intent.kind,
+                    queue=intent.queue,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 _stop_unless_about_this_one(exc)
                 continue
             # recovered: found by the client's lookup after a retried POST, not confirmed by it.
             self._confirmed(conn, intent, incident.id, now, recovered=incident.recovered, result=result)
 
-    def _confirmed(self, conn: psycopg.Connection, intent: _Intent, incident_id: str, now: datetime, *,
-                   recovered: bool, result: AlertFeedResult) -> None:
+    def _confirmed(
+        self,
+        conn: psycopg.Connection,
+        intent: _Intent,
+        incident_id: str,
+        now: datetime,
+        *,
+        recovered: bool,
+        result: AlertFeedResult,
+    ) -> None:
         """Better Stack has the incident: record it open, count and log how we know."""
         record_posted(conn, intent.id, incident_id, now)
         result.dead_letters_alerted += intent.num_dead_letters
-        fields_ = {"alert_key": intent.alert_key, "incident_id": incident_id, "kind": intent.kind,
-                   "queue": intent.queue, "num_dead_letters": intent.num_dead_letters, "name": intent.name}
+        fields_ = {
+            "alert_key": intent.alert_key,
+            "incident_id": incident_id,
+            "kind": intent.kind,
+            "queue": intent.queue,
+            "num_dead_letters": intent.num_dead_letters,
+            "name": intent.name,
+        }
         if recovered:
             result.incidents_recovered += 1
             self.log.info("alerts.feed.incident_recovered", **fields_)
@@ -528,16 +507,22 @@ class AlertFeed:
             result.incidents_posted += 1
             self.log.info("alerts.feed.incident_posted", **fields_)
 
-    def _resolve_handled(self, conn: psycopg.Connection, now: datetime, installation: str,
-                         result: AlertFeedResult) -> None:
+    def _resolve_handled(
+        self, conn: psycopg.Connection, now: datetime, installation: str, result: AlertFeedResult
+    ) -> None:
         assert self.client is not None
         due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
         for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
             try:
                 outcome = self._resolve(incident_id, alert_key, installation)
             except BetterStackError as exc:
-                self.log.error("alerts.feed.resolve_failed", incident_id=incident_id, alert_key=alert_key,
-                               status=exc.status, error=str(exc))
+                self.log.error(
+                    "alerts.feed.resolve_failed",
+                    incident_id=incident_id,
+                    alert_key=alert_key,
+                    status=exc.status,
+                    error=str(exc),
+                )
                 result.resolve_failures += 1
                 try:
                     _stop_unless_about_this_one(exc)
@@ -545,15 +530,24 @@ class AlertFeed:
                     result.resolve_failures += len(due) - position - 1
                     raise
                 continue
-            conn.execute(MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED})
+            conn.execute(
+                MARK_RESOLVED, {"id": alert_id, "now": now, "resolution": GONE if outcome == GONE else RESOLVED}
+            )
             if outcome == GONE:
                 result.incidents_gone += 1
-                self.log.warning("alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key,
-                                 kind=kind, queue=queue)
+                self.log.warning(
+                    "alerts.feed.incident_gone", incident_id=incident_id, alert_key=alert_key, kind=kind, queue=queue
+                )
             else:
                 result.incidents_resolved += 1
-                self.log.info("alerts.feed.incident_resolved", incident_id=incident_id, alert_key=alert_key,
-                              kind=kind, queue=queue, already_resolved=outcome == ALREADY_RESOLVED)
+                self.log.info(
+                    "alerts.feed.incident_resolved",
+                    incident_id=incident_id,
+                    alert_key=alert_key,
+                    kind=kind,
+                    queue=queue,
+                    already_resolved=outcome == ALREADY_RESOLVED,
+                )
 
     def _resolve(self, incident_id: str, alert_key: str, installation: str) -> str:
         """Resolve one incident at Better Stack: RESOLVED, ALREADY_RESOLVED (409) or GONE.
@@ -564,12 +558,16 @@ class AlertFeed:
         """
         assert self.client is not None
         try:
-            resolved_now = self.client.resolve_incident(incident_id, resolved_by=self.config.requester_email or "core-jobs")
+            resolved_now = self.client.resolve_incident(
+                incident_id, resolved_by=self.config.requester_email or "core-jobs"
+            )
         except IncidentNotFound as exc:
             listed = self.client.find_incident(METADATA_KEY, alert_key, scope={INSTALLATION_METADATA_KEY: installation})
             if listed is not None and listed.id == incident_id:
-                raise BetterStackError(f"resolve of incident {incident_id} answered 404, yet the incident list still "
-                                       f"has it: {exc}", status=404) from exc
+                raise BetterStackError(
+                    f"resolve of incident {incident_id} answered 404, yet the incident list still has it: {exc}",
+                    status=404,
+                ) from exc
             return GONE
         return RESOLVED if resolved_now else ALREADY_RESOLVED
 
@@ -645,7 +643,7 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
     groups = sorted(groups, key=lambda g: (-len(g.ids), g.queue or ""))
     if len(groups) <= limit:
         return groups
-    keep, fold = groups[: limit - 1], groups[limit - 1:]
+    keep, fold = groups[: limit - 1], groups[limit - 1 :]
     folded = DeadLetterGroup(
         kind=fold[0].kind,
         queue=None,
@@ -654,10 +652,12 @@ def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
         last_created=max(g.last_created for g in fold),
         queues=tuple((g.queue or "", len(g.ids)) for g in fold),
     )
-    return keep + [folded]
+    return [*keep, folded]
 
 
-def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig) -> list[DeadLetterGroup]:
+def _with_details(
+    conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig
+) -> list[DeadLetterGroup]:
     """Add the top errors and the samples of each group.
 
     Samples: one query for all groups. Top errors: one query per group, by primary key; a
@@ -671,10 +671,18 @@ def _with_details(conn: psycopg.Connection, groups: list[DeadLetterGroup], confi
     for group in groups:
         params = {"ids": list(group.ids), "chars": _ERROR_CHARS, "top": config.top_errors}
         errors = [(error, n) for error, n in conn.execute(TOP_ERRORS, params)]
-        detailed.append(DeadLetterGroup(
-            group.kind, group.queue, group.ids, group.first_created, group.last_created,
-            errors=tuple(errors), samples=tuple(samples[i] for i in group.ids[: config.samples]), queues=group.queues,
-        ))
+        detailed.append(
+            DeadLetterGroup(
+                group.kind,
+                group.queue,
+                group.ids,
+                group.first_created,
+                group.last_created,
+                errors=tuple(errors),
+                samples=tuple(samples[i] for i in group.ids[: config.samples]),
+                queues=group.queues,
+            )
+        )
     return detailed
 
 
@@ -694,10 +702,14 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, inst
     else:
         age = _human(config.stale_after)
         name = f"{n} {letters} in {where} unreviewed for over {age}"
-        summary = (f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
-                   f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}")
-        opening = (f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
-                   f"more than {age} after they were written ({span}).")
+        summary = (
+            f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
+            f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}"
+        )
+        opening = (
+            f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
+            f"more than {age} after they were written ({span})."
+        )
         action = "Nobody has reviewed these yet: replay or discard each, with a reason."
     lines = [opening, ""]
     if group.errors:
@@ -734,4 +746,3 @@ def _human(delta: timedelta) -> str:
         if count:
             parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
     return " ".join(parts[:2]) or "less than a minute"
-

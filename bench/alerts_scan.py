@@ -30,18 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alerts.feed import (
-    COUNT_UNALERTED,
-    HANDLED_OPEN_ALERTS,
-    SCAN_NEW,
-    SCAN_STALE,
-    AlertFeed,
-    AlertFeedConfig,
-    scan,
-)
+from alerts.feed import AlertFeed, AlertFeedConfig, scan
+from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from harness.pg import connect, server_now
-from maintenance import migrate
 from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
 HANDLED = TOTAL - NEW - STALE
@@ -134,25 +127,38 @@ def run(url: str) -> None:
         scan_ms, groups = median_ms(lambda: scan(conn, now, config))
         counts_ms, unalerted = median_ms(lambda: conn.execute(COUNT_UNALERTED, {"stale_cutoff": cutoff}).fetchone())
         resolve_ms, due = median_ms(lambda: conn.execute(HANDLED_OPEN_ALERTS).fetchall())
-        feed = AlertFeed(config, connect=lambda: connect(url, autocommit=True), client=None,
-                         log=_Quiet())
+        feed = AlertFeed(config, connect=lambda: connect(url, autocommit=True), client=None, log=_Quiet())
         run_ms, result = median_ms(lambda: feed.run_once(now))
 
         new_groups = [g for g in groups if g.kind == "new"]
         stale_groups = [g for g in groups if g.kind == "stale"]
-        print(f"scan found {sum(len(g.ids) for g in new_groups):,} new in {len(new_groups)} incidents, "
-              f"{sum(len(g.ids) for g in stale_groups):,} stale in {len(stale_groups)} escalations; "
-              f"unalerted={unalerted[0]:,} unescalated={unalerted[1]:,}; due for resolve: {len(due)}")
+        print(
+            f"scan found {sum(len(g.ids) for g in new_groups):,} new in {len(new_groups)} incidents, "
+            f"{sum(len(g.ids) for g in stale_groups):,} stale in {len(stale_groups)} escalations; "
+            f"unalerted={unalerted[0]:,} unescalated={unalerted[1]:,}; due for resolve: {len(due)}"
+        )
         print(f"baseline: seq count(*) of {counts[0]:,} rows   {baseline_ms:8.1f} ms")
-        print(f"scan (groups + top errors + samples)      {scan_ms:8.1f} ms   ratio to baseline {scan_ms / baseline_ms:.2f}")
-        print(f"result counts (unalerted, unescalated)    {counts_ms:8.1f} ms   ratio to baseline {counts_ms / baseline_ms:.2f}")
-        print(f"auto-resolve check                        {resolve_ms:8.1f} ms   ratio to baseline {resolve_ms / baseline_ms:.2f}")
+        print(
+            f"scan (groups + top errors + samples)      {scan_ms:8.1f} ms   ratio to baseline {scan_ms / baseline_ms:.2f}"
+        )
+        print(
+            f"result counts (unalerted, unescalated)    {counts_ms:8.1f} ms   ratio to baseline {counts_ms / baseline_ms:.2f}"
+        )
+        print(
+            f"auto-resolve check                        {resolve_ms:8.1f} ms   ratio to baseline {resolve_ms / baseline_ms:.2f}"
+        )
         total = scan_ms + counts_ms + resolve_ms
-        print(f"one scan's database time (sum)            {total:8.1f} ms   target <= 1000 ms: {'ok' if total <= 1000 else 'MISSED'}")
-        print(f"dry run_once end to end                   {run_ms:8.1f} ms   (would post {result.dry_run_incidents} incidents)")
+        print(
+            f"one scan's database time (sum)            {total:8.1f} ms   target <= 1000 ms: {'ok' if total <= 1000 else 'MISSED'}"
+        )
+        print(
+            f"dry run_once end to end                   {run_ms:8.1f} ms   (would post {result.dry_run_incidents} incidents)"
+        )
         for query, label in ((SCAN_NEW, "new scan"), (SCAN_STALE, "stale scan")):
             plan = [r[0] for r in conn.execute("EXPLAIN " + query, {"stale_cutoff": cutoff})]
-            indexes = sorted({word for line in plan for word in line.split() if word.endswith("_idx") or word.endswith("_pkey")})
+            indexes = sorted(
+                {word for line in plan for word in line.split() if word.endswith("_idx") or word.endswith("_pkey")}
+            )
             print(f"{label} plan uses: {', '.join(indexes) or 'no index'}")
 
 
@@ -161,6 +167,7 @@ class _Quiet:
 
     def info(self, *args: object, **kwargs: object) -> None:
         pass
+
 
 if __name__ == "__main__":
     main()

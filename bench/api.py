@@ -144,11 +144,20 @@ def measure(name: str, kind: str, target: str, auth: str, requests: list, warmup
         latencies = [ms for share in pool.map(_client, shares) for ms in share]
         wall, cpu = time.perf_counter() - started, _cpu_seconds(API_PID[0]) - cpu
     time.sleep(0.5)  # the last request lines reach the log reader
-    server = SERVER_MS[logged:logged + len(latencies)] if kind == "http" else []
+    server = SERVER_MS[logged : logged + len(latencies)] if kind == "http" else []
     p50, p95, p99 = percentiles(latencies)
     s50, s95, _ = percentiles(server) if len(server) > 1 else (float("nan"),) * 3
-    return {"scenario": name, "n": len(latencies), "p50": p50, "p95": p95, "p99": p99, "s50": s50, "s95": s95,
-            "rps": len(latencies) / wall, "cpu_ms": 1000 * cpu / len(latencies) if kind == "http" else float("nan")}
+    return {
+        "scenario": name,
+        "n": len(latencies),
+        "p50": p50,
+        "p95": p95,
+        "p99": p99,
+        "s50": s50,
+        "s95": s95,
+        "rps": len(latencies) / wall,
+        "cpu_ms": 1000 * cpu / len(latencies) if kind == "http" else float("nan"),
+    }
 
 
 def seed(url: str, rows: int, bulk_rounds: int) -> None:
@@ -161,17 +170,26 @@ def seed(url: str, rows: int, bulk_rounds: int) -> None:
                 conn.execute(SEED_BULK, {"queue": f"bench.bulk{r}"})
         conn.execute("VACUUM ANALYZE core.dead_letters")
         counts = dict(conn.execute("SELECT status, count(*) FROM core.dead_letters GROUP BY 1").fetchall())
-        print(f"seeded {sum(counts.values()):,} dead letters in {time.perf_counter() - started:.1f} s: "
-              + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items())))
+        print(
+            f"seeded {sum(counts.values()):,} dead letters in {time.perf_counter() - started:.1f} s: "
+            + ", ".join(f"{k} {v:,}" for k, v in sorted(counts.items()))
+        )
 
 
 def start_api(url: str, key_file: str) -> tuple[subprocess.Popen, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {
-        "CORE_JOBS_DATABASE_URL": url, "CORE_JOBS_API_JWT_PUBLIC_KEY_FILE": key_file,
-        "CORE_JOBS_API_JWT_ISSUER": ISSUER, "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
-        "CORE_JOBS_LOG_FORMAT": "json"}
-    process = subprocess.Popen([sys.executable, "-m", "maintenance", "api", "--host", "127.0.0.1", "--port", "0"],
-                               env=env, stdout=subprocess.PIPE, text=True)
+        "CORE_JOBS_DATABASE_URL": url,
+        "CORE_JOBS_API_JWT_PUBLIC_KEY_FILE": key_file,
+        "CORE_JOBS_API_JWT_ISSUER": ISSUER,
+        "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
+        "CORE_JOBS_LOG_FORMAT": "json",
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "maintenance", "api", "--host", "127.0.0.1", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for line in process.stdout:
         event = json.loads(line)
         if event.get("event") == "maintenance.api.started":
@@ -199,9 +217,17 @@ def main() -> int:
         key_file.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
         migrate.upgrade(url)
         seed(url, args.rows, args.bulk_rounds)
-        token = jwt.encode({"sub": "bench", "iss": ISSUER, "aud": AUDIENCE, "exp": int(time.time()) + 3600,
-                            "scope": "core.dead_letters.read core.dead_letters.replay core.dead_letters.discard"},
-                           key, algorithm="RS256")
+        token = jwt.encode(
+            {
+                "sub": "bench",
+                "iss": ISSUER,
+                "aud": AUDIENCE,
+                "exp": int(time.time()) + 3600,
+                "scope": "core.dead_letters.read core.dead_letters.replay core.dead_letters.discard",
+            },
+            key,
+            algorithm="RS256",
+        )
         process, api_url = start_api(url, str(key_file))
         API_PID.append(process.pid)
         try:
@@ -213,15 +239,20 @@ def main() -> int:
 
 def run(url: str, api_url: str, token: str, args: argparse.Namespace) -> int:
     with psycopg.connect(url, autocommit=True) as conn:
-        pending = [r[0] for r in conn.execute(
-            "SELECT id FROM core.dead_letters WHERE status = 'pending_review' AND queue LIKE 'bench.q%' ORDER BY id")]
+        pending = [
+            r[0]
+            for r in conn.execute(
+                "SELECT id FROM core.dead_letters WHERE status = 'pending_review' AND queue LIKE 'bench.q%' ORDER BY id"
+            )
+        ]
         all_ids = conn.execute("SELECT max(id) FROM core.dead_letters").fetchone()[0]
-        busiest = conn.execute("SELECT queue FROM core.dead_letters GROUP BY 1 ORDER BY count(*) DESC LIMIT 1"
-                               ).fetchone()[0]
+        busiest = conn.execute(
+            "SELECT queue FROM core.dead_letters GROUP BY 1 ORDER BY count(*) DESC LIMIT 1"
+        ).fetchone()[0]
     random.seed(7)
     random.shuffle(pending)
     n = args.requests + 40  # 40 warm-up requests, then the measured ones
-    to_replay, to_discard = pending[:n], pending[n: 2 * n]
+    to_replay, to_discard = pending[:n], pending[n : 2 * n]
 
     with httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
         cursor = None
@@ -235,22 +266,47 @@ def run(url: str, api_url: str, token: str, args: argparse.Namespace) -> int:
     results = [
         measure("list, first page (default: pending, 50)", "http", *http_args, gets(BASE)),
         measure("list, page 100 by cursor", "http", *http_args, gets(BASE, {"cursor": cursor})),
-        measure(f"list filtered (queue {busiest}, status replayed)", "http", *http_args,
-                gets(BASE, {"queue": busiest, "status": "replayed"})),
-        measure("detail (random id)", "http", *http_args,
-                [("GET", f"{BASE}/{random.randint(1, all_ids)}", None, None) for _ in range(n)]),
-        measure("replay one", "http", *http_args,
-                [("POST", f"{BASE}/{i}/replay", None, {"reason": "bench"}) for i in to_replay]),
-        measure("discard one", "http", *http_args,
-                [("POST", f"{BASE}/{i}/discard", None, {"reason": "bench: superseded"}) for i in to_discard]),
+        measure(
+            f"list filtered (queue {busiest}, status replayed)",
+            "http",
+            *http_args,
+            gets(BASE, {"queue": busiest, "status": "replayed"}),
+        ),
+        measure(
+            "detail (random id)",
+            "http",
+            *http_args,
+            [("GET", f"{BASE}/{random.randint(1, all_ids)}", None, None) for _ in range(n)],
+        ),
+        measure(
+            "replay one",
+            "http",
+            *http_args,
+            [("POST", f"{BASE}/{i}/replay", None, {"reason": "bench"}) for i in to_replay],
+        ),
+        measure(
+            "discard one",
+            "http",
+            *http_args,
+            [("POST", f"{BASE}/{i}/discard", None, {"reason": "bench: superseded"}) for i in to_discard],
+        ),
     ]
 
     # The baseline: page 100 by OFFSET against the same page by keyset, straight in SQL, 8 connections.
-    filters = {"status": "pending_review", "queue": None, "consumer": None, "tenant_id": None, "job_id": None,
-               "correlation_id": None, "created_after": None, "created_before": None}
+    filters = {
+        "status": "pending_review",
+        "queue": None,
+        "consumer": None,
+        "tenant_id": None,
+        "job_id": None,
+        "correlation_id": None,
+        "created_after": None,
+        "created_before": None,
+    }
     with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute(OFFSET_PAGE, filters | {"limit": 1, "offset": 99 * 50 - 1, "after_created_at": None,
-                                                    "after_id": None}).fetchone()
+        row = conn.execute(
+            OFFSET_PAGE, filters | {"limit": 1, "offset": 99 * 50 - 1, "after_created_at": None, "after_id": None}
+        ).fetchone()
     keyset = filters | {"limit": 51, "after_created_at": row[11], "after_id": row[0]}
     offset = filters | {"limit": 51, "offset": 99 * 50, "after_created_at": None, "after_id": None}
     sql_results = [
@@ -267,22 +323,33 @@ def run(url: str, api_url: str, token: str, args: argparse.Namespace) -> int:
             assert response.status_code == 200 and response.json()["count"] == 10_000, response.text[:300]
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nAPI under {CLIENTS} concurrent clients, {args.requests} requests per scenario (ms; load average {load}"
-          f" on {os.cpu_count()} cores):")
-    print(f"  {'scenario':<52} {'p50':>7} {'p95':>7} {'p99':>7}  {'server p50':>10} {'p95':>6}  {'req/s':>6}"
-          f"  {'API CPU/req':>11}  target p95 <= 50 ms")
+    print(
+        f"\nAPI under {CLIENTS} concurrent clients, {args.requests} requests per scenario (ms; load average {load}"
+        f" on {os.cpu_count()} cores):"
+    )
+    print(
+        f"  {'scenario':<52} {'p50':>7} {'p95':>7} {'p99':>7}  {'server p50':>10} {'p95':>6}  {'req/s':>6}"
+        f"  {'API CPU/req':>11}  target p95 <= 50 ms"
+    )
     for r in results:
-        print(f"  {r['scenario']:<52} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f}  {r['s50']:10.2f} {r['s95']:6.2f}"
-              f"  {r['rps']:6.0f}  {r['cpu_ms']:8.2f} ms  {'ok' if r['p95'] <= 50 else 'MISSED'}")
-    print("  (p50-p99: from the client, round trip included; server: the API's own duration_ms of the same requests;"
-          " API CPU/req: the API process's CPU time per request)")
+        print(
+            f"  {r['scenario']:<52} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f}  {r['s50']:10.2f} {r['s95']:6.2f}"
+            f"  {r['rps']:6.0f}  {r['cpu_ms']:8.2f} ms  {'ok' if r['p95'] <= 50 else 'MISSED'}"
+        )
+    print(
+        "  (p50-p99: from the client, round trip included; server: the API's own duration_ms of the same requests;"
+        " API CPU/req: the API process's CPU time per request)"
+    )
     print(f"\nThe keyset against the OFFSET it replaces, default list page 100, {CLIENTS} connections (ms, SQL only):")
     for r in sql_results:
         print(f"  {r['scenario']:<52} {r['p50']:8.2f} {r['p95']:8.2f} {r['p99']:8.2f}")
     print(f"  OFFSET / keyset at p50: {sql_results[1]['p50'] / sql_results[0]['p50']:.1f}x")
-    print("\nBulk replay of 10 000 dead letters by filter, one request each: "
-          + ", ".join(f"{s:.2f} s" for s in bulk) + f"; median {statistics.median(bulk):.2f} s  target <= 2 s: "
-          + ("ok" if statistics.median(bulk) <= 2 else "MISSED"))
+    print(
+        "\nBulk replay of 10 000 dead letters by filter, one request each: "
+        + ", ".join(f"{s:.2f} s" for s in bulk)
+        + f"; median {statistics.median(bulk):.2f} s  target <= 2 s: "
+        + ("ok" if statistics.median(bulk) <= 2 else "MISSED")
+    )
     return 0
 
 

@@ -46,8 +46,8 @@ from harness.pg import connect
 from harness.queue import Acked, Delivery, Envelope
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from maintenance import migrate
 from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
@@ -84,20 +84,30 @@ def fence_overhead(url: str, jobs: int) -> dict[str, list[float]]:
     policy = RetryPolicy()
     times: dict[str, list[float]] = {"bare": [], "fence_sql": [], "handle": []}
     with connect(url, autocommit=True) as conn:
+
         def bare(i: int) -> None:
             with conn.transaction():
                 conn.execute(CREDIT_POINTS, {"tenant_id": TENANT, "member_id": f"m-{i % 100}", "points": 1})
 
         def fence_sql(i: int) -> None:
             with conn.transaction():
-                conn.execute(INSERT_FENCE, {"job_id": uuid.uuid4(), "consumer": consumer.name, "tenant_id": TENANT,
-                                            "ttl": TTL}).fetchone()
+                conn.execute(
+                    INSERT_FENCE, {"job_id": uuid.uuid4(), "consumer": consumer.name, "tenant_id": TENANT, "ttl": TTL}
+                ).fetchone()
                 conn.execute(CREDIT_POINTS, {"tenant_id": TENANT, "member_id": f"m-{i % 100}", "points": 1})
 
         def through_handle(i: int) -> None:
-            envelope = Envelope(job_id=uuid.uuid4(), payload={"member_id": f"m-{i % 100}", "points": 1}, tenant_id=TENANT)
-            outcome = handle(conn, consumer, Delivery(queue=consumer.queue, envelope=envelope, attempt=1),
-                             policy=policy, fence_ttl=TTL, metrics=metrics)
+            envelope = Envelope(
+                job_id=uuid.uuid4(), payload={"member_id": f"m-{i % 100}", "points": 1}, tenant_id=TENANT
+            )
+            outcome = handle(
+                conn,
+                consumer,
+                Delivery(queue=consumer.queue, envelope=envelope, attempt=1),
+                policy=policy,
+                fence_ttl=TTL,
+                metrics=metrics,
+            )
             assert outcome == Acked()
 
         variants = {"bare": bare, "fence_sql": fence_sql, "handle": through_handle}
@@ -159,29 +169,43 @@ def main() -> None:
         times = fence_overhead(url, args.fence_jobs)
         medians = {k: statistics.median(v) for k, v in times.items()}
         print(f"Fence overhead, {args.fence_jobs} transactions per variant, interleaved, one connection (ms):")
-        for name, label in (("bare", "bare work transaction"), ("fence_sql", "work + fence INSERT"),
-                            ("handle", "handle(): validate + fence + work")):
+        for name, label in (
+            ("bare", "bare work transaction"),
+            ("fence_sql", "work + fence INSERT"),
+            ("handle", "handle(): validate + fence + work"),
+        ):
             print(f"  {label:<36} median {medians[name]:.3f}  p95 {percentile(times[name], 0.95):.3f}")
-        print(f"  added by the fence SQL:   median {medians['fence_sql'] - medians['bare']:+.3f} ms"
-              f" ({medians['fence_sql'] / medians['bare']:.2f}x)")
-        print(f"  added by handle() in all: median {medians['handle'] - medians['bare']:+.3f} ms"
-              f" ({medians['handle'] / medians['bare']:.2f}x)   target <= 0.5 ms")
+        print(
+            f"  added by the fence SQL:   median {medians['fence_sql'] - medians['bare']:+.3f} ms"
+            f" ({medians['fence_sql'] / medians['bare']:.2f}x)"
+        )
+        print(
+            f"  added by handle() in all: median {medians['handle'] - medians['bare']:+.3f} ms"
+            f" ({medians['handle'] / medians['bare']:.2f}x)   target <= 0.5 ms"
+        )
 
-        print(f"\nReference queue throughput, {args.queue_jobs} trivial jobs per run, {args.rounds} rounds"
-              " (configurations alternate within each round; median of the rounds):")
-        configs = {"1 process, batch %d" % args.batch_size: (1, args.batch_size),
-                   "2 processes, batch %d" % args.batch_size: (2, args.batch_size),
-                   "2 processes, batch 10 (default)": (2, 10)}
+        print(
+            f"\nReference queue throughput, {args.queue_jobs} trivial jobs per run, {args.rounds} rounds"
+            " (configurations alternate within each round; median of the rounds):"
+        )
+        configs = {
+            f"1 process, batch {args.batch_size}": (1, args.batch_size),
+            f"2 processes, batch {args.batch_size}": (2, args.batch_size),
+            "2 processes, batch 10 (default)": (2, 10),
+        }
         rates: dict[str, list[float]] = {label: [] for label in configs}
         for _ in range(args.rounds):
             for label, (processes, batch) in configs.items():
                 rates[label].append(throughput(url, args.queue_jobs, processes, batch))
         labels = list(configs)
         for label in labels:
-            print(f"  {label:<32} median {statistics.median(rates[label]):6.0f} jobs/s"
-                  f"   (runs: {', '.join(f'{r:.0f}' for r in rates[label])})")
+            print(
+                f"  {label:<32} median {statistics.median(rates[label]):6.0f} jobs/s"
+                f"   (runs: {', '.join(f'{r:.0f}' for r in rates[label])})"
+            )
         ratio = statistics.median(rates[labels[1]]) / statistics.median(rates[labels[0]])
         print(f"  2 processes / 1 process: {ratio:.2f}x   target >= 1000 jobs/s with 2 processes")
+
 
 if __name__ == "__main__":
     main()

@@ -115,8 +115,10 @@ def run(conn: psycopg.Connection, args: argparse.Namespace) -> None:
     now = conn.execute("SELECT date_trunc('second', now())").fetchone()[0]
     tables = {v: sql.Identifier(f"fences_{v}") for v in VARIANTS}
     week, day = timedelta(days=7), timedelta(days=1)
-    print(f"rows per table: {args.rows:,}; bulk insert {args.bulk:,} (best of {args.rounds});"
-          f" single-fence transactions {args.singles:,} (interleaved); counts: median of {args.repeat}")
+    print(
+        f"rows per table: {args.rows:,}; bulk insert {args.bulk:,} (best of {args.rounds});"
+        f" single-fence transactions {args.singles:,} (interleaved); counts: median of {args.repeat}"
+    )
     for variant, table in tables.items():
         conn.execute(sql.SQL(CREATE_TABLE).format(table=table))
         if VARIANTS[variant]:
@@ -127,8 +129,13 @@ def run(conn: psycopg.Connection, args: argparse.Namespace) -> None:
     # The metrics count first, on the pristine week of fences (newest minute and hour).
     minute = {"since": now - timedelta(minutes=1), "until": now}
     hour = {"since": now - timedelta(hours=1), "until": now}
-    counts = {v: (median_ms(conn, sql.SQL(COUNT).format(table=t), minute, args.repeat),
-                  median_ms(conn, sql.SQL(COUNT).format(table=t), hour, args.repeat)) for v, t in tables.items()}
+    counts = {
+        v: (
+            median_ms(conn, sql.SQL(COUNT).format(table=t), minute, args.repeat),
+            median_ms(conn, sql.SQL(COUNT).format(table=t), hour, args.repeat),
+        )
+        for v, t in tables.items()
+    }
 
     # The write side. Bulk fences go into the hour after `now` (outside every window counted).
     # Variants take turns in small slices, so load from other processes hits them alike; the
@@ -140,12 +147,16 @@ def run(conn: psycopg.Connection, args: argparse.Namespace) -> None:
     for _ in range(args.rounds):
         for variant, table in tables.items():
             fill = sql.SQL(FILL).format(table=table)
-            bulk[variant].append(timed(lambda: conn.execute(fill, {"until": ahead, "span": timedelta(hours=1), "n": args.bulk})))
+            bulk[variant].append(
+                timed(
+                    lambda fill=fill: conn.execute(fill, {"until": ahead, "span": timedelta(hours=1), "n": args.bulk})
+                )
+            )
     slice_size = 50
     for _ in range(max(1, args.singles // slice_size)):
         for variant, table in tables.items():
             one = sql.SQL(SINGLE).format(table=table)
-            single[variant] += timed(lambda: [conn.execute(one) for _ in range(slice_size)])
+            single[variant] += timed(lambda one=one: [conn.execute(one) for _ in range(slice_size)])
             # This statement's own WAL (EXPLAIN's counters; the server-wide LSN includes others').
             plan = conn.execute(sql.SQL("EXPLAIN (ANALYZE, WAL, FORMAT JSON) ") + one).fetchone()[0]
             for i, key in enumerate(("WAL Records", "WAL FPI", "WAL Bytes")):
@@ -165,29 +176,44 @@ def run(conn: psycopg.Connection, args: argparse.Namespace) -> None:
             conn.execute(sql.SQL("VACUUM ANALYZE {}").format(table))
         if cycle in (1, args.cycles):
             newest = {"since": day_end - timedelta(minutes=1), "until": day_end}
-            counts_after[cycle] = {v: median_ms(conn, sql.SQL(COUNT).format(table=t), newest, args.repeat)
-                                   for v, t in tables.items()}
-    sizes = {v: conn.execute("SELECT coalesce(pg_relation_size(to_regclass(%s)), 0)", (f"fences_{v}_at",)).fetchone()[0]
-             for v in VARIANTS}
+            counts_after[cycle] = {
+                v: median_ms(conn, sql.SQL(COUNT).format(table=t), newest, args.repeat) for v, t in tables.items()
+            }
+    sizes = {
+        v: conn.execute("SELECT coalesce(pg_relation_size(to_regclass(%s)), 0)", (f"fences_{v}_at",)).fetchone()[0]
+        for v in VARIANTS
+    }
 
     base_bulk = min(bulk["none"])
     base_single = single["none"]
     base_count = counts["none"]
-    header = (f"{'variant':<7} {'bulk insert':>14} {'one fence/txn':>16} {'WAL rec/fence':>14} {'count 1 min':>16} {'count 1 h':>16}"
-              + "".join(f" {'1 min, purge ' + str(c):>17}" for c in counts_after) + f" {'index size':>11}")
+    header = (
+        f"{'variant':<7} {'bulk insert':>14} {'one fence/txn':>16} {'WAL rec/fence':>14} {'count 1 min':>16} {'count 1 h':>16}"
+        + "".join(f" {'1 min, purge ' + str(c):>17}" for c in counts_after)
+        + f" {'index size':>11}"
+    )
     print(header)
     for v in VARIANTS:
         b, s = min(bulk[v]), single[v]
         samples = singles // slice_size
         records = wal[v][0] / samples
-        print(f"{v:<7} {b:>7.2f}s x{b / base_bulk:4.2f} {s / singles * 1e6:>8.0f}us x{s / base_single:4.2f}"
-              f" {records:>8.2f} x{wal[v][0] / wal['none'][0]:4.2f}"
-              f" {counts[v][0]:>7.2f}ms x{counts[v][0] / base_count[0]:5.3f} {counts[v][1]:>7.2f}ms x{counts[v][1] / base_count[1]:5.3f}"
-              + "".join(f" {after[v]:>8.2f}ms x{after[v] / after['none']:5.3f}" for after in counts_after.values())
-              + f" {sizes[v] / 1024:>8.0f}kB")
-    print("WAL of one fence insert (EXPLAIN ANALYZE WAL, mean of " + str(singles // slice_size) + "): "
-          + "; ".join(f"{v} {wal[v][0] / (singles // slice_size):.2f} records, {wal[v][2] / (singles // slice_size):.0f} bytes"
-                      f" ({wal[v][1]} full-page images)" for v in VARIANTS))
+        print(
+            f"{v:<7} {b:>7.2f}s x{b / base_bulk:4.2f} {s / singles * 1e6:>8.0f}us x{s / base_single:4.2f}"
+            f" {records:>8.2f} x{wal[v][0] / wal['none'][0]:4.2f}"
+            f" {counts[v][0]:>7.2f}ms x{counts[v][0] / base_count[0]:5.3f} {counts[v][1]:>7.2f}ms x{counts[v][1] / base_count[1]:5.3f}"
+            + "".join(f" {after[v]:>8.2f}ms x{after[v] / after['none']:5.3f}" for after in counts_after.values())
+            + f" {sizes[v] / 1024:>8.0f}kB"
+        )
+    print(
+        "WAL of one fence insert (EXPLAIN ANALYZE WAL, mean of "
+        + str(singles // slice_size)
+        + "): "
+        + "; ".join(
+            f"{v} {wal[v][0] / (singles // slice_size):.2f} records, {wal[v][2] / (singles // slice_size):.0f} bytes"
+            f" ({wal[v][1]} full-page images)"
+            for v in VARIANTS
+        )
+    )
     print("ratios (x) are against 'none' measured in this same run.")
 
 

@@ -11,7 +11,7 @@ Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired 
 a pending dead letter; with ``--replay-history N`` also N replayed dead letters whose deliveries
 were handled 30 days ago, the history the replay guard's index must skip) into a template
 database, then on identical copies
-(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.purge.Purger``, default
+(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.jobs.purge.job.Purger``, default
 settings, strategy ``auto``), (a') the purge forced onto the strategy auto did not choose, and
 (b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer
 process inserts fences at a steady 500/s, one per transaction, 10 % of them redeliveries
@@ -46,10 +46,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from harness.pg import connect
 from harness.retry import RetryPolicy, max_retry_window
-from maintenance import migrate
 from maintenance.demo import with_database
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
+from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
 from maintenance.settings import TtlGuard
@@ -109,8 +109,9 @@ def admin(server: str, statement: sql.Composable) -> None:
         conn.execute(statement)
 
 
-def build_template(server: str, name: str, rows: int, shuffled: float, expired: float = 0.6,
-                   replay_history: int = 0) -> tuple[str, float]:
+def build_template(
+    server: str, name: str, rows: int, shuffled: float, expired: float = 0.6, replay_history: int = 0
+) -> tuple[str, float]:
     admin(server, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     url = with_database(server, name)
     migrate.upgrade(url)
@@ -180,7 +181,9 @@ def latency(samples: list[tuple[float, float]], window: tuple[float, float]) -> 
     inside = sorted(lat * 1000 for start, lat in samples if window[0] <= start <= window[1])
     if not inside:
         return Latency(float("nan"), float("nan"), float("nan"), 0)
-    return Latency(inside[len(inside) // 2], inside[min(len(inside) - 1, int(len(inside) * 0.99))], inside[-1], len(inside))
+    return Latency(
+        inside[len(inside) // 2], inside[min(len(inside) - 1, int(len(inside) * 0.99))], inside[-1], len(inside)
+    )
 
 
 def verdict(met: bool) -> str:
@@ -246,24 +249,38 @@ def single_delete_action(url: str) -> tuple[int, float]:
 
 
 def purge_line(label: str, run: Run, fields: dict) -> str:
-    return (f"{label}: {run.deleted:>10,} rows in {run.seconds:6.2f} s = {run.deleted / run.seconds:>10,.0f} rows/s;"
-            f" longest transaction {run.longest_ms:.1f} ms; {fields['num_batches']} batches, the last of"
-            f" {fields['batch_size']:,}")
+    return (
+        f"{label}: {run.deleted:>10,} rows in {run.seconds:6.2f} s = {run.deleted / run.seconds:>10,.0f} rows/s;"
+        f" longest transaction {run.longest_ms:.1f} ms; {fields['num_batches']} batches, the last of"
+        f" {fields['batch_size']:,}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=2_000_000, help="fences to load (default 2 000 000)")
     parser.add_argument("--shuffled", action="store_true", help="load rows in random order, not expiry order")
-    parser.add_argument("--shuffled-percent", type=float, default=0.0,
-                        help="rows placed at random, the rest in expiry order, %% (default 0; --shuffled: 100)")
+    parser.add_argument(
+        "--shuffled-percent",
+        type=float,
+        default=0.0,
+        help="rows placed at random, the rest in expiry order, %% (default 0; --shuffled: 100)",
+    )
     parser.add_argument("--expired-percent", type=float, default=60.0, help="expired fences, %% (default 60)")
-    parser.add_argument("--replay-history", type=int, default=0, metavar="N",
-                        help="also load N replayed dead letters handled 30 days ago (default 0)")
+    parser.add_argument(
+        "--replay-history",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also load N replayed dead letters handled 30 days ago (default 0)",
+    )
     parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
-    parser.add_argument("--target-batch-ms", type=float,
-                        default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
-                        help="purge target batch duration, ms (default: the setting's, 10)")
+    parser.add_argument(
+        "--target-batch-ms",
+        type=float,
+        default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
+        help="purge target batch duration, ms (default: the setting's, 10)",
+    )
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
     args = parser.parse_args(argv)
@@ -278,25 +295,39 @@ def main(argv: list[str] | None = None) -> int:
     server = os.environ.get("CORE_JOBS_BENCH_DATABASE_URL", DEFAULT_SERVER)
     template = f"core_jobs_bench_{os.getpid()}"
     layout = {0.0: "in expiry order", 1.0: "shuffled (not in expiry order)"}.get(
-        shuffled, f"{shuffled:.0%} of rows shuffled, the rest in expiry order")
-    print(f"purge benchmark: {args.rows:,} fences, {args.expired_percent:g} % expired, 8 consumers, 1 000 tenants,"
-          f" layout {layout};")
-    print(f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}"
-          f" at most, aiming at {args.target_batch_ms:g} ms; {args.replay_history:,} replays handled 30 days ago")
+        shuffled, f"{shuffled:.0%} of rows shuffled, the rest in expiry order"
+    )
+    print(
+        f"purge benchmark: {args.rows:,} fences, {args.expired_percent:g} % expired, 8 consumers, 1 000 tenants,"
+        f" layout {layout};"
+    )
+    print(
+        f"writer {args.writer_rate:g}/s, one insert per transaction, 10 % redeliveries; purge batch {args.batch_size:,}"
+        f" at most, aiming at {args.target_batch_ms:g} ms; {args.replay_history:,} replays handled 30 days ago"
+    )
     target = timedelta(milliseconds=args.target_batch_ms)
     results: dict[str, dict] = {}
     chosen: list[dict] = []
     try:
-        _, load_s = build_template(server, template, args.rows, shuffled, args.expired_percent / 100,
-                                   args.replay_history)
+        _, load_s = build_template(
+            server, template, args.rows, shuffled, args.expired_percent / 100, args.replay_history
+        )
         print(f"loaded template in {load_s:.1f} s")
         auto, auto_samples = run_on_copy(
-            server, template, "auto", purge_action(args.batch_size, target, "auto", chosen, results), args.writer_rate,
+            server,
+            template,
+            "auto",
+            purge_action(args.batch_size, target, "auto", chosen, results),
+            args.writer_rate,
             args.idle_seconds,
         )
         other_strategy = "index" if chosen[0]["strategy"] == "sweep" else "sweep"
         other, other_samples = run_on_copy(
-            server, template, "other", purge_action(args.batch_size, target, other_strategy, chosen, results), args.writer_rate,
+            server,
+            template,
+            "other",
+            purge_action(args.batch_size, target, other_strategy, chosen, results),
+            args.writer_rate,
             args.idle_seconds,
         )
         delete, delete_samples = run_on_copy(
@@ -307,20 +338,26 @@ def main(argv: list[str] | None = None) -> int:
 
     decision = chosen[0]
     print()
-    print(f"auto chose {decision['strategy']} ({decision['reason']}): expired fraction {decision['expired_fraction']}"
-          f" in a sample of {decision['sampled_rows']:,} rows, correlation of expires_at {decision['correlation']},"
-          f" {decision['table_blocks']:,} blocks, {decision['rows_per_page']} rows/page; estimated in"
-          f" {decision['estimate_ms']} ms")
+    print(
+        f"auto chose {decision['strategy']} ({decision['reason']}): expired fraction {decision['expired_fraction']}"
+        f" in a sample of {decision['sampled_rows']:,} rows, correlation of expires_at {decision['correlation']},"
+        f" {decision['table_blocks']:,} blocks, {decision['rows_per_page']} rows/page; estimated in"
+        f" {decision['estimate_ms']} ms"
+    )
     auto_rate = auto.deleted / auto.seconds
     other_rate = other.deleted / other.seconds
     delete_rate = delete.deleted / delete.seconds
     print(purge_line(f"(a)  purge, auto -> {decision['strategy']:5}", auto, results["auto"]))
     print(purge_line(f"(a') purge, forced {other_strategy:5} ", other, results[other_strategy]))
-    print(f"(b)  single DELETE         : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s ="
-          f" {delete_rate:>10,.0f} rows/s; one transaction of {delete.longest_ms:.0f} ms")
-    print(f"ratios of rows/s: auto / single DELETE {auto_rate / delete_rate:.2f};"
-          f" forced {other_strategy} / single DELETE {other_rate / delete_rate:.2f};"
-          f" auto / forced {other_strategy} {auto_rate / other_rate:.2f}")
+    print(
+        f"(b)  single DELETE         : {delete.deleted:>10,} rows in {delete.seconds:6.2f} s ="
+        f" {delete_rate:>10,.0f} rows/s; one transaction of {delete.longest_ms:.0f} ms"
+    )
+    print(
+        f"ratios of rows/s: auto / single DELETE {auto_rate / delete_rate:.2f};"
+        f" forced {other_strategy} / single DELETE {other_rate / delete_rate:.2f};"
+        f" auto / forced {other_strategy} {auto_rate / other_rate:.2f}"
+    )
     print()
     during_auto = latency(auto_samples, auto.busy)
     idle_auto = latency(auto_samples, auto.idle)
@@ -336,8 +373,10 @@ def main(argv: list[str] | None = None) -> int:
     print("targets (issue 3), for the auto purge:")
     print(f"  purge >= 0.5 x single DELETE rows/s: {ratio:.2f} {verdict(ratio >= 0.5)}")
     print(f"  longest purge transaction <= 25 ms: {auto.longest_ms:.1f} ms {verdict(auto.longest_ms <= 25)}")
-    print(f"  writer p99 <= 5 ms during the purge: {during_auto.p99:.2f} ms {verdict(during_auto.p99 <= 5)}"
-          f" (idle p99 on the same copy {idle_auto.p99:.2f} ms; p99 during / idle {during_auto.p99 / idle_auto.p99:.2f})")
+    print(
+        f"  writer p99 <= 5 ms during the purge: {during_auto.p99:.2f} ms {verdict(during_auto.p99 <= 5)}"
+        f" (idle p99 on the same copy {idle_auto.p99:.2f} ms; p99 during / idle {during_auto.p99 / idle_auto.p99:.2f})"
+    )
     if shuffled == 1.0:
         print(f"  shuffled layout >= 250 000 rows/s: {auto_rate:,.0f} {verdict(auto_rate >= 250_000)}")
     return 0

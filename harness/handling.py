@@ -120,8 +120,10 @@ def handle(
                 try:
                     consumer.handler(conn, payload, context)
                 except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
-                    raise TransientError("the handler raised psycopg.Rollback: its work and the fence were rolled"
-                                         " back, so nothing was committed") from exc
+                    raise TransientError(
+                        "the handler raised psycopg.Rollback: its work and the fence were rolled"
+                        " back, so nothing was committed"
+                    ) from exc
                 _check_work_transaction(conn)
                 if envelope.replay_of is not None:
                     mark_replay_handled(conn, envelope.replay_of, "processed")
@@ -162,8 +164,9 @@ def failure_outcome(
     return RetryAfter(delay=delay, error=describe_error(error))
 
 
-def _past_the_budget(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict,
-                     policy: RetryPolicy, metrics: Metrics) -> Outcome:
+def _past_the_budget(
+    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict, policy: RetryPolicy, metrics: Metrics
+) -> Outcome:
     """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
 
     The handler is not run again — a job that kills its worker would otherwise do so forever —
@@ -195,11 +198,14 @@ def _check_work_transaction(conn: psycopg.Connection) -> None:
     """
     status = conn.info.transaction_status
     if status == TransactionStatus.INERROR:
-        raise TransientError("the handler caught a database error and carried on: its transaction was aborted,"
-                             " so nothing was committed")
+        raise TransientError(
+            "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
+        )
     if status == TransactionStatus.IDLE:
-        raise PermanentError("the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
-                             " escaped the fence, so the job is not retried; fix the handler, then review the job")
+        raise PermanentError(
+            "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
+            " escaped the fence, so the job is not retried; fix the handler, then review the job"
+        )
 
 
 def _dead_letter(

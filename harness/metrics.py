@@ -22,8 +22,9 @@ is logged — and the next delivery decides again, so these two may count a job 
 ``core.dead_letters`` is the record of what was written.
 
 :func:`default_metrics` is the one :class:`HarnessMetrics` in prometheus_client's default
-registry (what ``start_http_server`` and a ``/metrics`` endpoint serve); ``core-jobs worker``
-passes it. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
+registry (what ``start_http_server`` and a ``/metrics`` endpoint serve), made on the first call;
+``core-jobs worker`` does not use it: it makes its own on a registry of its own, which
+``--metrics-port`` serves. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
 (StatsD, OpenTelemetry) is any object with the four methods of :class:`Metrics`.
 """
 
@@ -76,22 +77,30 @@ class HarnessMetrics:
         try:
             from prometheus_client import REGISTRY, Counter
         except ImportError as exc:
-            raise ImportError("harness.metrics.HarnessMetrics needs prometheus-client: install"
-                              " core-jobs-harness[metrics], or pass no metrics (counts nothing)") from exc
+            raise ImportError(
+                "harness.metrics.HarnessMetrics needs prometheus-client: install"
+                " core-jobs-harness[metrics], or pass no metrics (counts nothing)"
+            ) from exc
         self.registry = REGISTRY if registry is None else registry
         self._processed = Counter(
             "harness_jobs_processed", "Jobs whose work and fence committed.", ["consumer"], registry=self.registry
         )
         self._duplicates = Counter(
-            "harness_jobs_duplicates", "Deliveries skipped: the fence already existed.", ["consumer"],
+            "harness_jobs_duplicates",
+            "Deliveries skipped: the fence already existed.",
+            ["consumer"],
             registry=self.registry,
         )
         self._retries = Counter(
-            "harness_jobs_retries", "Transient failures scheduled for another attempt.", ["consumer"],
+            "harness_jobs_retries",
+            "Transient failures scheduled for another attempt.",
+            ["consumer"],
             registry=self.registry,
         )
         self._dead_lettered = Counter(
-            "harness_jobs_dead_lettered", "Jobs written to core.dead_letters.", ["consumer", "reason"],
+            "harness_jobs_dead_lettered",
+            "Jobs written to core.dead_letters.",
+            ["consumer", "reason"],
             registry=self.registry,
         )
 

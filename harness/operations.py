@@ -45,8 +45,22 @@ from psycopg.rows import class_row
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
-__all__ = ["Action", "DeadLetterDetail", "DeadLetterFilter", "DeadLetterRow", "OperationRefused", "Page", "Position",
-           "discard", "get_dead_letter", "get_row", "list_dead_letters", "list_page", "release", "replay"]
+__all__ = [
+    "Action",
+    "DeadLetterDetail",
+    "DeadLetterFilter",
+    "DeadLetterRow",
+    "OperationRefused",
+    "Page",
+    "Position",
+    "discard",
+    "get_dead_letter",
+    "get_row",
+    "list_dead_letters",
+    "list_page",
+    "release",
+    "replay",
+]
 
 STATUSES = ("pending_review", "replayed", "discarded")
 
@@ -59,8 +73,9 @@ class OperationRefused(Exception):
     (the API: 404 and 409).
     """
 
-    def __init__(self, problems: Sequence[str], *, missing: Sequence[int] = (),
-                 not_pending: dict[int, str] | None = None) -> None:
+    def __init__(
+        self, problems: Sequence[str], *, missing: Sequence[int] = (), not_pending: dict[int, str] | None = None
+    ) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
         self.missing = list(missing)
@@ -91,8 +106,10 @@ class DeadLetterRow:
         return self.status == "replayed" and self.replay_outcome is None
 
 
-_COLUMNS = ("id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
-            " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at")
+_COLUMNS = (
+    "id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
+    " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at"
+)
 
 LIST = f"""
 SELECT {_COLUMNS}
@@ -114,26 +131,43 @@ SELECT {_COLUMNS} FROM core.dead_letters
    FOR UPDATE
 """
 
-SET_ACTOR = "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
+SET_ACTOR = (
+    "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
+)
 MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = ANY(%(ids)s)"
-MARK_DISCARDED = "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
+MARK_DISCARDED = (
+    "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
+)
 MARK_RELEASED = "UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = ANY(%(ids)s)"
 # Replays whose republished message still waits in the reference queue: they will be handled.
 STILL_QUEUED = "SELECT DISTINCT replay_of FROM core.queue_messages WHERE replay_of = ANY(%(ids)s) ORDER BY replay_of"
 
 
-def list_dead_letters(conn: psycopg.Connection, *, queue: str | None = None, status: str | None = None,
-                      outstanding: bool = False, limit: int = 1000) -> list[DeadLetterRow]:
+def list_dead_letters(
+    conn: psycopg.Connection,
+    *,
+    queue: str | None = None,
+    status: str | None = None,
+    outstanding: bool = False,
+    limit: int = 1000,
+) -> list[DeadLetterRow]:
     """Dead letters, oldest first, optionally of one queue and/or one status, or only outstanding replays."""
     if status is not None and status not in STATUSES:
         raise OperationRefused([f"unknown status {status!r}; valid: {', '.join(STATUSES)}"])
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
-        return cur.execute(LIST, {"queue": queue, "status": status, "outstanding": outstanding,
-                                  "limit": limit}).fetchall()
+        return cur.execute(
+            LIST, {"queue": queue, "status": status, "outstanding": outstanding, "limit": limit}
+        ).fetchall()
 
 
-def replay(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None,
-           operator: str, reason: str | None = None) -> list[DeadLetterRow]:
+def replay(
+    conn: psycopg.Connection,
+    ids: Sequence[int] = (),
+    *,
+    queue: str | None = None,
+    operator: str,
+    reason: str | None = None,
+) -> list[DeadLetterRow]:
     """Replay the given ids, or every pending dead letter of ``queue``; return the rows replayed."""
     if bool(ids) == bool(queue):
         raise OperationRefused(["give dead-letter ids, or a queue to replay all its pending dead letters"])
@@ -142,21 +176,35 @@ def replay(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | No
         rows = _lock(conn, ids, queue, "replayed")
         if rows:
             _set_actor(conn, operator, reason)
-            PgQueue(conn).publish_many([  # one pipelined round trip for the lot, not one per message
-                (row.queue, Envelope(job_id=row.job_id, payload=row.payload, tenant_id=row.tenant_id or NO_TENANT,
-                                     correlation_id=row.correlation_id, replay_of=row.id))
-                for row in rows])
+            PgQueue(conn).publish_many(  # one statement for the lot, not one per message
+                [
+                    (
+                        row.queue,
+                        Envelope(
+                            job_id=row.job_id,
+                            payload=row.payload,
+                            tenant_id=row.tenant_id or NO_TENANT,
+                            correlation_id=row.correlation_id,
+                            replay_of=row.id,
+                        ),
+                    )
+                    for row in rows
+                ]
+            )
             conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
     return rows
 
 
-def discard(conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None, operator: str,
-            reason: str) -> list[DeadLetterRow]:
+def discard(
+    conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None, operator: str, reason: str
+) -> list[DeadLetterRow]:
     """Discard the given ids, or every pending dead letter of ``queue``, with ``reason`` (required, J-AC7)."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
     if bool(ids) == bool(queue):
-        raise OperationRefused(["give the ids of the dead letters to discard, or a queue to discard all its pending ones"])
+        raise OperationRefused(
+            ["give the ids of the dead letters to discard, or a queue to discard all its pending ones"]
+        )
     _check_operator(operator)
     with conn.transaction():
         rows = _lock(conn, ids, queue, "discarded")
@@ -179,9 +227,14 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
         rows = _lock(conn, ids, None, "released")
         queued = [r[0] for r in conn.execute(STILL_QUEUED, {"ids": [r.id for r in rows]})]
         if queued:
-            raise OperationRefused([f"dead letter {i}: its replayed message still waits in the queue, and its"
-                                    " delivery will mark the replay handled" for i in queued]
-                                   + ["nothing was changed"])
+            raise OperationRefused(
+                [
+                    f"dead letter {i}: its replayed message still waits in the queue, and its"
+                    " delivery will mark the replay handled"
+                    for i in queued
+                ]
+                + ["nothing was changed"]
+            )
         _set_actor(conn, operator, reason.strip())
         conn.execute(MARK_RELEASED, {"ids": [r.id for r in rows]})
     return rows
@@ -199,9 +252,10 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
         not_pending = {}
         problems += [
             f"dead letter {r.id} is {r.status}, not replayed: only an outstanding replay can be released"
-            if r.status != "replayed" else
-            f"dead letter {r.id}: its replay was already handled ({r.replay_outcome}), there is nothing to release"
-            for r in rows if not r.outstanding
+            if r.status != "replayed"
+            else f"dead letter {r.id}: its replay was already handled ({r.replay_outcome}), there is nothing to release"
+            for r in rows
+            if not r.outstanding
         ]
     else:
         not_pending = {r.id: r.status for r in rows if r.status != "pending_review"}
@@ -210,7 +264,7 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
             for i, status in not_pending.items()
         ]
     if problems:
-        raise OperationRefused(problems + ["nothing was changed"], missing=missing, not_pending=not_pending)
+        raise OperationRefused([*problems, "nothing was changed"], missing=missing, not_pending=not_pending)
     return rows
 
 
@@ -294,15 +348,24 @@ SELECT id, action, operator, reason, acted_at FROM core.dead_letter_actions WHER
 """
 
 
-def list_page(conn: psycopg.Connection, where: DeadLetterFilter = DeadLetterFilter(), *,
-              after: Position | None = None, limit: int = 50) -> Page:
+def list_page(
+    conn: psycopg.Connection,
+    where: DeadLetterFilter = DeadLetterFilter(),
+    *,
+    after: Position | None = None,
+    limit: int = 50,
+) -> Page:
     """Up to ``limit`` dead letters matching ``where``, newest first, strictly after ``after``; ``payload`` is None."""
     if where.status not in STATUSES:
         raise OperationRefused([f"unknown status {where.status!r}; valid: {', '.join(STATUSES)}"])
     if limit < 1:
         raise OperationRefused([f"limit must be at least 1, got {limit}"])
-    params = {**where.__dict__, "limit": limit + 1,  # one more tells whether a next page exists
-              "after_created_at": after.created_at if after else None, "after_id": after.id if after else None}
+    params = {
+        **where.__dict__,
+        "limit": limit + 1,  # one more tells whether a next page exists
+        "after_created_at": after.created_at if after else None,
+        "after_id": after.id if after else None,
+    }
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
         rows = cur.execute(LIST_PAGE, params, prepare=False).fetchall()
     if len(rows) <= limit:

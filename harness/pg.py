@@ -1,6 +1,6 @@
 """Small PostgreSQL helpers shared by every layer: connections, the server clock and advisory locks.
 
-Every connection of core-jobs is opened by :func:`connect` (``maintenance.db.Database`` and
+Every connection of core-jobs is opened by :func:`connect` (``maintenance.runtime.db.Database`` and
 ``core-jobs migrate`` call it too), which pins the session settings the code relies on,
 whatever the server, database or role defaults say (``ALTER DATABASE … SET DateStyle``):
 

@@ -151,15 +151,18 @@ class PgQueue:
         if not messages:
             return
         with self.conn.transaction():
-            self.conn.execute(PUBLISH_MANY, {
-                "queues": [q for q, _e in messages],
-                "job_ids": [e.job_id for _q, e in messages],
-                "tenant_ids": [e.tenant_id for _q, e in messages],
-                "correlation_ids": [e.correlation_id for _q, e in messages],
-                "payloads": [Jsonb(e.payload) for _q, e in messages],
-                "replay_ofs": [e.replay_of for _q, e in messages],
-                "delay": delay,
-            })
+            self.conn.execute(
+                PUBLISH_MANY,
+                {
+                    "queues": [q for q, _e in messages],
+                    "job_ids": [e.job_id for _q, e in messages],
+                    "tenant_ids": [e.tenant_id for _q, e in messages],
+                    "correlation_ids": [e.correlation_id for _q, e in messages],
+                    "payloads": [Jsonb(e.payload) for _q, e in messages],
+                    "replay_ofs": [e.replay_of for _q, e in messages],
+                    "delay": delay,
+                },
+            )
 
     @staticmethod
     def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
@@ -184,8 +187,13 @@ class PgQueue:
         return [
             Delivery(
                 queue=queue,
-                envelope=Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id,
-                                  replay_of=replay_of),
+                envelope=Envelope(
+                    job_id=job_id,
+                    payload=payload,
+                    tenant_id=tenant_id,
+                    correlation_id=correlation_id,
+                    replay_of=replay_of,
+                ),
                 attempt=attempts,
                 receipt=(message_id, token),
             )

@@ -40,7 +40,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal, Protocol, Union
+from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from harness.dead_letters import DeadLetter
@@ -94,7 +94,9 @@ def _jsonb_problem(value: Any, where: str) -> str | None:
     if value is None or isinstance(value, bool | int):
         return None
     if isinstance(value, float):
-        return None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
+        return (
+            None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
+        )
     if isinstance(value, str):
         return _text_problem(value, where)
     if isinstance(value, dict):
@@ -162,7 +164,7 @@ class DeadLettered:
     letter: DeadLetter
 
 
-Outcome = Union[Acked, Duplicate, RetryAfter, DeadLettered]
+Outcome = Acked | Duplicate | RetryAfter | DeadLettered
 
 
 class QueuePort(Protocol):

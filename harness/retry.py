@@ -209,7 +209,7 @@ def _seconds_to_delay(seconds: Decimal) -> timedelta | None:
         return None
     microseconds = (seconds * 1_000_000).to_integral_value(rounding=ROUND_HALF_EVEN)
     # Compared as a Decimal first, so an absurd value never becomes a huge int.
-    return timedelta(microseconds=int(min(microseconds, _MAX_MICROSECONDS)))
+    return timedelta(microseconds=int(min(microseconds, Decimal(_MAX_MICROSECONDS))))
 
 
 def _http_date_to_delay(text: str, now: datetime) -> timedelta | None:

@@ -7,7 +7,8 @@ retries and dead letters at once, and ack the batch's successes and duplicates i
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
 claim waits ``poll_interval`` — or, with ``once``, ends the thread.
 
-Stopping (SIGTERM via :meth:`Worker.stop`) is graceful: the message in hand is finished and
+Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
+passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are
 released at once without using an attempt.
 
@@ -32,7 +33,7 @@ redelivered and the fence absorbs the work already done — but it is wasted eff
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
 ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
-(default: none; harness/metrics.py). (``core-jobs worker`` passes the Prometheus counters, and adds
+(default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
 ``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
 
@@ -118,6 +119,7 @@ class Worker:
         config: WorkerConfig,
         metrics: Metrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
+        stop: threading.Event | None = None,
     ) -> None:
         self.conninfo = conninfo
         self.consumer = consumer
@@ -126,7 +128,7 @@ class Worker:
         self.metrics = metrics
         self.application_name = application_name
         self.stats = WorkerStats()
-        self._stopping = threading.Event()
+        self._stopping = stop if stop is not None else threading.Event()  # set: finish the message in hand, stop
         self.name = f"{socket.gethostname()}:{os.getpid()}"
 
     def stop(self) -> None:
@@ -135,8 +137,14 @@ class Worker:
 
     def run(self, *, once: bool = False) -> WorkerStats:
         """Run until stopped (or, with ``once``, until no message is ready); return the counts."""
-        log.info("harness.worker.start", consumer=self.consumer.name, queue=self.consumer.queue,
-                 concurrency=self.config.concurrency, batch_size=self.config.batch_size, once=once)
+        log.info(
+            "harness.worker.start",
+            consumer=self.consumer.name,
+            queue=self.consumer.queue,
+            concurrency=self.config.concurrency,
+            batch_size=self.config.batch_size,
+            once=once,
+        )
         errors: list[BaseException] = []
 
         def loop(index: int) -> None:
@@ -184,28 +192,34 @@ class Worker:
             self._end_batch(conn, queue, done, batch[started:])
 
     def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
-        outcome = handle(conn, self.consumer, delivery, policy=self.policy,
-                         fence_ttl=self.config.fence_ttl, metrics=self.metrics)
+        outcome = handle(
+            conn, self.consumer, delivery, policy=self.policy, fence_ttl=self.config.fence_ttl, metrics=self.metrics
+        )
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
             return
-        fields = {"consumer": self.consumer.name, "job_id": str(delivery.envelope.job_id),
-                  "attempt": delivery.attempt, "correlation_id": delivery.envelope.correlation_id}
+        fields = {
+            "consumer": self.consumer.name,
+            "job_id": str(delivery.envelope.job_id),
+            "attempt": delivery.attempt,
+            "correlation_id": delivery.envelope.correlation_id,
+        }
         if not settle(queue, delivery, outcome):
             self.stats.add("leases_lost")
             log.warning("harness.job.lease_lost", **fields)
         elif isinstance(outcome, RetryAfter):
             self.stats.add("retried")
-            log.info("harness.job.retry_scheduled", **fields, delay_s=outcome.delay.total_seconds(),
-                     error=outcome.error)
+            log.info(
+                "harness.job.retry_scheduled", **fields, delay_s=outcome.delay.total_seconds(), error=outcome.error
+            )
         elif isinstance(outcome, DeadLettered):
             self.stats.add("dead_lettered")
-            log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason,
-                        error=outcome.letter.last_error)
+            log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason, error=outcome.letter.last_error)
 
-    def _end_batch(self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery],
-                   unstarted: list[Delivery]) -> None:
+    def _end_batch(
+        self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery], unstarted: list[Delivery]
+    ) -> None:
         """Ack the batch's successes and release its unstarted messages; never raises.
 
         On the worker's connection while it is usable, else on a fresh one: a lost connection
@@ -218,13 +232,22 @@ class Worker:
             if conn.info.transaction_status == TransactionStatus.IDLE:
                 acked, released = queue.ack(done), queue.release(unstarted)
             else:  # closed or broken (a database outage, a terminated backend)
-                with psycopg.connect(self.conninfo, autocommit=True, application_name=self.application_name,
-                                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S) as fresh:
+                with psycopg.connect(
+                    self.conninfo,
+                    autocommit=True,
+                    application_name=self.application_name,
+                    connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
+                ) as fresh:
                     other = PgQueue(fresh, lease=self.config.lease, worker=queue.worker)
                     acked, released = other.ack(done), other.release(unstarted)
         except Exception as exc:
-            log.warning("harness.worker.give_back_failed", consumer=self.consumer.name, num_unacked=len(done),
-                        num_unreleased=len(unstarted), error=describe_error(exc))
+            log.warning(
+                "harness.worker.give_back_failed",
+                consumer=self.consumer.name,
+                num_unacked=len(done),
+                num_unreleased=len(unstarted),
+                error=describe_error(exc),
+            )
             return
         self.stats.add("released", released)
         if acked < len(done):

@@ -145,7 +145,9 @@ def _event_name(node: ast.expr, constants: dict[str, str]) -> str | None:
     return None
 
 
-def source_events(root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGES) -> Iterator[tuple[str, set[str], str]]:
+def source_events(
+    root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGES
+) -> Iterator[tuple[str, set[str], str]]:
     """(event, keyword fields, file) of every logger call with a dotted event name."""
     for package in packages:
         for path in sorted((root / package).rglob("*.py")):
@@ -161,6 +163,20 @@ def source_events(root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGE
                     continue
                 keywords = {k.arg if k.arg is not None else SPREAD for k in node.keywords}
                 yield name, keywords, str(path.relative_to(root))
+
+
+def unreadable_log_calls(root: Path = ROOT, packages: tuple[str, ...] = SCANNED_PACKAGES) -> Iterator[str]:
+    """``file:line`` of every logger call whose event name the scan cannot read (a variable, an
+    expression): such an event is missing from the events page unless :func:`job_events` adds it."""
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            constants = _module_constants(tree)
+            for node in ast.walk(tree):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                    continue
+                if node.func.attr in LOG_METHODS and node.args and _event_name(node.args[0], constants) is None:
+                    yield f"{path.relative_to(root)}:{node.lineno}"
 
 
 def job_events() -> Iterator[tuple[str, set[str], str]]:
@@ -200,7 +216,10 @@ def render_events() -> str:
     ]
     for event in collect_events().values():
         named = ", ".join(f"`{f}`" for f in sorted(event.fields - {SPREAD}))
-        fields = ", ".join(filter(None, [named, "… (a mapping built in the source)" if SPREAD in event.fields else ""])) or "—"
+        fields = (
+            ", ".join(filter(None, [named, "… (a mapping built in the source)" if SPREAD in event.fields else ""]))
+            or "—"
+        )
         places = "<br>".join(sorted(event.places))
         lines.append(f"| `{event.name}` | {fields} | {places} |")
     return "\n".join(lines) + "\n"

@@ -25,8 +25,11 @@ def handle(conn: psycopg.Connection, ids: list[int]) -> None:
 
 def make_feed(db: Database, fake: FakeBetterStack | None, config: AlertFeedConfig = CONFIG, **client: Any) -> AlertFeed:
     """A feed on the test database; dry (no client) when ``fake`` is None."""
-    return AlertFeed(config, connect=lambda: db.connect(autocommit=True),
-                     client=make_client(fake, **client) if fake is not None else None)
+    return AlertFeed(
+        config,
+        connect=lambda: db.connect(autocommit=True),
+        client=make_client(fake, **client) if fake is not None else None,
+    )
 
 
 def alert_rows(conn: psycopg.Connection) -> list[tuple]:

@@ -44,9 +44,11 @@ class SigningKeys:
 
 @pytest.fixture(scope="session")
 def signing_keys() -> SigningKeys:
-    return SigningKeys(rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048),
-                       ec=ec.generate_private_key(ec.SECP256R1()),
-                       other_rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048))
+    return SigningKeys(
+        rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048),
+        ec=ec.generate_private_key(ec.SECP256R1()),
+        other_rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048),
+    )
 
 
 def public_jwk(private_key: Any, kid: str) -> dict[str, Any]:
@@ -92,10 +94,20 @@ def jwks(httpserver: HTTPServer, signing_keys: SigningKeys) -> Jwks:
 class Minter:
     keys: SigningKeys
 
-    def token(self, *, permissions: tuple[str, ...] | list[str] = ALL_PERMISSIONS, sub: str | None = OPERATOR,
-              style: str = "scope", alg: str = "RS256", kid: str | None = None, key: Any = None,
-              issuer: str | None = ISSUER, audience: str | None = AUDIENCE, expires_in: float | None = 300,
-              **claims: Any) -> str:
+    def token(
+        self,
+        *,
+        permissions: tuple[str, ...] | list[str] = ALL_PERMISSIONS,
+        sub: str | None = OPERATOR,
+        style: str = "scope",
+        alg: str = "RS256",
+        kid: str | None = None,
+        key: Any = None,
+        issuer: str | None = ISSUER,
+        audience: str | None = AUDIENCE,
+        expires_in: float | None = 300,
+        **claims: Any,
+    ) -> str:
         """A signed token; ``style`` puts the permissions in ``scope`` (space-separated) or ``permissions``."""
         now = int(time.time())
         body: dict[str, Any] = {"iat": now}
@@ -112,8 +124,9 @@ class Minter:
         if alg == "none":
             return jwt.encode(body, None, algorithm="none", headers={"kid": kid or "rsa-1"})
         if alg.startswith("HS"):
-            return jwt.encode(body, key or "a-shared-secret-of-32-bytes-len!", algorithm=alg,
-                              headers={"kid": kid or "rsa-1"})
+            return jwt.encode(
+                body, key or "a-shared-secret-of-32-bytes-len!", algorithm=alg, headers={"kid": kid or "rsa-1"}
+            )
         signer = key or (self.keys.ec if alg.startswith("ES") else self.keys.rsa)
         default_kid = "ec-1" if alg.startswith("ES") else "rsa-1"
         return jwt.encode(body, signer, algorithm=alg, headers={"kid": kid or default_kid})
@@ -140,8 +153,13 @@ class ApiClient(httpx.Client):
 def api_settings(database_url: str, jwks_url: str, **overrides: Any):
     from maintenance.settings import Settings
 
-    values = {"database_url": database_url, "api_jwks_url": jwks_url, "api_jwt_issuer": ISSUER,
-              "api_jwt_audience": AUDIENCE, "api_jwks_refetch_interval": 0} | overrides
+    values = {
+        "database_url": database_url,
+        "api_jwks_url": jwks_url,
+        "api_jwt_issuer": ISSUER,
+        "api_jwt_audience": AUDIENCE,
+        "api_jwks_refetch_interval": 0,
+    } | overrides
     return Settings(**values)
 
 
@@ -161,4 +179,3 @@ def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
     app = build_app(settings)
     with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
         yield client
-

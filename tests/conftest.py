@@ -5,6 +5,11 @@ Testcontainers when a Docker engine answers; else an embedded pgserver. Once per
 schema is migrated into a template database; each test gets its own copy
 (``CREATE DATABASE … TEMPLATE``, a few milliseconds), dropped afterwards. Names carry the
 process id, so parallel sessions on one server never collide.
+
+Markers: ``database`` is put on every test whose fixtures reach ``pg_server_url`` (so it cannot
+lie); ``pure`` is declared by a module of pure logic (``pytestmark = pytest.mark.pure``) and
+collection fails if such a test asks for a database or a server. Pure and database tests live
+in the same files where a module mixes them: the marker, not the folder, separates them.
 """
 
 from __future__ import annotations
@@ -28,9 +33,9 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
-# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), and the
-# operations API's keys, JWKS server, tokens and running API (api_support).
-pytest_plugins = ["fake_betterstack", "logcapture", "api_support"]
+# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
+# (chart), and the operations API's keys, JWKS server, tokens and running API (api_support).
+pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support"]
 
 
 def _docker_answers() -> bool:
@@ -158,3 +163,20 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
         if key.startswith(ENV_PREFIX) and key != TEST_URL_VARIABLE:
             monkeypatch.delenv(key)
     return monkeypatch
+
+
+# Fixtures a pure test may not use: PostgreSQL and the local HTTP peers.
+NOT_PURE_FIXTURES = ("pg_server_url", "bs_server", "fake_bs", "httpserver")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``database`` whatever reaches PostgreSQL; refuse a ``pure`` test that uses a database or server fixture."""
+    impure = []
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if "pg_server_url" in used:
+            item.add_marker(pytest.mark.database)
+        if item.get_closest_marker("pure") and used.intersection(NOT_PURE_FIXTURES):
+            impure.append(f"{item.nodeid} uses {sorted(used.intersection(NOT_PURE_FIXTURES))}")
+    if impure:
+        raise pytest.UsageError("tests marked pure that are not:\n  " + "\n  ".join(impure))

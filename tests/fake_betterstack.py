@@ -88,8 +88,15 @@ class FakeBetterStack:
     def _handle(self, request: Request) -> Response:
         body = request.get_json(silent=True) if request.data else None
         with self._lock:
-            self.requests.append(Recorded(request.method, request.path, request.args.to_dict(flat=False), body,
-                                          request.headers.get("Authorization")))
+            self.requests.append(
+                Recorded(
+                    request.method,
+                    request.path,
+                    request.args.to_dict(flat=False),
+                    body,
+                    request.headers.get("Authorization"),
+                )
+            )
         presented = request.headers.get("Authorization")
         if presented != f"Bearer {self.token}":
             # Echoes what it was given, on purpose: the client must scrub it from its errors.
@@ -129,8 +136,13 @@ class FakeBetterStack:
                 key: [{"type": "String", "value": str(v)} for v in values]
                 for key, values in (body.get("metadata") or {}).items()
             }
-            self.incidents[incident_id] = {"id": incident_id, "status": "Started", "body": body, "metadata": metadata,
-                                           "resolved_by": None}
+            self.incidents[incident_id] = {
+                "id": incident_id,
+                "status": "Started",
+                "body": body,
+                "metadata": metadata,
+                "resolved_by": None,
+            }
         return _json({"data": self._resource(incident_id)}, 201)
 
     def _list(self, request: Request) -> Response:
@@ -144,12 +156,17 @@ class FakeBetterStack:
         page = int(request.args.get("page", 1))
         with self._lock:
             matching = [
-                i for i in self.incidents.values()
-                if (self.ignore_metadata_filter
-                    or all(any(v["value"] == value for v in i["metadata"].get(key, [])) for key, value in wanted.items()))
+                i
+                for i in self.incidents.values()
+                if (
+                    self.ignore_metadata_filter
+                    or all(
+                        any(v["value"] == value for v in i["metadata"].get(key, [])) for key, value in wanted.items()
+                    )
+                )
                 and (resolved is None or (i["status"] == "Resolved") == (resolved == "true"))
             ]
-            chunk = matching[(page - 1) * per_page: page * per_page]
+            chunk = matching[(page - 1) * per_page : page * per_page]
             data = [self._resource(i["id"]) for i in chunk]
         next_url = None
         if page * per_page < len(matching):
@@ -170,10 +187,16 @@ class FakeBetterStack:
 
     def _resource(self, incident_id: str) -> dict[str, Any]:
         incident = self.incidents[incident_id]
-        return {"id": incident_id, "type": "incident", "attributes": {
-            "name": incident["body"].get("name"), "status": incident["status"], "metadata": incident["metadata"],
-            "resolved_by": incident["resolved_by"],
-        }}
+        return {
+            "id": incident_id,
+            "type": "incident",
+            "attributes": {
+                "name": incident["body"].get("name"),
+                "status": incident["status"],
+                "metadata": incident["metadata"],
+                "resolved_by": incident["resolved_by"],
+            },
+        }
 
     # --- the heartbeat --------------------------------------------------------------------------
     def _heartbeat(self, request: Request) -> Response:
@@ -230,5 +253,6 @@ def make_client(fake: FakeBetterStack, clock: FakeClock | None = None, **options
     """A client of ``fake`` that never sleeps in real time; jitter drawn at its middle (factor 1)."""
     clock = clock or FakeClock()
     options.setdefault("timeout", 2.0)
-    return BetterStackClient(fake.url, fake.token, sleep=clock.sleep, monotonic=clock.monotonic, random=lambda: 0.5,
-                             **options)
+    return BetterStackClient(
+        fake.url, fake.token, sleep=clock.sleep, monotonic=clock.monotonic, random=lambda: 0.5, **options
+    )

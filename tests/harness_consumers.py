@@ -36,9 +36,14 @@ blocking = Consumer(name=points.name, queue=points.queue, payload_schema=CreditP
 
 # The points consumer with a retry policy fixed in code whose worst-case window (~10 days) outlasts
 # the default 7-day fence TTL: a late retry after the fence expired could credit twice (J-B7).
-patient = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=points.handler,
-                   retry_policy=RetryPolicy(max_attempts=200),
-                   retry_justification="test: a policy fixed in code that outlasts the fence")
+patient = Consumer(
+    name=points.name,
+    queue=points.queue,
+    payload_schema=CreditPoints,
+    handler=points.handler,
+    retry_policy=RetryPolicy(max_attempts=200),
+    retry_justification="test: a policy fixed in code that outlasts the fence",
+)
 
 
 class PickyCredit(CreditPoints):

@@ -19,8 +19,9 @@ from harness.worker import Worker, WorkerConfig, WorkerStats
 TTL = timedelta(days=7)
 
 
-def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *,
-                    stamp: str = "status_changed_at") -> None:
+def backdate_replay(
+    conn: psycopg.Connection, job_id: uuid.UUID, when: datetime, *, stamp: str = "status_changed_at"
+) -> None:
     """Move the database's stamp of a replay (``status_changed_at``), or of its delivery's handling
     (``replay_handled_at``), back in time — its triggers, which guard it, set aside."""
     assert stamp in ("status_changed_at", "replay_handled_at")
@@ -33,20 +34,23 @@ def backdate_replay(conn: psycopg.Connection, job_id: uuid.UUID, when: datetime,
 
 def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, bool]:
     """(replay_outcome, whether replay_handled_at is stamped) of a dead letter: (None, False) while outstanding."""
-    return conn.execute("SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s",
-                        (letter_id,)).fetchone()
+    return conn.execute(
+        "SELECT replay_outcome, replay_handled_at IS NOT NULL FROM core.dead_letters WHERE id = %s", (letter_id,)
+    ).fetchone()
 
 
 def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
     """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics."""
     metrics = HarnessMetrics(CollectorRegistry())
-    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL),
-                  metrics=metrics).run(once=True)
+    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL), metrics=metrics).run(
+        once=True
+    )
 
 
 def points(conn: psycopg.Connection, member: str) -> int:
-    row = conn.execute("SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s",
-                       (TENANT, member)).fetchone()
+    row = conn.execute(
+        "SELECT points FROM example.loyalty_points WHERE tenant_id = %s AND member_id = %s", (TENANT, member)
+    ).fetchone()
     return row[0] if row else 0
 
 
@@ -60,8 +64,10 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
 
 def expire_leases(conn: psycopg.Connection) -> None:
     """Move every lease into the past: what waiting out the lease duration would do."""
-    conn.execute("UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
-                 " WHERE lease_expires_at IS NOT NULL")
+    conn.execute(
+        "UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
+        " WHERE lease_expires_at IS NOT NULL"
+    )
 
 
 def make_due(conn: psycopg.Connection) -> None:
@@ -71,20 +77,31 @@ def make_due(conn: psycopg.Connection) -> None:
 
 def row_counts(conn: psycopg.Connection) -> dict[str, int]:
     """Rows of every table in schemas core and example (the version table aside)."""
-    tables = [r[0] for r in conn.execute(
-        "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
-        " AND tablename <> 'alembic_version' ORDER BY 1")]
+    tables = [
+        r[0]
+        for r in conn.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_tables WHERE schemaname IN ('core', 'example')"
+            " AND tablename <> 'alembic_version' ORDER BY 1"
+        )
+    ]
     return {t: scalar(conn, f"SELECT count(*) FROM {t}") for t in tables}
 
 
 def wait_until_waiting_on_lock(conn: psycopg.Connection, pid: int, timeout: float = 20.0) -> None:
     """Block until backend ``pid`` waits on a lock (an event on the server, not a timed sleep)."""
-    wait_until(lambda: scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)),
-               timeout, f"backend {pid} waiting on a lock")
+    wait_until(
+        lambda: scalar(conn, "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (pid,)),
+        timeout,
+        f"backend {pid} waiting on a lock",
+    )
 
 
 def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float = 20.0) -> int:
     """Block until some backend waits for advisory lock ``key``; return its pid."""
-    return wait_until(lambda: conn.execute("SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
-                                           " AND objid = %s", (key,)).fetchone(),
-                      timeout, f"a waiter for advisory lock {key}")[0]
+    return wait_until(
+        lambda: conn.execute(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s", (key,)
+        ).fetchone(),
+        timeout,
+        f"a waiter for advisory lock {key}",
+    )[0]

@@ -76,7 +76,7 @@ def test_gives_up_after_the_bounded_retries(fake_bs):
 def test_other_4xx_fails_fast_with_the_body(fake_bs):
     """A 422 is not retried: the error names the status and carries Better Stack's message."""
     clock = FakeClock()
-    with pytest.raises(BetterStackError, match="HTTP 422: .*Summary can't be blank") as raised:
+    with pytest.raises(BetterStackError, match=r"HTTP 422: .*Summary can't be blank") as raised:
         make_client(fake_bs, clock).create_incident({"description": "no name"}, key_name=KEY, key_value="k")
     assert raised.value.status == 422
     assert len(fake_bs.requests) == 1 and clock.sleeps == []

@@ -19,8 +19,13 @@ def test_a_crash_after_the_post_is_recovered_by_metadata_without_a_duplicate(db,
     """A worker dies right after the first 201; the next run finds that incident by its key and posts only the other."""
     add_dead_letters(conn, "points.credit", 3)
     add_dead_letters(conn, "notifications.email", 2)
-    crashed = subprocess.run([sys.executable, str(WORKER), database_url, fake_bs.url, TOKEN],
-                             capture_output=True, text=True, timeout=60, check=False)
+    crashed = subprocess.run(
+        [sys.executable, str(WORKER), database_url, fake_bs.url, TOKEN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert crashed.returncode == 77, crashed.stderr
     [posted_before_crash] = list(fake_bs.incidents)
     assert [row[2] for row in alert_rows(conn)] == ["pending", "pending"]  # intents, nothing confirmed

@@ -36,7 +36,8 @@ def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
     assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
     assert credit["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:new:")
     assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
-        ("new", "points.credit", "open"), ("new", "notifications.email", "open")
+        ("new", "points.credit", "open"),
+        ("new", "notifications.email", "open"),
     ]
     assert all(row[3] in fake_bs.incidents for row in alert_rows(conn))
     assert coverage(conn) == {"new": 15}
@@ -60,8 +61,10 @@ def test_a_new_dead_letter_after_that_gets_exactly_one_more_incident(db, conn, f
     [late] = add_dead_letters(conn, "points.credit", 1, age="1 minute")
     result = feed.run_once(server_now(conn))
     assert result.incidents_posted == 1 and result.dead_letters_alerted == 1
-    assert [p.body["name"] for p in fake_bs.posts()] == ["4 new dead letters in points.credit",
-                                                         "1 new dead letter in points.credit"]
+    assert [p.body["name"] for p in fake_bs.posts()] == [
+        "4 new dead letters in points.credit",
+        "1 new dead letter in points.credit",
+    ]
     assert str(late) in fake_bs.posts()[1].body["description"]
 
 
@@ -157,10 +160,13 @@ def test_an_incident_deleted_in_better_stack_is_recorded_gone_and_the_run_moves_
     assert (again.ok, again.incidents_gone, again.resolve_failures) == (True, 0, 0)
 
 
-@pytest.mark.parametrize("faults", [
-    pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
-    pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
-])
+@pytest.mark.parametrize(
+    "faults",
+    [
+        pytest.param({"resolve": Fault(status=404), "list": Fault(status=404)}, id="the-list-answers-404-too"),
+        pytest.param({"resolve": Fault(status=404)}, id="the-incident-is-still-listed"),
+    ],
+)
 def test_a_404_not_confirmed_by_the_incident_list_is_a_failure_not_gone(db, conn, fake_bs, faults):
     """A 404 on resolve counts as gone only when the incident list answers without it (not with a wrong API
     URL, where everything is 404, nor while the incident is still listed): else the alert stays open."""
@@ -196,8 +202,10 @@ def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs, 
     add_dead_letters(conn, "points.expire", 2, age="4 days")
     dry = make_feed(db, None).run_once(server_now(conn))
     assert (dry.dry_run, dry.dry_run_incidents, dry.dead_letters_unalerted, dry.ok) == (1, 2, 7, True)
-    assert [p.name for p in dry.planned] == ["5 new dead letters in points.credit",
-                                             "2 dead letters in points.expire unreviewed for over 3 days"]
+    assert [p.name for p in dry.planned] == [
+        "5 new dead letters in points.credit",
+        "2 dead letters in points.expire unreviewed for over 3 days",
+    ]
     assert '"event": "alerts.feed.dry_run_incident"' in logs.text
     assert '"name": "5 new dead letters in points.credit"' in logs.text
     assert alert_rows(conn) == [] and coverage(conn) == {}
@@ -254,7 +262,12 @@ def test_an_incident_found_by_the_lookup_after_a_retried_post_counts_as_recovere
     add_dead_letters(conn, "points.credit", 2)
     fake_bs.fail_next("create", Fault(status=500, after_create=True))
     result = make_feed(db, fake_bs).run_once(server_now(conn))
-    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (0, 1, 2, True)
+    assert (result.incidents_posted, result.incidents_recovered, result.dead_letters_alerted, result.ok) == (
+        0,
+        1,
+        2,
+        True,
+    )
     assert len(fake_bs.incidents) == 1 and alert_rows(conn)[0][2] == "open"
     events = logs.names()
     assert "alerts.feed.incident_recovered" in events and "alerts.feed.incident_posted" not in events
@@ -304,7 +317,9 @@ def test_a_pending_new_intent_whose_dead_letter_turned_stale_is_paged_once_by_th
     assert feed.run_once(now).post_failures == 1
     later = feed.run_once(now + timedelta(hours=2))
     assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 0, 1)
-    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == [
+        "1 dead letter in points.expire unreviewed for over 3 days"
+    ]
     assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
     assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
     assert coverage(conn) == {"new": 1, "stale": 1}
@@ -322,7 +337,10 @@ def test_a_partly_stale_pending_intent_pages_each_dead_letter_once(db, conn, fak
     later = feed.run_once(now + timedelta(hours=2))
     assert (later.ok, later.escalations_posted, later.incidents_posted, later.intents_cancelled) == (True, 1, 1, 1)
     posted = {p.body["name"]: p.body["description"] for p in fake_bs.posts()[4:]}
-    assert set(posted) == {"1 dead letter in points.expire unreviewed for over 3 days", "1 new dead letter in points.expire"}
+    assert set(posted) == {
+        "1 dead letter in points.expire unreviewed for over 3 days",
+        "1 new dead letter in points.expire",
+    }
     assert f"Dead letter ids {old}–{old} (1)" in posted["1 dead letter in points.expire unreviewed for over 3 days"]
     assert f"Dead letter ids {fresh}–{fresh} (1)" in posted["1 new dead letter in points.expire"]
     assert (later.dead_letters_unalerted, later.dead_letters_unescalated) == (0, 0)
@@ -341,12 +359,20 @@ def test_a_superseded_intent_settled_a_run_late_leaves_its_dead_letter_to_the_po
     escalated = feed.run_once(now + timedelta(hours=2))
     assert (escalated.escalations_posted, escalated.intents_cancelled, escalated.post_failures) == (1, 0, 1)
     settled = feed.run_once(now + timedelta(hours=3))
-    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (True, 1, 0, 0)
-    assert [p.body["name"] for p in fake_bs.posts()[4:]] == ["1 dead letter in points.expire unreviewed for over 3 days"]
+    assert (settled.ok, settled.intents_cancelled, settled.incidents_posted, settled.dead_letters_unalerted) == (
+        True,
+        1,
+        0,
+        0,
+    )
+    assert [p.body["name"] for p in fake_bs.posts()[4:]] == [
+        "1 dead letter in points.expire unreviewed for over 3 days"
+    ]
     assert alert_states(conn) == [("new", "cancelled", "superseded"), ("stale", "open", None)]
-    assert conn.execute("SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
-                        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind").fetchall() == [
-        ("new", "stale"), ("stale", "stale")]
+    assert conn.execute(
+        "SELECT c.kind, a.kind FROM core.dead_letter_alert_coverage AS c"
+        " JOIN core.dead_letter_alerts AS a ON a.id = c.alert_id ORDER BY c.kind"
+    ).fetchall() == [("new", "stale"), ("stale", "stale")]
 
 
 def test_a_refused_incident_does_not_block_the_others(db, conn, fake_bs):

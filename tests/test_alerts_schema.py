@@ -22,12 +22,17 @@ def alert_id(conn) -> int:
 
 
 def open_alert(conn, alert_id: int, incident_id: str = "9") -> None:
-    conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %s WHERE id = %s", (incident_id, alert_id))
+    conn.execute(
+        "UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %s WHERE id = %s", (incident_id, alert_id)
+    )
 
 
 def cancel(conn, alert_id: int, reason: str = "handled") -> None:
-    conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(), cancel_reason = %s"
-                 " WHERE id = %s", (reason, alert_id))
+    conn.execute(
+        "UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(), cancel_reason = %s"
+        " WHERE id = %s",
+        (reason, alert_id),
+    )
 
 
 def test_an_alert_is_open_only_with_a_confirmed_incident_id(conn, alert_id):
@@ -39,8 +44,11 @@ def test_an_alert_is_open_only_with_a_confirmed_incident_id(conn, alert_id):
 def test_an_intent_cannot_jump_to_resolved(conn, alert_id):
     """pending -> resolved is refused: the only transitions are pending -> open -> resolved."""
     with pytest.raises(psycopg.errors.CheckViolation, match="only transitions"):
-        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), incident_id = '9'"
-                     " WHERE id = %s", (alert_id,))
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), incident_id = '9'"
+            " WHERE id = %s",
+            (alert_id,),
+        )
 
 
 def test_a_confirmed_incident_id_never_changes(conn, alert_id):
@@ -60,19 +68,28 @@ def test_a_resolved_alert_says_how_it_ended(conn, alert_id):
     """Resolved needs a resolution, 'resolved' or 'gone'; one that is neither is refused."""
     open_alert(conn, alert_id)
     with pytest.raises(psycopg.errors.CheckViolation, match="resolved_has_resolution"):
-        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now() WHERE id = %s", (alert_id,))
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now() WHERE id = %s", (alert_id,)
+        )
     with pytest.raises(psycopg.errors.CheckViolation, match="resolution_valid"):
-        conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'lost'"
-                     " WHERE id = %s", (alert_id,))
-    conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone'"
-                 " WHERE id = %s", (alert_id,))
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'lost'"
+            " WHERE id = %s",
+            (alert_id,),
+        )
+    conn.execute(
+        "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone' WHERE id = %s",
+        (alert_id,),
+    )
 
 
 def test_a_resolved_alert_is_final(conn, alert_id):
     """Once resolved, not even its resolution can be rewritten."""
     open_alert(conn, alert_id)
-    conn.execute("UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone'"
-                 " WHERE id = %s", (alert_id,))
+    conn.execute(
+        "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'gone' WHERE id = %s",
+        (alert_id,),
+    )
     with pytest.raises(psycopg.errors.CheckViolation, match="final"):
         conn.execute("UPDATE core.dead_letter_alerts SET resolution = 'resolved' WHERE id = %s", (alert_id,))
 
@@ -100,22 +117,31 @@ def test_an_intent_is_cancelled_with_a_time_and_a_known_reason(conn, alert_id):
     with pytest.raises(psycopg.errors.CheckViolation, match="cancel_reason_valid"):
         conn.execute(cancelled.format("cancelled_at = now(), cancel_reason = 'bored'"), (alert_id,))
     cancel(conn, alert_id, "superseded")
-    assert conn.execute("SELECT state, cancel_reason FROM core.dead_letter_alerts").fetchone() == ("cancelled", "superseded")
+    assert conn.execute("SELECT state, cancel_reason FROM core.dead_letter_alerts").fetchone() == (
+        "cancelled",
+        "superseded",
+    )
 
 
 def test_an_open_incident_cannot_be_cancelled(conn, alert_id):
     """open -> cancelled is refused: what Better Stack has is resolved, never cancelled."""
     open_alert(conn, alert_id)
     with pytest.raises(psycopg.errors.CheckViolation, match="only transitions"):
-        conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
-                     " cancel_reason = 'handled' WHERE id = %s", (alert_id,))
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
+            " cancel_reason = 'handled' WHERE id = %s",
+            (alert_id,),
+        )
 
 
 def test_a_cancelled_intent_has_no_incident_and_is_final(conn, alert_id):
     """A cancelled intent carries no incident id and can never be posted afterwards (cancelled -> open)."""
     with pytest.raises(psycopg.errors.CheckViolation, match="confirmed_has_incident"):
-        conn.execute("UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
-                     " cancel_reason = 'handled', incident_id = '9' WHERE id = %s", (alert_id,))
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'cancelled', cancelled_at = now(),"
+            " cancel_reason = 'handled', incident_id = '9' WHERE id = %s",
+            (alert_id,),
+        )
     cancel(conn, alert_id)
     with pytest.raises(psycopg.errors.CheckViolation, match="final"):
         conn.execute("UPDATE core.dead_letter_alerts SET state = 'open', incident_id = '9' WHERE id = %s", (alert_id,))
@@ -135,8 +161,10 @@ def test_a_dead_letter_is_covered_once_per_kind(conn, alert_id):
 def test_coverage_can_be_neither_rewritten_nor_deleted(conn, alert_id):
     """Coverage is append-only: an UPDATE or DELETE (which would page for the same dead letter again) is refused."""
     [dead_letter] = add_dead_letters(conn, "points.credit", 1)
-    conn.execute("INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, 'new', %s)",
-                 (dead_letter, alert_id))
+    conn.execute(
+        "INSERT INTO core.dead_letter_alert_coverage (dead_letter_id, kind, alert_id) VALUES (%s, 'new', %s)",
+        (dead_letter, alert_id),
+    )
     with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
         conn.execute("UPDATE core.dead_letter_alert_coverage SET kind = 'stale'")
     with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
@@ -184,11 +212,14 @@ def test_the_installation_is_one_row_with_a_random_uuid(conn):
         conn.execute("INSERT INTO core.installation (singleton) VALUES (false)")
 
 
-@pytest.mark.parametrize("statement", [
-    "UPDATE core.installation SET id = gen_random_uuid()",
-    "DELETE FROM core.installation",
-    "TRUNCATE core.installation",
-])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE core.installation SET id = gen_random_uuid()",
+        "DELETE FROM core.installation",
+        "TRUNCATE core.installation",
+    ],
+)
 def test_the_installation_can_never_change(conn, statement):
     """UPDATE, DELETE and TRUNCATE of the identity are refused, and it keeps its id."""
     before = conn.execute("SELECT id FROM core.installation").fetchone()
@@ -211,7 +242,9 @@ def test_downgrade_of_the_identity_migration_restores_the_old_lifecycle(database
         assert conn.execute("SELECT to_regclass('core.installation')").fetchone()[0] is None
         assert conn.execute("SELECT count(*) FROM pg_proc WHERE proname = 'installation_immutable'").fetchone()[0] == 0
         assert conn.execute("SELECT alert_key, state FROM core.dead_letter_alerts").fetchall() == [("k-2", "pending")]
-        assert conn.execute("SELECT alert_id, kind FROM core.dead_letter_alert_coverage").fetchall() == [(kept, "stale")]
+        assert conn.execute("SELECT alert_id, kind FROM core.dead_letter_alert_coverage").fetchall() == [
+            (kept, "stale")
+        ]
         with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
             conn.execute("DELETE FROM core.dead_letter_alert_coverage")
         migrate.upgrade(database_url)

@@ -42,6 +42,19 @@ def test_heartbeat_url_httpx_cannot_use_exits_2_before_any_job_runs(clean_env, d
     assert captured.err.count("\n") == 1 and "hb-554433" not in captured.err
 
 
+@pytest.mark.parametrize(
+    "token", ["tok-live-123456\n", "tok-live-123456\u00fc", "tok live-123456"], ids=["newline", "non-ascii", "space"]
+)
+def test_api_token_an_http_header_cannot_carry_exits_2_at_load_without_showing_it(clean_env, capsys, token):
+    """A token with a line break (a secret file's last newline), a non-ASCII character or a space exits 2 at load
+    naming the variable, instead of failing every alerts run at its first request; the token is not shown."""
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", token)
+    assert main(["check-config"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "CORE_JOBS_BETTERSTACK_API_TOKEN" in err and "visible ASCII" in err
+    assert "tok-live" not in err and "123456" not in err
+
+
 def test_check_config_redacts_the_token_and_the_heartbeat_url(clean_env, capsys):
     """check-config shows *** for the API token and the heartbeat URL (its path is a token)."""
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "tok-live-123456")

@@ -14,9 +14,14 @@ from maintenance.api.server import build_app
 from maintenance.settings import ConfigError, Settings
 
 BASE = "/v1/core/dead-letters"
-ENDPOINTS = [("GET", BASE, None, READ), ("GET", f"{BASE}/1", None, READ),
-             ("POST", f"{BASE}/1/replay", {}, REPLAY), ("POST", f"{BASE}/1/discard", {"reason": "r"}, DISCARD),
-             ("POST", f"{BASE}/replay", {"ids": [1]}, REPLAY), ("POST", f"{BASE}/discard", {"ids": [1], "reason": "r"}, DISCARD)]
+ENDPOINTS = [
+    ("GET", BASE, None, READ),
+    ("GET", f"{BASE}/1", None, READ),
+    ("POST", f"{BASE}/1/replay", {}, REPLAY),
+    ("POST", f"{BASE}/1/discard", {"reason": "r"}, DISCARD),
+    ("POST", f"{BASE}/replay", {"ids": [1]}, REPLAY),
+    ("POST", f"{BASE}/discard", {"ids": [1], "reason": "r"}, DISCARD),
+]
 
 
 def call(api, method, path, body, headers=None):
@@ -38,19 +43,33 @@ def test_every_endpoint_without_a_token_is_401_with_a_challenge(api, conn, metho
     assert_unauthenticated(call(api, method, path, body, headers={"Authorization": ""}))
 
 
-@pytest.mark.parametrize(("claims", "description"), [
-    ({"expires_in": -120}, "expired"),
-    ({"issuer": "https://evil.example/"}, "another issuer"),
-    ({"audience": "some-other-api"}, "another audience"),
-    ({"alg": "none"}, "algorithm is not accepted"),
-    ({"alg": "HS256"}, "algorithm is not accepted"),
-    ({"expires_in": None}, "lacks the exp claim"),
-    ({"sub": None}, "lacks the sub claim"),
-    ({"issuer": None}, "lacks the iss claim"),
-    ({"audience": None}, "lacks the aud claim"),
-    ({"nbf": 4_000_000_000}, "not valid yet"),
-], ids=["expired", "wrong-issuer", "wrong-audience", "alg-none", "hs256", "no-exp", "no-sub", "no-iss", "no-aud",
-        "not-yet-valid"])
+@pytest.mark.parametrize(
+    ("claims", "description"),
+    [
+        ({"expires_in": -120}, "expired"),
+        ({"issuer": "https://evil.example/"}, "another issuer"),
+        ({"audience": "some-other-api"}, "another audience"),
+        ({"alg": "none"}, "algorithm is not accepted"),
+        ({"alg": "HS256"}, "algorithm is not accepted"),
+        ({"expires_in": None}, "lacks the exp claim"),
+        ({"sub": None}, "lacks the sub claim"),
+        ({"issuer": None}, "lacks the iss claim"),
+        ({"audience": None}, "lacks the aud claim"),
+        ({"nbf": 4_000_000_000}, "not valid yet"),
+    ],
+    ids=[
+        "expired",
+        "wrong-issuer",
+        "wrong-audience",
+        "alg-none",
+        "hs256",
+        "no-exp",
+        "no-sub",
+        "no-iss",
+        "no-aud",
+        "not-yet-valid",
+    ],
+)
 def test_a_token_that_fails_verification_is_401(api, conn, tokens, claims, description):
     """Expired, foreign, unsigned, HS256-signed or incomplete tokens are refused with invalid_token and why."""
     letter = add_dead_letters(conn, QUEUE, 1)[0]
@@ -155,8 +174,9 @@ def test_a_public_key_file_verifies_tokens_without_a_jwks(database_url, tokens, 
     """CORE_JOBS_API_JWT_PUBLIC_KEY_FILE: tokens signed by its key pass, others fail."""
     pem = tmp_path / "issuer.pem"
     pem.write_bytes(signing_keys.rsa.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
-    settings = Settings(database_url=database_url, api_jwt_public_key_file=str(pem), api_jwt_issuer=ISSUER,
-                        api_jwt_audience=AUDIENCE)
+    settings = Settings(
+        database_url=database_url, api_jwt_public_key_file=str(pem), api_jwt_issuer=ISSUER, api_jwt_audience=AUDIENCE
+    )
     app = build_app(settings)
     with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
         assert client.get(BASE).status_code == 200
@@ -164,13 +184,21 @@ def test_a_public_key_file_verifies_tokens_without_a_jwks(database_url, tokens, 
         assert client.get(BASE, headers={"Authorization": f"Bearer {forged}"}).status_code == 401
 
 
-@pytest.mark.parametrize(("values", "message"), [
-    ({}, "exactly one of CORE_JOBS_API_JWKS_URL"),
-    ({"api_jwks_url": "http://127.0.0.1:9/j", "api_jwt_audience": AUDIENCE}, "CORE_JOBS_API_JWT_ISSUER is required"),
-    ({"api_jwks_url": "http://127.0.0.1:9/j", "api_jwt_issuer": ISSUER}, "CORE_JOBS_API_JWT_AUDIENCE is required"),
-    ({"api_jwt_public_key_file": "/nonexistent.pem", "api_jwt_issuer": ISSUER, "api_jwt_audience": AUDIENCE},
-     "cannot read a PEM public key"),
-])
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "exactly one of CORE_JOBS_API_JWKS_URL"),
+        (
+            {"api_jwks_url": "http://127.0.0.1:9/j", "api_jwt_audience": AUDIENCE},
+            "CORE_JOBS_API_JWT_ISSUER is required",
+        ),
+        ({"api_jwks_url": "http://127.0.0.1:9/j", "api_jwt_issuer": ISSUER}, "CORE_JOBS_API_JWT_AUDIENCE is required"),
+        (
+            {"api_jwt_public_key_file": "/nonexistent.pem", "api_jwt_issuer": ISSUER, "api_jwt_audience": AUDIENCE},
+            "cannot read a PEM public key",
+        ),
+    ],
+)
 def test_the_api_does_not_start_without_a_key_source_issuer_and_audience(database_url, values, message):
     """Incomplete auth settings are a configuration error naming what to set."""
     with pytest.raises(ConfigError, match=message):
@@ -215,8 +243,9 @@ def test_a_token_is_verified_once_a_minute_not_per_request(tokens, signing_keys)
 
     now = [time.time()]
     keys = CountingKeys(signing_keys.rsa.public_key())
-    verifier = TokenVerifier(keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0,
-                             clock=lambda: now[0])
+    verifier = TokenVerifier(
+        keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0, clock=lambda: now[0]
+    )
     token = tokens.token(expires_in=3600)  # valid on PyJWT's own clock throughout
     for _ in range(3):
         assert verifier.verify(token).subject == "ops:ana@example.com"
@@ -233,8 +262,9 @@ def test_a_cached_token_is_not_accepted_past_its_exp(tokens, signing_keys):
     keys = CountingKeys(signing_keys.rsa.public_key())
     real_now = time.time()
     now = [real_now]
-    verifier = TokenVerifier(keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0,
-                             clock=lambda: now[0])
+    verifier = TokenVerifier(
+        keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0, clock=lambda: now[0]
+    )
     token = tokens.token(expires_in=5)
     verifier.verify(token)
     now[0] = real_now + 6  # past exp for the cache; PyJWT's own clock still says valid

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import helm_python
 import pytest
-from test_helm_chart import API_ON, chart, of_kind, render_objects, with_secret  # noqa: F401  (chart: fixture)
+from test_helm_chart import API_ON, of_kind, render_objects, with_secret
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,9 @@ def test_the_api_gets_its_own_database_login_and_no_other_secret(api_mode):
     assert {n for n, e in env.items() if "valueFrom" in e} == {"CORE_JOBS_DATABASE_URL"}
     assert env["CORE_JOBS_API_JWKS_URL"]["value"] == API_ON["jwksUrl"]
     assert (env["CORE_JOBS_API_JWT_ISSUER"]["value"], env["CORE_JOBS_API_JWT_AUDIENCE"]["value"]) == (
-        API_ON["issuer"], API_ON["audience"])
+        API_ON["issuer"],
+        API_ON["audience"],
+    )
 
 
 def test_the_api_service_targets_the_api_pods_and_is_scraped(api_mode):

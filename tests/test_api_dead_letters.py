@@ -16,7 +16,9 @@ PROBLEM = "urn:core-jobs:problem:"
 
 
 def ledger(conn):
-    return conn.execute("SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id").fetchall()
+    return conn.execute(
+        "SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id"
+    ).fetchall()
 
 
 def status_of(conn, dead_letter_id):
@@ -71,11 +73,13 @@ def test_rows_with_the_same_created_at_page_by_id(api, conn):
 @pytest.mark.parametrize("name", ["queue", "consumer", "tenant_id", "job_id", "correlation_id"])
 def test_each_filter_narrows_the_list_to_its_matches(api, conn, name):
     """Every filter returns exactly the dead letters with that value."""
-    target = add_dead_letters(conn, "notifications.email", 2, consumer="mailer",
-                              tenant_id=uuid.UUID("00000000-0000-4000-8000-0000000000bb"))
+    target = add_dead_letters(
+        conn, "notifications.email", 2, consumer="mailer", tenant_id=uuid.UUID("00000000-0000-4000-8000-0000000000bb")
+    )
     add_dead_letters(conn, QUEUE, 3)
-    row = conn.execute("SELECT queue, consumer, tenant_id, job_id, correlation_id FROM core.dead_letters WHERE id = %s",
-                       (target[0],)).fetchone()
+    row = conn.execute(
+        "SELECT queue, consumer, tenant_id, job_id, correlation_id FROM core.dead_letters WHERE id = %s", (target[0],)
+    ).fetchone()
     value = dict(zip(["queue", "consumer", "tenant_id", "job_id", "correlation_id"], row, strict=True))[name]
     expected = [target[0]] if name in ("job_id", "correlation_id") else target
     items = api.get(BASE, params={name: str(value)}).json()["items"]
@@ -98,11 +102,20 @@ def test_created_range_includes_after_and_excludes_before(api, conn):
     assert [i["id"] for i in api.get(BASE, params=params).json()["items"]] == [ids[1], ids[2]]
 
 
-@pytest.mark.parametrize("params", [
-    {"limit": 0}, {"limit": 501}, {"limit": "ten"}, {"status": "lost"}, {"tenant_id": "acme"},
-    {"created_after": "2026-12-01T00:00:00"}, {"cursor": "not-a-cursor"}, {"q": "free text"},
-    {"queue": "a\x00b"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"limit": 0},
+        {"limit": 501},
+        {"limit": "ten"},
+        {"status": "lost"},
+        {"tenant_id": "acme"},
+        {"created_after": "2026-12-01T00:00:00"},
+        {"cursor": "not-a-cursor"},
+        {"q": "free text"},
+        {"queue": "a\x00b"},
+    ],
+)
 def test_a_malformed_list_request_is_400(api, conn, params):
     """Bad or unknown query parameters, naive timestamps and foreign cursors are 400 malformed-request."""
     assert_problem(api.get(BASE, params=params), 400, "malformed-request")
@@ -112,7 +125,9 @@ def test_a_cursor_of_other_filters_is_refused(api, conn):
     """A cursor is bound to the filters of the list that returned it."""
     add_dead_letters(conn, QUEUE, 3)
     cursor = api.get(BASE, params={"limit": 1}).json()["next_cursor"]
-    body = assert_problem(api.get(BASE, params={"limit": 1, "cursor": cursor, "queue": "other"}), 400, "malformed-request")
+    body = assert_problem(
+        api.get(BASE, params={"limit": 1, "cursor": cursor, "queue": "other"}), 400, "malformed-request"
+    )
     assert "other filters" in body["detail"]
 
 
@@ -124,7 +139,8 @@ def test_detail_has_the_payload_and_the_audit_history(api, conn):
     body = api.get(f"{BASE}/{letter}").json()
     assert body["payload"] == {"member_id": "m-1", "points": 1}
     assert [(a["action"], a["operator"], a["reason"]) for a in body["actions"]] == [
-        ("discarded", "ops:ana@example.com", "credited by hand, OPS-9")]
+        ("discarded", "ops:ana@example.com", "credited by hand, OPS-9")
+    ]
     assert body["status"] == "discarded" and body["status_changed_at"] is not None
 
 
@@ -142,7 +158,8 @@ def test_replay_republishes_the_same_job_and_audits_the_token_subject(api, conn)
     response = api.post(f"{BASE}/{letter}/replay", json={"reason": "ledger is back, INC-88"})
     assert response.status_code == 200 and response.json()["status"] == "replayed"
     assert conn.execute("SELECT job_id, payload FROM core.queue_messages").fetchall() == [
-        (job_id, {"member_id": "m-1", "points": 1})]
+        (job_id, {"member_id": "m-1", "points": 1})
+    ]
     assert ledger(conn) == [(letter, "replayed", "ops:ana@example.com", "ledger is back, INC-88")]
 
 
@@ -189,7 +206,9 @@ def test_discard_without_a_usable_reason_is_422_and_changes_nothing(api, conn, b
 def test_malformed_json_is_400(api, conn):
     """A body that is not JSON is 400 malformed-request."""
     letter = add_dead_letters(conn, QUEUE, 1)[0]
-    response = api.post(f"{BASE}/{letter}/discard", content=b'{"reason": ', headers={"Content-Type": "application/json"})
+    response = api.post(
+        f"{BASE}/{letter}/discard", content=b'{"reason": ', headers={"Content-Type": "application/json"}
+    )
     assert_problem(response, 400, "malformed-request")
     assert status_of(conn, letter) == "pending_review"
 
@@ -225,7 +244,9 @@ def test_bulk_discard_with_one_handled_id_changes_nothing(api, conn):
     """All or nothing: one dead letter that is not pending → 409 listing it with its status, nothing discarded."""
     ids = add_dead_letters(conn, QUEUE, 3)
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (ids[1],))
-    body = assert_problem(api.post(f"{BASE}/discard", json={"ids": ids, "reason": "cleanup"}), 409, "not-pending-review")
+    body = assert_problem(
+        api.post(f"{BASE}/discard", json={"ids": ids, "reason": "cleanup"}), 409, "not-pending-review"
+    )
     assert body["current_status"] == "replayed" and body["id"] == ids[1]
     assert [status_of(conn, i) for i in ids] == ["pending_review", "replayed", "pending_review"]
 
@@ -242,16 +263,25 @@ def test_bulk_by_filter_acts_on_every_pending_dead_letter_of_the_queue(api, conn
     """filter {queue, status=pending_review} discards all pending of that queue, and only those."""
     mine = add_dead_letters(conn, "points.expire", 3)
     other = add_dead_letters(conn, QUEUE, 2)
-    body = api.post(f"{BASE}/discard", json={"filter": {"queue": "points.expire", "status": "pending_review"},
-                                             "reason": "job retired"}).json()
+    body = api.post(
+        f"{BASE}/discard",
+        json={"filter": {"queue": "points.expire", "status": "pending_review"}, "reason": "job retired"},
+    ).json()
     assert (body["count"], body["ids"]) == (3, sorted(mine))
     assert {status_of(conn, i) for i in other} == {"pending_review"}
 
 
-@pytest.mark.parametrize("body", [
-    {"ids": list(range(1, 1002))}, {"ids": []}, {}, {"ids": [1], "filter": {"queue": "q"}},
-    {"filter": {"queue": "q", "status": "replayed"}}, {"ids": [0]},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"ids": list(range(1, 1002))},
+        {"ids": []},
+        {},
+        {"ids": [1], "filter": {"queue": "q"}},
+        {"filter": {"queue": "q", "status": "replayed"}},
+        {"ids": [0]},
+    ],
+)
 def test_a_bulk_request_that_is_not_ids_or_a_pending_filter_is_422(api, conn, body):
     """More than 1 000 ids, none, both ids and a filter, or a filter on another status: 422."""
     assert_problem(api.post(f"{BASE}/replay", json=body), 422, "invalid-request")
@@ -282,7 +312,9 @@ def test_detail_shows_a_released_replay_in_the_history(api, conn):
     operations.release(conn, [letter], operator="ops:luis", reason="message lost in the broker, INC-7")
     body = api.get(f"{BASE}/{letter}").json()
     assert [(a["action"], a["operator"]) for a in body["actions"]] == [
-        ("replayed", "ops:ana@example.com"), ("released", "ops:luis")]
+        ("replayed", "ops:ana@example.com"),
+        ("released", "ops:luis"),
+    ]
     assert body["replay_outcome"] == "released"
 
 
@@ -303,8 +335,18 @@ def test_a_pending_page_is_an_index_range_even_when_thousands_share_a_created_at
     conn.execute("UPDATE core.dead_letters SET created_at = %s WHERE id >= %s", (when, min(tied)))
     conn.execute("SET session_replication_role = DEFAULT")
     conn.execute("VACUUM ANALYZE core.dead_letters")
-    params = {"status": "pending_review", "queue": queue, "consumer": None, "tenant_id": None, "job_id": None,
-              "correlation_id": None, "created_after": None, "created_before": None, "limit": 51,
-              "after_created_at": when, "after_id": min(tied) + 3000}
+    params = {
+        "status": "pending_review",
+        "queue": queue,
+        "consumer": None,
+        "tenant_id": None,
+        "job_id": None,
+        "correlation_id": None,
+        "created_after": None,
+        "created_before": None,
+        "limit": 51,
+        "after_created_at": when,
+        "after_id": min(tied) + 3000,
+    }
     plan = "\n".join(r[0] for r in conn.execute("EXPLAIN " + LIST_PAGE, params, prepare=False))
     assert "Sort" not in plan and "Index Scan Backward" in plan, plan

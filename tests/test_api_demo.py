@@ -18,6 +18,6 @@ def test_demo_lists_and_replays_over_http_with_a_throwaway_token(demo_output):
 def test_demo_prints_curl_lines_a_person_can_copy(demo_output):
     """Every curl line uses $API and $TOKEN, for list, detail, replay (with an Idempotency-Key) and discard."""
     curls = [line.strip()[2:] for line in demo_output.splitlines() if line.strip().startswith("$ curl")]
-    assert len(curls) == 4 and all('Bearer $TOKEN' in c and "$API/v1/core/dead-letters" in c for c in curls)
+    assert len(curls) == 4 and all("Bearer $TOKEN" in c and "$API/v1/core/dead-letters" in c for c in curls)
     assert any("Idempotency-Key" in c and c.endswith("/replay") for c in curls)
     assert any('"reason"' in c and c.endswith("/discard") for c in curls)

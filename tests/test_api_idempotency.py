@@ -39,11 +39,15 @@ def test_the_same_body_in_another_form_is_the_same_request(api, conn):
     assert first.status_code == again.status_code == 200 and again.headers["idempotent-replayed"] == "true"
 
 
-@pytest.mark.parametrize("second", [
-    {"path": "replay", "json": {"reason": "another reason"}},
-    {"path": "discard", "json": {"reason": "r"}},
-    {"path": "replay", "json": {"reason": "INC-1"}, "operator": "ops:luis"},
-], ids=["other-body", "other-route", "other-operator"])
+@pytest.mark.parametrize(
+    "second",
+    [
+        {"path": "replay", "json": {"reason": "another reason"}},
+        {"path": "discard", "json": {"reason": "r"}},
+        {"path": "replay", "json": {"reason": "INC-1"}, "operator": "ops:luis"},
+    ],
+    ids=["other-body", "other-route", "other-operator"],
+)
 def test_a_key_reused_for_another_request_or_operator_is_409(api, conn, second):
     """The same key with another body, route or operator: 409 idempotency-key-reused, and nothing runs."""
     letter, other = add_dead_letters(conn, QUEUE, 2)
@@ -112,14 +116,17 @@ def test_the_ledger_keeps_the_operator_the_request_and_the_response(api, conn):
     """One row per key, with the token's sub, the route template and the response status and body."""
     letter = add_dead_letters(conn, QUEUE, 1)[0]
     body = api.post(f"{BASE}/{letter}/replay", headers={"Idempotency-Key": "k-row"}).json()
-    row = conn.execute("SELECT operator, method, route, response_status, response_body FROM core.api_idempotency_keys"
-                       ).fetchall()
+    row = conn.execute(
+        "SELECT operator, method, route, response_status, response_body FROM core.api_idempotency_keys"
+    ).fetchall()
     assert row == [("ops:ana@example.com", "POST", "/v1/core/dead-letters/{id}/replay", 200, body)]
 
 
 def test_a_recorded_response_never_changes(conn):
     """The database refuses to rewrite a recorded response."""
-    conn.execute("INSERT INTO core.api_idempotency_keys (idempotency_key, operator, method, route, request_fingerprint,"
-                 " response_status, response_body) VALUES ('k', 'ops', 'POST', '/r', 'f', 200, '{}')")
+    conn.execute(
+        "INSERT INTO core.api_idempotency_keys (idempotency_key, operator, method, route, request_fingerprint,"
+        " response_status, response_body) VALUES ('k', 'ops', 'POST', '/r', 'f', 200, '{}')"
+    )
     with pytest.raises(psycopg.errors.CheckViolation, match="never changes"):
         conn.execute("UPDATE core.api_idempotency_keys SET response_status = 409")

@@ -22,31 +22,49 @@ def as_api_role(database_url):
         yield connection
 
 
-@pytest.mark.parametrize("statement", [
-    "DELETE FROM core.dead_letters WHERE id = {id}",
-    "TRUNCATE core.dead_letters",
-    "UPDATE core.dead_letters SET payload = '{{\"points\": 1000000}}' WHERE id = {id}",
-    "UPDATE core.dead_letters SET queue = 'elsewhere' WHERE id = {id}",
-    "SELECT count(*) FROM core.processed_jobs",
-    "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)"
-    " VALUES (gen_random_uuid(), 'c', gen_random_uuid(), now() + interval '1 day')",
-    "DELETE FROM core.processed_jobs",
-    "UPDATE core.processed_jobs SET expires_at = now()",
-    "INSERT INTO core.dead_letter_actions (dead_letter_id, action, operator) VALUES ({id}, 'replayed', 'forged')",
-    "SELECT payload FROM core.queue_messages",
-    "DELETE FROM core.queue_messages",
-    "DELETE FROM core.api_idempotency_keys",
-    "INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)"
-    " VALUES (gen_random_uuid(), 'q', '{{}}', 1, 'e')",
-], ids=["delete-dead-letter", "truncate-dead-letters", "change-payload", "change-queue", "read-fences",
-        "write-fence", "delete-fences", "update-fences", "forge-audit-row", "read-queue-payloads",
-        "delete-queue-messages", "delete-idempotency-keys", "insert-dead-letter"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM core.dead_letters WHERE id = {id}",
+        "TRUNCATE core.dead_letters",
+        "UPDATE core.dead_letters SET payload = '{{\"points\": 1000000}}' WHERE id = {id}",
+        "UPDATE core.dead_letters SET queue = 'elsewhere' WHERE id = {id}",
+        "SELECT count(*) FROM core.processed_jobs",
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)"
+        " VALUES (gen_random_uuid(), 'c', gen_random_uuid(), now() + interval '1 day')",
+        "DELETE FROM core.processed_jobs",
+        "UPDATE core.processed_jobs SET expires_at = now()",
+        "INSERT INTO core.dead_letter_actions (dead_letter_id, action, operator) VALUES ({id}, 'replayed', 'forged')",
+        "SELECT payload FROM core.queue_messages",
+        "DELETE FROM core.queue_messages",
+        "DELETE FROM core.api_idempotency_keys",
+        "INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)"
+        " VALUES (gen_random_uuid(), 'q', '{{}}', 1, 'e')",
+    ],
+    ids=[
+        "delete-dead-letter",
+        "truncate-dead-letters",
+        "change-payload",
+        "change-queue",
+        "read-fences",
+        "write-fence",
+        "delete-fences",
+        "update-fences",
+        "forge-audit-row",
+        "read-queue-payloads",
+        "delete-queue-messages",
+        "delete-idempotency-keys",
+        "insert-dead-letter",
+    ],
+)
 def test_the_api_role_is_refused_everything_its_endpoints_do_not_need(as_api_role, conn, statement):
     """Deleting a dead letter, changing a payload, touching processed_jobs, forging the audit: permission denied."""
     letter = add_dead_letters(conn, QUEUE, 1, payload={"points": 1})[0]
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         as_api_role.execute(statement.format(id=letter))
-    assert conn.execute("SELECT payload->>'points', queue FROM core.dead_letters").fetchall() == [("1", "points.credit")]
+    assert conn.execute("SELECT payload->>'points', queue FROM core.dead_letters").fetchall() == [
+        ("1", "points.credit")
+    ]
 
 
 def test_the_api_role_can_do_what_the_endpoints_do(as_api_role, conn):
@@ -59,13 +77,17 @@ def test_the_api_role_can_do_what_the_endpoints_do(as_api_role, conn):
     assert operations.get_dead_letter(as_api_role, replayed).actions[0].operator == "ops:ana"
     assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
     assert [r[0] for r in conn.execute("SELECT action FROM core.dead_letter_actions ORDER BY id")] == [
-        "replayed", "discarded"]
+        "replayed",
+        "discarded",
+    ]
 
 
 def test_the_api_role_cannot_log_in(conn):
     """core_jobs_api is NOLOGIN: it is granted to a login, never used as one."""
     assert conn.execute("SELECT rolcanlogin, rolsuper FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone() == (
-        False, False)
+        False,
+        False,
+    )
 
 
 def test_a_downgrade_keeps_the_role_while_another_database_still_uses_it(empty_database_url, conn):

@@ -55,24 +55,34 @@ def seeded_api(api, conn):
 
 
 @schema.parametrize()
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
-                                 HealthCheck.filter_too_much])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
 def test_every_operation_answers_as_its_openapi_document_says(case, seeded_api):
     """Generated requests get documented statuses, media types and bodies, and never a 5xx."""
     if (case.headers or {}).get("Authorization") == PLACEHOLDER:  # not a case that tests a missing token
         case.headers["Authorization"] = seeded_api.headers["Authorization"]
-    case.call_and_validate(base_url=str(seeded_api.base_url).rstrip("/"),
-                           excluded_checks=[schemathesis.checks.positive_data_acceptance])
+    case.call_and_validate(
+        base_url=str(seeded_api.base_url).rstrip("/"), excluded_checks=[schemathesis.checks.positive_data_acceptance]
+    )
 
 
 def test_the_document_covers_every_endpoint_of_the_spec(api):
     """The OpenAPI lists the spec's paths, each /v1 operation secured by a bearer token."""
     document = api.get("/openapi.json").json()
     assert set(document["paths"]) == {
-        "/v1/core/dead-letters", "/v1/core/dead-letters/{id}", "/v1/core/dead-letters/{id}/replay",
-        "/v1/core/dead-letters/{id}/discard", "/v1/core/dead-letters/replay", "/v1/core/dead-letters/discard",
-        "/healthz", "/readyz"}
+        "/v1/core/dead-letters",
+        "/v1/core/dead-letters/{id}",
+        "/v1/core/dead-letters/{id}/replay",
+        "/v1/core/dead-letters/{id}/discard",
+        "/v1/core/dead-letters/replay",
+        "/v1/core/dead-letters/discard",
+        "/healthz",
+        "/readyz",
+    }
     for path, operations in document["paths"].items():
         for operation in operations.values():
             assert (operation.get("security") == [{"bearer": []}]) == path.startswith("/v1/")

@@ -23,11 +23,20 @@ BASE = "/v1/core/dead-letters"
 
 def api_process(database_url: str, jwks_url: str, **extra: str) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {
-        "CORE_JOBS_DATABASE_URL": database_url, "CORE_JOBS_API_JWKS_URL": jwks_url,
-        "CORE_JOBS_API_JWT_ISSUER": ISSUER, "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
-        "CORE_JOBS_LOG_FORMAT": "json", **extra}
-    return subprocess.Popen([sys.executable, "-m", "maintenance", "api", "--host", "127.0.0.1", "--port", "0"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        "CORE_JOBS_DATABASE_URL": database_url,
+        "CORE_JOBS_API_JWKS_URL": jwks_url,
+        "CORE_JOBS_API_JWT_ISSUER": ISSUER,
+        "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
+        "CORE_JOBS_LOG_FORMAT": "json",
+        **extra,
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "maintenance", "api", "--host", "127.0.0.1", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def read_event(process: subprocess.Popen, name: str) -> dict:
@@ -41,8 +50,9 @@ def read_event(process: subprocess.Popen, name: str) -> dict:
 
 def api_lock_waiter(conn) -> int | None:
     """The pid of an API connection waiting on a row lock, if one is."""
-    row = conn.execute("SELECT pid FROM pg_stat_activity WHERE application_name = 'core-jobs-api'"
-                       " AND wait_event_type = 'Lock'").fetchone()
+    row = conn.execute(
+        "SELECT pid FROM pg_stat_activity WHERE application_name = 'core-jobs-api' AND wait_event_type = 'Lock'"
+    ).fetchone()
     return row[0] if row else None
 
 
@@ -57,8 +67,15 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(database_url, jw
         answers: list[httpx.Response] = []
         with conn.transaction():
             conn.execute("SELECT 1 FROM core.dead_letters WHERE id = %s FOR UPDATE", (letter,))
-            request = threading.Thread(target=lambda: answers.append(httpx.post(
-                f"{url}{BASE}/{letter}/replay", headers={"Authorization": f"Bearer {tokens.token()}"}, timeout=30)))
+            request = threading.Thread(
+                target=lambda: answers.append(
+                    httpx.post(
+                        f"{url}{BASE}/{letter}/replay",
+                        headers={"Authorization": f"Bearer {tokens.token()}"},
+                        timeout=30,
+                    )
+                )
+            )
             request.start()
             wait_until(lambda: api_lock_waiter(conn), what="the replay waiting on the row lock")
             process.send_signal(signal.SIGTERM)
@@ -75,9 +92,12 @@ def test_sigterm_lets_the_request_in_flight_finish_then_exits_0(database_url, jw
 
 def test_api_without_auth_settings_exits_2_naming_them(database_url):
     """`core-jobs api` with no key source, issuer or audience: exit 2 before listening, naming what to set."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {"CORE_JOBS_DATABASE_URL": database_url}
-    done = subprocess.run([sys.executable, "-m", "maintenance", "api", "--port", "0"], env=env, capture_output=True,
-                          text=True, timeout=60)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {
+        "CORE_JOBS_DATABASE_URL": database_url
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "maintenance", "api", "--port", "0"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 2
     assert "CORE_JOBS_API_JWKS_URL" in done.stderr and "CORE_JOBS_API_JWT_ISSUER is required" in done.stderr
 
@@ -122,9 +142,14 @@ def test_the_metrics_live_on_the_apps_own_registry(api):
     assert api.app.state.metrics.registry is not REGISTRY
 
 
-@pytest.mark.parametrize(("method", "path", "slug", "status"), [
-    ("GET", "/v1/core/nothing", "not-found", 404), ("DELETE", f"{BASE}/1", "method-not-allowed", 405),
-    ("GET", f"{BASE}/abc", "not-found", 404)])
+@pytest.mark.parametrize(
+    ("method", "path", "slug", "status"),
+    [
+        ("GET", "/v1/core/nothing", "not-found", 404),
+        ("DELETE", f"{BASE}/1", "method-not-allowed", 405),
+        ("GET", f"{BASE}/abc", "not-found", 404),
+    ],
+)
 def test_unknown_routes_and_methods_are_problems_too(api, method, path, slug, status):
     """404 and 405 are application/problem+json like every other error."""
     response = api.request(method, path)

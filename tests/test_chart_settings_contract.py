@@ -20,15 +20,8 @@ from typing import Any
 
 import helm_python
 import pytest
-from test_helm_chart import (  # noqa: F401  (chart: fixture)
-    API_ON,
-    CHART_DIR,
-    SECRET_SETTINGS,
-    chart,
-    pod_templates,
-    render_objects,
-    with_secret,
-)
+from helm_support import CHART_DIR
+from test_helm_chart import API_ON, SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -90,9 +83,13 @@ def container_environments(objects: list[dict[str, Any]]) -> Iterator[tuple[str,
         for container in template["spec"]["containers"]:
             env: dict[str, str] = {}
             for source in container.get("envFrom") or []:
-                assert set(source) <= {"configMapRef", "prefix"}, f"{workload}: envFrom {source} is not a chart ConfigMap"
+                assert set(source) <= {"configMapRef", "prefix"}, (
+                    f"{workload}: envFrom {source} is not a chart ConfigMap"
+                )
                 name = source["configMapRef"]["name"]
-                assert name in config_maps, f"{workload}: envFrom names ConfigMap {name}, which the chart does not render"
+                assert name in config_maps, (
+                    f"{workload}: envFrom names ConfigMap {name}, which the chart does not render"
+                )
                 env |= {source.get("prefix", "") + key: value for key, value in config_maps[name].items()}
             for entry in container.get("env") or []:
                 if "value" in entry:
@@ -171,7 +168,9 @@ def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
     """settings: accepts every real non-secret setting the chart does not manage itself, and nothing else."""
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     allowed = set(schema["definitions"]["knownSetting"]["enum"])
-    chart_managed = re.compile(r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$")
+    chart_managed = re.compile(
+        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
+    )
     expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
     assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -158,3 +159,30 @@ def test_database_url_libpq_would_misread_exits_2_in_every_spelling_without_any_
     captured = capsys.readouterr()
     assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ")
     assert not [f for f in fragments if f in captured.out + captured.err]
+
+
+# check-config validates the schedules with APScheduler's cron parser (apscheduler.triggers.cron,
+# as the settings do when loaded); the scheduler itself is for `serve` only.
+HEAVY_MODULES = ("alembic", "sqlalchemy", "apscheduler.schedulers")
+# Runs one command in a fresh interpreter; prints its exit code and the heavy packages it loaded.
+IMPORTS_OF_A_COMMAND = """
+import contextlib, io, json, sys
+from maintenance.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    code = main(sys.argv[2:])
+print(json.dumps([code, sorted(set(sys.modules) & set(sys.argv[1].split(",")))]))
+"""
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["check-config"], ["dead-letters", "--help"]])
+def test_a_command_that_never_migrates_or_schedules_imports_no_alembic_sqlalchemy_or_scheduler(clean_env, argv):
+    """`core-jobs --help`, `check-config` and `dead-letters --help` load none of Alembic, SQLAlchemy, APScheduler's scheduler."""
+    done = subprocess.run(
+        [sys.executable, "-c", IMPORTS_OF_A_COMMAND, ",".join(HEAVY_MODULES), *argv],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    code, heavy = json.loads(done.stdout.splitlines()[-1])
+    assert code == 0, done.stderr
+    assert heavy == [], f"{argv} imported {heavy}"

@@ -20,7 +20,7 @@ def test_demo_on_a_configured_server_uses_a_scratch_database(clean_env, pg_serve
     out = capsys.readouterr().out
     assert "Seeded:" in out and "Rows per table (before -> after):" in out
     assert "core.dead_letters: 31 ->" in out
-    assert demo_databases(pg_server_url) == before
+    assert demo_databases(pg_server_url) <= before  # its own scratch database dropped (another session may drop theirs)
 
 
 def test_demo_without_a_database_starts_an_embedded_one(clean_env, capsys):

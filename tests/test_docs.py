@@ -1,4 +1,6 @@
-"""The README stays a short front page and every relative link in the docs leads somewhere.
+"""The README stays a short front page, every relative link in the docs leads somewhere, and every
+module path the docs and the code's docstrings and comments name still imports (nothing left
+behind by a move).
 
 Pure: reads files, no database, no network. The README is the front page (what core-jobs is,
 the quickstart, the layout, links); everything else lives in docs/. A relative link must name an
@@ -7,8 +9,11 @@ existing file, and its ``#anchor``, if any, a heading of that file (GitHub's hea
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
+
+from maintenance import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -87,12 +92,85 @@ def test_link_check_reports_a_missing_file_and_a_missing_heading(tmp_path):
     assert broken_links(page) == ["missing.md: no such file", "other.md#nowhere: no heading #nowhere in other.md"]
 
 
+def missing_paths(path: Path) -> list[str]:
+    """The repository paths ``path`` names in backticks that do not exist."""
+    named = {match.group("path") for match in REPO_PATH.finditer(path.read_text(encoding="utf-8"))}
+    return sorted(name for name in named if not (ROOT / name.rstrip("/")).exists())
+
+
 def test_every_repository_path_named_in_readme_and_docs_exists():
     """Every `maintenance/…`, `harness/…`, `docs/…` (etc.) path README.md and docs/ name in backticks exists."""
-    missing = {
-        str(path.relative_to(ROOT)): names
-        for path in documents()
-        if (names := sorted({m.group("path") for m in REPO_PATH.finditer(path.read_text(encoding="utf-8"))
-                             if not (ROOT / m.group("path").rstrip("/")).exists()}))
-    }
+    missing = {str(path.relative_to(ROOT)): names for path in documents() if (names := missing_paths(path))}
     assert missing == {}, f"paths that do not exist: {missing}"
+
+
+# A dotted module path in prose or a comment (``maintenance.jobs.purge.job.Purger``); not a file
+# name (``bench/harness.py``, ``docs/alerts.md``), which the lookbehind and FILE_SUFFIXES skip.
+DOTTED = re.compile(r"(?<![\w/.-])(?P<name>(?:maintenance|alerts|harness|migrations)(?:\.[A-Za-z_]\w*)+)")
+FILE_SUFFIXES = ("md", "toml", "yaml", "json", "txt")
+# The made-up job of docs/adding-a-job.md's example, which does not exist on purpose.
+MADE_UP = ("maintenance.backlog", "maintenance.jobs.backlog")
+
+
+def prose_files() -> list[Path]:
+    """Where the code is named for people: README, docs/, the code's docstrings and comments, bench/, packaging."""
+    code = [
+        p
+        for package in ("maintenance", "alerts", "harness", "migrations", "bench")
+        for p in (ROOT / package).rglob("*.py")
+    ]
+    return [
+        *documents(),
+        *sorted(code),
+        ROOT / "pyproject.toml",
+        ROOT / "harness" / "pyproject.toml",
+        ROOT / "Dockerfile",
+    ]
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is an importable module, or an attribute path inside one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attribute in parts[i:]:
+            if not hasattr(obj, attribute):
+                return False
+            obj = getattr(obj, attribute)
+        return True
+    return False
+
+
+def unresolved_names(path: Path, events: set[str]) -> list[str]:
+    """The dotted module paths ``path`` names that neither import nor are (a prefix of) a log event's name."""
+    bad = set()
+    for match in DOTTED.finditer(path.read_text(encoding="utf-8")):
+        name = match.group("name")
+        if name.rsplit(".", 1)[-1] in FILE_SUFFIXES or name.startswith(MADE_UP):
+            continue
+        if name in events or any(event.startswith(name + ".") for event in events):
+            continue
+        if not resolves(name.removesuffix(".py")):
+            bad.add(name)
+    return sorted(bad)
+
+
+def test_every_module_path_named_in_docs_and_code_resolves():
+    """Every `maintenance.…`, `alerts.…`, `harness.…` path in the docs, docstrings and comments imports, or is a log event."""
+    events = set(reference.collect_events())
+    bad = {str(p.relative_to(ROOT)): names for p in prose_files() if (names := unresolved_names(p, events))}
+    assert bad == {}, f"module paths that do not exist (moved?): {bad}"
+
+
+def test_module_path_check_reports_a_moved_name(tmp_path):
+    """The checker flags a path that no longer imports and accepts a live one, an event name and a file name."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "old ``maintenance.purge.Purger``, new ``maintenance.jobs.purge.job.Purger``,"
+        " event `maintenance.purge.stop`, file `bench/harness.py`\n",
+        encoding="utf-8",
+    )
+    assert unresolved_names(page, {"maintenance.purge.stop"}) == ["maintenance.purge.Purger"]

@@ -11,6 +11,8 @@ from harness.consumer import Consumer, ConsumerError
 from harness.dead_letters import describe_error
 from harness.retry import RetryPolicy
 
+pytestmark = pytest.mark.pure
+
 
 class Payload(BaseModel):
     n: int
@@ -32,8 +34,14 @@ def test_a_policy_fixed_in_code_needs_a_justification():
     fixed = RetryPolicy(max_attempts=8, base_delay=timedelta(seconds=10))
     with pytest.raises(ConsumerError, match="retry_justification"):
         Consumer(name="c", queue="q", payload_schema=Payload, handler=noop, retry_policy=fixed)
-    consumer = Consumer(name="c", queue="q", payload_schema=Payload, handler=noop, retry_policy=fixed,
-                        retry_justification="the provider's outages last ~20 minutes")
+    consumer = Consumer(
+        name="c",
+        queue="q",
+        payload_schema=Payload,
+        handler=noop,
+        retry_policy=fixed,
+        retry_justification="the provider's outages last ~20 minutes",
+    )
     assert consumer.policy(RetryPolicy()) is fixed
 
 

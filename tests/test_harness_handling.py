@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from datetime import timedelta
@@ -64,8 +65,10 @@ def test_success_commits_the_work_and_a_fence_expiring_after_the_ttl(conn, metri
     outcome = handle(conn, make_consumer(), d, policy=POLICY, fence_ttl=TTL, metrics=metrics)
     assert outcome == Acked()
     assert points(conn, "m-1") == 50
-    row = conn.execute("SELECT consumer, tenant_id, expires_at - processed_at FROM core.processed_jobs"
-                       " WHERE job_id = %s", (d.envelope.job_id,)).fetchone()
+    row = conn.execute(
+        "SELECT consumer, tenant_id, expires_at - processed_at FROM core.processed_jobs WHERE job_id = %s",
+        (d.envelope.job_id,),
+    ).fetchone()
     assert row == ("points.credit", TENANT, TTL)
     assert metrics.value("processed", consumer="points.credit") == 1
 
@@ -97,10 +100,15 @@ def test_the_same_job_delivered_twice_in_parallel_has_exactly_one_effect(databas
         entered.set()
         assert release.wait(30)
 
-    first_consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints,
-                              handler=slow_credit)
+    first_consumer = Consumer(
+        name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=slow_credit
+    )
     outcomes: dict[str, object] = {}
-    with psycopg.connect(database_url, autocommit=True) as conn_a, psycopg.connect(database_url, autocommit=True) as conn_b:
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn_a,
+        psycopg.connect(database_url, autocommit=True) as conn_b,
+    ):
+
         def run(name, c, consumer, this):
             outcomes[name] = handle(c, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=metrics)
 
@@ -141,12 +149,19 @@ def test_the_callers_own_metrics_object_receives_each_decision(conn):
     """Any object with the four Metrics methods is told of a success, a duplicate, a retry and a dead letter."""
     recorded = RecordedMetrics()
     d = delivery({"member_id": "m-1", "points": 50})
-    for consumer, this in [(make_consumer(), d), (make_consumer(), d),
-                           (failing(TransientError("ledger timeout")), delivery({"member_id": "m-2", "points": 1})),
-                           (make_consumer(), delivery({"member_id": "m-3", "points": -5}))]:
+    for consumer, this in [
+        (make_consumer(), d),
+        (make_consumer(), d),
+        (failing(TransientError("ledger timeout")), delivery({"member_id": "m-2", "points": 1})),
+        (make_consumer(), delivery({"member_id": "m-3", "points": -5})),
+    ]:
         handle(conn, consumer, this, policy=POLICY, fence_ttl=TTL, metrics=recorded)
-    assert recorded.calls == [("processed", "points.credit"), ("duplicate", "points.credit"),
-                              ("retry", "points.credit"), ("dead_lettered", "points.credit", "poison")]
+    assert recorded.calls == [
+        ("processed", "points.credit"),
+        ("duplicate", "points.credit"),
+        ("retry", "points.credit"),
+        ("dead_lettered", "points.credit", "poison"),
+    ]
 
 
 def test_a_failure_rolls_back_the_work_and_the_fence(conn, metrics):
@@ -173,16 +188,24 @@ def test_schema_invalid_payload_is_poison_with_zero_retries(conn, metrics):
 def test_permanent_error_is_dead_lettered_at_once(conn, metrics):
     """J-B4: a handler's PermanentError on the first attempt is a dead letter, not a retry."""
     consumer = make_consumer(OutageLedger(unknown=frozenset({"m-gone"})))
-    outcome = handle(conn, consumer, delivery({"member_id": "m-gone", "points": 5}), policy=POLICY,
-                     fence_ttl=TTL, metrics=metrics)
+    outcome = handle(
+        conn, consumer, delivery({"member_id": "m-gone", "points": 5}), policy=POLICY, fence_ttl=TTL, metrics=metrics
+    )
     assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent"
     assert outcome.letter.last_error == "PermanentError: loyalty ledger has no member m-gone"
 
 
 def test_an_unclassified_exception_is_retried_like_a_transient_error(conn, metrics):
     """A bare exception from a handler is retried on the policy, not dropped and not dead-lettered."""
-    outcome = handle(conn, failing(KeyError("surprise")), delivery({"member_id": "m-1", "points": 1}),
-                     policy=POLICY, fence_ttl=TTL, metrics=metrics, random=lambda: 0.5)
+    outcome = handle(
+        conn,
+        failing(KeyError("surprise")),
+        delivery({"member_id": "m-1", "points": 1}),
+        policy=POLICY,
+        fence_ttl=TTL,
+        metrics=metrics,
+        random=lambda: 0.5,
+    )
     assert outcome == RetryAfter(delay=timedelta(seconds=30), error="KeyError: 'surprise'")
     assert metrics.value("retries", consumer="points.credit") == 1
 
@@ -190,16 +213,28 @@ def test_an_unclassified_exception_is_retried_like_a_transient_error(conn, metri
 @pytest.mark.parametrize(("retry_after", "expected"), [(100, 100), ("1000", 120), (1, 30)])
 def test_retry_after_lengthens_the_delay_up_to_its_bound(conn, metrics, retry_after, expected):
     """A Retry-After longer than the backoff wins, bounded to 120 s; a shorter one changes nothing (R-2)."""
-    outcome = handle(conn, failing(TransientError("429", retry_after=retry_after)),
-                     delivery({"member_id": "m-1", "points": 1}), policy=POLICY, fence_ttl=TTL, metrics=metrics,
-                     random=lambda: 0.5)
+    outcome = handle(
+        conn,
+        failing(TransientError("429", retry_after=retry_after)),
+        delivery({"member_id": "m-1", "points": 1}),
+        policy=POLICY,
+        fence_ttl=TTL,
+        metrics=metrics,
+        random=lambda: 0.5,
+    )
     assert outcome.delay == timedelta(seconds=expected)
 
 
 def test_the_last_attempt_failing_is_a_dead_letter(conn, metrics):
     """A transient failure on attempt max_attempts is dead-lettered as exhausted, with that attempt count."""
-    outcome = handle(conn, failing(TransientError("ledger timeout")), delivery({"member_id": "m-1", "points": 1},
-                     attempt=5), policy=POLICY, fence_ttl=TTL, metrics=metrics)
+    outcome = handle(
+        conn,
+        failing(TransientError("ledger timeout")),
+        delivery({"member_id": "m-1", "points": 1}, attempt=5),
+        policy=POLICY,
+        fence_ttl=TTL,
+        metrics=metrics,
+    )
     assert isinstance(outcome, DeadLettered) and outcome.reason == "exhausted"
     assert outcome.letter.attempts == 5
 
@@ -213,8 +248,10 @@ def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
     queue.publish("points.credit", d.envelope)
     (claimed,) = queue.claim("points.credit", 1)
     assert queue.dead_letter(claimed, outcome.letter)
-    row = conn.execute("SELECT job_id, queue, consumer, payload, attempts, correlation_id, tenant_id, last_error,"
-                       " status FROM core.dead_letters").fetchone()
+    row = conn.execute(
+        "SELECT job_id, queue, consumer, payload, attempts, correlation_id, tenant_id, last_error,"
+        " status FROM core.dead_letters"
+    ).fetchone()
     assert row[:7] == (d.envelope.job_id, "points.credit", "points.credit", payload, 1, "corr-xyz", TENANT)
     assert row[7].startswith("PermanentError: xxx") and len(row[7]) <= 2000 and row[7].endswith("[truncated]")
     assert row[8] == "pending_review"
@@ -222,10 +259,9 @@ def test_dead_letter_carries_the_full_job_and_a_bounded_error(conn, metrics):
 
 
 def swallow_a_database_error(conn):
-    try:
+    # The transaction is now aborted; psycopg's COMMIT of it would silently roll back.
+    with contextlib.suppress(psycopg.errors.DivisionByZero):
         conn.execute("SELECT 1 / 0")
-    except psycopg.errors.DivisionByZero:
-        pass  # the transaction is now aborted; psycopg's COMMIT of it would silently roll back
 
 
 def raise_rollback(conn):
@@ -248,32 +284,42 @@ def test_a_handler_that_ends_the_work_transaction_itself_is_dead_lettered_not_re
     """A handler that runs COMMIT or ROLLBACK itself is a permanent dead letter: a retry could apply its escaped writes twice."""
     # The fence is committed or gone; the credit after it runs outside the fence's transaction.
     consumer = crediting(before=lambda c: c.execute(statement))
-    outcome = handle(conn, consumer, delivery({"member_id": "m-1", "points": 50}), policy=POLICY, fence_ttl=TTL,
-                     metrics=metrics)
+    outcome = handle(
+        conn, consumer, delivery({"member_id": "m-1", "points": 50}), policy=POLICY, fence_ttl=TTL, metrics=metrics
+    )
     assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
     assert "ended the work transaction" in outcome.letter.last_error
     assert metrics.value("processed", consumer="points.credit") == 0
     assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
 
 
-@pytest.mark.parametrize(("member", "says"), [("m-typeerror", "TypeError: member ids are compared as bytes"),
-                                              ("m-exit-validating", "SystemExit: 4")], ids=["type-error", "system-exit"])
+@pytest.mark.parametrize(
+    ("member", "says"),
+    [("m-typeerror", "TypeError: member ids are compared as bytes"), ("m-exit-validating", "SystemExit: 4")],
+    ids=["type-error", "system-exit"],
+)
 def test_any_exception_raised_while_validating_the_payload_is_poison(conn, metrics, member, says):
     """J-B5: a validator raising TypeError or even SystemExit (not a ValidationError) is poison too, its type named."""
-    consumer = Consumer(name="points.credit", queue="points.credit", payload_schema=PickyCredit,
-                        handler=make_consumer().handler)
-    outcome = handle(conn, consumer, delivery({"member_id": member, "points": 1}), policy=POLICY, fence_ttl=TTL,
-                     metrics=metrics)
+    consumer = Consumer(
+        name="points.credit", queue="points.credit", payload_schema=PickyCredit, handler=make_consumer().handler
+    )
+    outcome = handle(
+        conn, consumer, delivery({"member_id": member, "points": 1}), policy=POLICY, fence_ttl=TTL, metrics=metrics
+    )
     assert isinstance(outcome, DeadLettered) and outcome.reason == "poison", outcome
     assert outcome.letter.last_error == f"PoisonMessage: payload failed schema validation: {says}"
     assert metrics.value("retries", consumer="points.credit") == 0
 
 
-@pytest.mark.parametrize(("error", "recorded"), [
-    (Unprintable(), "Unprintable: <message unprintable: RuntimeError: no text>"),
-    (SystemExit(3), "SystemExit: 3"),
-    (GeneratorExit(), "GeneratorExit"),
-], ids=["unprintable", "system-exit", "generator-exit"])
+@pytest.mark.parametrize(
+    ("error", "recorded"),
+    [
+        (Unprintable(), "Unprintable: <message unprintable: RuntimeError: no text>"),
+        (SystemExit(3), "SystemExit: 3"),
+        (GeneratorExit(), "GeneratorExit"),
+    ],
+    ids=["unprintable", "system-exit", "generator-exit"],
+)
 def test_a_handler_failure_of_any_kind_is_rolled_back_and_retried_with_its_type_named(conn, metrics, error, recorded):
     """An unprintable exception, SystemExit or another BaseException from a handler is that delivery's failure: rolled back, retried, named."""
     d = delivery({"member_id": "m-1", "points": 50})

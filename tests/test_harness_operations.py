@@ -13,7 +13,6 @@ import pytest
 from factories import QUEUE, TENANT, dead_letter, publish
 from harness_support import fences, points, run_worker, scalar
 
-from harness.metrics import default_metrics
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 
@@ -24,14 +23,31 @@ def cli(clean_env, database_url):
 
 
 def ledger(conn):
-    return conn.execute("SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id").fetchall()
+    return conn.execute(
+        "SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id"
+    ).fetchall()
 
 
 def test_enqueue_then_worker_once_credits_the_points(cli, conn, capsys):
     """`core-jobs enqueue` publishes with the given job id; `core-jobs worker --once` processes it and exits 0."""
     job_id = uuid.uuid4()
-    assert cli(["enqueue", QUEUE, "--payload", '{"member_id": "m-7", "points": 70}', "--job-id", str(job_id),
-                "--tenant-id", str(TENANT), "--correlation-id", "corr-7"]) == EXIT_OK
+    assert (
+        cli(
+            [
+                "enqueue",
+                QUEUE,
+                "--payload",
+                '{"member_id": "m-7", "points": 70}',
+                "--job-id",
+                str(job_id),
+                "--tenant-id",
+                str(TENANT),
+                "--correlation-id",
+                "corr-7",
+            ]
+        )
+        == EXIT_OK
+    )
     assert f"enqueued job {job_id} on {QUEUE}" in capsys.readouterr().out
     assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
     assert points(conn, "m-7") == 70 and fences(conn, job_id) == 1
@@ -72,7 +88,9 @@ def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn
     """NaN, Infinity, a number beyond a float, \\u0000 or a lone surrogate in --payload exits 2 naming where, and nothing is queued."""
     assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert err.startswith(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {where}") and err.count("\n") == 1
+    assert (
+        err.startswith(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {where}") and err.count("\n") == 1
+    )
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
@@ -121,7 +139,9 @@ def test_replay_republishes_with_the_same_job_id_marks_replayed_and_audits(cli, 
     letter_id, job_id = dead_letter(conn, {"member_id": "m-1", "points": 5})
     assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana", "--reason", "ledger is back"]) == EXIT_OK
     assert f"replayed dead letter {letter_id}" in capsys.readouterr().out
-    message = conn.execute("SELECT queue, job_id, payload, tenant_id, correlation_id, attempts FROM core.queue_messages").fetchall()
+    message = conn.execute(
+        "SELECT queue, job_id, payload, tenant_id, correlation_id, attempts FROM core.queue_messages"
+    ).fetchall()
     assert message == [(QUEUE, job_id, {"member_id": "m-1", "points": 5}, TENANT, f"corr-{job_id.hex[:6]}", 0)]
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "replayed"
     assert ledger(conn) == [(letter_id, "replayed", "ana", "ledger is back")]
@@ -138,9 +158,15 @@ def test_replay_all_pending_of_a_queue_leaves_other_queues_alone(cli, conn):
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages WHERE queue = %s", (QUEUE,)) == 2
 
 
-@pytest.mark.parametrize("argv", [["dead-letters", "replay"], ["dead-letters", "replay", "--all-pending"],
-                                  ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"],
-                                  ["dead-letters", "replay", "1", "--queue", "notifications.email"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dead-letters", "replay"],
+        ["dead-letters", "replay", "--all-pending"],
+        ["dead-letters", "replay", "1", "--queue", QUEUE, "--all-pending"],
+        ["dead-letters", "replay", "1", "--queue", "notifications.email"],
+    ],
+)
 def test_replay_needs_ids_or_a_queue_with_all_pending(cli, conn, argv):
     """Neither ids nor --queue --all-pending, both, or ids with a --queue that would be ignored: exit 2, nothing replayed."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
@@ -153,7 +179,9 @@ def test_replaying_a_letter_that_is_not_pending_is_refused_and_changes_nothing(c
     """Exit 2 naming the letter and its status; the pending letter in the same request is not replayed either."""
     handled, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     pending, _ = dead_letter(conn, {"member_id": "m-2", "points": 1})
-    assert cli(["dead-letters", "discard", str(handled), "--reason", "duplicate of OPS-1", "--operator", "ana"]) == EXIT_OK
+    assert (
+        cli(["dead-letters", "discard", str(handled), "--reason", "duplicate of OPS-1", "--operator", "ana"]) == EXIT_OK
+    )
     capsys.readouterr()
     assert cli(["dead-letters", "replay", str(pending), str(handled), "999", "--operator", "ana"]) == EXIT_CONFIG
     err = capsys.readouterr().err
@@ -168,12 +196,17 @@ def test_discard_with_a_reason_marks_discarded_and_audits(cli, conn):
     """Discard sets status and reason on every id given and writes one ledger row each."""
     a, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     b, _ = dead_letter(conn, {"member_id": "m-2", "points": 1})
-    assert cli(["dead-letters", "discard", str(a), str(b), "--reason", "credited by hand, OPS-9",
-                "--operator", "luis"]) == EXIT_OK
+    assert (
+        cli(["dead-letters", "discard", str(a), str(b), "--reason", "credited by hand, OPS-9", "--operator", "luis"])
+        == EXIT_OK
+    )
     assert conn.execute("SELECT DISTINCT status, discard_reason FROM core.dead_letters").fetchall() == [
-        ("discarded", "credited by hand, OPS-9")]
-    assert ledger(conn) == [(a, "discarded", "luis", "credited by hand, OPS-9"),
-                            (b, "discarded", "luis", "credited by hand, OPS-9")]
+        ("discarded", "credited by hand, OPS-9")
+    ]
+    assert ledger(conn) == [
+        (a, "discarded", "luis", "credited by hand, OPS-9"),
+        (b, "discarded", "luis", "credited by hand, OPS-9"),
+    ]
 
 
 @pytest.mark.parametrize("reason", [[], ["--reason", ""], ["--reason", "   "]])
@@ -200,8 +233,14 @@ def test_a_status_change_made_in_sql_is_audited_with_the_database_user(conn):
     assert ledger(conn) == [(letter_id, "replayed", scalar(conn, "SELECT session_user"), None)]
 
 
-@pytest.mark.parametrize("statement", ["UPDATE core.dead_letter_actions SET operator = 'someone-else'",
-                                       "DELETE FROM core.dead_letter_actions", "TRUNCATE core.dead_letter_actions"])
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE core.dead_letter_actions SET operator = 'someone-else'",
+        "DELETE FROM core.dead_letter_actions",
+        "TRUNCATE core.dead_letter_actions",
+    ],
+)
 def test_the_audit_ledger_is_append_only(conn, statement):
     """Ledger rows can be neither changed nor removed."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
@@ -215,7 +254,9 @@ def test_replaying_a_job_that_already_succeeded_elsewhere_has_no_second_effect(c
     """J-AC5: the job's work and fence are committed; replaying its dead letter is absorbed as a duplicate."""
     job_id = publish(conn, {"member_id": "m-1", "points": 30})
     assert run_worker(database_url).processed == 1
-    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 30}, job_id=job_id)  # e.g. a redelivered copy gave up
+    letter_id, _ = dead_letter(
+        conn, {"member_id": "m-1", "points": 30}, job_id=job_id
+    )  # e.g. a redelivered copy gave up
     assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana"]) == EXIT_OK
     stats = run_worker(database_url)
     assert (stats.processed, stats.duplicates) == (0, 1)
@@ -241,14 +282,21 @@ def free_port() -> int:
 
 
 def test_worker_serves_its_success_counters_for_prometheus(cli, conn):
-    """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics)."""
+    """With --metrics-port, the processed counter of the consumer is scraped from /metrics (successes are metrics).
+
+    The worker counts into a registry of its own: an earlier worker in the same process adds nothing.
+    """
     publish(conn, {"member_id": "m-1", "points": 1})
-    before = default_metrics().value("processed", consumer="points.credit")  # default registry: earlier tests count
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK  # another worker
+    publish(conn, {"member_id": "m-2", "points": 1})
     port = free_port()
-    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)]) == EXIT_OK
+    assert (
+        cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)])
+        == EXIT_OK
+    )
     body = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     line = next(x for x in body.splitlines() if x.startswith('harness_jobs_processed_total{consumer="points.credit"}'))
-    assert float(line.split()[-1]) == before + 1
+    assert float(line.split()[-1]) == 1
 
 
 def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
@@ -258,8 +306,10 @@ def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once",
-                    "--metrics-port", str(port)]) == EXIT_CONFIG
+        assert (
+            cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)])
+            == EXIT_CONFIG
+        )
     assert f"--metrics-port {port}" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
@@ -294,8 +344,15 @@ def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
     assert {s: signal.getsignal(s) for s in before} == before
 
 
-@pytest.mark.parametrize("argv", [["dead-letters", "list"], ["enqueue", QUEUE, "--payload", "{}"],
-                                  ["dead-letters", "replay", "1"], ["dead-letters", "discard", "1", "--reason", "x"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["dead-letters", "list"],
+        ["enqueue", QUEUE, "--payload", "{}"],
+        ["dead-letters", "replay", "1"],
+        ["dead-letters", "discard", "1", "--reason", "x"],
+    ],
+)
 def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv):
     """An unreachable database: exit 1, one 'database error' line on stderr, no traceback, no password.
 

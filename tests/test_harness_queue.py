@@ -47,8 +47,14 @@ def run_worker(database_url, consumer, metrics, policy=RetryPolicy()):
 
 def letter_for(delivery) -> DeadLetter:
     e = delivery.envelope
-    return DeadLetter(job_id=e.job_id, queue=delivery.queue, consumer="points.credit", payload=e.payload,
-                      attempts=delivery.attempt, last_error="TransientError: x")
+    return DeadLetter(
+        job_id=e.job_id,
+        queue=delivery.queue,
+        consumer="points.credit",
+        payload=e.payload,
+        attempts=delivery.attempt,
+        last_error="TransientError: x",
+    )
 
 
 @pytest.mark.parametrize(
@@ -160,8 +166,9 @@ def test_a_retry_records_the_failure_and_schedules_on_the_database_clock(conn):
     before = scalar(conn, "SELECT clock_timestamp()")
     assert queue.retry(d, timedelta(seconds=27.5), "TransientError: ledger timeout")
     after = scalar(conn, "SELECT clock_timestamp()")
-    run_at, failed_at, *rest = conn.execute("SELECT run_at, last_failed_at, last_error, lease_token,"
-                                            " lease_expires_at, attempts FROM core.queue_messages").fetchone()
+    run_at, failed_at, *rest = conn.execute(
+        "SELECT run_at, last_failed_at, last_error, lease_token, lease_expires_at, attempts FROM core.queue_messages"
+    ).fetchone()
     assert before <= failed_at <= after
     assert run_at - failed_at == timedelta(seconds=27.5)
     assert rest == ["TransientError: ledger timeout", None, None, 1]
@@ -177,7 +184,9 @@ def test_release_gives_messages_back_at_once_without_using_an_attempt(conn):
     assert again.attempt == 1
 
 
-def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_dead_letter(database_url, conn, metrics):
+def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_dead_letter(
+    database_url, conn, metrics
+):
     """J-AC3: 5 attempts; the 4 waits, read from the scheduled run_at on the database clock, grow within ±20 %."""
     job_id = publish(conn, {"member_id": "m-down", "points": 5}, correlation_id="corr-down")
     consumer = make_consumer(OutageLedger(timeouts={"m-down": 99}))
@@ -186,7 +195,9 @@ def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_
         stats = run_worker(database_url, consumer, metrics)
         assert stats.retried + stats.dead_lettered == 1, f"attempt {attempt} was not delivered"
         if attempt < 5:
-            wait, attempts = conn.execute("SELECT run_at - last_failed_at, attempts FROM core.queue_messages").fetchone()
+            wait, attempts = conn.execute(
+                "SELECT run_at - last_failed_at, attempts FROM core.queue_messages"
+            ).fetchone()
             assert attempts == attempt
             waits.append(wait.total_seconds())
             assert run_worker(database_url, consumer, metrics).retried == 0  # not due yet: nothing delivered
@@ -214,8 +225,11 @@ def test_poison_through_the_queue_is_a_dead_letter_after_one_delivery(database_u
 def test_successes_write_no_row_beyond_their_fences(database_url, conn, metrics):
     """J-AC8: after N successful jobs, processed_jobs gained N rows and no other table gained any."""
     members = [f"m-{i}" for i in range(25)]
-    conn.execute("INSERT INTO example.loyalty_points (tenant_id, member_id, points)"
-                 " SELECT '00000000-0000-4000-8000-0000000000aa', m, 0 FROM unnest(%s::text[]) AS m", (members,))
+    conn.execute(
+        "INSERT INTO example.loyalty_points (tenant_id, member_id, points)"
+        " SELECT '00000000-0000-4000-8000-0000000000aa', m, 0 FROM unnest(%s::text[]) AS m",
+        (members,),
+    )
     before = row_counts(conn)
     for member in members:
         publish(conn, {"member_id": member, "points": 2})
@@ -276,7 +290,9 @@ def test_an_error_message_with_a_nul_character_is_still_recorded(database_url, c
 
     consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=garbled)
     assert run_worker(database_url, consumer, metrics).retried == 1
-    assert scalar(conn, "SELECT last_error FROM core.queue_messages") == "TransientError: ledger answered b'\\x00' as \\0"
+    assert (
+        scalar(conn, "SELECT last_error FROM core.queue_messages") == "TransientError: ledger answered b'\\x00' as \\0"
+    )
 
 
 def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_and_raises_the_original_error(
@@ -301,5 +317,6 @@ def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_
     (failed,) = [e for e in logs if e["event"] == "harness.worker.give_back_failed"]
     assert (failed["num_unacked"], failed["num_unreleased"]) == (1, 1)
     assert failed["error"].startswith("OperationalError: connection")
-    assert conn.execute("SELECT payload->>'member_id', attempts, lease_token IS NOT NULL FROM core.queue_messages"
-                        " ORDER BY id").fetchall() == [("m-ok", 1, True), ("m-cut", 1, True), ("m-next", 1, True)]
+    assert conn.execute(
+        "SELECT payload->>'member_id', attempts, lease_token IS NOT NULL FROM core.queue_messages ORDER BY id"
+    ).fetchall() == [("m-ok", 1, True), ("m-cut", 1, True), ("m-next", 1, True)]

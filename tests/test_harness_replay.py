@@ -8,6 +8,7 @@ made before revision 0007.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import psycopg
@@ -23,12 +24,15 @@ from harness_support import (
     replay_state,
     run_worker,
     scalar,
+    wait_until_waiting_on_lock,
 )
 
-from harness.examples.points import OutageLedger, make_consumer
+from harness.consumer import Consumer
+from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.handling import handle
 from harness.operations import replay
 from harness.pgqueue import PgQueue
+from harness.queue import Acked, Duplicate
 from harness.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import PurgeConfig
@@ -56,8 +60,11 @@ def already_credited(database_url, conn, member: str, amount: int):
     """A job whose work committed long ago: credited by a worker, its fence processed 8 days ago and expired a day ago."""
     job_id = publish(conn, {"member_id": member, "points": amount})
     assert run_worker(database_url).processed == 1
-    conn.execute("UPDATE core.processed_jobs SET processed_at = now() - interval '8 days',"
-                 " expires_at = now() - interval '1 day' WHERE job_id = %s", (job_id,))
+    conn.execute(
+        "UPDATE core.processed_jobs SET processed_at = now() - interval '8 days',"
+        " expires_at = now() - interval '1 day' WHERE job_id = %s",
+        (job_id,),
+    )
     return job_id
 
 
@@ -72,7 +79,7 @@ def replayed_in_a_backlog(database_url, conn, member: str = "m-1", amount: int =
 
 def test_a_replay_queued_longer_than_the_retry_window_is_still_applied_once(database_url, conn, cli):
     """A replayed job still waiting in the queue a day after its replay keeps its fence through the purge: credited once."""
-    letter_id, job_id = replayed_in_a_backlog(database_url, conn)
+    _, job_id = replayed_in_a_backlog(database_url, conn)
     assert cli(["run-once", "purge"]) == EXIT_OK
     stats = run_worker(database_url)
     assert points(conn, "m-1") == 50
@@ -111,15 +118,22 @@ FINAL_OUTCOMES = [
     # (outcome, consumer for the replayed delivery, payload, already credited, new dead letters)
     pytest.param("processed", make_consumer(), {"member_id": "m-1", "points": 50}, False, 0, id="processed"),
     pytest.param("duplicate", make_consumer(), {"member_id": "m-1", "points": 50}, True, 0, id="duplicate"),
-    pytest.param("dead_lettered", make_consumer(OutageLedger(unknown=frozenset({"m-1"}))),
-                 {"member_id": "m-1", "points": 50}, False, 1, id="dead-lettered-again"),
+    pytest.param(
+        "dead_lettered",
+        make_consumer(OutageLedger(unknown=frozenset({"m-1"}))),
+        {"member_id": "m-1", "points": 50},
+        False,
+        1,
+        id="dead-lettered-again",
+    ),
     pytest.param("dead_lettered", make_consumer(), {"member_id": "m-1", "points": -5}, False, 1, id="poison"),
 ]
 
 
 @pytest.mark.parametrize(("outcome", "consumer", "payload", "credited", "new_letters"), FINAL_OUTCOMES)
-def test_each_final_outcome_of_the_replayed_delivery_marks_the_replay_handled(database_url, conn, outcome, consumer,
-                                                                             payload, credited, new_letters):
+def test_each_final_outcome_of_the_replayed_delivery_marks_the_replay_handled(
+    database_url, conn, outcome, consumer, payload, credited, new_letters
+):
     """Processed, duplicate, dead-lettered again or poison: the replay gets that outcome and a stamp; no message is left."""
     job_id = publish(conn, payload) if credited else None
     if credited:
@@ -175,25 +189,70 @@ def test_a_dead_letter_the_queue_refuses_after_a_lost_lease_leaves_the_replay_ou
     replay(conn, [letter_id], operator="ana")
     queue = PgQueue(conn)
     (stale,) = queue.claim(QUEUE, 10)
-    outcome = handle(conn, make_consumer(OutageLedger(unknown=frozenset({"m-1"}))), stale, policy=RetryPolicy(),
-                     fence_ttl=TTL)
+    outcome = handle(
+        conn, make_consumer(OutageLedger(unknown=frozenset({"m-1"}))), stale, policy=RetryPolicy(), fence_ttl=TTL
+    )
     expire_leases(conn)
     assert queue.dead_letter(stale, outcome.letter) is False
     assert replay_state(conn, letter_id) == (None, False)
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 1
 
 
+def test_two_deliveries_of_one_replay_at_once_credit_once_and_end_the_replay_once(database_url, conn):
+    """A replayed delivery and its redelivery (its lease ran out) handled in parallel: the second waits on the
+    fence, then is a duplicate; the replay ends processed, the points are credited once."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-par", "points": 7})
+    replay(conn, [letter_id], operator="ana")
+    (first,) = PgQueue(conn).claim(QUEUE, 10)
+    expire_leases(conn)
+    (second,) = PgQueue(conn).claim(QUEUE, 10)
+    entered, release = threading.Event(), threading.Event()
+    credit = make_consumer().handler
+
+    def slow_credit(conn_, payload, ctx):
+        credit(conn_, payload, ctx)
+        entered.set()
+        assert release.wait(30)
+
+    slow = Consumer(name="points.credit", queue="points.credit", payload_schema=CreditPoints, handler=slow_credit)
+    outcomes: dict[str, object] = {}
+    with (
+        psycopg.connect(database_url, autocommit=True) as conn_a,
+        psycopg.connect(database_url, autocommit=True) as conn_b,
+    ):
+
+        def run(name, c, consumer, this):
+            outcomes[name] = handle(c, consumer, this, policy=RetryPolicy(), fence_ttl=TTL)
+
+        a = threading.Thread(target=run, args=("a", conn_a, slow, first))
+        a.start()
+        assert entered.wait(30)
+        b = threading.Thread(target=run, args=("b", conn_b, make_consumer(), second))
+        b.start()
+        wait_until_waiting_on_lock(conn, conn_b.info.backend_pid)  # b is inside its INSERT of the fence
+        release.set()
+        a.join(30)
+        b.join(30)
+    assert outcomes == {"a": Acked(), "b": Duplicate()}
+    assert points(conn, "m-par") == 7
+    assert replay_state(conn, letter_id) == ("processed", True)
+
+
 # --- the operator's release -----------------------------------------------------------------------
 def ledger(conn):
-    return conn.execute("SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id").fetchall()
+    return conn.execute(
+        "SELECT dead_letter_id, action, operator, reason FROM core.dead_letter_actions ORDER BY id"
+    ).fetchall()
 
 
 def test_release_ends_an_outstanding_replay_whose_message_is_gone_and_audits_it(database_url, conn, cli, capsys):
     """`dead-letters release ID --reason` marks a replay whose message was lost released, with a ledger row."""
     letter_id, job_id = replayed_in_a_backlog(database_url, conn)
     conn.execute("DELETE FROM core.queue_messages")  # the broker lost the republished message
-    assert cli(["dead-letters", "release", str(letter_id), "--reason", "SQS queue purged, INC-12",
-                "--operator", "ana"]) == EXIT_OK
+    assert (
+        cli(["dead-letters", "release", str(letter_id), "--reason", "SQS queue purged, INC-12", "--operator", "ana"])
+        == EXIT_OK
+    )
     assert f"released dead letter {letter_id} (job {job_id}" in capsys.readouterr().out
     assert replay_state(conn, letter_id) == ("released", True)
     assert ledger(conn)[-1] == (letter_id, "released", "ana", "SQS queue purged, INC-12")
@@ -213,8 +272,10 @@ def test_release_refuses_what_is_not_an_outstanding_replay(database_url, conn, c
     pending, _ = dead_letter(conn, {"member_id": "m-2", "points": 1})
     handled, _ = replayed_in_a_backlog(database_url, conn)
     run_worker(database_url)
-    assert cli(["dead-letters", "release", str(pending), str(handled), "999", "--reason", "x",
-                "--operator", "ana"]) == EXIT_CONFIG
+    assert (
+        cli(["dead-letters", "release", str(pending), str(handled), "999", "--reason", "x", "--operator", "ana"])
+        == EXIT_CONFIG
+    )
     err = capsys.readouterr().err
     assert f"dead letter {pending} is pending_review, not replayed" in err
     assert f"dead letter {handled}: its replay was already handled (duplicate)" in err
@@ -236,7 +297,7 @@ def test_list_outstanding_shows_only_the_replays_holding_fences(database_url, co
     """`dead-letters list --outstanding` lists replays not handled yet, shown as replayed:outstanding; handled ones say their outcome."""
     waiting, _ = replayed_in_a_backlog(database_url, conn, "m-1")
     run_worker(database_url)  # handles the first replay: a duplicate
-    still, still_job = replayed_in_a_backlog(database_url, conn, "m-2")
+    _, still_job = replayed_in_a_backlog(database_url, conn, "m-2")
     assert cli(["dead-letters", "list", "--outstanding"]) == EXIT_OK
     out = capsys.readouterr().out
     assert "replayed:outstanding" in out and str(still_job) in out
@@ -273,8 +334,9 @@ def test_upgrade_tracks_replays_whose_message_still_waits_and_keeps_the_old_wind
         migrate.upgrade(empty_database_url)
         assert replay_state(conn, waiting) == (None, False)
         assert scalar(conn, "SELECT replay_of FROM core.queue_messages") == waiting
-        assert conn.execute("SELECT replay_outcome, replay_handled_at = status_changed_at FROM core.dead_letters"
-                            " WHERE id = %s", (done,)).fetchone() == ("untracked", True)
+        assert conn.execute(
+            "SELECT replay_outcome, replay_handled_at = status_changed_at FROM core.dead_letters WHERE id = %s", (done,)
+        ).fetchone() == ("untracked", True)
     assert run_worker(empty_database_url).processed == 1
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         assert replay_state(conn, waiting) == ("processed", True)

@@ -15,6 +15,8 @@ from harness.retry import (
     parse_retry_after,
 )
 
+pytestmark = pytest.mark.pure
+
 DEFAULTS = RetryPolicy()
 NO_JITTER = RetryPolicy(jitter=0)
 LOWEST = lambda: 0.0  # noqa: E731 - bottom of the jitter range: 80 %
@@ -240,7 +242,9 @@ def test_max_retry_window_bounds_every_drawn_schedule():
     "policy",
     [
         RetryPolicy(max_attempts=10**18),  # overflows among the retries capped at max_delay
-        RetryPolicy(max_attempts=50, base_delay=timedelta(days=999_999), max_delay=timedelta(days=999_999_999)),  # before the cap
+        RetryPolicy(
+            max_attempts=50, base_delay=timedelta(days=999_999), max_delay=timedelta(days=999_999_999)
+        ),  # before the cap
     ],
 )
 def test_unrepresentable_window_is_reported_naming_max_attempts(policy):

@@ -40,11 +40,18 @@ class WorkerProcess:
 
     def __init__(self, database_url: str, *args: str, consumer: str = "harness_consumers:blocking") -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
-        env |= {"CORE_JOBS_DATABASE_URL": database_url, "CORE_JOBS_LOG_FORMAT": "json",
-                "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+        env |= {
+            "CORE_JOBS_DATABASE_URL": database_url,
+            "CORE_JOBS_LOG_FORMAT": "json",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+        }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "maintenance", "worker", "--consumer", consumer, *args],
-            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
         self.lines: queue_module.Queue[str] = queue_module.Queue()
         self.output: list[str] = []
@@ -96,8 +103,13 @@ def test_a_worker_killed_between_its_work_and_its_commit_leaves_neither_and_the_
 
     assert scalar(conn, "SELECT attempts FROM core.queue_messages") == 1  # still there, under its lease
     expire_leases(conn)
-    stats = Worker(database_url, points_consumer, policy=RetryPolicy(), config=WorkerConfig(fence_ttl=TTL),
-                   metrics=HarnessMetrics(CollectorRegistry())).run(once=True)
+    stats = Worker(
+        database_url,
+        points_consumer,
+        policy=RetryPolicy(),
+        config=WorkerConfig(fence_ttl=TTL),
+        metrics=HarnessMetrics(CollectorRegistry()),
+    ).run(once=True)
     assert stats.processed == 1
     assert points(conn, "m-crash") == 40 and fences(conn, job_id) == 1
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
@@ -118,24 +130,30 @@ def test_sigterm_finishes_the_message_in_hand_and_gives_back_the_rest(database_u
     held_lock.execute("SELECT pg_advisory_unlock(%s)", (LOCK_KEY,))
     assert worker.process.wait(30) == 0, "".join(worker.output)
     assert points(conn, "m-1") == 1 and fences(conn, first) == 1
-    rest = conn.execute("SELECT payload->>'member_id', attempts, lease_token FROM core.queue_messages"
-                        " ORDER BY id").fetchall()
+    rest = conn.execute(
+        "SELECT payload->>'member_id', attempts, lease_token FROM core.queue_messages ORDER BY id"
+    ).fetchall()
     assert rest == [("m-2", 0, None), ("m-3", 0, None)]
     assert any('"harness.worker.stop"' in line and '"num_processed": 1' in line for line in worker.output)
 
 
 def messages(conn) -> dict[str, tuple]:
     """member_id → (attempts, leased, last_error) of every message still queued."""
-    rows = conn.execute("SELECT payload->>'member_id', attempts, lease_token IS NOT NULL, last_error"
-                        " FROM core.queue_messages").fetchall()
+    rows = conn.execute(
+        "SELECT payload->>'member_id', attempts, lease_token IS NOT NULL, last_error FROM core.queue_messages"
+    ).fetchall()
     return {member: tuple(rest) for member, *rest in rows}
 
 
-@pytest.mark.parametrize(("member", "error"), [
-    ("m-unprintable", "Unprintable: <message unprintable: RuntimeError: no text>"),
-    ("m-surrogate", "TransientError: ledger said \\udcff"),
-    ("m-exit", "SystemExit: 3"),
-], ids=["unprintable", "surrogate", "system-exit"])
+@pytest.mark.parametrize(
+    ("member", "error"),
+    [
+        ("m-unprintable", "Unprintable: <message unprintable: RuntimeError: no text>"),
+        ("m-surrogate", "TransientError: ledger said \\udcff"),
+        ("m-exit", "SystemExit: 3"),
+    ],
+    ids=["unprintable", "surrogate", "system-exit"],
+)
 def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_the_batch_is_processed(
     database_url, conn, member, error
 ):
@@ -150,7 +168,9 @@ def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_th
     assert [e["error"] for e in worker.events("harness.job.retry_scheduled")] == [error]
 
 
-def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_and_the_rest_processed(database_url, conn):
+def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_and_the_rest_processed(
+    database_url, conn
+):
     """A validator raising TypeError in the middle of a batch: a poison dead letter naming TypeError, the others credited, exit 0."""
     publish(conn, {"member_id": "m-ok-1", "points": 5})
     job_id = publish(conn, {"member_id": "m-typeerror", "points": 5})
@@ -159,12 +179,16 @@ def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_
     assert worker.process.wait(60) == 0, "".join(worker.output)
     assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
     assert conn.execute("SELECT job_id, attempts, last_error FROM core.dead_letters").fetchall() == [
-        (job_id, 1, "PoisonMessage: payload failed schema validation: TypeError: member ids are compared as bytes")]
+        (job_id, 1, "PoisonMessage: payload failed schema validation: TypeError: member ids are compared as bytes")
+    ]
     assert messages(conn) == {}
 
 
-@pytest.mark.parametrize(("member", "error"), [("m-interrupt", "KeyboardInterrupt"),
-                                               ("m-disconnect", "OperationalError")], ids=["interrupt", "disconnect"])
+@pytest.mark.parametrize(
+    ("member", "error"),
+    [("m-interrupt", "KeyboardInterrupt"), ("m-disconnect", "OperationalError")],
+    ids=["interrupt", "disconnect"],
+)
 def test_a_worker_that_must_stop_mid_batch_acks_what_it_did_gives_back_the_rest_and_exits_1(
     database_url, conn, member, error
 ):

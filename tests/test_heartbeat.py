@@ -91,5 +91,7 @@ def test_run_once_posts_incidents_with_a_token(clean_env, database_url, conn, fa
     assert main(["run-once", "alerts"]) == EXIT_OK
     [post] = fake_bs.posts()
     assert (post.body["policy_id"], post.body["team_name"], post.body["requester_email"]) == (
-        "P-7", "Platform", "oncall@example.com"
+        "P-7",
+        "Platform",
+        "oncall@example.com",
     )

@@ -13,16 +13,15 @@ import copy
 import re
 import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import helm_python
 import kubernetes_validate
 import pytest
 import yaml
+from helm_support import CHART_DIR
 from kubernetes_validate.utils import all_versions, major_minor
 
-CHART_DIR = Path(__file__).resolve().parents[1] / "helm" / "core-jobs"
 RELEASE = "ops"
 NAMESPACE = "jobs"
 SECRET = "core-jobs-secrets"
@@ -45,8 +44,12 @@ STANDARD_LABELS = {
 }
 
 # Value sets every structural test runs against (each on top of the required existingSecret).
-API_ON = {"enabled": True, "jwksUrl": "https://id.ops.example/.well-known/jwks.json",
-          "issuer": "https://id.ops.example/", "audience": "core-jobs-api"}
+API_ON = {
+    "enabled": True,
+    "jwksUrl": "https://id.ops.example/.well-known/jwks.json",
+    "issuer": "https://id.ops.example/",
+    "audience": "core-jobs-api",
+}
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
@@ -86,9 +89,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}
-                    ]
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["ops"]}]}]
                 }
             }
         },
@@ -161,16 +162,7 @@ def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, A
 
 
 def cron_jobs_by_job(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    return {
-        obj["metadata"]["labels"]["app.kubernetes.io/component"]: obj
-        for obj in of_kind(objects, "CronJob")
-    }
-
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm_python.Chart]:
-    with helm_python.Chart.load(CHART_DIR) as loaded:
-        yield loaded
+    return {obj["metadata"]["labels"]["app.kubernetes.io/component"]: obj for obj in of_kind(objects, "CronJob")}
 
 
 @pytest.fixture(scope="module", params=sorted(VALUE_SETS), ids=sorted(VALUE_SETS))
@@ -194,13 +186,11 @@ def scheduler_mode(chart: helm_python.Chart) -> list[dict[str, Any]]:
 
 def test_the_validated_minors_start_at_the_charts_kubeversion_floor():
     """kubernetes-validate has the kubeVersion floor's schema: no claimed minor goes unchecked."""
-    assert SUPPORTED_KUBE_VERSIONS[:1] == ["%d.%d" % chart_kube_floor()], SHIPPED_KUBE_VERSIONS
+    assert SUPPORTED_KUBE_VERSIONS[:1] == ["{}.{}".format(*chart_kube_floor())], SHIPPED_KUBE_VERSIONS
 
 
 @pytest.mark.parametrize("kube_version", SUPPORTED_KUBE_VERSIONS)
-def test_every_manifest_validates_strictly_on_every_supported_kubernetes_minor(
-    rendered, kube_version
-):
+def test_every_manifest_validates_strictly_on_every_supported_kubernetes_minor(rendered, kube_version):
     """Each rendered object passes kubernetes-validate's strict schema of this claimed minor."""
     refused = []
     for obj in rendered:
@@ -217,9 +207,7 @@ def test_every_manifest_validates_strictly_on_every_supported_kubernetes_minor(
 
 def test_every_object_carries_the_standard_labels(rendered):
     """Objects and pod templates carry exactly the app.kubernetes.io/* labels and helm.sh/chart."""
-    labelled = [obj["metadata"] for obj in rendered] + [
-        t["metadata"] for _, t in pod_templates(rendered)
-    ]
+    labelled = [obj["metadata"] for obj in rendered] + [t["metadata"] for _, t in pod_templates(rendered)]
     for metadata in labelled:
         labels = metadata["labels"]
         assert set(labels) == STANDARD_LABELS
@@ -277,9 +265,7 @@ def test_no_secret_value_reaches_a_config_map(rendered):
 def test_lint_passes_strict_on_every_supported_kubernetes_minor(kube_version):
     """`helm lint --strict` against this claimed minor reports no warning or error."""
     for overrides in VALUE_SETS.values():
-        report = helm_python.lint(
-            CHART_DIR, with_secret(overrides), strict=True, kube_version=f"v{kube_version}.0"
-        )
+        report = helm_python.lint(CHART_DIR, with_secret(overrides), strict=True, kube_version=f"v{kube_version}.0")
         assert report["errors"] == []
         assert [m for m in report["messages"] if m["severity"] >= 2] == []
 
@@ -382,9 +368,7 @@ def test_long_release_names_keep_cronjob_names_within_52_characters(chart):
     """CronJob names stay within Kubernetes' 52-character limit for any release name."""
     manifests = chart.render(with_secret(), name="r" * 53, namespace=NAMESPACE)
     names = [
-        obj["metadata"]["name"]
-        for obj in yaml.safe_load_all(manifests["core-jobs/templates/cronjob.yaml"])
-        if obj
+        obj["metadata"]["name"] for obj in yaml.safe_load_all(manifests["core-jobs/templates/cronjob.yaml"]) if obj
     ]
     assert len(names) == 3
     assert max(len(name) for name in names) <= 52
@@ -413,9 +397,7 @@ def test_scheduler_service_exposes_metrics_to_annotation_discovery(scheduler_mod
     service = only(scheduler_mode, "Service")
     pod_labels = only(scheduler_mode, "Deployment")["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= pod_labels.items()
-    assert service["spec"]["ports"] == [
-        {"name": "http", "port": 9108, "targetPort": "http", "protocol": "TCP"}
-    ]
+    assert service["spec"]["ports"] == [{"name": "http", "port": 9108, "targetPort": "http", "protocol": "TCP"}]
     assert service["metadata"]["annotations"] == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "9108",
@@ -428,18 +410,12 @@ def test_scheduler_restarts_when_settings_change(chart):
 
     def checksum(settings: dict[str, str]) -> str:
         objects = render_objects(chart, with_secret({"mode": "scheduler", "settings": settings}))
-        return only(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"][
-            "checksum/config"
-        ]
+        return only(objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
 
-    assert checksum({"CORE_JOBS_LOG_FORMAT": "json"}) != checksum(
-        {"CORE_JOBS_LOG_FORMAT": "console"}
-    )
+    assert checksum({"CORE_JOBS_LOG_FORMAT": "json"}) != checksum({"CORE_JOBS_LOG_FORMAT": "console"})
 
 
-@pytest.mark.parametrize(
-    "job_override", [{"enabled": False}, {"suspend": True}], ids=["disabled", "suspended"]
-)
+@pytest.mark.parametrize("job_override", [{"enabled": False}, {"suspend": True}], ids=["disabled", "suspended"])
 def test_scheduler_mode_refuses_disabled_or_suspended_jobs(chart, job_override):
     """enabled/suspend cannot be honoured by `core-jobs serve`, so the chart refuses them there."""
     values = with_secret({"mode": "scheduler", "jobs": {"alerts": job_override}})
@@ -474,9 +450,7 @@ def test_migration_hook_needs_nothing_the_release_creates_later(cronjob_mode):
 
 def test_migration_can_be_disabled(chart):
     """migration.enabled=false renders no hook Job."""
-    assert (
-        of_kind(render_objects(chart, with_secret({"migration": {"enabled": False}})), "Job") == []
-    )
+    assert of_kind(render_objects(chart, with_secret({"migration": {"enabled": False}})), "Job") == []
 
 
 def test_settings_pass_through_to_the_config_map(chart):
@@ -486,9 +460,7 @@ def test_settings_pass_through_to_the_config_map(chart):
     assert config_map["data"].items() >= VALUE_SETS["everything"]["settings"].items()
     for name, container in containers(objects):
         if "envFrom" in container:
-            assert container["envFrom"] == [
-                {"configMapRef": {"name": config_map["metadata"]["name"]}}
-            ], name
+            assert container["envFrom"] == [{"configMapRef": {"name": config_map["metadata"]["name"]}}], name
 
 
 def test_extra_env_reaches_every_container(chart):
@@ -505,11 +477,7 @@ def test_optional_secret_keys_are_referenced_only_when_named(chart):
     def secret_keys(secrets: dict[str, str]) -> dict[str, str]:
         objects = render_objects(chart, with_secret({"secrets": secrets}))
         (_, container), *_ = containers(objects)
-        return {
-            e["name"]: e["valueFrom"]["secretKeyRef"]["key"]
-            for e in container["env"]
-            if "valueFrom" in e
-        }
+        return {e["name"]: e["valueFrom"]["secretKeyRef"]["key"] for e in container["env"] if "valueFrom" in e}
 
     assert secret_keys({"betterstackApiTokenKey": ""}) == {"CORE_JOBS_DATABASE_URL": "database-url"}
     assert secret_keys({"betterstackHeartbeatUrlKey": "heartbeat"}) == {
@@ -560,9 +528,7 @@ BAD_VALUES = {
         "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.example/api/v1/heartbeat/x"
     ),
     "password-looking-setting": bad_setting("CORE_JOBS_SMTP_PASSWORD", "p"),
-    "credentialed-url-setting": bad_setting(
-        "CORE_JOBS_METRICS_PUSHGATEWAY_URL", "http://user:pw@push:9091"
-    ),
+    "credentialed-url-setting": bad_setting("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "http://user:pw@push:9091"),
     "chart-managed-schedule-in-settings": bad_setting("CORE_JOBS_SCHEDULE_PURGE", "* * * * *"),
     "chart-managed-port-in-settings": bad_setting("CORE_JOBS_HTTP_PORT", "8080"),
     "non-core-jobs-setting": bad_setting("LOG_LEVEL", "debug"),
@@ -576,11 +542,7 @@ BAD_VALUES = {
         "/extraEnv/0/name",
     ),
     "secret-ref-as-extra-env": (
-        {
-            "extraEnv": [
-                {"name": "X", "value": "", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}
-            ]
-        },
+        {"extraEnv": [{"name": "X", "value": "", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]},
         "valueFrom",
     ),
     "enabled-not-boolean": ({"jobs": {"purge": {"enabled": "yes"}}}, "/jobs/purge/enabled"),
@@ -621,6 +583,4 @@ def test_template_refuses_secret_settings_even_without_the_schema(tmp_path, sett
         helm_python.Chart.load(unchecked) as chart,
         pytest.raises(helm_python.HelmRenderError, match="looks secret"),
     ):
-        chart.render(
-            with_secret({"settings": {setting: "s3cr3t"}}), name=RELEASE, namespace=NAMESPACE
-        )
+        chart.render(with_secret({"settings": {setting: "s3cr3t"}}), name=RELEASE, namespace=NAMESPACE)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
+
+pytestmark = pytest.mark.pure
 
 
 def test_json_lines_when_not_a_tty():

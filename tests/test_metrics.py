@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from factories import add_dead_letter, add_fences
 from logcapture import events_in
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -35,8 +36,9 @@ def server_now(conn: psycopg.Connection) -> datetime:
 
 def core_row_counts(conn: psycopg.Connection) -> dict[str, int]:
     tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'core' ORDER BY 1")]
-    return {t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
-            for t in tables}
+    return {
+        t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0] for t in tables
+    }
 
 
 def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
@@ -62,7 +64,7 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
 
     assert main(["run-once", "metrics"]) == EXIT_OK
 
-    (request, _response), = httpserver.log
+    ((request, _response),) = httpserver.log
     pushed = pushed_families(request.get_data())
     assert pushed["core_jobs_successes_total"] == {
         (("consumer", "notifications.email"),): 1.0,
@@ -97,7 +99,9 @@ def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, logs):
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("", status=200)
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("down", status=500)
     telemetry = Telemetry()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(
+        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+    )
     run_job(spec, MetricsJob(db), db, telemetry)
 
     assert telemetry.push(gateway, "metrics") is True
@@ -127,7 +131,9 @@ class PushgatewayStandIn:
 def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, empty_database_url, httpserver):
     """Run-once succeeds, then a later run-once (a new process) fails: last_success stays, the failure shows."""
     gateway = PushgatewayStandIn(httpserver)
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(
+        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+    )
     first, second = Telemetry(), Telemetry()  # two CronJob pods: each process starts from zero
 
     run_job(spec, MetricsJob(db), db, first)
@@ -140,6 +146,34 @@ def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, em
     assert gateway.families["core_jobs_job_last_success_timestamp_seconds"] == succeeded_at
     assert gateway.families["core_jobs_job_runs_total"] == {(("job_name", "metrics"), ("outcome", "failure")): 1.0}
     assert gateway.families["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 0.0
+
+
+@pytest.fixture
+def created_series_switched_on():
+    """prometheus_client's process-wide ``_created`` switch on, as a library user may leave it; restored after."""
+    import prometheus_client.metrics as metrics_module
+    from prometheus_client import disable_created_metrics, enable_created_metrics
+
+    was_on = metrics_module._use_created
+    enable_created_metrics()
+    yield
+    (enable_created_metrics if was_on else disable_created_metrics)()
+
+
+def test_no_created_series_are_served_or_pushed_whatever_the_library_switch(db, httpserver, created_series_switched_on):
+    """With prometheus_client's _created switch on, /metrics and the Pushgateway still get no *_created series."""
+    gateway = PushgatewayStandIn(httpserver)
+    telemetry = Telemetry()
+    spec = JobSpec(
+        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+    )
+    run_job(spec, MetricsJob(db), db, telemetry)
+    assert telemetry.push(httpserver.url_for("/"), "metrics")
+
+    served = generate_latest(telemetry.registry).decode()
+    assert "core_jobs_job_runs_total" in served and "_created" not in served
+    assert "core_jobs_job_runs_total" in gateway.families
+    assert not [name for name in gateway.families if name.endswith("_created")]
 
 
 def test_pushgateway_url_with_credentials_is_refused(clean_env, capsys):
@@ -205,10 +239,15 @@ def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_ur
         runs = [threading.Thread(target=lambda: results.append(MetricsJob(db).run_once(now))) for _ in range(2)]
         for run in runs:
             run.start()
-        wait_until(lambda: conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
-        ).fetchone()[0] == 2)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+                ).fetchone()[0]
+                == 2
+            )
+        )
         blocker.commit()
     for run in runs:
         run.join(timeout=30)
@@ -236,9 +275,11 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
     role = f"core_jobs_metrics_{os.getpid()}_{secrets.token_hex(3)}"
     conn.execute(sql.SQL("CREATE ROLE {} LOGIN").format(sql.Identifier(role)))
     try:
-        for grant in ("GRANT USAGE ON SCHEMA core TO {}",
-                      "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
-                      "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}"):
+        for grant in (
+            "GRANT USAGE ON SCHEMA core TO {}",
+            "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
+            "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}",
+        ):
             conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
         now = server_now(conn)
         add_fences(conn, "points.credit", 2, now - timedelta(minutes=10))
@@ -325,18 +366,29 @@ def test_tenant_label_names_the_top_tenants_and_sums_the_rest_as_other(db, conn)
     for tenant, n in ((1, 5), (2, 3), (3, 2), (4, 1)):
         add_fences(conn, "points.credit", n, now - timedelta(minutes=10), tenant_id=TENANTS.format(tenant))
     first = job.run_once(now)
-    add_fences(conn, "points.credit", 9, now + timedelta(minutes=1), tenant_id=TENANTS.format(4))  # big now, but no slot left
+    add_fences(
+        conn, "points.credit", 9, now + timedelta(minutes=1), tenant_id=TENANTS.format(4)
+    )  # big now, but no slot left
     add_fences(conn, "points.credit", 1, now + timedelta(minutes=1), tenant_id=TENANTS.format(1))
     second = job.run_once(now + timedelta(minutes=5))
 
     t = TENANTS.format
-    assert first.totals_by_series() == {("points.credit", t(1)): 5, ("points.credit", t(2)): 3,
-                                        ("points.credit", "other"): 3}
-    assert second.totals_by_series() == {("points.credit", t(1)): 6, ("points.credit", t(2)): 3,
-                                         ("points.credit", "other"): 12}
+    assert first.totals_by_series() == {
+        ("points.credit", t(1)): 5,
+        ("points.credit", t(2)): 3,
+        ("points.credit", "other"): 3,
+    }
+    assert second.totals_by_series() == {
+        ("points.credit", t(1)): 6,
+        ("points.credit", t(2)): 3,
+        ("points.credit", "other"): 12,
+    }
     families = {f.name: f for f in second.metric_families()}
     assert {tuple(s.labels.values()) for s in families["core_jobs_successes"].samples} == {
-        ("points.credit", t(1)), ("points.credit", t(2)), ("points.credit", "other")}
+        ("points.credit", t(1)),
+        ("points.credit", t(2)),
+        ("points.credit", "other"),
+    }
 
 
 def test_lowering_top_n_folds_the_smallest_named_tenants_into_other():
@@ -363,11 +415,14 @@ def test_horizon_is_the_oldest_open_transaction_within_bounds():
 def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     """A success sets runs_total{success}, duration, last success and result fields; a failure zeros the fields."""
     telemetry = Telemetry()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {"num_successes": 0})
+    spec = JobSpec(
+        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+    )
     run_job(spec, MetricsJob(db), db, telemetry)
     broken = Database(empty_database_url)  # no schema: the job fails
-    failing = JobSpec(name="broken", summary="", build=lambda s, d: MetricsJob(d),
-                      zero_fields=lambda: {"num_successes": 0})
+    failing = JobSpec(
+        name="broken", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+    )
     run_job(failing, MetricsJob(broken), broken, telemetry)
 
     value = telemetry.registry.get_sample_value

@@ -22,8 +22,18 @@ pytestmark = pytest.mark.network
 ROOT = Path(__file__).resolve().parents[1]
 
 # What a consumer service must not get from the harness: the jobs' own dependencies and our other top-level packages.
-NOT_IN_A_CONSUMER = ("apscheduler", "alembic", "pgserver", "prometheus_client", "sqlalchemy", "httpx",
-                     "pydantic_settings", "maintenance", "alerts", "migrations")
+NOT_IN_A_CONSUMER = (
+    "apscheduler",
+    "alembic",
+    "pgserver",
+    "prometheus_client",
+    "sqlalchemy",
+    "httpx",
+    "pydantic_settings",
+    "maintenance",
+    "alerts",
+    "migrations",
+)
 
 # Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module, say which
 # forbidden modules could be imported, handle one job through the fence with the default metrics.
@@ -75,8 +85,9 @@ def uv() -> str:
 
 
 def run(*args: str | Path, cwd: Path = ROOT, env: dict[str, str] | None = None) -> str:
-    done = subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-                          check=False)
+    done = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     assert done.returncode == 0, f"{' '.join(map(str, args))} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -90,8 +101,10 @@ def metadata(wheel: Path) -> dict[str, list[str]]:
     with zipfile.ZipFile(wheel) as archive:
         [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
         message = Parser().parsestr(archive.read(name).decode())
-    return {"Requires-Dist": message.get_all("Requires-Dist") or [],
-            "Provides-Extra": message.get_all("Provides-Extra") or []}
+    return {
+        "Requires-Dist": message.get_all("Requires-Dist") or [],
+        "Provides-Extra": message.get_all("Provides-Extra") or [],
+    }
 
 
 def top_level(wheel: Path) -> set[str]:
@@ -146,8 +159,15 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     checked = json.loads(run(python, "-c", STANDALONE_CHECK, database_url, *NOT_IN_A_CONSUMER, cwd=tmp_path, env=env))
     assert Path(checked["harness_file"]).is_relative_to(venv)  # the installed copy, not the repository's
-    assert set(checked["modules"]) >= {"harness.consumer", "harness.handling", "harness.metrics", "harness.worker",
-                                       "harness.pgqueue", "harness.operations", "harness.examples.points"}
+    assert set(checked["modules"]) >= {
+        "harness.consumer",
+        "harness.handling",
+        "harness.metrics",
+        "harness.worker",
+        "harness.pgqueue",
+        "harness.operations",
+        "harness.examples.points",
+    }
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]

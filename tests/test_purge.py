@@ -10,6 +10,7 @@ mechanics say which.
 from __future__ import annotations
 
 import itertools
+import threading
 import uuid
 from datetime import datetime, timedelta
 
@@ -40,7 +41,9 @@ UNHURRIED = timedelta(hours=1)
 def add_old_expired_fences(conn: psycopg.Connection, now: datetime, count: int) -> list[uuid.UUID]:
     """Fences processed 10 days ago that expired 3 days ago, one second apart in expiry order."""
     return [
-        add_fence(conn, processed_at=now - timedelta(days=10) + i * SECOND, expires_at=now - timedelta(days=3) + i * SECOND)
+        add_fence(
+            conn, processed_at=now - timedelta(days=10) + i * SECOND, expires_at=now - timedelta(days=3) + i * SECOND
+        )
         for i in range(count)
     ]
 
@@ -125,7 +128,9 @@ REPLAY_GUARDS = pytest.mark.parametrize("hashed_pending_limit", [HASHED_PENDING_
 
 @BOTH_PATHS
 @REPLAY_GUARDS
-def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, conn, now, hashed_pending_limit, strategy):
+def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(
+    db, conn, now, hashed_pending_limit, strategy
+):
     """A pending dead letter holds its fence; discarded ones, and replays handled more than margin x window ago, do not."""
     pending, replayed, discarded, replayed_then_pending, alone = add_old_expired_fences(conn, now, 5)
     add_dead_letter(conn, job_id=pending)
@@ -143,7 +148,8 @@ def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(db, co
 @BOTH_PATHS
 @REPLAY_GUARDS
 def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_handled(
-        db, conn, now, hashed_pending_limit, strategy):
+    db, conn, now, hashed_pending_limit, strategy
+):
     """A replay not yet handled holds its fence however long ago it was made; once handled, margin x window more, then not."""
     (fence,) = add_old_expired_fences(conn, now, 1)
     letter = add_dead_letter(conn, job_id=fence, status="replayed")
@@ -179,7 +185,9 @@ def batch_clock(*durations_ms: float):
 
 def steered(db, clock, **overrides) -> Purger:
     """An index-path purge aiming at 20 ms per batch, timed by ``clock``."""
-    config = PurgeConfig(guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides)
+    config = PurgeConfig(
+        guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides
+    )
     return Purger(config, db, batch_clock=clock)
 
 
@@ -249,7 +257,10 @@ def test_pauses_between_batches(db, now, conn):
     add_old_expired_fences(conn, now, 25)
     pauses: list[float] = []
     config = PurgeConfig(
-        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, batch_pause=timedelta(milliseconds=250),
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=10,
+        batch_pause=timedelta(milliseconds=250),
         strategy="index",
     )
     result = Purger(config, db, sleep=pauses.append).run_once(now)
@@ -262,7 +273,10 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
     add_old_expired_fences(conn, now, 25)
     ticks = itertools.count()  # a clock that advances one second per reading
     config = PurgeConfig(
-        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, max_runtime=timedelta(seconds=2),
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=10,
+        max_runtime=timedelta(seconds=2),
         strategy="index",
     )
     # Readings: 0 sets the deadline at 2; 1 lets the first batch start; 2 is the budget's end.
@@ -275,11 +289,18 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
 
 
 def test_a_stop_request_ends_the_run_after_the_batch_in_hand(db, conn, now):
-    """SIGTERM's stop request lets the batch in hand commit, starts no other, reports rows_left; the next run finishes."""
+    """A stop event set during a batch lets that batch commit, starts no other, reports rows_left; the next run finishes."""
     add_old_expired_fences(conn, now, 25)
-    asked = iter([False, True])  # checked before each batch: the first may start, then a stop arrives
+    stop = threading.Event()
+    readings = itertools.count()
+
+    def batch_clock() -> float:  # read at each batch's start and end: the SIGTERM comes during the first
+        if next(readings) == 1:
+            stop.set()
+        return 0.0
+
     config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, strategy="index")
-    first = Purger(config, db, should_stop=lambda: next(asked)).run_once(now)
+    first = Purger(config, db, stop=stop, batch_clock=batch_clock).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_signal, first.rows_left) == (10, 1, 1, 15)
     assert first.ok
     second = Purger(config, db).run_once(now)
@@ -328,7 +349,11 @@ def test_run_once_purge_command_emits_the_fixed_result_fields(clean_env, databas
     stop = events_in(capsys.readouterr().out, "maintenance.purge.stop")
     assert len(stop) == 1
     assert {k: stop[0][k] for k in ("num_deleted", "num_batches", "rows_left", "stopped_on_budget", "skipped")} == {
-        "num_deleted": 4, "num_batches": 1, "rows_left": 0, "stopped_on_budget": 0, "skipped": 0,
+        "num_deleted": 4,
+        "num_batches": 1,
+        "rows_left": 0,
+        "stopped_on_budget": 0,
+        "skipped": 0,
     }
     assert {"longest_batch_ms", "batch_size", "num_timeouts", "gave_up"} <= stop[0].keys()
 
@@ -337,15 +362,26 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
     """Index path: repeated statement timeouts halve the batch, which never grows back that run; at the floor they stop it with ok=false."""
     ids = add_old_expired_fences(conn, now, 10)
     config = PurgeConfig(
-        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, min_batch_size=2, timeouts_before_shrink=2,
-        statement_timeout=timedelta(milliseconds=50), strategy="index",
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=10,
+        min_batch_size=2,
+        timeouts_before_shrink=2,
+        statement_timeout=timedelta(milliseconds=50),
+        strategy="index",
     )
     with psycopg.connect(database_url) as other:  # holds a row lock on the 8th fence in expiry order
         other.execute("SELECT 1 FROM core.processed_jobs WHERE job_id = %s FOR UPDATE", (ids[7],))
         result = Purger(config, db).run_once(now)
         other.rollback()
     # 10 -> 2 timeouts -> 5: fences 1-5 go; 6-10 time out twice -> 2: 6-7 go; 8-9 time out at the floor.
-    assert (result.num_deleted, result.num_timeouts, result.batch_size, result.gave_up, result.ok) == (7, 6, 2, 1, False)
+    assert (result.num_deleted, result.num_timeouts, result.batch_size, result.gave_up, result.ok) == (
+        7,
+        6,
+        2,
+        1,
+        False,
+    )
     assert result.rows_left == 3  # a plain count is not blocked by the row lock
     assert remaining(conn) == set(ids[7:])
     assert [e["batch_size"] for e in events.named("maintenance.purge.batch_shrunk")] == [5, 2]
@@ -357,8 +393,14 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
 def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url, events):
     """With the table locked by another session, auto cannot estimate, and the run gives up unable to count."""
     add_old_expired_fences(conn, now, 3)
-    config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, min_batch_size=10,
-                         statement_timeout=timedelta(milliseconds=50), strategy="auto")
+    config = PurgeConfig(
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=10,
+        min_batch_size=10,
+        statement_timeout=timedelta(milliseconds=50),
+        strategy="auto",
+    )
     with psycopg.connect(database_url) as other:
         other.execute("LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE")
         result = Purger(config, db).run_once(now)
@@ -436,7 +478,9 @@ def load_fences(conn: psycopg.Connection, now: datetime, rows: int, expired_shar
 
 
 def table_blocks(conn: psycopg.Connection) -> int:
-    return conn.execute("SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::int").fetchone()[0]
+    return conn.execute(
+        "SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::int"
+    ).fetchone()[0]
 
 
 def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
@@ -446,7 +490,8 @@ def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
     for _ in range(20):
         cases += [
             # expires_at one second on either side of the cutoff
-            (now - timedelta(days=8), now - SECOND), (now - timedelta(days=8), now + SECOND),
+            (now - timedelta(days=8), now - SECOND),
+            (now - timedelta(days=8), now + SECOND),
             # short-TTL fences processed just outside and just inside margin x window
             (now - PROTECTED - SECOND, now - PROTECTED + timedelta(minutes=1)),
             (now - PROTECTED + SECOND, now - PROTECTED + timedelta(minutes=1)),
@@ -459,24 +504,34 @@ def add_mixed_fences(conn: psycopg.Connection, now: datetime) -> None:
     ).fetchall()
     for i, (job_id,) in enumerate(held):
         kind = i % 4
-        add_dead_letter(conn, job_id=job_id, status=("pending_review", "replayed", "discarded", "replayed")[kind],
-                        handled="duplicate" if kind == 1 else None)
+        add_dead_letter(
+            conn,
+            job_id=job_id,
+            status=("pending_review", "replayed", "discarded", "replayed")[kind],
+            handled="duplicate" if kind == 1 else None,
+        )
         if kind == 1:  # replayed deliveries handled a second either side of margin x window before the cutoff
-            backdate_replay(conn, job_id, now - PROTECTED + (SECOND if (i // 4) % 2 else -SECOND),
-                            stamp="replay_handled_at")
+            backdate_replay(
+                conn, job_id, now - PROTECTED + (SECOND if (i // 4) % 2 else -SECOND), stamp="replay_handled_at"
+            )
         if kind == 3:  # replays a month old whose deliveries are still outstanding
             backdate_replay(conn, job_id, now - timedelta(days=30))
 
 
 def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UUID]:
     """The fences the rules keep, computed here row by row."""
-    pending = {r[0] for r in conn.execute(
-        "SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'"
-        " OR (status = 'replayed' AND (replay_handled_at IS NULL OR replay_handled_at >= %s))", (now - PROTECTED,)
-    )}
+    pending = {
+        r[0]
+        for r in conn.execute(
+            "SELECT job_id FROM core.dead_letters WHERE status = 'pending_review'"
+            " OR (status = 'replayed' AND (replay_handled_at IS NULL OR replay_handled_at >= %s))",
+            (now - PROTECTED,),
+        )
+    }
     rows = conn.execute("SELECT job_id, processed_at, expires_at FROM core.processed_jobs").fetchall()
     return {
-        job_id for job_id, processed_at, expires_at in rows
+        job_id
+        for job_id, processed_at, expires_at in rows
         if expires_at >= now or processed_at >= now - PROTECTED or job_id in pending
     }
 
@@ -524,7 +579,10 @@ def test_sweep_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now)
     load_fences(conn, now, 1000, 1.0, shuffled=True)
     ticks = itertools.count()  # one second per reading: the deadline at 2, one batch, then the budget's end
     config = PurgeConfig(
-        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=200, max_runtime=timedelta(seconds=2),
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=200,
+        max_runtime=timedelta(seconds=2),
         strategy="sweep",
     )
     first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
@@ -541,8 +599,13 @@ def test_sweep_statement_timeouts_shrink_the_block_range(db, conn, now, database
     load_fences(conn, now, 1000, 1.0, shuffled=False)
     locked_block = 3
     config = PurgeConfig(
-        guard=GUARD, target_batch_duration=UNHURRIED, batch_size=400, min_batch_size=50, timeouts_before_shrink=1,
-        statement_timeout=timedelta(milliseconds=50), strategy="sweep",
+        guard=GUARD,
+        target_batch_duration=UNHURRIED,
+        batch_size=400,
+        min_batch_size=50,
+        timeouts_before_shrink=1,
+        statement_timeout=timedelta(milliseconds=50),
+        strategy="sweep",
     )
     with psycopg.connect(database_url) as other:  # a row lock in block 3
         other.execute(
@@ -612,7 +675,9 @@ def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events
 )
 def test_auto_takes_the_path_measured_faster(correlation, expired_fraction, strategy):
     """Auto's estimate picks, for each layout measured with bench/purge.py, the path that was faster there."""
-    estimates = Estimates(table_blocks=23_000, rows_per_page=86, expired_fraction=expired_fraction, correlation=correlation)
+    estimates = Estimates(
+        table_blocks=23_000, rows_per_page=86, expired_fraction=expired_fraction, correlation=correlation
+    )
     assert choose("auto", estimates)[0] == strategy
     assert choose("index", estimates)[0] == "index" and choose("sweep", estimates)[0] == "sweep"
 

@@ -6,6 +6,8 @@ import pytest
 
 from maintenance import reference
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize("page", sorted(reference.PAGES), ids=lambda p: p.name)
 def test_generated_reference_page_is_up_to_date(page):
@@ -47,3 +49,19 @@ def test_source_scan_finds_events_named_through_module_constants(tmp_path):
     )
     found = list(reference.source_events(tmp_path, ("pkg",)))
     assert found == [("pkg.job.done", {"rows", reference.SPREAD}, "pkg/mod.py")]
+
+
+def test_events_page_lists_the_schedulers_missed_and_skipped_runs():
+    """`core-jobs serve`'s maintenance.scheduler.missed and .skipped warnings are on the events page, with their fields."""
+    events = reference.collect_events()
+    for name in ("maintenance.scheduler.missed", "maintenance.scheduler.skipped"):
+        assert name in events, f"{name} is logged but missing from docs/reference/events.md"
+        assert {"scheduled_at", "reason"} <= events[name].fields
+
+
+def test_every_log_call_names_its_event_where_the_scan_can_read_it():
+    """Outside the runner (whose job events come from the specs), no logger call names its event through a variable."""
+    unreadable = [
+        place for place in reference.unreadable_log_calls() if not place.startswith("maintenance/runtime/runner.py:")
+    ]
+    assert unreadable == [], f"event names the events page cannot list: {unreadable}"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 from freezegun import freeze_time
 
 from maintenance.jobs.base import JobSpec
 from maintenance.runtime.runner import run_jobs
+from maintenance.runtime.telemetry import Telemetry
 
 
 class CountingResult:
@@ -32,15 +35,22 @@ class FailingJob:
 
 
 def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0},
-                   event_prefix=f"test.{name}")
+    return JobSpec(
+        name=name,
+        summary=name,
+        build=lambda s, d, _stop: None,
+        zero_fields=lambda: {"num_done": 0},
+        event_prefix=f"test.{name}",
+    )
 
 
 def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db, logs):
     """A job that raises gives <prefix>.error with its fields at zero plus error; the next job runs on PostgreSQL's clock."""
     after = CountingJob()
     with freeze_time("2001-01-01"):  # the application clock is wrong; the job still gets the server's
-        outcomes = run_jobs([(spec("broken"), FailingJob()), (spec("after"), after)], db)
+        outcomes = run_jobs(
+            [(spec("broken"), FailingJob()), (spec("after"), after)], db, Telemetry(), stop=threading.Event()
+        )
 
     assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
     assert outcomes[0].error == "RuntimeError: provider down"
@@ -53,3 +63,25 @@ def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db,
     with db.connect() as conn:
         server_year = conn.execute("SELECT extract(year FROM now())::int").fetchone()[0]
     assert after.now.year == server_year != 2001
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise ValueError("no text for you")
+
+
+class UnprintableJob:
+    def run_once(self, now):
+        raise Unprintable()
+
+
+def test_a_job_error_that_cannot_be_printed_is_recorded_by_its_type_and_the_next_job_runs(db, logs):
+    """An exception whose __str__ raises is that job's error, named by type; run-once goes on to the next job."""
+    after = CountingJob()
+    outcomes = run_jobs(
+        [(spec("broken"), UnprintableJob()), (spec("after"), after)], db, Telemetry(), stop=threading.Event()
+    )
+
+    assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
+    assert outcomes[0].error is not None and outcomes[0].error.startswith("Unprintable: <message unprintable")
+    assert logs.by_name()["test.broken.error"]["error"] == outcomes[0].error

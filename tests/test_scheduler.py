@@ -70,7 +70,9 @@ class Recorder:
 
 def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
     job = Recorder()
-    return JobSpec(name=name, summary="records", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0}), job
+    return JobSpec(
+        name=name, summary="records", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0}
+    ), job
 
 
 def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
@@ -84,8 +86,12 @@ def fire_times(cron: str, start: datetime, end: datetime) -> list[datetime]:
 
 def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
     """Over 30 frozen minutes, each registered job runs exactly at the fire times of its crontab setting."""
-    settings = Settings(database_url=database_url, schedule_metrics="*/2 * * * *",
-                        schedule_purge="*/15 * * * *", schedule_alerts="*/5 * * * *")
+    settings = Settings(
+        database_url=database_url,
+        schedule_metrics="*/2 * * * *",
+        schedule_purge="*/15 * * * *",
+        schedule_alerts="*/5 * * * *",
+    )
     telemetry = Telemetry()
     built = build_jobs(settings, db)
     end = START + timedelta(minutes=30)
@@ -100,20 +106,30 @@ def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
     assert [spec.name for spec, _ in built]  # at least the metrics job is registered
     for spec, _job in built:
         expected = len(fire_times(settings.schedule_of(spec.name), START, end))
-        ran = telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": spec.name, "outcome": "success"})
+        ran = telemetry.registry.get_sample_value(
+            "core_jobs_job_runs_total", {"job_name": spec.name, "outcome": "success"}
+        )
         assert ran == expected, spec.name
-    assert telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 15
+    assert (
+        telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"})
+        == 15
+    )
 
 
 def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
     """purge every 15 min, alerts every 5 and metrics every minute fire at their own instants, side by side."""
     settings = Settings(database_url=database_url)
     (purge, purged), (alerts, alerted) = recorder_spec("purge"), recorder_spec("alerts")
-    metrics = JobSpec(name="metrics", summary="", build=lambda s, d: MetricsJob(d), zero_fields=lambda: {})
+    metrics = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {})
     telemetry = Telemetry()
     with freeze_time(START) as clock:
-        jobs = JobScheduler(settings, db, [(purge, purged), (alerts, alerted), (metrics, MetricsJob(db))],
-                            scheduler=stepped(), telemetry=telemetry)
+        jobs = JobScheduler(
+            settings,
+            db,
+            [(purge, purged), (alerts, alerted), (metrics, MetricsJob(db))],
+            scheduler=stepped(),
+            telemetry=telemetry,
+        )
         jobs.start()
         for _ in range(16):
             clock.tick(timedelta(minutes=1))
@@ -123,7 +139,10 @@ def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
     # Ticks land 30 s after each minute: a job runs at the first tick after its fire time.
     assert purged.ran_at == [START + timedelta(minutes=15)]
     assert alerted.ran_at == [START + timedelta(minutes=m) for m in (5, 10, 15)]
-    assert telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 16
+    assert (
+        telemetry.registry.get_sample_value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"})
+        == 16
+    )
 
 
 MINUTE = START.replace(second=0)
@@ -175,7 +194,7 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
     """max_instances=1: the 12:02 run of a job still busy with its 12:01 run is skipped (maintenance.scheduler.skipped)."""
     settings = Settings(database_url=database_url)
     job = Blocking()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d: job, zero_fields=lambda: {"num_runs": 0})
+    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0})
     scheduler = SteppedScheduler(timezone=UTC, executors={"default": ThreadPoolExecutor(2)})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
@@ -190,16 +209,21 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
 
     assert len(job.ran_at) == 1
     skipped = logs.named("maintenance.scheduler.skipped")
-    assert [(e["job"], e["scheduled_at"]) for e in skipped] == [("metrics", (MINUTE + timedelta(minutes=2)).isoformat())]
+    assert [(e["job"], e["scheduled_at"]) for e in skipped] == [
+        ("metrics", (MINUTE + timedelta(minutes=2)).isoformat())
+    ]
 
 
-@pytest.mark.parametrize(("name", "value"), [
-    ("CORE_JOBS_SCHEDULE_METRICS", "61 * * * *"),
-    ("CORE_JOBS_SCHEDULE_PURGE", "*/15 * * *"),
-    ("CORE_JOBS_SCHEDULE_ALERTS", "0 9 * * 1"),
-    ("CORE_JOBS_SCHEDULER_MISFIRE_GRACE", "PT0S"),
-    ("CORE_JOBS_HTTP_PORT", "70000"),
-])
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("CORE_JOBS_SCHEDULE_METRICS", "61 * * * *"),
+        ("CORE_JOBS_SCHEDULE_PURGE", "*/15 * * *"),
+        ("CORE_JOBS_SCHEDULE_ALERTS", "0 9 * * 1"),
+        ("CORE_JOBS_SCHEDULER_MISFIRE_GRACE", "PT0S"),
+        ("CORE_JOBS_HTTP_PORT", "70000"),
+    ],
+)
 def test_invalid_cron_exits_2_naming_the_setting(clean_env, database_url, capsys, name, value):
     """`core-jobs serve` with a bad crontab (or grace, or port) exits 2 at start and names the setting."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
@@ -263,11 +287,16 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
     token, heartbeat = "bs-token-5e1f09c2", "https://uptime.example/api/v1/heartbeat/hb-token-77aa"
     password_url = database_url.replace("postgresql://postgres@", "postgresql://postgres:pw-9c1d3e@")
     settings = Settings(database_url=database_url, betterstack_api_token=token, betterstack_heartbeat_url=heartbeat)
-    spec = JobSpec(name="alerts", summary="", build=lambda s, d: None, zero_fields=lambda: {})
+    spec = JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {})
     telemetry = Telemetry()
     with freeze_time(START) as clock:
-        jobs = JobScheduler(settings, db, [(spec, Leaky(f"{token} {heartbeat}/fail {password_url}"))],
-                            scheduler=stepped(), telemetry=telemetry)
+        jobs = JobScheduler(
+            settings,
+            db,
+            [(spec, Leaky(f"{token} {heartbeat}/fail {password_url}"))],
+            scheduler=stepped(),
+            telemetry=telemetry,
+        )
         jobs.start()
         clock.tick(timedelta(minutes=5))
         jobs.scheduler.step()
@@ -282,13 +311,17 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
 
 def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
     """With a heartbeat URL, every scheduled run pings it (its /fail form after a failed run), as run-once does."""
-    settings = Settings(database_url=database_url, betterstack_heartbeat_url=fake_bs.heartbeat_url(),
-                        schedule_alerts="*/2 * * * *")
-    (metrics, _), alerts = recorder_spec("metrics"), JobSpec(name="alerts", summary="", build=lambda s, d: None,
-                                                               zero_fields=lambda: {})
+    settings = Settings(
+        database_url=database_url, betterstack_heartbeat_url=fake_bs.heartbeat_url(), schedule_alerts="*/2 * * * *"
+    )
+    (metrics, _), alerts = (
+        recorder_spec("metrics"),
+        JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {}),
+    )
     with freeze_time(START) as clock:
-        jobs = JobScheduler(settings, db, [(metrics, Recorder()), (alerts, Leaky("boom"))], scheduler=stepped(),
-                            telemetry=Telemetry())
+        jobs = JobScheduler(
+            settings, db, [(metrics, Recorder()), (alerts, Leaky("boom"))], scheduler=stepped(), telemetry=Telemetry()
+        )
         jobs.start()
         clock.tick(timedelta(minutes=1))  # 12:01:30: metrics
         jobs.scheduler.step()
@@ -313,10 +346,15 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
         blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")  # the run will wait on this row
         jobs.start()
         jobs.scheduler.get_job("metrics").modify(next_run_time=datetime.now(UTC))
-        wait_until(lambda: conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-            " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
-        ).fetchone()[0] == 1)
+        wait_until(
+            lambda: (
+                conn.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND application_name = 'core-jobs' AND wait_event_type = 'Lock'"
+                ).fetchone()[0]
+                == 1
+            )
+        )
         stopping = threading.Thread(target=jobs.stop)
         stopping.start()
         wait_until(lambda: not jobs.scheduler.running)
@@ -330,10 +368,19 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
 def test_sigterm_stops_serve_and_exits_0(database_url):
     """A `core-jobs serve` process answers /healthz, and on SIGTERM logs stopping/stopped and exits 0."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_") or k == "CORE_JOBS_TEST_DATABASE_URL"}
-    env |= {"CORE_JOBS_DATABASE_URL": database_url, "CORE_JOBS_HTTP_HOST": "127.0.0.1", "CORE_JOBS_HTTP_PORT": "0",
-            "CORE_JOBS_LOG_FORMAT": "json"}
-    proc = subprocess.Popen([sys.executable, "-m", "maintenance", "serve"], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env |= {
+        "CORE_JOBS_DATABASE_URL": database_url,
+        "CORE_JOBS_HTTP_HOST": "127.0.0.1",
+        "CORE_JOBS_HTTP_PORT": "0",
+        "CORE_JOBS_LOG_FORMAT": "json",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "maintenance", "serve"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         started = read_event(proc, "maintenance.serve.started")
         health = httpx.get(f"http://127.0.0.1:{started['port']}/healthz")

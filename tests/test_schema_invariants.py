@@ -22,7 +22,9 @@ def dead_letter_id(conn: psycopg.Connection) -> int:
 
 
 def status_of(conn: psycopg.Connection, dead_letter_id: int) -> tuple[str, str | None]:
-    return conn.execute("SELECT status, discard_reason FROM core.dead_letters WHERE id = %s", (dead_letter_id,)).fetchone()
+    return conn.execute(
+        "SELECT status, discard_reason FROM core.dead_letters WHERE id = %s", (dead_letter_id,)
+    ).fetchone()
 
 
 def test_plain_insert_of_the_seed_columns_starts_pending_review(conn, dead_letter_id):
@@ -62,7 +64,9 @@ def test_discarding_with_a_reason_records_it_and_the_time(conn, dead_letter_id):
         (dead_letter_id,),
     )
     assert status_of(conn, dead_letter_id) == ("discarded", "duplicate, OPS-1")
-    stamped = conn.execute("SELECT status_changed_at IS NOT NULL FROM core.dead_letters WHERE id = %s", (dead_letter_id,))
+    stamped = conn.execute(
+        "SELECT status_changed_at IS NOT NULL FROM core.dead_letters WHERE id = %s", (dead_letter_id,)
+    )
     assert stamped.fetchone()[0] is True
 
 
@@ -74,7 +78,12 @@ def test_replaying_moves_pending_to_replayed(conn, dead_letter_id):
 
 @pytest.mark.parametrize(
     ("first", "then"),
-    [("replayed", "pending_review"), ("replayed", "discarded"), ("discarded", "replayed"), ("discarded", "pending_review")],
+    [
+        ("replayed", "pending_review"),
+        ("replayed", "discarded"),
+        ("discarded", "replayed"),
+        ("discarded", "pending_review"),
+    ],
 )
 def test_handled_dead_letters_cannot_change_status_again(conn, dead_letter_id, first, then):
     """Only pending_review -> replayed | discarded exists; a handled dead letter stays handled."""
@@ -111,7 +120,9 @@ def test_every_other_column_is_immutable(conn, dead_letter_id, column, value):
     """Append-only: an UPDATE of any column but the review state fails and names the column."""
     with pytest.raises(psycopg.errors.CheckViolation, match=f"column {column} of dead letter"):
         conn.execute(
-            psycopg.sql.SQL("UPDATE core.dead_letters SET {} = %s WHERE id = %s").format(psycopg.sql.Identifier(column)),
+            psycopg.sql.SQL("UPDATE core.dead_letters SET {} = %s WHERE id = %s").format(
+                psycopg.sql.Identifier(column)
+            ),
             (value, dead_letter_id),
         )
 
@@ -133,13 +144,21 @@ def replayed(conn: psycopg.Connection, dead_letter_id: int) -> int:
 def test_a_replays_outcome_is_stamped_by_the_database_and_set_only_once(conn, dead_letter_id):
     """The outcome of a replay's delivery gets the server's time (not the client's) and cannot change afterwards."""
     replayed(conn, dead_letter_id)
-    conn.execute("UPDATE core.dead_letters SET replay_outcome = 'duplicate', replay_handled_at = '2000-01-01T00:00:00Z'"
-                 " WHERE id = %s", (dead_letter_id,))
+    conn.execute(
+        "UPDATE core.dead_letters SET replay_outcome = 'duplicate', replay_handled_at = '2000-01-01T00:00:00Z'"
+        " WHERE id = %s",
+        (dead_letter_id,),
+    )
     outcome, stamped_now = conn.execute(
         "SELECT replay_outcome, replay_handled_at > now() - interval '1 minute' FROM core.dead_letters WHERE id = %s",
-        (dead_letter_id,)).fetchone()
+        (dead_letter_id,),
+    ).fetchone()
     assert (outcome, stamped_now) == ("duplicate", True)
-    for change in ("replay_outcome = 'processed'", "replay_outcome = NULL", "replay_handled_at = now() - interval '1 day'"):
+    for change in (
+        "replay_outcome = 'processed'",
+        "replay_outcome = NULL",
+        "replay_handled_at = now() - interval '1 day'",
+    ):
         with pytest.raises(psycopg.errors.CheckViolation, match="was already handled"):
             conn.execute(f"UPDATE core.dead_letters SET {change} WHERE id = %s", (dead_letter_id,))
 
@@ -148,8 +167,9 @@ def test_a_replays_outcome_is_stamped_by_the_database_and_set_only_once(conn, de
 def test_only_a_replayed_dead_letter_gets_a_replay_outcome(conn, dead_letter_id, status):
     """A pending or discarded dead letter has no replay whose delivery could be handled."""
     if status == "discarded":
-        conn.execute("UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'x' WHERE id = %s",
-                     (dead_letter_id,))
+        conn.execute(
+            "UPDATE core.dead_letters SET status = 'discarded', discard_reason = 'x' WHERE id = %s", (dead_letter_id,)
+        )
     with pytest.raises(psycopg.errors.CheckViolation, match="only the replay of a replayed dead letter"):
         conn.execute("UPDATE core.dead_letters SET replay_outcome = 'processed' WHERE id = %s", (dead_letter_id,))
 

@@ -52,7 +52,10 @@ def test_run_once_runs_every_job_whatever_the_database_date_and_interval_styles(
 
 def test_worker_and_enqueue_work_whatever_the_database_date_and_interval_styles(odd_styles, conn):
     """With DateStyle 'SQL, DMY' and IntervalStyle sql_standard, enqueue publishes and the worker credits one job and dead-letters a poison one."""
-    assert main(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "points": 7}', "--tenant-id", str(TENANT)]) == EXIT_OK
+    assert (
+        main(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "points": 7}', "--tenant-id", str(TENANT)])
+        == EXIT_OK
+    )
     publish(conn, {"member_id": "m-2", "points": -1})  # poison: points must be positive
     assert main(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
     assert points(conn, "m-1") == 7
@@ -73,7 +76,7 @@ def test_dead_letters_list_works_whatever_the_database_date_and_interval_styles(
 @pytest.mark.parametrize(
     "connect",
     [lambda url: Database(url).connect(), lambda url: harness.pg.connect(url)],
-    ids=["maintenance.db", "harness.pg"],
+    ids=["maintenance.runtime.db", "harness.pg"],
 )
 def test_connections_add_a_day_as_24_hours_whatever_the_database_time_zone(conn, database_url, connect):
     """In a database whose TimeZone keeps summer time, timestamptz + 1 day across the change is still 24 hours."""
@@ -91,5 +94,8 @@ def test_connect_pins_the_session_and_keeps_the_mode_and_the_url_options(conn, d
     url = database_url + ("&" if "?" in database_url else "?") + "options=-c%20lock_timeout%3D1234"
     with harness.pg.connect(url, autocommit=autocommit) as c:
         assert c.autocommit is autocommit and c.info.transaction_status.name == "IDLE"
-        shown = [c.execute(f"SHOW {name}").fetchone()[0] for name in ("DateStyle", "IntervalStyle", "TimeZone", "lock_timeout")]
+        shown = [
+            c.execute(f"SHOW {name}").fetchone()[0]
+            for name in ("DateStyle", "IntervalStyle", "TimeZone", "lock_timeout")
+        ]
         assert shown == ["ISO, DMY", "postgres", "UTC", "1234ms"]

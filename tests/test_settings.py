@@ -8,13 +8,18 @@ import pytest
 
 from maintenance.settings import ConfigError, load_settings
 
+pytestmark = pytest.mark.pure
+
 
 def test_defaults_follow_the_seed(clean_env):
     """With nothing set, the TTL is 7 days and the retry policy is J-B3's 5 x 30 s .. 1 h, jitter 20 %."""
     s = load_settings()
     assert s.processed_jobs_ttl == timedelta(days=7)
     assert (s.retry_max_attempts, s.retry_base_delay, s.retry_max_delay, s.retry_jitter) == (
-        5, timedelta(seconds=30), timedelta(hours=1), 0.2,
+        5,
+        timedelta(seconds=30),
+        timedelta(hours=1),
+        0.2,
     )
     assert s.ttl_margin == 2
     assert s.database_url is None
@@ -24,8 +29,10 @@ def test_ttl_guard_shows_the_exact_values_it_compared(clean_env):
     """A TTL a microsecond short of margin x window reads as short: TTL, margin and requirement are shown unrounded."""
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M23.999999S")  # default window 11m12s x 2 = 22m24s
     explained = load_settings().ttl_guard().explain()
-    assert explained.startswith("CORE_JOBS_PROCESSED_JOBS_TTL=PT22M23.999999S vs CORE_JOBS_TTL_MARGIN=2 x max retry"
-                                " window PT11M12S = PT22M24S: TOO SHORT")
+    assert explained.startswith(
+        "CORE_JOBS_PROCESSED_JOBS_TTL=PT22M23.999999S vs CORE_JOBS_TTL_MARGIN=2 x max retry"
+        " window PT11M12S = PT22M24S: TOO SHORT"
+    )
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT22M24S")
     clean_env.setenv("CORE_JOBS_TTL_MARGIN", "2.0000001")  # 11m12s x 2.0000001 = 22m24.0000672s
     explained = load_settings().ttl_guard().explain()
@@ -35,14 +42,18 @@ def test_ttl_guard_shows_the_exact_values_it_compared(clean_env):
 def test_unknown_variable_is_named_with_a_suggestion(clean_env):
     """A misspelt CORE_JOBS_ variable is an error naming it and the closest valid name."""
     clean_env.setenv("CORE_JOBS_PROCESSED_JOB_TTL", "P7D")
-    with pytest.raises(ConfigError, match="unknown setting CORE_JOBS_PROCESSED_JOB_TTL; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"):
+    with pytest.raises(
+        ConfigError, match="unknown setting CORE_JOBS_PROCESSED_JOB_TTL; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"
+    ):
         load_settings()
 
 
 def test_unknown_lowercase_variable_is_named_too(clean_env):
     """Settings are read case-insensitively, so a misspelt lower-case core_jobs_ variable is an error as well."""
     clean_env.setenv("core_jobs_procesed_jobs_ttl", "P7D")
-    with pytest.raises(ConfigError, match="unknown setting core_jobs_procesed_jobs_ttl; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"):
+    with pytest.raises(
+        ConfigError, match="unknown setting core_jobs_procesed_jobs_ttl; did you mean CORE_JOBS_PROCESSED_JOBS_TTL"
+    ):
         load_settings()
 
 
@@ -96,9 +107,7 @@ def test_justified_override_changes_only_its_queue(clean_env):
 
 def test_override_that_makes_an_invalid_policy_is_an_error(clean_env):
     """An override whose max_delay is below the base delay is refused before anything runs."""
-    clean_env.setenv(
-        "CORE_JOBS_RETRY_OVERRIDES", '{"q": {"max_delay": "PT1S", "justification": "test"}}'
-    )
+    clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"q": {"max_delay": "PT1S", "justification": "test"}}')
     with pytest.raises(ConfigError, match="max_delay"):
         load_settings()
 
@@ -107,7 +116,11 @@ def test_override_that_makes_an_invalid_policy_is_an_error(clean_env):
     "env",
     [
         {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "1000000000000000000"},
-        {"CORE_JOBS_RETRY_MAX_ATTEMPTS": "50", "CORE_JOBS_RETRY_MAX_DELAY": "P999999999D", "CORE_JOBS_RETRY_BASE_DELAY": "P999999D"},
+        {
+            "CORE_JOBS_RETRY_MAX_ATTEMPTS": "50",
+            "CORE_JOBS_RETRY_MAX_DELAY": "P999999999D",
+            "CORE_JOBS_RETRY_BASE_DELAY": "P999999D",
+        },
     ],
 )
 def test_retry_window_beyond_any_duration_is_a_config_error(clean_env, env):
@@ -147,6 +160,14 @@ def test_database_url_accepts_sqlalchemy_style_and_is_redacted(clean_env):
     assert "s3cr3t-pw" not in repr(s)
 
 
+@pytest.mark.parametrize("url", ["postgresql://app:pw@db/core\n", "  postgresql+psycopg://app:pw@db/core \r\n"])
+def test_database_url_is_read_without_surrounding_whitespace(clean_env, url):
+    """A secret file's trailing newline (or spaces around the URL) is not part of the URL, as for the http URL
+    settings: libpq would otherwise take it into the database name and every job would fail to connect."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", url)
+    assert load_settings().conninfo() == "postgresql://app:pw@db/core"
+
+
 @pytest.mark.parametrize(
     "url",
     [
@@ -169,8 +190,10 @@ def test_database_url_libpq_cannot_parse_is_refused_without_echoing_it(clean_env
 URL_SECRET = "Tk9-url-secret"
 
 
-@pytest.mark.parametrize("name", ["CORE_JOBS_BETTERSTACK_API_URL", "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL",
-                                  "CORE_JOBS_METRICS_PUSHGATEWAY_URL"])
+@pytest.mark.parametrize(
+    "name",
+    ["CORE_JOBS_BETTERSTACK_API_URL", "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "CORE_JOBS_METRICS_PUSHGATEWAY_URL"],
+)
 @pytest.mark.parametrize(
     "url",
     [

@@ -8,6 +8,8 @@ import pytest
 
 from maintenance.settings import format_duration, parse_duration
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     ("text", "expected"),
@@ -36,8 +38,14 @@ def test_unparsable_durations_are_refused(text):
 
 def test_format_duration_round_trips():
     """Durations print back as compact ISO-8601."""
-    for delta in (timedelta(days=7), timedelta(seconds=672), timedelta(0), timedelta(hours=1, seconds=1.5),
-                  timedelta(minutes=22, seconds=23, microseconds=999999), timedelta(days=999999999, microseconds=1)):
+    for delta in (
+        timedelta(days=7),
+        timedelta(seconds=672),
+        timedelta(0),
+        timedelta(hours=1, seconds=1.5),
+        timedelta(minutes=22, seconds=23, microseconds=999999),
+        timedelta(days=999999999, microseconds=1),
+    ):
         assert parse_duration(format_duration(delta)) == delta
 
 

@@ -6,12 +6,17 @@ import pytest
 
 from maintenance.settings import mask_url_passwords, redact_url, shown_url
 
+pytestmark = pytest.mark.pure
+
 
 @pytest.mark.parametrize(
     ("text", "masked"),
     [
         ("postgresql://app:pw@hunter2@db/core", "postgresql://app:***@db/core"),
-        ("postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require", "postgresql://app:***@db:5432/core?sslmode=require"),
+        (
+            "postgresql://app:p@ss@w@rd@db:5432/core?sslmode=require",
+            "postgresql://app:***@db:5432/core?sslmode=require",
+        ),
         ('connect "postgresql://app:pw@hunter2@db/core" failed', 'connect "postgresql://app:***@db/core" failed'),
         ("http://app@corp:hunter2@push.example/x", "http://app@corp:***@push.example/x"),
     ],

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
+import threading
 
 from maintenance.jobs.base import JobSpec
-from maintenance.runtime import signals as shutdown
-from maintenance.runtime.runner import run_jobs
+from maintenance.runtime.runner import build_jobs, run_jobs
+from maintenance.runtime.signals import on_signals
+from maintenance.runtime.telemetry import Telemetry
+from maintenance.settings import Settings
 
 
 class RecordingJob:
@@ -30,23 +35,65 @@ class RecordingJob:
 
 
 def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d: None, zero_fields=lambda: {"num_done": 0})
+    return JobSpec(name=name, summary=name, build=lambda s, d, _stop: None, zero_fields=lambda: {"num_done": 0})
 
 
-def test_sigterm_inside_the_block_requests_a_stop_instead_of_killing():
-    """Under stop_on_sigterm a SIGTERM sets the stop flag; afterwards the flag is cleared and the old handler back."""
-    before = signal.getsignal(signal.SIGTERM)
-    with shutdown.stop_on_sigterm():
+def test_a_signal_inside_the_block_sets_the_given_event_instead_of_killing():
+    """Under on_signals a SIGTERM and a SIGINT set the event passed in and name themselves; afterwards the old handlers are back."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop, received = threading.Event(), []
+    with on_signals(stop, on_signal=received.append):
         os.kill(os.getpid(), signal.SIGTERM)
-        assert shutdown.stop_requested()
-    assert not shutdown.stop_requested()
-    assert signal.getsignal(signal.SIGTERM) is before
+        assert stop.is_set()
+        os.kill(os.getpid(), signal.SIGINT)
+    assert received == ["SIGTERM", "SIGINT"]
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_stop_in_one_command_does_not_stop_the_next():
+    """Each command has its own stop event: a signal in one block leaves a later block's event unset."""
+    first, second = threading.Event(), threading.Event()
+    with on_signals(first):
+        os.kill(os.getpid(), signal.SIGTERM)
+    with on_signals(second):
+        pass
+    assert first.is_set() and not second.is_set()
 
 
 def test_run_once_starts_no_further_job_after_sigterm(db):
     """When a SIGTERM arrives during the first job, it finishes, and the second job is not started."""
     first, second = RecordingJob(stop_while_running=True), RecordingJob()
-    with shutdown.stop_on_sigterm():
-        outcomes = run_jobs([(spec("first"), first), (spec("second"), second)], db)
+    stop = threading.Event()
+    with on_signals(stop):
+        outcomes = run_jobs([(spec("first"), first), (spec("second"), second)], db, Telemetry(), stop=stop)
     assert [o.name for o in outcomes] == ["first"] and outcomes[0].ok
     assert first.ran and not second.ran
+
+
+def test_the_built_purge_checks_the_stop_event_it_was_given(db, database_url):
+    """build_jobs hands the command's stop event to the purge's batch loop: set, the purge starts no batch."""
+    settings = Settings(database_url=database_url)
+    stop = threading.Event()
+    ((_, purge),) = build_jobs(settings, db, ["purge"], stop=stop)
+    stop.set()
+    result = purge.run_once(db.server_now())
+    assert (result.stopped_on_signal, result.num_batches) == (1, 0)
+
+
+IMPORT_STATE = """
+import prometheus_client.metrics as created
+import maintenance.cli, maintenance.runtime.scheduler, maintenance.runtime.runner, maintenance.runtime.telemetry
+import maintenance.runtime.signals as signals
+print(created._use_created, sorted(n for n in vars(signals) if not n.startswith("__")))
+"""
+
+
+def test_importing_the_runtime_creates_no_process_wide_state():
+    """Importing the CLI and runtime leaves prometheus_client's _created switch alone and makes no module stop flag or telemetry."""
+    out = subprocess.run([sys.executable, "-c", IMPORT_STATE], capture_output=True, text=True, check=True).stdout
+    use_created, names = out.split(" ", 1)
+    assert use_created == "True"
+    assert "_requested" not in names and "request_stop" not in names
+    import maintenance.runtime.telemetry as telemetry
+
+    assert not hasattr(telemetry, "default") and not hasattr(telemetry, "_DEFAULT")

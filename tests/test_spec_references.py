@@ -19,6 +19,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.pure
+
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = ROOT / "docs" / "spec.md"
 THIS_FILE = Path(__file__).resolve()
@@ -100,18 +104,20 @@ def spec_text() -> str:
 
 def test_an_entry_is_a_heading_or_a_bold_list_item_starting_with_the_identifier():
     """Headings and bold list items that begin with an identifier are entries; mentions elsewhere are not."""
-    text = "\n".join([
-        "### J-B3 — Retry policy",
-        "## NF-12 Throughput",
-        "- **TS-001** — the schema task",
-        "  * **DEC-C5** the evidence guarantee",
-        "### J-B30",
-        "See J-B4 for the alert.",
-        "**J-B5** in bold at the start of a paragraph",
-        "- the retry policy (**J-B6**)",
-        "#### 1. J-B7 numbered",
-        "### J-B8x is not an identifier",
-    ])
+    text = "\n".join(
+        [
+            "### J-B3 — Retry policy",
+            "## NF-12 Throughput",
+            "- **TS-001** — the schema task",
+            "  * **DEC-C5** the evidence guarantee",
+            "### J-B30",
+            "See J-B4 for the alert.",
+            "**J-B5** in bold at the start of a paragraph",
+            "- the retry policy (**J-B6**)",
+            "#### 1. J-B7 numbered",
+            "### J-B8x is not an identifier",
+        ]
+    )
     assert spec_entries(text) == [("J-B3", 1), ("NF-12", 2), ("TS-001", 3), ("DEC-C5", 4), ("J-B30", 5)]
 
 
@@ -143,7 +149,8 @@ def test_spec_has_an_entry_for_every_seed_identifier():
 def test_every_excluded_string_still_occurs_in_its_file():
     """Each NOT_IDENTIFIERS string still occurs in the file it is excluded for, so the list cannot go stale."""
     stale = [
-        f"{path}: {string}" for path, string in NOT_IDENTIFIERS
+        f"{path}: {string}"
+        for path, string in NOT_IDENTIFIERS
         if not (ROOT / path).is_file() or string not in IDENTIFIER.findall((ROOT / path).read_text(encoding="utf-8"))
     ]
     assert stale == [], f"excluded but no longer found there: {stale}"
@@ -156,6 +163,8 @@ def test_spec_names_only_files_and_definitions_that_exist():
         path, name = ROOT / match.group("path"), match.group("name")
         if not path.is_file():
             broken.append(f"{match.group('path')}: no such file")
-        elif name and not re.search(rf"^\s*(?:def|class)\s+{name}\b|^{name}\s*=", path.read_text(encoding="utf-8"), re.M):
+        elif name and not re.search(
+            rf"^\s*(?:def|class)\s+{name}\b|^{name}\s*=", path.read_text(encoding="utf-8"), re.M
+        ):
             broken.append(f"{match.group('path')}::{name}: not defined there")
     assert broken == [], "docs/spec.md points at what does not exist:\n  " + "\n  ".join(broken)

@@ -48,8 +48,12 @@ class AlwaysConfirms:
 class OutageLedger:
     """Fails the first ``timeouts[member]`` attempts of a member, and always for ``unknown`` members."""
 
-    def __init__(self, timeouts: Mapping[str, int] | None = None, unknown: frozenset[str] = frozenset(),
-                 retry_after: float | None = None) -> None:
+    def __init__(
+        self,
+        timeouts: Mapping[str, int] | None = None,
+        unknown: frozenset[str] = frozenset(),
+        retry_after: float | None = None,
+    ) -> None:
         self.timeouts = dict(timeouts or {})
         self.unknown = unknown
         self.retry_after = retry_after
@@ -70,15 +74,17 @@ DO UPDATE SET points = b.points + EXCLUDED.points, updated_at = now()
 """
 
 
-def make_consumer(ledger: LoyaltyLedger | None = None, *, name: str = "points.credit",
-                  queue: str = "points.credit") -> Consumer[CreditPoints]:
+def make_consumer(
+    ledger: LoyaltyLedger | None = None, *, name: str = "points.credit", queue: str = "points.credit"
+) -> Consumer[CreditPoints]:
     """The points consumer, confirming with ``ledger`` (default: one that always confirms)."""
     provider = ledger or AlwaysConfirms()
 
     def credit(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
         provider.confirm(payload, ctx)
-        conn.execute(CREDIT_POINTS, {"tenant_id": ctx.tenant_id, "member_id": payload.member_id,
-                                     "points": payload.points})
+        conn.execute(
+            CREDIT_POINTS, {"tenant_id": ctx.tenant_id, "member_id": payload.member_id, "points": payload.points}
+        )
 
     return Consumer(name=name, queue=queue, payload_schema=CreditPoints, handler=credit)
 

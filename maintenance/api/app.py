@@ -79,11 +79,19 @@ class ApiMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = ("method", "route", "status")
-        self.requests = Counter("core_jobs_api_requests_total", "HTTP requests answered by the operations API.",
-                                labels, registry=self.registry)
-        self.latency = Histogram("core_jobs_api_request_duration_seconds",
-                                 "Time from request to the end of the response, by route and status.",
-                                 labels, buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.requests = Counter(
+            "core_jobs_api_requests_total",
+            "HTTP requests answered by the operations API.",
+            labels,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "core_jobs_api_request_duration_seconds",
+            "Time from request to the end of the response, by route and status.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         self.requests.labels(method, route, str(status)).inc()
@@ -141,8 +149,12 @@ class Guard:
             if not state["started"]:
                 await answer(Problem(413, "payload-too-large", f"the request body exceeds {self.max_body_bytes} bytes"))
         except Exception as exc:  # a bug: answer 500 without details, log what happened
-            get_logger().error("maintenance.api.internal_error", method=scope["method"], path=scope["path"],
-                               error=f"{type(exc).__name__}: {exc}")
+            get_logger().error(
+                "maintenance.api.internal_error",
+                method=scope["method"],
+                path=scope["path"],
+                error=f"{type(exc).__name__}: {exc}",
+            )
             if not state["started"]:
                 await answer(Problem(500, "internal-error", "the request failed; the API's log says why"))
         finally:
@@ -152,8 +164,14 @@ class Guard:
             self.metrics.observe(scope["method"], template, state["status"], seconds)
             log = get_logger()
             emit = log.debug if template in QUIET_ROUTES else log.info
-            emit("maintenance.api.request", method=scope["method"], route=template, status=state["status"],
-                 duration_ms=round(seconds * 1000, 2), subject=scope.get("state", {}).get("subject"))
+            emit(
+                "maintenance.api.request",
+                method=scope["method"],
+                route=template,
+                status=state["status"],
+                duration_ms=round(seconds * 1000, 2),
+                subject=scope.get("state", {}).get("subject"),
+            )
 
 
 def _validation_problem(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -163,17 +181,24 @@ def _validation_problem(request: Request, exc: RequestValidationError) -> JSONRe
     summary = "; ".join(described)[:1000]
     if malformed:
         return Problem(400, "malformed-request", summary).response()
-    return Problem(422, "invalid-request", summary,
-                   errors=[{"location": [str(p) for p in e.get("loc", ())], "message": e.get("msg", "")}
-                           for e in errors][:50]).response()
+    return Problem(
+        422,
+        "invalid-request",
+        summary,
+        errors=[{"location": [str(p) for p in e.get("loc", ())], "message": e.get("msg", "")} for e in errors][:50],
+    ).response()
 
 
 def _http_problem(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if exc.status_code == 404:
         return Problem(404, "not-found", f"no route {request.url.path}").response()
     if exc.status_code == 405:  # Starlette's exception carries the Allow header (RFC 9110)
-        return Problem(405, "method-not-allowed", f"{request.method} is not allowed on {request.url.path}",
-                       headers=dict(exc.headers or {})).response()
+        return Problem(
+            405,
+            "method-not-allowed",
+            f"{request.method} is not allowed on {request.url.path}",
+            headers=dict(exc.headers or {}),
+        ).response()
     if exc.status_code == 415:
         return Problem(415, "unsupported-media-type", "send the body as application/json").response()
     return Problem(400, "malformed-request", str(exc.detail)).response()
@@ -184,8 +209,14 @@ def _database_problem(request: Request, exc: Exception) -> JSONResponse:
     return Problem(503, "database-unavailable", "the database cannot be reached or is busy; try again").response()
 
 
-def create_app(*, pool: ConnectionPool, verifier: TokenVerifier, max_body_bytes: int = 256 * 1024,
-               metrics: ApiMetrics | None = None, title: str = "core-jobs operations API") -> FastAPI:
+def create_app(
+    *,
+    pool: ConnectionPool,
+    verifier: TokenVerifier,
+    max_body_bytes: int = 256 * 1024,
+    metrics: ApiMetrics | None = None,
+    title: str = "core-jobs operations API",
+) -> FastAPI:
     """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan."""
     from contextlib import asynccontextmanager
 
@@ -197,8 +228,15 @@ def create_app(*, pool: ConnectionPool, verifier: TokenVerifier, max_body_bytes:
         finally:
             pool.close()
 
-    app = FastAPI(title=title, version="1", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan,
-                  description="List, inspect, replay and discard dead letters. Errors are application/problem+json.")
+    app = FastAPI(
+        title=title,
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+        description="List, inspect, replay and discard dead letters. Errors are application/problem+json.",
+    )
     app.state.pool, app.state.verifier = pool, verifier
     app.state.metrics = metrics = metrics or ApiMetrics()
 
@@ -214,9 +252,17 @@ def create_app(*, pool: ConnectionPool, verifier: TokenVerifier, max_body_bytes:
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["probes"], summary="The database answers",
-             responses={503: {"description": "Database unavailable",
-                              "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}}}})
+    @app.get(
+        "/readyz",
+        tags=["probes"],
+        summary="The database answers",
+        responses={
+            503: {
+                "description": "Database unavailable",
+                "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+            }
+        },
+    )
     def readyz() -> dict[str, str]:
         with pool.connection(timeout=2) as conn:
             conn.execute("SELECT 1")
@@ -230,8 +276,9 @@ def create_app(*, pool: ConnectionPool, verifier: TokenVerifier, max_body_bytes:
         if app.openapi_schema is None:
             schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
             schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = ProblemModel.model_json_schema()
-            schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer",
-                                                                  "bearerFormat": "JWT"}}
+            schema["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            }
             for path, operations in schema["paths"].items():
                 for operation in operations.values():
                     # FastAPI documents its own 422 where this API answers 400 (query and path errors).

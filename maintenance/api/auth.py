@@ -73,8 +73,9 @@ class PublicKeyFile:
             key = load_pem_public_key(Path(path).read_bytes())
         except (OSError, ValueError) as exc:
             raise ValueError(f"cannot read a PEM public key from {path}: {exc}") from None
-        if not isinstance(key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
-                          | ed448.Ed448PublicKey):
+        if not isinstance(
+            key, rsa.RSAPublicKey | ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey | ed448.Ed448PublicKey
+        ):
             raise ValueError(f"{path}: an RSA, EC or Ed25519/Ed448 public key is needed, not {type(key).__name__}")
         self._key = key
 
@@ -123,8 +124,9 @@ class TokenVerifier:
     CACHE_SECONDS = 60.0
     CACHE_SIZE = 1024
 
-    def __init__(self, keys: KeySource, *, issuer: str, audience: str, algorithms: list[str], leeway: float,
-                 clock=time.time) -> None:
+    def __init__(
+        self, keys: KeySource, *, issuer: str, audience: str, algorithms: list[str], leeway: float, clock=time.time
+    ) -> None:
         self.keys, self.issuer, self.audience, self.algorithms, self.leeway = keys, issuer, audience, algorithms, leeway
         self.clock = clock
         self._verified: dict[str, tuple[float, Principal]] = {}
@@ -157,14 +159,20 @@ class TokenVerifier:
         key = self.keys.key_for(kid if isinstance(kid, str) else None)
         try:
             claims = jwt.decode(
-                token, key, algorithms=[algorithm], issuer=self.issuer, audience=self.audience, leeway=self.leeway,
+                token,
+                key,
+                algorithms=[algorithm],
+                issuer=self.issuer,
+                audience=self.audience,
+                leeway=self.leeway,
                 options={"require": ["exp", "iss", "aud", "sub"]},
             )
         except jwt.MissingRequiredClaimError as exc:
             raise InvalidToken(f"the token lacks the {exc.claim} claim") from None
         except jwt.PyJWTError as exc:
-            raise InvalidToken(next((text for kind, text in _DESCRIPTIONS if isinstance(exc, kind)),
-                                    "the token does not verify")) from None
+            raise InvalidToken(
+                next((text for kind, text in _DESCRIPTIONS if isinstance(exc, kind)), "the token does not verify")
+            ) from None
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject.strip():
             raise InvalidToken("the token's sub is not a non-blank string")
@@ -218,12 +226,21 @@ def require(permission: str):
     def dependency(request: Request) -> Principal:
         principal = authenticate(request)
         if permission not in principal.permissions:
-            get_logger().info("maintenance.api.permission_refused", subject=principal.subject,
-                              permission=permission, route=_route(request))
-            raise Problem(403, "missing-permission", f"this action needs the permission {permission}",
-                          missing_permission=permission,
-                          headers={"WWW-Authenticate": f'Bearer realm="{REALM}", error="insufficient_scope", '
-                                                       f'scope="{permission}"'})
+            get_logger().info(
+                "maintenance.api.permission_refused",
+                subject=principal.subject,
+                permission=permission,
+                route=_route(request),
+            )
+            raise Problem(
+                403,
+                "missing-permission",
+                f"this action needs the permission {permission}",
+                missing_permission=permission,
+                headers={
+                    "WWW-Authenticate": f'Bearer realm="{REALM}", error="insufficient_scope", scope="{permission}"'
+                },
+            )
         return principal
 
     dependency.__name__ = f"require_{permission.rsplit('.', 1)[-1]}"

@@ -76,13 +76,26 @@ def check_key(key: str | None) -> str | None:
 
 def fingerprint(method: str, route: str, path_params: dict[str, Any], body: Any) -> str:
     """sha256 of the request in canonical form: the same request always gives the same value."""
-    canonical = json.dumps({"method": method, "route": route, "path": path_params, "body": body},
-                           sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    canonical = json.dumps(
+        {"method": method, "route": route, "path": path_params, "body": body},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        default=str,
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def run(conn: psycopg.Connection, *, key: str | None, operator: str, method: str, route: str, request_fingerprint: str,
-        action: Callable[[psycopg.Connection], tuple[int, dict[str, Any]]]) -> Outcome:
+def run(
+    conn: psycopg.Connection,
+    *,
+    key: str | None,
+    operator: str,
+    method: str,
+    route: str,
+    request_fingerprint: str,
+    action: Callable[[psycopg.Connection], tuple[int, dict[str, Any]]],
+) -> Outcome:
     """Run ``action`` once per key: in one transaction with its ledger row, or answer from the ledger."""
     with conn.transaction():
         if key is None:
@@ -93,9 +106,12 @@ def run(conn: psycopg.Connection, *, key: str | None, operator: str, method: str
         if found is not None:
             recorded_operator, recorded_fingerprint, status, body = found
             if recorded_operator != operator or recorded_fingerprint != request_fingerprint:
-                raise Problem(409, "idempotency-key-reused",
-                              "this Idempotency-Key was used for another request or by another operator; "
-                              "send a new key for a new action")
+                raise Problem(
+                    409,
+                    "idempotency-key-reused",
+                    "this Idempotency-Key was used for another request or by another operator; "
+                    "send a new key for a new action",
+                )
             return Outcome(status, body, replayed=True)
         try:
             with conn.transaction():  # a savepoint: a refused action leaves nothing behind but its answer
@@ -104,6 +120,16 @@ def run(conn: psycopg.Connection, *, key: str | None, operator: str, method: str
             if problem.slug not in RECORDED_PROBLEMS:
                 raise
             status, body = problem.status, problem.body()
-        conn.execute(RECORD, {"key": key, "operator": operator, "method": method, "route": route,
-                              "fingerprint": request_fingerprint, "status": status, "body": Json(body)})
+        conn.execute(
+            RECORD,
+            {
+                "key": key,
+                "operator": operator,
+                "method": method,
+                "route": route,
+                "fingerprint": request_fingerprint,
+                "status": status,
+                "body": Json(body),
+            },
+        )
         return Outcome(status, body)

@@ -58,16 +58,22 @@ TITLES = {
 class Problem(Exception):
     """Raise anywhere in a request to answer with this problem."""
 
-    def __init__(self, status: int, slug: str, detail: str, *, headers: dict[str, str] | None = None,
-                 **extra: Any) -> None:
+    def __init__(
+        self, status: int, slug: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
         if slug not in TITLES:
             raise ValueError(f"unknown problem type {slug!r}")
         super().__init__(detail)
         self.status, self.slug, self.detail, self.headers, self.extra = status, slug, detail, headers or {}, extra
 
     def body(self) -> dict[str, Any]:
-        return {"type": TYPE_PREFIX + self.slug, "title": TITLES[self.slug], "status": self.status,
-                "detail": self.detail, **self.extra}
+        return {
+            "type": TYPE_PREFIX + self.slug,
+            "title": TITLES[self.slug],
+            "status": self.status,
+            "detail": self.detail,
+            **self.extra,
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers, media_type=PROBLEM_MEDIA_TYPE)
@@ -86,8 +92,16 @@ class ProblemModel(BaseModel):
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """The ``responses=`` of a route: each status documented as a problem+json body."""
-    descriptions = {400: "Malformed request", 401: "Missing or invalid bearer token", 403: "Missing permission",
-                    404: "Not found", 409: "Conflict", 413: "Request body too large",
-                    415: "Unsupported media type", 422: "Invalid request", 503: "Database or token keys unavailable"}
+    descriptions = {
+        400: "Malformed request",
+        401: "Missing or invalid bearer token",
+        403: "Missing permission",
+        404: "Not found",
+        409: "Conflict",
+        413: "Request body too large",
+        415: "Unsupported media type",
+        422: "Invalid request",
+        503: "Database or token keys unavailable",
+    }
     schema = {"$ref": "#/components/schemas/Problem"}
     return {s: {"description": descriptions[s], "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}} for s in statuses}

@@ -42,8 +42,20 @@ MAX_REASON_CHARS = 1000
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
 MAX_ID = 2**63 - 1
-LIST_PARAMETERS = frozenset({"status", "queue", "consumer", "tenant_id", "job_id", "correlation_id",
-                             "created_after", "created_before", "cursor", "limit"})
+LIST_PARAMETERS = frozenset(
+    {
+        "status",
+        "queue",
+        "consumer",
+        "tenant_id",
+        "job_id",
+        "correlation_id",
+        "created_after",
+        "created_before",
+        "cursor",
+        "limit",
+    }
+)
 
 
 def _storable(text: str) -> str:
@@ -66,8 +78,9 @@ def _iso_timestamp(value: Any) -> Any:
 
 Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_timestamp)]
 Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
-Reason = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS),
-                   AfterValidator(_storable)]
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS), AfterValidator(_storable)
+]
 DeadLetterId = Annotated[int, Field(ge=1, le=MAX_ID)]
 Status = Literal["pending_review", "replayed", "discarded"]
 
@@ -88,8 +101,10 @@ class DeadLetterOut(BaseModel):
     discard_reason: str | None
     created_at: datetime
     status_changed_at: datetime | None
-    replay_outcome: str | None = Field(description="Set once the replayed delivery was handled (or released); "
-                                       "null on a replayed dead letter means its replay is outstanding.")
+    replay_outcome: str | None = Field(
+        description="Set once the replayed delivery was handled (or released); "
+        "null on a replayed dead letter means its replay is outstanding."
+    )
     replay_handled_at: datetime | None
 
     @classmethod
@@ -143,9 +158,12 @@ class BulkFilterIn(_Body):
 
 
 class _BulkIn(_Body):
-    ids: list[DeadLetterId] | None = Field(default=None, min_length=1, max_length=MAX_BULK_IDS,
-                                           description=f"Up to {MAX_BULK_IDS} dead-letter ids.")
-    filter: BulkFilterIn | None = Field(default=None, description="Instead of ids: every pending dead letter of a queue.")
+    ids: list[DeadLetterId] | None = Field(
+        default=None, min_length=1, max_length=MAX_BULK_IDS, description=f"Up to {MAX_BULK_IDS} dead-letter ids."
+    )
+    filter: BulkFilterIn | None = Field(
+        default=None, description="Instead of ids: every pending dead letter of a queue."
+    )
 
     @model_validator(mode="after")
     def _ids_or_filter(self) -> _BulkIn:
@@ -184,8 +202,12 @@ def decode_cursor(cursor: str, where: DeadLetterFilter) -> Position:
     if created_at.tzinfo is None or not 0 < position.id <= MAX_ID:
         raise Problem(400, "malformed-request", "cursor is not a cursor this API returned")
     if digest != _filter_digest(where):
-        raise Problem(400, "malformed-request", "cursor belongs to a list with other filters: "
-                      "keep the filters of the first page, or start again without a cursor")
+        raise Problem(
+            400,
+            "malformed-request",
+            "cursor belongs to a list with other filters: "
+            "keep the filters of the first page, or start again without a cursor",
+        )
     return position
 
 
@@ -196,18 +218,28 @@ def pool_of(request: Request) -> ConnectionPool:
 
 def _refusal(exc: OperationRefused) -> Problem:
     if exc.missing:
-        return Problem(404, "dead-letter-not-found",
-                       f"no dead letter with id {', '.join(map(str, exc.missing))}; nothing was changed",
-                       missing_ids=exc.missing)
+        return Problem(
+            404,
+            "dead-letter-not-found",
+            f"no dead letter with id {', '.join(map(str, exc.missing))}; nothing was changed",
+            missing_ids=exc.missing,
+        )
     if exc.not_pending:
         if len(exc.not_pending) == 1:
             ((dead_letter_id, status),) = exc.not_pending.items()
-            return Problem(409, "not-pending-review",
-                           f"dead letter {dead_letter_id} is {status}, not pending_review; nothing was changed",
-                           id=dead_letter_id, current_status=status)
-        return Problem(409, "not-pending-review",
-                       f"{len(exc.not_pending)} dead letters are not pending_review; nothing was changed",
-                       not_pending=[{"id": i, "current_status": s} for i, s in exc.not_pending.items()])
+            return Problem(
+                409,
+                "not-pending-review",
+                f"dead letter {dead_letter_id} is {status}, not pending_review; nothing was changed",
+                id=dead_letter_id,
+                current_status=status,
+            )
+        return Problem(
+            409,
+            "not-pending-review",
+            f"{len(exc.not_pending)} dead letters are not pending_review; nothing was changed",
+            not_pending=[{"id": i, "current_status": s} for i, s in exc.not_pending.items()],
+        )
     return Problem(422, "invalid-request", "; ".join(exc.problems))
 
 
@@ -229,23 +261,36 @@ def _act(request: Request, principal: Principal, key: str | None, body: BaseMode
     canonical = body.model_dump(mode="json") if body is not None else None
     fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
     with pool_of(request).connection() as conn:
-        outcome = idempotency.run(conn, key=key, operator=principal.subject, method=request.method, route=route,
-                                  request_fingerprint=fingerprint, action=action)
+        outcome = idempotency.run(
+            conn,
+            key=key,
+            operator=principal.subject,
+            method=request.method,
+            route=route,
+            request_fingerprint=fingerprint,
+            action=action,
+        )
     headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
     media_type = "application/problem+json" if outcome.status >= 400 else "application/json"
     return JSONResponse(outcome.body, status_code=outcome.status, headers=headers, media_type=media_type)
 
 
-IdempotencyKey = Annotated[str | None, Header(alias="Idempotency-Key", description=
-                                              "Retry-safe key of this action (1-255 visible ASCII characters).")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retry-safe key of this action (1-255 visible ASCII characters)."),
+]
 AUTH_ERRORS = (400, 401, 403, 503)
 ACTION_ERRORS = (*AUTH_ERRORS, 404, 409, 413, 415, 422)
 
 router = APIRouter(prefix="/v1/core/dead-letters", tags=["dead letters"])
 
 
-@router.get("", response_model=PageOut, responses=problem_responses(*AUTH_ERRORS),
-            summary="List dead letters, newest first, one keyset page at a time")
+@router.get(
+    "",
+    response_model=PageOut,
+    responses=problem_responses(*AUTH_ERRORS),
+    summary="List dead letters, newest first, one keyset page at a time",
+)
 def list_dead_letters(
     request: Request,
     principal: Annotated[Principal, Depends(require(READ))],
@@ -262,38 +307,76 @@ def list_dead_letters(
 ) -> Response:
     unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
     if unknown:
-        raise Problem(400, "malformed-request", f"unknown query parameter(s): {', '.join(unknown)}; "
-                      f"known: {', '.join(sorted(LIST_PARAMETERS))}")
-    where = DeadLetterFilter(status=status, queue=queue, consumer=consumer, tenant_id=tenant_id, job_id=job_id,
-                             correlation_id=correlation_id, created_after=created_after, created_before=created_before)
+        raise Problem(
+            400,
+            "malformed-request",
+            f"unknown query parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(LIST_PARAMETERS))}",
+        )
+    where = DeadLetterFilter(
+        status=status,
+        queue=queue,
+        consumer=consumer,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        correlation_id=correlation_id,
+        created_after=created_after,
+        created_before=created_before,
+    )
     after = decode_cursor(cursor, where) if cursor is not None else None
     with pool_of(request).connection() as conn:
         page = operations.list_page(conn, where, after=after, limit=limit)
-    return _json(PageOut(items=[DeadLetterOut.of(r) for r in page.rows], limit=limit,
-                         next_cursor=encode_cursor(page.next, where) if page.next else None))
+    return _json(
+        PageOut(
+            items=[DeadLetterOut.of(r) for r in page.rows],
+            limit=limit,
+            next_cursor=encode_cursor(page.next, where) if page.next else None,
+        )
+    )
 
 
-@router.get("/{id:int}", response_model=DeadLetterDetailOut, responses=problem_responses(*AUTH_ERRORS, 404),
-            summary="One dead letter with its payload and audit history")
-def get_dead_letter(request: Request, principal: Annotated[Principal, Depends(require(READ))],
-                    id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> DeadLetterDetailOut:
+@router.get(
+    "/{id:int}",
+    response_model=DeadLetterDetailOut,
+    responses=problem_responses(*AUTH_ERRORS, 404),
+    summary="One dead letter with its payload and audit history",
+)
+def get_dead_letter(
+    request: Request, principal: Annotated[Principal, Depends(require(READ))], id: Annotated[int, Path(ge=1, le=MAX_ID)]
+) -> Response:
     with pool_of(request).connection() as conn:
         detail = operations.get_dead_letter(conn, id)
     if detail is None:
         raise Problem(404, "dead-letter-not-found", f"no dead letter with id {id}", missing_ids=[id])
-    return _json(DeadLetterDetailOut(**DeadLetterOut.of(detail.row).model_dump(), payload=detail.row.payload,
-                                     actions=[ActionOut.model_validate(a, from_attributes=True)
-                                              for a in detail.actions]))
+    return _json(
+        DeadLetterDetailOut(
+            **DeadLetterOut.of(detail.row).model_dump(),
+            payload=detail.row.payload,
+            actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions],
+        )
+    )
 
 
-@router.post("/replay", response_model=BulkOut, responses=problem_responses(*ACTION_ERRORS),
-             summary="Replay up to 1 000 dead letters, or every pending one of a queue: all or nothing")
-def replay_many(request: Request, principal: Annotated[Principal, Depends(require(REPLAY))], body: BulkReplayIn,
-                idempotency_key: IdempotencyKey = None) -> JSONResponse:
+@router.post(
+    "/replay",
+    response_model=BulkOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Replay up to 1 000 dead letters, or every pending one of a queue: all or nothing",
+)
+def replay_many(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(REPLAY))],
+    body: BulkReplayIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
-            rows = operations.replay(conn, body.ids or (), queue=body.filter.queue if body.filter else None,
-                                     operator=principal.subject, reason=body.reason)
+            rows = operations.replay(
+                conn,
+                body.ids or (),
+                queue=body.filter.queue if body.filter else None,
+                operator=principal.subject,
+                reason=body.reason,
+            )
         except OperationRefused as exc:
             raise _refusal(exc) from None
         return 200, BulkOut(action="replayed", count=len(rows), ids=[r.id for r in rows]).model_dump()
@@ -301,14 +384,27 @@ def replay_many(request: Request, principal: Annotated[Principal, Depends(requir
     return _act(request, principal, idempotency_key, body, action)
 
 
-@router.post("/discard", response_model=BulkOut, responses=problem_responses(*ACTION_ERRORS),
-             summary="Discard up to 1 000 dead letters, or every pending one of a queue, with a reason: all or nothing")
-def discard_many(request: Request, principal: Annotated[Principal, Depends(require(DISCARD))], body: BulkDiscardIn,
-                 idempotency_key: IdempotencyKey = None) -> JSONResponse:
+@router.post(
+    "/discard",
+    response_model=BulkOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Discard up to 1 000 dead letters, or every pending one of a queue, with a reason: all or nothing",
+)
+def discard_many(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(DISCARD))],
+    body: BulkDiscardIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
-            rows = operations.discard(conn, body.ids or (), queue=body.filter.queue if body.filter else None,
-                                      operator=principal.subject, reason=body.reason)
+            rows = operations.discard(
+                conn,
+                body.ids or (),
+                queue=body.filter.queue if body.filter else None,
+                operator=principal.subject,
+                reason=body.reason,
+            )
         except OperationRefused as exc:
             raise _refusal(exc) from None
         return 200, BulkOut(action="discarded", count=len(rows), ids=[r.id for r in rows]).model_dump()
@@ -316,11 +412,19 @@ def discard_many(request: Request, principal: Annotated[Principal, Depends(requi
     return _act(request, principal, idempotency_key, body, action)
 
 
-@router.post("/{id:int}/replay", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
-             summary="Republish one dead letter with the same job_id (J-B6); only from pending_review")
-def replay_one(request: Request, principal: Annotated[Principal, Depends(require(REPLAY))],
-               id: Annotated[int, Path(ge=1, le=MAX_ID)],
-               body: ReplayIn | None = None, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+@router.post(
+    "/{id:int}/replay",
+    response_model=DeadLetterOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Republish one dead letter with the same job_id (J-B6); only from pending_review",
+)
+def replay_one(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(REPLAY))],
+    id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    body: ReplayIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     body = body or ReplayIn()
 
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
@@ -333,11 +437,19 @@ def replay_one(request: Request, principal: Annotated[Principal, Depends(require
     return _act(request, principal, idempotency_key, body, action)
 
 
-@router.post("/{id:int}/discard", response_model=DeadLetterOut, responses=problem_responses(*ACTION_ERRORS),
-             summary="Discard one dead letter with a reason (J-AC7); only from pending_review")
-def discard_one(request: Request, principal: Annotated[Principal, Depends(require(DISCARD))],
-                id: Annotated[int, Path(ge=1, le=MAX_ID)],
-                body: DiscardIn, idempotency_key: IdempotencyKey = None) -> JSONResponse:
+@router.post(
+    "/{id:int}/discard",
+    response_model=DeadLetterOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Discard one dead letter with a reason (J-AC7); only from pending_review",
+)
+def discard_one(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(DISCARD))],
+    id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    body: DiscardIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
             operations.discard(conn, [id], operator=principal.subject, reason=body.reason)

@@ -47,8 +47,12 @@ def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPoo
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))
 
     return ConnectionPool(
-        conninfo or settings.conninfo(), min_size=settings.api_pool_min_size, max_size=settings.api_pool_max_size,
-        timeout=settings.api_pool_timeout.total_seconds(), open=False, configure=configure,
+        conninfo or settings.conninfo(),
+        min_size=settings.api_pool_min_size,
+        max_size=settings.api_pool_max_size,
+        timeout=settings.api_pool_timeout.total_seconds(),
+        open=False,
+        configure=configure,
         name="core-jobs-api",
         kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
     )
@@ -61,22 +65,34 @@ def build_verifier(settings: Settings) -> TokenVerifier:
         raise ConfigError("; ".join(problems))
     keys: KeySource
     if settings.api_jwks_url is not None:
-        keys = JwksKeys(settings.api_jwks_url, lifespan=settings.api_jwks_cache_lifespan.total_seconds(),
-                        refetch_interval=settings.api_jwks_refetch_interval.total_seconds(),
-                        timeout=settings.api_jwks_timeout.total_seconds())
+        keys = JwksKeys(
+            settings.api_jwks_url,
+            lifespan=settings.api_jwks_cache_lifespan.total_seconds(),
+            refetch_interval=settings.api_jwks_refetch_interval.total_seconds(),
+            timeout=settings.api_jwks_timeout.total_seconds(),
+        )
     else:
         try:
             keys = PublicKeyFile(settings.api_jwt_public_key_file or "")
         except ValueError as exc:
             raise ConfigError(f"CORE_JOBS_API_JWT_PUBLIC_KEY_FILE: {exc}") from None
     assert settings.api_jwt_issuer is not None and settings.api_jwt_audience is not None
-    return TokenVerifier(keys, issuer=settings.api_jwt_issuer, audience=settings.api_jwt_audience,
-                         algorithms=list(settings.api_jwt_algorithms), leeway=settings.api_jwt_leeway.total_seconds())
+    return TokenVerifier(
+        keys,
+        issuer=settings.api_jwt_issuer,
+        audience=settings.api_jwt_audience,
+        algorithms=list(settings.api_jwt_algorithms),
+        leeway=settings.api_jwt_leeway.total_seconds(),
+    )
 
 
 def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMetrics | None = None) -> FastAPI:
-    return create_app(pool=build_pool(settings, conninfo), verifier=build_verifier(settings),
-                      max_body_bytes=settings.api_max_body_bytes, metrics=metrics)
+    return create_app(
+        pool=build_pool(settings, conninfo),
+        verifier=build_verifier(settings),
+        max_body_bytes=settings.api_max_body_bytes,
+        metrics=metrics,
+    )
 
 
 class Server(uvicorn.Server):
@@ -120,8 +136,14 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def make_server(app: FastAPI, settings: Settings) -> Server:
-    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="on", server_header=False,
-                            timeout_graceful_shutdown=int(settings.api_shutdown_grace.total_seconds()) or 1)
+    config = uvicorn.Config(
+        app,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        server_header=False,
+        timeout_graceful_shutdown=int(settings.api_shutdown_grace.total_seconds()) or 1,
+    )
     return Server(config)
 
 
@@ -150,9 +172,14 @@ def serve(settings: Settings, *, host: str | None = None, port: int | None = Non
     sock = bind(host or settings.api_host, settings.api_port if port is None else port)
     bound_host, bound_port = sock.getsockname()[:2]
     log = get_logger()
-    log.info("maintenance.api.started", host=bound_host, port=bound_port, pid=os.getpid(),
-             key_source="jwks" if settings.api_jwks_url else "public_key_file",
-             database_role=settings.api_database_role)
+    log.info(
+        "maintenance.api.started",
+        host=bound_host,
+        port=bound_port,
+        pid=os.getpid(),
+        key_source="jwks" if settings.api_jwks_url else "public_key_file",
+        database_role=settings.api_database_role,
+    )
     try:
         make_server(app, settings).run(sockets=[sock])
     finally:

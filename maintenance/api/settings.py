@@ -34,8 +34,12 @@ class ApiSettings(BaseModel):
     """The operations API's settings (issue 11)."""
 
     api_host: str = Field(default="0.0.0.0", description="`core-jobs api`: listen address (--host overrides).")
-    api_port: int = Field(default=DEFAULT_API_PORT, ge=0, le=65535,
-                          description="`core-jobs api`: listen port, 0 for any free one (--port overrides).")
+    api_port: int = Field(
+        default=DEFAULT_API_PORT,
+        ge=0,
+        le=65535,
+        description="`core-jobs api`: listen port, 0 for any free one (--port overrides).",
+    )
     api_jwks_url: str | None = Field(
         default=None,
         description="JWKS URL of the token issuer (http:// or https://). Keys are cached and fetched again when a "
@@ -55,7 +59,8 @@ class ApiSettings(BaseModel):
         default=DEFAULT_API_JWT_LEEWAY, description="Clock skew allowed on exp, nbf and iat (at most PT5M)."
     )
     api_jwks_cache_lifespan: _PositiveDuration = Field(
-        default=DEFAULT_API_JWKS_CACHE_LIFESPAN, description="How long fetched JWKS keys are used before they are fetched again."
+        default=DEFAULT_API_JWKS_CACHE_LIFESPAN,
+        description="How long fetched JWKS keys are used before they are fetched again.",
     )
     api_jwks_refetch_interval: _Duration = Field(
         default=DEFAULT_API_JWKS_REFETCH_INTERVAL,
@@ -69,7 +74,9 @@ class ApiSettings(BaseModel):
         "migrations. The login must be a member of it. Empty: no SET ROLE (not recommended).",
     )
     api_pool_min_size: int = Field(default=1, ge=0, le=100, description="Database connections the API keeps open.")
-    api_pool_max_size: int = Field(default=DEFAULT_API_POOL_MAX_SIZE, ge=1, le=100, description="Most database connections the API opens.")
+    api_pool_max_size: int = Field(
+        default=DEFAULT_API_POOL_MAX_SIZE, ge=1, le=100, description="Most database connections the API opens."
+    )
     api_pool_timeout: _PositiveDuration = Field(
         default=timedelta(seconds=5),
         description="How long a request waits for a free database connection before it gets 503.",
@@ -78,7 +85,9 @@ class ApiSettings(BaseModel):
         default=timedelta(seconds=10), description="statement_timeout of the API's database sessions."
     )
     api_max_body_bytes: int = Field(
-        default=DEFAULT_API_MAX_BODY_BYTES, ge=1024, le=16 * 1024 * 1024,
+        default=DEFAULT_API_MAX_BODY_BYTES,
+        ge=1024,
+        le=16 * 1024 * 1024,
         description="Largest request body; a larger one gets 413 before it is parsed (1 000 ids fit in ~20 kB).",
     )
     api_shutdown_grace: _PositiveDuration = Field(
@@ -96,7 +105,7 @@ class ApiSettings(BaseModel):
                 try:
                     return json.loads(text)
                 except json.JSONDecodeError:
-                    raise ValueError("not a JSON list: write RS256,ES256 or [\"RS256\", \"ES256\"]") from None
+                    raise ValueError('not a JSON list: write RS256,ES256 or ["RS256", "ES256"]') from None
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
 
@@ -107,8 +116,9 @@ class ApiSettings(BaseModel):
             raise ValueError("needs at least one algorithm")
         refused = [a for a in value if a not in ASYMMETRIC_ALGORITHMS]
         if refused:
-            raise ValueError(f"only asymmetric algorithms ({', '.join(ASYMMETRIC_ALGORITHMS)}); refused: "
-                             f"{', '.join(refused)}")
+            raise ValueError(
+                f"only asymmetric algorithms ({', '.join(ASYMMETRIC_ALGORITHMS)}); refused: {', '.join(refused)}"
+            )
         return value
 
     @field_validator("api_jwt_leeway")

@@ -1,5 +1,12 @@
 """The ``core-jobs`` command line.
 
+It answers at once: the parser is built from light modules only, and each command imports what
+it needs when it runs (``--help`` and ``check-config`` load no Alembic, SQLAlchemy or
+APScheduler; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler). Each
+command that runs jobs makes its process's state here and passes it down: one ``stop`` event
+(set by SIGTERM/SIGINT through :func:`maintenance.runtime.signals.on_signals`) and one
+:class:`~maintenance.runtime.telemetry.Telemetry`.
+
 Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries) or the
 database could not be reached or refused a command (one line on stderr); 2 a configuration or
 usage error, reported before any data is touched.
@@ -9,23 +16,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-import alembic.util
-import psycopg
-import sqlalchemy.exc
-
-from harness.retry import compute_delay, max_retry_window
 from maintenance.cli import harness as harness_cli
-from maintenance.jobs.catalog import by_name as jobs
-from maintenance.runtime import migrate
-from maintenance.runtime.db import Database
-from maintenance.runtime.heartbeat import ping_heartbeat
-from maintenance.runtime.logs import SecretRedactor, configure_logging, get_logger
-from maintenance.runtime.runner import build_jobs, run_jobs
-from maintenance.runtime.signals import stop_on_sigterm
-from maintenance.runtime.telemetry import push_configured
-from maintenance.settings import ConfigError, Settings, format_duration, load_settings
+
+if TYPE_CHECKING:
+    from maintenance.settings import Settings
 
 EXIT_OK = 0
 EXIT_JOB_FAILED = 1
@@ -33,10 +31,13 @@ EXIT_CONFIG = 2
 
 SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then a count
 
-Handler = Callable[[argparse.Namespace, Settings], int]
+Handler = Callable[[argparse.Namespace, "Settings"], int]
 
 
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.runtime import migrate
+    from maintenance.runtime.logs import get_logger
+
     conninfo = settings.conninfo()
     log = get_logger()
     before = migrate.current_revision(conninfo)
@@ -47,14 +48,23 @@ def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.runtime import migrate
+    from maintenance.runtime.logs import get_logger
+
     conninfo = settings.conninfo()
     before = migrate.current_revision(conninfo)
     migrate.downgrade(conninfo, args.revision)
-    get_logger().info("maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo))
+    get_logger().info(
+        "maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo)
+    )
     return EXIT_OK
 
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.retry import compute_delay, max_retry_window
+    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.settings import format_duration
+
     out = sys.stdout
     out.write("Effective settings (secrets redacted):\n")
     for name, value in settings.effective().items():
@@ -80,22 +90,33 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.runtime.db import Database
+    from maintenance.runtime.heartbeat import ping_heartbeat
+    from maintenance.runtime.logs import get_logger
+    from maintenance.runtime.runner import build_jobs, run_jobs
+    from maintenance.runtime.signals import on_signals
+    from maintenance.runtime.telemetry import Telemetry, push_configured
+
+    stop, telemetry = threading.Event(), Telemetry()
     db = Database(settings.conninfo())
-    built = build_jobs(settings, db, args.jobs)
-    with stop_on_sigterm():  # a SIGTERM lets the batch in hand finish and starts no further job
-        outcomes = run_jobs(built, db)
+    built = build_jobs(settings, db, args.jobs, stop=stop)
+
+    def stopping(signal_name: str) -> None:
+        get_logger().info("maintenance.run.stopping", signal=signal_name)
+
+    with on_signals(stop, on_signal=stopping):  # a SIGTERM lets the batch in hand finish and starts no further job
+        outcomes = run_jobs(built, db, telemetry, stop=stop)
     for outcome in outcomes:
-        push_configured(settings, outcome.name)
+        push_configured(settings, outcome.name, telemetry)
     ping_heartbeat(settings, outcomes, source="core-jobs run-once")  # the dead-man's switch of the whole run
     return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.runtime.scheduler import (
-        serve,  # APScheduler and the HTTP server: only for serve
-    )
+    from maintenance.runtime.scheduler import serve  # APScheduler and the HTTP server: only for serve
+    from maintenance.runtime.telemetry import Telemetry
 
-    return serve(settings)
+    return serve(settings, stop=threading.Event(), telemetry=Telemetry())
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
@@ -106,6 +127,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.demo import run_demo
+    from maintenance.runtime.logs import configure_logging
 
     if not args.verbose:
         # The demo prints its own human summary; the job events would drown it.
@@ -162,6 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help exits 0, a usage error 2
         return int(exc.code or 0)
+    from maintenance.runtime.logs import configure_logging
+    from maintenance.settings import ConfigError, load_settings
+
     try:
         settings = load_settings()
     except ConfigError as exc:
@@ -173,18 +198,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    except alembic.util.CommandError as exc:  # e.g. a revision that does not exist
+    except Exception as exc:
+        code = _known_failure(exc, args, settings)
+        if code is None:
+            raise
+        return code
+
+
+def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings) -> int | None:
+    """The exit code of a failure reported as one line on stderr; None for any other (a traceback).
+
+    Alembic and SQLAlchemy are looked up only if the command loaded them: an error of theirs
+    cannot come from a command that did not.
+    """
+    import psycopg
+
+    alembic_util: Any = sys.modules.get("alembic.util")
+    if alembic_util is not None and isinstance(exc, alembic_util.CommandError):  # e.g. a revision that does not exist
         _report(f"usage error: {args.command}: {exc}", settings)
         return EXIT_CONFIG
-    except (psycopg.Error, sqlalchemy.exc.DBAPIError) as exc:
+    sqlalchemy_exc: Any = sys.modules.get("sqlalchemy.exc")
+    database_errors = (psycopg.Error,) + ((sqlalchemy_exc.DBAPIError,) if sqlalchemy_exc is not None else ())
+    if isinstance(exc, database_errors):
         # The database could not be reached or refused the command: one line, not a traceback.
         error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
         _report(f"database error: {type(error).__name__}: {error}", settings)
         return EXIT_JOB_FAILED
+    return None
 
 
 def _report(message: str, settings: Settings) -> None:
     """A failure on stderr as one line, every secret masked (stderr does not pass through the log redactor)."""
+    from maintenance.runtime.logs import SecretRedactor
+
     text = SecretRedactor(settings.secret_values()).redact(" ".join(message.split()))
     print(f"core-jobs: {text}", file=sys.stderr)
 

@@ -20,39 +20,28 @@ import argparse
 import getpass
 import importlib
 import json
-import signal
 import sys
+import threading
 import uuid
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import start_http_server
-
-from harness.consumer import Consumer, valid_name
-from harness.dead_letters import describe_error
-from harness.metrics import default_metrics
-from harness.operations import (
-    STATUSES,
-    DeadLetterRow,
-    OperationRefused,
-    discard,
-    list_dead_letters,
-    release,
-    replay,
-)
-from harness.pgqueue import PgQueue
-from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
-from harness.retry import max_retry_window
-from harness.worker import Worker, WorkerConfig
-from maintenance.runtime.db import Database
-from maintenance.runtime.logs import get_logger
-from maintenance.settings import ConfigError, Settings, TtlGuard
+if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
+    from harness.consumer import Consumer
+    from harness.operations import DeadLetterRow
+    from maintenance.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+# The parser's copy of harness.operations.STATUSES (importing it would load psycopg for --help).
+STATUS_CHOICES = ("pending_review", "replayed", "discarded")
 
 
 def load_consumer(reference: str) -> Consumer:
     """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong."""
+    from harness.consumer import Consumer
+    from maintenance.settings import ConfigError
+
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"--consumer {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
@@ -69,6 +58,16 @@ def load_consumer(reference: str) -> Consumer:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from harness.dead_letters import describe_error
+    from harness.metrics import HarnessMetrics
+    from harness.retry import max_retry_window
+    from harness.worker import Worker, WorkerConfig
+    from maintenance.runtime.logs import get_logger
+    from maintenance.runtime.signals import on_signals
+    from maintenance.settings import ConfigError, TtlGuard
+
     consumer = load_consumer(args.consumer)
     # A fence shorter than the retry window would let a late retry apply twice (J-B7). The
     # settings' guard sees the configured policies only; a policy fixed in the consumer's code counts too.
@@ -85,35 +84,46 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         poll_interval=settings.worker_poll_interval,
         concurrency=args.concurrency or settings.worker_concurrency,
     )
-    worker = Worker(settings.conninfo(), consumer, policy=settings.retry_policy(consumer.queue), config=config,
-                    metrics=default_metrics())  # the default registry, which --metrics-port serves
+    stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, the worker finishes the message in hand
+    registry = CollectorRegistry()  # this worker's counters, which --metrics-port serves
+    worker = Worker(
+        settings.conninfo(),
+        consumer,
+        policy=settings.retry_policy(consumer.queue),
+        config=config,
+        metrics=HarnessMetrics(registry),
+        stop=stop,
+    )
     if args.metrics_port:
         try:
-            start_http_server(args.metrics_port)  # harness_jobs_*_total from the default registry
+            start_http_server(args.metrics_port, registry=registry)  # harness_jobs_*_total
         except OSError as exc:
             raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror or exc}") from None
 
-    def on_signal(signum: int, _frame: Any) -> None:
-        worker.stop()
-        get_logger().info("harness.worker.stopping", consumer=consumer.name, signal=signal.Signals(signum).name)
+    def stopping(signal_name: str) -> None:
+        get_logger().info("harness.worker.stopping", consumer=consumer.name, signal=signal_name)
 
-    previous = {signum: signal.signal(signum, on_signal) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        worker.run(once=args.once)
-    except BaseException as exc:
-        # The stop event already carries the counts; say why.
-        get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
-        return EXIT_FAILED
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with on_signals(stop, on_signal=stopping):
+        try:
+            worker.run(once=args.once)
+        except BaseException as exc:  # whatever stopped it, the exit code is a documented one
+            # The stop event already carries the counts; say why.
+            get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
+            return EXIT_FAILED
     return EXIT_OK
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.consumer import valid_name
+    from harness.pgqueue import PgQueue
+    from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from maintenance.runtime.db import Database
+
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
-        print(f"core-jobs: QUEUE {args.queue!r} is not a queue name (letters, digits and . _ : -, no spaces)",
-              file=sys.stderr)
+        print(
+            f"core-jobs: QUEUE {args.queue!r} is not a queue name (letters, digits and . _ : -, no spaces)",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     try:
         payload = json.loads(args.payload)
@@ -125,8 +135,12 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     except InvalidPayload as exc:
         print(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    envelope = Envelope(job_id=args.job_id or uuid.uuid4(), payload=payload,
-                        tenant_id=args.tenant_id or NO_TENANT, correlation_id=args.correlation_id)
+    envelope = Envelope(
+        job_id=args.job_id or uuid.uuid4(),
+        payload=payload,
+        tenant_id=args.tenant_id or NO_TENANT,
+        correlation_id=args.correlation_id,
+    )
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
         message_id = PgQueue(conn).publish(args.queue, envelope)
     print(f"enqueued job {envelope.job_id} on {args.queue} (message {message_id})")
@@ -134,9 +148,13 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.operations import list_dead_letters
+    from maintenance.runtime.db import Database
+
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
-        rows = list_dead_letters(conn, queue=args.queue, status=args.status, outstanding=args.outstanding,
-                                 limit=args.limit)
+        rows = list_dead_letters(
+            conn, queue=args.queue, status=args.status, outstanding=args.outstanding, limit=args.limit
+        )
     if args.json:
         print(json.dumps([_as_json(r) for r in rows], indent=2))
         return EXIT_OK
@@ -145,12 +163,16 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     print(f"{'id':>6}  {'status':<22}  {'queue':<20}  {'att':>3}  {'created_at (UTC)':<19}  job_id / last_error")
     for r in rows:
-        print(f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  "
-              f"{r.job_id}  {_one_line(r.last_error, 80)}")
+        print(
+            f"{r.id:>6}  {_state(r):<22}  {r.queue:<20}  {r.attempts:>3}  {r.created_at.astimezone(UTC):%Y-%m-%d %H:%M:%S}  "
+            f"{r.job_id}  {_one_line(r.last_error, 80)}"
+        )
     return EXIT_OK
 
 
 def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.operations import replay
+
     if bool(args.ids) == bool(args.all_pending):
         print("core-jobs: give dead-letter IDs, or --queue Q --all-pending", file=sys.stderr)
         return EXIT_USAGE
@@ -158,21 +180,35 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
         print("core-jobs: --all-pending needs --queue Q", file=sys.stderr)
         return EXIT_USAGE
     if args.queue and not args.all_pending:  # replay 7 --queue Q would silently replay 7 of any queue
-        print("core-jobs: --queue selects only with --all-pending; to replay by id, give the IDs alone", file=sys.stderr)
+        print(
+            "core-jobs: --queue selects only with --all-pending; to replay by id, give the IDs alone", file=sys.stderr
+        )
         return EXIT_USAGE
-    return _act(settings, lambda conn: replay(conn, args.ids, queue=args.queue if args.all_pending else None,
-                                              operator=args.operator, reason=args.reason), "replayed")
+    return _act(
+        settings,
+        lambda conn: replay(
+            conn, args.ids, queue=args.queue if args.all_pending else None, operator=args.operator, reason=args.reason
+        ),
+        "replayed",
+    )
 
 
 def cmd_dead_letters_discard(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.operations import discard
+
     return _act(settings, lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason), "discarded")
 
 
 def cmd_dead_letters_release(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.operations import release
+
     return _act(settings, lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason), "released")
 
 
 def _act(settings: Settings, action: Any, verb: str) -> int:
+    from harness.operations import OperationRefused
+    from maintenance.runtime.db import Database
+
     try:
         with Database(settings.conninfo()).connect(autocommit=True) as conn:
             rows: list[DeadLetterRow] = action(conn)
@@ -194,8 +230,10 @@ def _state(row: DeadLetterRow) -> str:
 
 
 def _as_json(row: DeadLetterRow) -> dict[str, Any]:
-    return {k: (str(v) if isinstance(v, uuid.UUID) else v.isoformat() if hasattr(v, "isoformat") else v)
-            for k, v in row.__dict__.items()}
+    return {
+        k: (str(v) if isinstance(v, uuid.UUID) else v.isoformat() if hasattr(v, "isoformat") else v)
+        for k, v in row.__dict__.items()
+    }
 
 
 def _one_line(text: str, width: int) -> str:
@@ -226,22 +264,43 @@ def _default_operator() -> str:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register worker, enqueue and dead-letters on the ``core-jobs`` parser."""
     p = sub.add_parser("worker", help="run a consumer on the reference PostgreSQL queue (graceful on SIGTERM)")
-    p.add_argument("--consumer", required=True, metavar="MODULE:OBJECT",
-                   help="the Consumer to run, e.g. harness.examples.points:consumer")
-    p.add_argument("--concurrency", type=_bounded_int(1, 64), metavar="N",
-                   help="worker threads, 1-64 (default CORE_JOBS_WORKER_CONCURRENCY)")
-    p.add_argument("--batch-size", type=_bounded_int(1, 1000), metavar="N",
-                   help="messages claimed at once, 1-1000 (default CORE_JOBS_WORKER_BATCH_SIZE)")
+    p.add_argument(
+        "--consumer",
+        required=True,
+        metavar="MODULE:OBJECT",
+        help="the Consumer to run, e.g. harness.examples.points:consumer",
+    )
+    p.add_argument(
+        "--concurrency",
+        type=_bounded_int(1, 64),
+        metavar="N",
+        help="worker threads, 1-64 (default CORE_JOBS_WORKER_CONCURRENCY)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_bounded_int(1, 1000),
+        metavar="N",
+        help="messages claimed at once, 1-1000 (default CORE_JOBS_WORKER_BATCH_SIZE)",
+    )
     p.add_argument("--once", action="store_true", help="stop when no message is ready instead of polling")
-    p.add_argument("--metrics-port", type=_bounded_int(1, 65535), metavar="PORT",
-                   help="serve the harness counters for Prometheus on this port (default: not served)")
+    p.add_argument(
+        "--metrics-port",
+        type=_bounded_int(1, 65535),
+        metavar="PORT",
+        help="serve the harness counters for Prometheus on this port (default: not served)",
+    )
     p.set_defaults(handler=cmd_worker)
 
     p = sub.add_parser("enqueue", help="publish one message on the reference queue")
     p.add_argument("queue", metavar="QUEUE")
     p.add_argument("--payload", required=True, metavar="JSON")
     p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")
-    p.add_argument("--tenant-id", type=uuid.UUID, metavar="UUID", help=f"default: {NO_TENANT} (no tenant)")
+    p.add_argument(
+        "--tenant-id",
+        type=uuid.UUID,
+        metavar="UUID",
+        help="default: the nil UUID 00000000-0000-0000-0000-000000000000 (no tenant)",
+    )
     p.add_argument("--correlation-id", metavar="ID")
     p.set_defaults(handler=cmd_enqueue)
 
@@ -249,11 +308,19 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     dl_sub = dl.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = dl_sub.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--queue")
-    p.add_argument("--status", choices=STATUSES)
-    p.add_argument("--limit", type=_bounded_int(1, 1_000_000), default=100, metavar="N",
-                   help="at most N rows, 1-1000000 (default 100)")
-    p.add_argument("--outstanding", action="store_true",
-                   help="only replays whose delivery is not handled yet (they hold their job's fences)")
+    p.add_argument("--status", choices=STATUS_CHOICES)
+    p.add_argument(
+        "--limit",
+        type=_bounded_int(1, 1_000_000),
+        default=100,
+        metavar="N",
+        help="at most N rows, 1-1000000 (default 100)",
+    )
+    p.add_argument(
+        "--outstanding",
+        action="store_true",
+        help="only replays whose delivery is not handled yet (they hold their job's fences)",
+    )
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
     p.set_defaults(handler=cmd_dead_letters_list)
 
@@ -272,8 +339,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--operator", **operator)
     p.set_defaults(handler=cmd_dead_letters_discard)
 
-    p = dl_sub.add_parser("release", help="end an outstanding replay whose message will never be delivered"
-                                          " (its fences become purgeable after the retry window)")
+    p = dl_sub.add_parser(
+        "release",
+        help="end an outstanding replay whose message will never be delivered"
+        " (its fences become purgeable after the retry window)",
+    )
     p.add_argument("ids", nargs="+", type=int, metavar="ID")
     p.add_argument("--reason", required=True, help="why (required, non-blank), e.g. the broker's incident")
     p.add_argument("--operator", **operator)

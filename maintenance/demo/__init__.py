@@ -12,6 +12,7 @@ import contextlib
 import secrets
 import sys
 import tempfile
+import threading
 import warnings
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,7 @@ from maintenance.demo.harness import walk_through
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.runner import build_jobs, run_jobs
+from maintenance.runtime.telemetry import Telemetry
 from maintenance.settings import Settings
 
 
@@ -71,10 +73,12 @@ def table_counts(db: Database) -> dict[str, int]:
                 "SELECT tablename FROM pg_tables WHERE schemaname = 'core' AND tablename <> 'alembic_version' ORDER BY 1"
             )
         ]
-        return {
-            t: conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()[0]
-            for t in tables
-        }
+        counts = {}
+        for t in tables:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM core.{}").format(sql.Identifier(t))).fetchone()
+            assert row is not None  # count(*): always one row
+            counts[t] = row[0]
+        return counts
 
 
 def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
@@ -93,8 +97,9 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
         story = seed(db)
         before = table_counts(db)
         out.write("\nSeeded:\n" + "".join(f"  - {line}\n" for line in story))
-        built = build_jobs(demo_settings, db)
-        outcomes = run_jobs(built, db)
+        stop = threading.Event()  # the demo runs every job to its end: nothing sets it
+        built = build_jobs(demo_settings, db, stop=stop)
+        outcomes = run_jobs(built, db, Telemetry(), stop=stop)
         after = table_counts(db)
 
         out.write("\nJobs run once:\n")

@@ -17,25 +17,24 @@ from maintenance.settings.durations import format_duration
 
 # The demo's account of the fences a run kept, by the rule that kept them.
 COUNT_KEPT = """
-SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s)                                AS not_expired,
+SELECT count(*) FILTER (WHERE p.expires_at >= %(cutoff)s) AS not_expired,
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at >= %(protected_from)s) AS inside_window,
        count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s
-                          AND EXISTS (SELECT 1 FROM core.dead_letters d
-                                       WHERE d.job_id = p.job_id
-                                         AND (d.status = 'pending_review'
-                                              OR (d.status = 'replayed' AND (d.replay_handled_at IS NULL
-                                                                             OR d.replay_handled_at >= %(protected_from)s)))))
-                                                                                             AS pending_dead_letter
+                          AND EXISTS (SELECT 1 FROM core.dead_letters AS d
+                                       WHERE d.job_id = p.job_id AND core.holds_fence(d, %(protected_from)s)))
+                                                                                              AS held_by_dead_letter
   FROM core.processed_jobs AS p"""
+
 
 def purge_lines(db: Database, result: PurgeResult) -> list[str]:
     """What the run deleted and which fences it kept, by the rule that kept each."""
     if result.skipped:
         return ["skipped: another purge run held the lock"]
     with db.connect(autocommit=True) as conn:
-        not_expired, inside_window, pending = conn.execute(
-            COUNT_KEPT, {"cutoff": result.cutoff, "protected_from": result.protected_from}
-        ).fetchone()
+        row = conn.execute(COUNT_KEPT, {"cutoff": result.cutoff, "protected_from": result.protected_from}).fetchone()
+    assert row is not None  # counts: always one row
+    assert result.cutoff is not None and result.protected_from is not None  # set by every run that was not skipped
+    not_expired, inside_window, pending = row
     return [
         f"deleted {result.num_deleted} fences in {result.num_batches} batch(es): expired, processed more than"
         f" {format_duration(result.cutoff - result.protected_from)} (margin x retry window) ago, no dead letter holding them",
@@ -44,7 +43,7 @@ def purge_lines(db: Database, result: PurgeResult) -> list[str]:
         " or handled inside the retry window (a replay needs them)",
         f"kept {not_expired} fences not expired yet",
         f"access path: {'sweep of the table in block ranges' if result.used_sweep else 'walk of the expires_at index'}"
-        f" ({result.strategy_reason})",
+        " (why: the maintenance.purge.strategy_chosen event)",
     ]
 
 
@@ -52,7 +51,9 @@ def alerts_lines(db: Database, result: AlertFeedResult) -> list[str]:
     """The incidents a dry run would post (the demo has no token)."""
     if not result.dry_run:
         return [f"posted {result.incidents_posted} incidents and {result.escalations_posted} escalations"]
-    lines = [f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"]
+    lines = [
+        f"dry run (no {ENV_PREFIX}BETTERSTACK_API_TOKEN): would post {result.dry_run_incidents} incidents, recorded nothing"
+    ]
     for incident in result.planned:
         label = "escalation" if incident.kind == "stale" else "incident"
         lines.append(f"{label}: {incident.name}")
@@ -66,7 +67,7 @@ def metrics_lines(db: Database, result: MetricsResult) -> list[str]:
         f"counted {sum(result.successes.values())} successes up to {figures['counted_until']} (horizon: {result.horizon});"
         " the watermark row is the only row written",
     ]
-    lines += [f"core_jobs_successes_total{{consumer=\"{k}\"}} {v}" for k, v in figures["successes_total"].items()]
+    lines += [f'core_jobs_successes_total{{consumer="{k}"}} {v}' for k, v in figures["successes_total"].items()]
     for q in result.dead_letters:
         lines.append(
             f"queue {q.queue}: {q.pending} pending (oldest {q.oldest_pending_age_seconds or 0:.0f} s),"

@@ -31,22 +31,28 @@ OPERATOR = "demo-operator"
 def walk_through(settings: Settings, db: Database, out: TextIO) -> None:
     """Run the story on ``db`` (migrated), writing one line per step to ``out``."""
     metrics = HarnessMetrics(CollectorRegistry())
-    config = WorkerConfig(fence_ttl=settings.processed_jobs_ttl, lease=settings.worker_lease,
-                          batch_size=settings.worker_batch_size)
+    config = WorkerConfig(
+        fence_ttl=settings.processed_jobs_ttl, lease=settings.worker_lease, batch_size=settings.worker_batch_size
+    )
     outage = make_consumer(OutageLedger(timeouts={"m-flaky": 2, "m-down": 99}))
     healthy = make_consumer()
 
     def work(consumer) -> str:
-        stats = Worker(db.conninfo, consumer, policy=settings.retry_policy(QUEUE), config=config,
-                       metrics=metrics).run(once=True)
+        stats = Worker(db.conninfo, consumer, policy=settings.retry_policy(QUEUE), config=config, metrics=metrics).run(
+            once=True
+        )
         return ", ".join(f"{k}={v}" for k, v in stats.fields().items() if v)
 
     with db.connect(autocommit=True) as conn:
         queue = PgQueue(conn)
 
         def enqueue(payload, job_id=None) -> uuid.UUID:
-            envelope = Envelope(job_id=job_id or uuid.uuid4(), payload=payload, tenant_id=TENANT,
-                                correlation_id=f"demo-{payload.get('member_id')}")
+            envelope = Envelope(
+                job_id=job_id or uuid.uuid4(),
+                payload=payload,
+                tenant_id=TENANT,
+                correlation_id=f"demo-{payload.get('member_id')}",
+            )
             queue.publish(QUEUE, envelope)
             return envelope.job_id
 
@@ -54,13 +60,17 @@ def walk_through(settings: Settings, db: Database, out: TextIO) -> None:
             out.write(f"  {line}\n")
 
         def balances() -> str:
-            rows = conn.execute("SELECT member_id, points FROM example.loyalty_points WHERE tenant_id = %s"
-                                " ORDER BY member_id", (TENANT,)).fetchall()
+            rows = conn.execute(
+                "SELECT member_id, points FROM example.loyalty_points WHERE tenant_id = %s ORDER BY member_id",
+                (TENANT,),
+            ).fetchall()
             return ", ".join(f"{m}={p}" for m, p in rows) or "(none)"
 
         def fast_forward() -> str:
-            row = conn.execute("SELECT payload->>'member_id', attempts, round(extract(epoch FROM run_at - last_failed_at))"
-                               " FROM core.queue_messages WHERE run_at > now() ORDER BY id").fetchall()
+            row = conn.execute(
+                "SELECT payload->>'member_id', attempts, round(extract(epoch FROM run_at - last_failed_at))"
+                " FROM core.queue_messages WHERE run_at > now() ORDER BY id"
+            ).fetchall()
             conn.execute("UPDATE core.queue_messages SET run_at = now() WHERE run_at > now()")
             return "; ".join(f"{m}: attempt {a} failed, retry scheduled {int(s)} s later" for m, a, s in row)
 
@@ -82,8 +92,11 @@ def walk_through(settings: Settings, db: Database, out: TextIO) -> None:
             say(f"   fast-forward: {fast_forward()}")
         say(f"   worker: {work(outage)}; balances: {balances()}")
 
-        letters = conn.execute("SELECT id, payload->>'member_id', attempts, last_error FROM core.dead_letters"
-                               " WHERE queue = %s AND correlation_id LIKE 'demo-%%' ORDER BY id", (QUEUE,)).fetchall()
+        letters = conn.execute(
+            "SELECT id, payload->>'member_id', attempts, last_error FROM core.dead_letters"
+            " WHERE queue = %s AND correlation_id LIKE 'demo-%%' ORDER BY id",
+            (QUEUE,),
+        ).fetchall()
         for letter_id, member, attempts, error in letters:
             say(f"   dead letter {letter_id}: {member}, {attempts} attempt(s), {error}")
         by_member = {member: letter_id for letter_id, member, _a, _e in letters}
@@ -95,12 +108,21 @@ def walk_through(settings: Settings, db: Database, out: TextIO) -> None:
         say(f"5. operator discards dead letter {by_member['m-eve']} with a reason")
         for action, letter_id, who, reason in conn.execute(
             "SELECT action, dead_letter_id, operator, reason FROM core.dead_letter_actions WHERE operator = %s"
-            " ORDER BY id", (OPERATOR,)
+            " ORDER BY id",
+            (OPERATOR,),
         ):
             say(f"   audit ledger: {who} {action} {letter_id}: {reason}")
-        left = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0]
-        say(f"   messages left in the queue: {left}; metrics: " + ", ".join(
-            f"{name}={metrics.value(name, consumer=QUEUE):g}" for name in ("processed", "duplicates", "retries")
-        ) + ", dead_lettered=" + ", ".join(
-            f"{reason}:{metrics.value('dead_lettered', consumer=QUEUE, reason=reason):g}"
-            for reason in ("poison", "exhausted")))
+        row = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()
+        assert row is not None
+        left = row[0]
+        say(
+            f"   messages left in the queue: {left}; metrics: "
+            + ", ".join(
+                f"{name}={metrics.value(name, consumer=QUEUE):g}" for name in ("processed", "duplicates", "retries")
+            )
+            + ", dead_lettered="
+            + ", ".join(
+                f"{reason}:{metrics.value('dead_lettered', consumer=QUEUE, reason=reason):g}"
+                for reason in ("poison", "exhausted")
+            )
+        )

@@ -1,13 +1,15 @@
 """What every scheduled job provides: a :class:`JobSpec` and a ``run_once(now) -> Result``.
 
-A job's ``job.py`` defines ``SPEC`` (listed in :data:`maintenance.jobs.catalog.JOBS`); its ``build`` validates the configuration (raising
-``ConfigError``, so a bad setting exits 2 before any data is touched) and returns an object
+A job's ``job.py`` defines ``SPEC`` (listed in :data:`maintenance.jobs.catalog.JOBS`); its ``build(settings, db, stop)`` validates the configuration
+(raising ``ConfigError``, so a bad setting exits 2 before any data is touched; ``stop`` is the
+command's stop event, which a batch loop checks) and returns an object
 with ``run_once(now) -> Result``. A result has ``ok`` and ``fields()`` (the fixed keys of the
 job's stop event); ``zero_fields()`` gives the same keys with zero counts for the error event.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -33,7 +35,7 @@ class Job(Protocol):
 class JobSpec:
     name: str
     summary: str
-    build: Callable[[Settings, Database], Job]
+    build: Callable[[Settings, Database, threading.Event], Job]
     zero_fields: Callable[[], dict[str, Any]]
     event_prefix: str = ""
     # The default crontab (UTC) under `core-jobs serve`; the setting CORE_JOBS_SCHEDULE_<JOB> overrides it.

@@ -24,6 +24,7 @@ from typing import Any
 
 import httpx
 
+from harness.dead_letters import describe_error
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import Settings, shown_url
 
@@ -67,7 +68,7 @@ def send_heartbeat(
                 headers={"Content-Type": "text/plain; charset=utf-8", "User-Agent": "core-jobs-heartbeat"},
             )
     except httpx.HTTPError as exc:
-        error = f"{type(exc).__name__}: {exc}".replace(target, shown).replace(url, shown)
+        error = describe_error(exc).replace(target, shown).replace(url, shown)
         log.warning("alerts.heartbeat.failed", url=shown, outcome=outcome, error=error)
         return False
     if not 200 <= response.status_code < 300:

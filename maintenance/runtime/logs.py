@@ -82,7 +82,8 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        logger_factory=structlog.PrintLoggerFactory(sink),
+        # structlog annotates TextIO but only calls write() and flush(), which _CurrentStdout has.
+        logger_factory=structlog.PrintLoggerFactory(sink),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

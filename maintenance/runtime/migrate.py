@@ -16,7 +16,9 @@ from alembic.script import ScriptDirectory
 
 from maintenance.runtime.db import Database
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"  # beside maintenance/, in the tree and in site-packages
+MIGRATIONS_DIR = (
+    Path(__file__).resolve().parents[2] / "migrations"
+)  # beside maintenance/, in the tree and in site-packages
 
 
 def _engine(conninfo: str) -> sqlalchemy.Engine:

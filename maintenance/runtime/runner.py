@@ -3,21 +3,28 @@
 Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result fields and
 ``ok``, or ``<job>.error`` with the same fields at zero plus ``error``; all carry ``job``, stop
 and error also ``duration_s``. The clock is PostgreSQL's, read once per job run and passed to ``run_once``.
+
+The caller owns the state: the ``stop`` event (set by a SIGTERM through
+:func:`maintenance.runtime.signals.on_signals`) is given to :func:`build_jobs` (batch loops
+check it) and to :func:`run_jobs` (no further job starts once it is set); the
+:class:`~maintenance.runtime.telemetry.Telemetry` that records every run is the process's,
+made by the CLI and passed in.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.dead_letters import describe_error
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.runtime.signals import stop_requested
-from maintenance.runtime.telemetry import Telemetry, default
+from maintenance.runtime.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
 
 
@@ -31,24 +38,30 @@ class JobOutcome:
     duration_s: float = 0.0
 
 
-def build_jobs(settings: Settings, db: Database, names: Iterable[str] = ()) -> list[tuple[JobSpec, Job]]:
-    """Validate and build the named jobs (all when none is named); ConfigError on any problem."""
+def build_jobs(
+    settings: Settings, db: Database, names: Iterable[str] = (), *, stop: threading.Event | None = None
+) -> list[tuple[JobSpec, Job]]:
+    """Validate and build the named jobs (all when none is named); ConfigError on any problem.
+
+    ``stop`` is what the jobs' batch loops check (default: an event nobody sets).
+    """
     registered = jobs()
     wanted = list(names) or list(registered)
     unknown = [n for n in wanted if n not in registered]
     if unknown:
         valid = ", ".join(registered) or "(none registered)"
         raise ConfigError(f"unknown job {', '.join(unknown)}; valid jobs: {valid}")
-    return [(registered[n], registered[n].build(settings, db)) for n in wanted]
+    stop = stop if stop is not None else threading.Event()
+    return [(registered[n], registered[n].build(settings, db, stop)) for n in wanted]
 
 
-def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry | None = None) -> JobOutcome:
+def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry) -> JobOutcome:
     """Run one job once; never raises (a failure becomes ok=False and an error event).
 
-    The outcome is also recorded as Prometheus metrics in ``telemetry`` (default: the process's).
+    The outcome is also recorded as Prometheus metrics in ``telemetry``.
     """
     outcome = _run(spec, job, db)
-    (telemetry or default()).record(outcome)
+    telemetry.record(outcome)
     return outcome
 
 
@@ -61,7 +74,7 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         result = job.run_once(now)
     except Exception as exc:  # a job failure must not stop the next job
         fields = spec.zero_fields()
-        error = f"{type(exc).__name__}: {exc}"
+        error = describe_error(exc)  # never raises, even for an exception that cannot be printed
         duration_s = round(time.monotonic() - started, 3)
         log.error(f"{spec.events}.error", **fields, duration_s=duration_s, error=error)
         return JobOutcome(spec.name, False, fields, error, duration_s=duration_s)
@@ -71,11 +84,13 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
     return JobOutcome(spec.name, result.ok, fields, result=result, duration_s=duration_s)
 
 
-def run_jobs(built: list[tuple[JobSpec, Job]], db: Database, telemetry: Telemetry | None = None) -> list[JobOutcome]:
-    """Run the jobs in order; once a stop is requested (SIGTERM), start no further job."""
+def run_jobs(
+    built: list[tuple[JobSpec, Job]], db: Database, telemetry: Telemetry, *, stop: threading.Event
+) -> list[JobOutcome]:
+    """Run the jobs in order; once ``stop`` is set (SIGTERM), start no further job."""
     outcomes: list[JobOutcome] = []
     for index, (spec, job) in enumerate(built):
-        if stop_requested():
+        if stop.is_set():
             get_logger().warning("maintenance.run.stopped_early", not_started=[s.name for s, _ in built[index:]])
             break
         outcomes.append(run_job(spec, job, db, telemetry))

@@ -17,10 +17,12 @@ after a failed run; set the heartbeat's period to the longest gap between two ru
 would not do the same work twice — the jobs take database locks — but one replica is the
 intended deployment.
 
-SIGTERM or SIGINT: scheduling stops at once, a purge in hand stops after its current batch
-(``stopped_on_signal=1``; the next run carries on), the other runs in hand finish
-(``scheduler.shutdown(wait=True)``), the HTTP server closes, and the process exits 0. Give the
-pod a termination grace period longer than the longest run.
+SIGTERM or SIGINT (through :func:`maintenance.runtime.signals.on_signals`, which sets the
+``stop`` event the CLI made and also gave the jobs): scheduling stops at once, a purge in hand
+stops after its current batch (``stopped_on_signal=1``; the next run carries on), the other runs
+in hand finish (``scheduler.shutdown(wait=True)``), the HTTP server closes, and the process exits
+0. Give the pod a termination grace period longer than the longest run. The run metrics go to the
+:class:`~maintenance.runtime.telemetry.Telemetry` the CLI made for the process.
 
 Events: ``maintenance.serve.started`` (host, port, schedules), ``maintenance.serve.stopping``
 (signal), ``maintenance.serve.stopped``.
@@ -28,7 +30,6 @@ Events: ``maintenance.serve.started`` (host, port, schedules), ``maintenance.ser
 
 from __future__ import annotations
 
-import signal
 import threading
 from datetime import UTC
 from typing import Any
@@ -40,24 +41,31 @@ from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
 from maintenance.jobs.base import Job, JobSpec
-from maintenance.runtime import signals as shutdown
 from maintenance.runtime.db import Database
 from maintenance.runtime.heartbeat import ping_heartbeat
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import SecretRedactor, get_logger
 from maintenance.runtime.runner import build_jobs, run_job
-from maintenance.runtime.telemetry import Telemetry, default, push_configured
+from maintenance.runtime.signals import on_signals
+from maintenance.runtime.telemetry import Telemetry, push_configured
 from maintenance.settings import Settings
 
 
 class JobScheduler:
     """The registered jobs on an APScheduler scheduler (a BackgroundScheduler unless given one)."""
 
-    def __init__(self, settings: Settings, db: Database, built: list[tuple[JobSpec, Job]], *,
-                 scheduler: BaseScheduler | None = None, telemetry: Telemetry | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        built: list[tuple[JobSpec, Job]],
+        *,
+        telemetry: Telemetry,
+        scheduler: BaseScheduler | None = None,
+    ) -> None:
         self.settings = settings
         self.db = db
-        self.telemetry = telemetry or default()
+        self.telemetry = telemetry
         # /healthz is not a log line: the log redactor never sees it, so its errors are masked here.
         self._redactor = SecretRedactor(settings.secret_values())
         # Every schedule is checked before anything starts (ConfigError names the setting).
@@ -67,9 +75,13 @@ class JobScheduler:
         )
         for spec, job in built:
             self.scheduler.add_job(
-                self._run, CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
-                args=(spec, job), id=spec.name, name=spec.name,
-                max_instances=1, coalesce=True,
+                self._run,
+                CronTrigger.from_crontab(self.schedules[spec.name], timezone=UTC),
+                args=(spec, job),
+                id=spec.name,
+                name=spec.name,
+                max_instances=1,
+                coalesce=True,
                 misfire_grace_time=max(1, int(settings.scheduler_misfire_grace.total_seconds())),
             )
         self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
@@ -80,11 +92,16 @@ class JobScheduler:
         ping_heartbeat(self.settings, [outcome], source="core-jobs serve")
 
     def _not_run(self, event: JobEvent) -> None:
+        # Each event name written out, so that docs/reference/events.md (maintenance.reference) lists it.
+        log = get_logger(job=event.job_id)
         if event.code == EVENT_JOB_MISSED:  # a JobExecutionEvent: one run time
-            name, reason, when = "maintenance.scheduler.missed", "misfire grace exceeded", event.scheduled_run_time
+            when = event.scheduled_run_time
+            log.warning("maintenance.scheduler.missed", scheduled_at=when.isoformat(), reason="misfire grace exceeded")
         else:  # a JobSubmissionEvent: the run times it refused (one, as runs are coalesced)
-            name, reason, when = "maintenance.scheduler.skipped", "previous run still going", event.scheduled_run_times[-1]
-        get_logger(job=event.job_id).warning(name, scheduled_at=when.isoformat(), reason=reason)
+            when = event.scheduled_run_times[-1]
+            log.warning(
+                "maintenance.scheduler.skipped", scheduled_at=when.isoformat(), reason="previous run still going"
+            )
 
     def start(self) -> None:
         self.scheduler.start()
@@ -103,8 +120,11 @@ class JobScheduler:
             jobs[name] = {
                 "schedule": cron,
                 "next_run_time": scheduled.next_run_time.isoformat() if scheduled and scheduled.next_run_time else None,
-                "last_run": None if last is None else {
-                    "ok": last.ok, "finished_at": last.finished_at.isoformat(),
+                "last_run": None
+                if last is None
+                else {
+                    "ok": last.ok,
+                    "finished_at": last.finished_at.isoformat(),
                     "duration_s": last.duration_s,
                     "error": None if last.error is None else self._redactor.redact(last.error),
                 },
@@ -112,37 +132,32 @@ class JobScheduler:
         return ok, {"status": "ok" if ok else "stopped", "jobs": jobs}
 
 
-def serve(settings: Settings, *, stop: threading.Event | None = None) -> int:
-    """Run the scheduler and the HTTP server until SIGTERM/SIGINT (or ``stop``); 0 on a clean stop."""
+def serve(settings: Settings, *, stop: threading.Event, telemetry: Telemetry) -> int:
+    """Run the scheduler and the HTTP server until SIGTERM/SIGINT (or ``stop``); 0 on a clean stop.
+
+    ``stop`` is the command's stop event: the signals set it, and the jobs' batch loops check it.
+    """
     log = get_logger()
     db = Database(settings.conninfo())
-    jobs = JobScheduler(settings, db, build_jobs(settings, db))
+    jobs = JobScheduler(settings, db, build_jobs(settings, db, stop=stop), telemetry=telemetry)
     server = make_server(settings.http_host, settings.http_port, health=jobs.health, registry=jobs.telemetry.registry)
-    stop = stop or threading.Event()
     received: list[str] = []
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signal.Signals(signum).name)
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     serving = False
-    try:
-        jobs.start()
-        serve_in_background(server)
-        serving = True
-        host, port = server.server_address[:2]
-        log.info("maintenance.serve.started", host=host, port=port, schedules=jobs.schedules)
-        stop.wait()
-        log.info("maintenance.serve.stopping", signal=received[0] if received else None)
-    finally:
-        shutdown.request_stop()  # batch loops (the purge) end after the batch in hand
-        jobs.stop()  # the runs in hand finish first
-        shutdown.clear()
-        if serving:
-            server.shutdown()
-        server.server_close()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    # The handlers stay until the runs in hand have finished: a second SIGTERM must not kill them.
+    with on_signals(stop, on_signal=received.append):
+        try:
+            jobs.start()
+            serve_in_background(server)
+            serving = True
+            host, port = server.server_address[:2]
+            log.info("maintenance.serve.started", host=host, port=port, schedules=jobs.schedules)
+            stop.wait()
+            log.info("maintenance.serve.stopping", signal=received[0] if received else None)
+        finally:
+            stop.set()  # batch loops (the purge) end after the batch in hand
+            jobs.stop()  # the runs in hand finish first
+            if serving:
+                server.shutdown()
+            server.server_close()
     log.info("maintenance.serve.stopped")
     return 0

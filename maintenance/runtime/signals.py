@@ -1,45 +1,49 @@
 """Cooperative shutdown: a SIGTERM asks the running jobs to stop after the batch in hand.
 
-`core-jobs serve` and `core-jobs run-once` call :func:`request_stop` when they are told to stop
-(SIGTERM from Kubernetes: a deploy, a node drain, a CronJob's activeDeadlineSeconds). Batch
-loops — the purge — check :func:`stop_requested` before each batch and end the run cleanly,
-reporting what is left, just as when their time budget runs out; `run-once` starts no further
-job. The flag is per process.
+There is no process-wide stop flag. Each command makes its own ``threading.Event`` in the CLI
+and passes it down: to the runner (``run_jobs(..., stop=)``: start no further job), to the
+jobs it builds (the purge checks it before each batch and ends the run cleanly, reporting
+what is left, just as when its time budget runs out), to the scheduler (``serve(..., stop=)``)
+and to the worker (``Worker(..., stop=)``: finish the message in hand).
+
+:func:`on_signals` is the one place that turns signals into that event: `run-once`, `serve`
+and `worker` (and the operations API) all use it. For the block, SIGTERM and SIGINT (by
+default) set ``stop`` and log one ``<event>`` line with the signal's name (e.g.
+``maintenance.serve.stopping``); the previous handlers are put back when the block ends. A
+second signal only sets the event again: the process still stops cooperatively.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-_requested = threading.Event()
-
-
-def request_stop() -> None:
-    _requested.set()
-
-
-def stop_requested() -> bool:
-    return _requested.is_set()
-
-
-def clear() -> None:
-    _requested.clear()
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
 @contextmanager
-def stop_on_sigterm() -> Iterator[None]:
-    """For the block: SIGTERM requests a cooperative stop instead of killing the process."""
+def on_signals(
+    stop: threading.Event,
+    signals: Sequence[signal.Signals] = DEFAULT_SIGNALS,
+    *,
+    on_signal: Callable[[str], None] | None = None,
+) -> Iterator[threading.Event]:
+    """For the block: each of ``signals`` sets ``stop`` (then calls ``on_signal(name)``) instead of killing.
 
-    def on_sigterm(_signum: int, _frame: Any) -> None:
-        request_stop()
+    Must be entered in the main thread (Python delivers signals there only).
+    """
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    def handler(signum: int, _frame: Any) -> None:
+        stop.set()
+        if on_signal is not None:
+            on_signal(signal.Signals(signum).name)
+
+    previous = {signum: signal.signal(signum, handler) for signum in signals}
     try:
-        yield
+        yield stop
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        clear()
+        for signum, old in previous.items():
+            signal.signal(signum, old)

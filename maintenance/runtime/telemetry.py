@@ -16,6 +16,13 @@ metric                                                    type     meaning
 A job whose result has ``metric_families()`` (the metrics job) adds its own families; the
 latest ones are served and pushed with the job's run metrics.
 
+No ``<counter>_created`` series are served or pushed: they would double every counter on the
+Pushgateway for a start time that, in run-once mode, is just the pod's. They are left out by
+this module's collectors, not by prometheus_client's process-wide switch.
+
+There is no process-wide telemetry: each ``core-jobs`` process makes one :class:`Telemetry` in
+its command (``run-once``, ``serve``) and passes it to the runner and the scheduler.
+
 The label is ``job_name``, not ``job``: Prometheus and the Pushgateway own ``job`` (the scrape
 job, and the Pushgateway's grouping key, which overwrites a pushed ``job`` label).
 
@@ -35,25 +42,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics
-from prometheus_client.exposition import (
-    default_handler,
-    push_to_gateway,
-    pushadd_to_gateway,
-)
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
+from harness.dead_letters import describe_error
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import shown_url
-
-# No `<counter>_created` series: they double every counter on the Pushgateway for a start time
-# that, in run-once mode, is just the pod's.
-disable_created_metrics()
 
 PUSH_JOB = "core-jobs"
 JOB_LABEL = "job_name"
@@ -74,6 +74,26 @@ class LastRun:
     error: str | None
 
 
+def _without_created(families: Iterable[Metric]) -> Iterator[Metric]:
+    """The families without their ``_created`` samples (see the module docstring)."""
+    for family in families:
+        samples = [s for s in family.samples if not s.name.endswith("_created")]
+        if samples or not family.samples:
+            kept = Metric(family.name, family.documentation, family.type, family.unit)
+            kept.samples = samples
+            yield kept
+
+
+class _RunSeries:
+    """The run series of a registry, without ``_created`` samples."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _without_created(self.registry.collect())
+
+
 class _JobFamilies:
     """A collector yielding the job-specific families (e.g. success volume) of the latest runs."""
 
@@ -86,7 +106,7 @@ class _JobFamilies:
             families = dict(self.telemetry._families)
         for name, metrics in families.items():
             if self.only is None or name == self.only:
-                yield from metrics
+                yield from _without_created(metrics)
 
 
 class _OneJob:
@@ -97,7 +117,7 @@ class _OneJob:
         self.name = name
 
     def collect(self) -> Iterator[Metric]:
-        for family in self.telemetry._run_registry.collect():
+        for family in _without_created(self.telemetry._run_registry.collect()):
             samples = [s for s in family.samples if s.labels.get(JOB_LABEL) == self.name]
             if samples:
                 sliced = Metric(family.name, family.documentation, family.type, family.unit)
@@ -115,24 +135,32 @@ class Telemetry:
         self.last_runs: dict[str, LastRun] = {}
         self._run_registry = CollectorRegistry(auto_describe=True)
         self.runs = Counter(
-            "core_jobs_job_runs", "Job runs by outcome (success or failure).", [JOB_LABEL, "outcome"],
+            "core_jobs_job_runs",
+            "Job runs by outcome (success or failure).",
+            [JOB_LABEL, "outcome"],
             registry=self._run_registry,
         )
         self.duration = Gauge(
-            "core_jobs_job_duration_seconds", "Wall-clock duration of the job's last run.", [JOB_LABEL],
+            "core_jobs_job_duration_seconds",
+            "Wall-clock duration of the job's last run.",
+            [JOB_LABEL],
             registry=self._run_registry,
         )
         self.last_success = Gauge(
-            "core_jobs_job_last_success_timestamp_seconds", "Unix time at which the job's last successful run ended.",
-            [JOB_LABEL], registry=self._run_registry,
+            "core_jobs_job_last_success_timestamp_seconds",
+            "Unix time at which the job's last successful run ended.",
+            [JOB_LABEL],
+            registry=self._run_registry,
         )
         self.result = Gauge(
-            "core_jobs_job_result", "Numeric fields of the job's last result (0 after a failed run).",
-            [JOB_LABEL, "field"], registry=self._run_registry,
+            "core_jobs_job_result",
+            "Numeric fields of the job's last result (0 after a failed run).",
+            [JOB_LABEL, "field"],
+            registry=self._run_registry,
         )
         # What /metrics serves: the run series plus every job's own families.
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self._run_registry)
+        self.registry.register(_RunSeries(self._run_registry))
         self.registry.register(_JobFamilies(self))
 
     def record(self, outcome: Any) -> None:
@@ -173,27 +201,23 @@ class Telemetry:
         push = push_to_gateway if last is None or last.ok else pushadd_to_gateway
         try:
             push(
-                gateway_url, job=PUSH_JOB, registry=self.job_registry(name),
-                grouping_key={JOB_LABEL: name}, timeout=timeout_s, handler=default_handler,
+                gateway_url,
+                job=PUSH_JOB,
+                registry=self.job_registry(name),
+                grouping_key={JOB_LABEL: name},
+                timeout=timeout_s,
+                handler=default_handler,
             )
         except Exception as exc:  # a monitoring outage must not fail the job
-            error = f"{type(exc).__name__}: {exc}".replace(gateway_url, shown_url(gateway_url))
+            error = describe_error(exc).replace(gateway_url, shown_url(gateway_url))
             log.warning("maintenance.metrics.push_failed", gateway=shown_url(gateway_url), error=error)
             return False
         log.info("maintenance.metrics.pushed", gateway=shown_url(gateway_url), grouping_key=f"{JOB_LABEL}={name}")
         return True
 
 
-def push_configured(settings: Any, name: str, telemetry: Telemetry | None = None) -> bool:
-    """Push job ``name``'s series when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
-    return (telemetry or default()).push(
+def push_configured(settings: Any, name: str, telemetry: Telemetry) -> bool:
+    """Push job ``name``'s series from ``telemetry`` when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
+    return telemetry.push(
         settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
     )
-
-
-_DEFAULT = Telemetry()
-
-
-def default() -> Telemetry:
-    """The process-wide telemetry that the runner records into and `serve` exposes."""
-    return _DEFAULT

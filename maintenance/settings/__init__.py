@@ -119,7 +119,9 @@ __all__ = [
 ]
 
 
-class Settings(ApiSettings, WorkerFields, SchedulerFields, MetricsFields, AlertsFields, PurgeFields, FoundationFields, BaseSettings):
+class Settings(
+    ApiSettings, WorkerFields, SchedulerFields, MetricsFields, AlertsFields, PurgeFields, FoundationFields, BaseSettings
+):
     """All settings: the topic mixins, last topic first (see the module docstring)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
@@ -150,8 +152,12 @@ class Settings(ApiSettings, WorkerFields, SchedulerFields, MetricsFields, Alerts
             elif isinstance(value, timedelta):
                 text = format_duration(value)
             elif isinstance(value, dict):
-                text = json.dumps({k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
-                                   for k, v in value.items()})
+                text = json.dumps(
+                    {
+                        k: v.model_dump(mode="json", exclude_none=True) if isinstance(v, BaseModel) else v
+                        for k, v in value.items()
+                    }
+                )
             elif value is None:
                 text = ""
             else:

@@ -34,13 +34,15 @@ class AlertsFields(BaseModel):
     betterstack_api_token: SecretStr | None = Field(
         default=None,
         description="Better Stack Uptime API token. Unset: the alert feed runs dry (logs what it would "
-        "post, records nothing), so setting it later still alerts everything.",
+        "post, records nothing), so setting it later still alerts everything. Visible ASCII only (no "
+        "space or trailing newline): refused at load otherwise.",
     )
     betterstack_team_name: str | None = Field(
         default=None, description="Team that owns the incidents; required by Better Stack with a global API token."
     )
     betterstack_policy_id: str | None = Field(
-        default=None, description="Escalation policy of new-dead-letter incidents (unset: Better Stack's default routing)."
+        default=None,
+        description="Escalation policy of new-dead-letter incidents (unset: Better Stack's default routing).",
     )
     betterstack_escalation_policy_id: str | None = Field(
         default=None,
@@ -55,15 +57,20 @@ class AlertsFields(BaseModel):
         "Secret: its path is a token.",
     )
     betterstack_timeout: PositiveDuration = Field(
-        default=DEFAULT_BETTERSTACK_TIMEOUT, description="Timeout of one HTTP request to Better Stack (connect, read, write)."
+        default=DEFAULT_BETTERSTACK_TIMEOUT,
+        description="Timeout of one HTTP request to Better Stack (connect, read, write).",
     )
     betterstack_max_retries: int = Field(
-        default=DEFAULT_BETTERSTACK_MAX_RETRIES, ge=0, le=10,
+        default=DEFAULT_BETTERSTACK_MAX_RETRIES,
+        ge=0,
+        le=10,
         description="Retries of one request after a connection error, timeout, 429 or 5xx (backoff 1 s doubling, cap 30 s, "
         "Retry-After honoured up to RETRY_AFTER_MAX).",
     )
     betterstack_max_requests_per_second: float = Field(
-        default=DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND, gt=0, le=100,
+        default=DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND,
+        gt=0,
+        le=100,
         description="Client-side rate limit towards Better Stack (the official Terraform provider keeps to 8).",
     )
     ops_url_template: str | None = Field(
@@ -72,7 +79,9 @@ class AlertsFields(BaseModel):
         "e.g. https://ops.example/dead-letters?queue={queue}.",
     )
     alerts_max_incidents_per_run: int = Field(
-        default=DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN, ge=1, le=1000,
+        default=DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN,
+        ge=1,
+        le=1000,
         description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
         "summary incident, never dropped.",
     )
@@ -99,9 +108,18 @@ class AlertsFields(BaseModel):
 
     @field_validator("betterstack_api_token", mode="before")
     @classmethod
-    def _blank_token_is_none(cls, value: Any) -> Any:
+    def _token(cls, value: Any) -> Any:
+        """Blank is unset; otherwise only what an ``Authorization: Bearer`` header carries as it is
+        (a secret file's trailing newline would fail every request of every run)."""
         raw = value.get_secret_value() if isinstance(value, SecretStr) else value
-        return None if raw is None or str(raw).strip() == "" else value
+        if raw is None or str(raw).strip() == "":
+            return None
+        if not all("!" <= c <= "~" for c in str(raw)):
+            raise ValueError(
+                "must be visible ASCII characters only: no space, line break or other character"
+                " (a secret file's trailing newline?); the value is not shown"
+            )
+        return value
 
     @field_validator("ops_url_template")
     @classmethod

@@ -21,9 +21,13 @@ def check_crontab(expr: str) -> str:
     text = " ".join(str(expr).split())
     fields = text.split(" ") if text else []
     if len(fields) != 5:
-        raise ValueError(f"not a crontab expression: expected 5 fields (minute hour day month weekday), got {len(fields)}")
+        raise ValueError(
+            f"not a crontab expression: expected 5 fields (minute hour day month weekday), got {len(fields)}"
+        )
     if any(ch.isdigit() for ch in fields[4]):
-        raise ValueError("write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0")
+        raise ValueError(
+            "write days of the week as names (mon-fri, sun): APScheduler 3 counts Monday=0, crontab Sunday=0"
+        )
     try:
         CronTrigger.from_crontab(text, timezone=UTC)
     except ValueError as exc:

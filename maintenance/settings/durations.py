@@ -52,9 +52,7 @@ def parse_duration(value: Any) -> timedelta:
         return _timedelta(seconds=sign * seconds)
     match = _ISO_DURATION.match(text.upper())
     if not match:
-        raise ValueError(
-            f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30"
-        )
+        raise ValueError(f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30")
     parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
     return sign * _timedelta(**parts)
 

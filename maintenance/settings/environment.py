@@ -47,7 +47,7 @@ def describe_error(error: Mapping[str, Any]) -> str:
         name += "[" + "].[".join(loc[1:]) + "]"
     message = error.get("msg", "invalid")
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     if error.get("type") == "missing":
         message = "is required"
     return f"{name}: {message}"

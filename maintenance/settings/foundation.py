@@ -7,7 +7,7 @@ the retry policies and the TTL guard they feed are derived in :mod:`maintenance.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
@@ -31,8 +31,8 @@ DEFAULT_RETRY_MAX_DELAY = timedelta(hours=1)  # cap of one retry delay
 DEFAULT_RETRY_JITTER = 0.2  # fraction
 DEFAULT_RETRY_AFTER_MAX = timedelta(seconds=120)  # bound on an honoured Retry-After
 DEFAULT_BROKER_REDELIVERY_HORIZON = timedelta(0)  # no broker-side redelivery
-DEFAULT_LOG_FORMAT = "auto"  # JSON lines unless stdout is a TTY
-DEFAULT_LOG_LEVEL = "INFO"  # minimum level
+DEFAULT_LOG_FORMAT: Final = "auto"  # JSON lines unless stdout is a TTY
+DEFAULT_LOG_LEVEL: Final = "INFO"  # minimum level
 
 
 class FoundationFields(BaseModel):
@@ -50,7 +50,8 @@ class FoundationFields(BaseModel):
         "TTL_MARGIN x the maximum retry window.",
     )
     ttl_margin: float = Field(
-        default=DEFAULT_TTL_MARGIN, ge=1.0,
+        default=DEFAULT_TTL_MARGIN,
+        ge=1.0,
         description="Safety factor: the TTL must be at least this many times the maximum retry window.",
     )
     retry_max_attempts: int = Field(
@@ -59,9 +60,13 @@ class FoundationFields(BaseModel):
     retry_base_delay: PositiveDuration = Field(
         default=DEFAULT_RETRY_BASE_DELAY, description="Delay before the first retry; doubles each retry."
     )
-    retry_max_delay: PositiveDuration = Field(default=DEFAULT_RETRY_MAX_DELAY, description="Cap on any single retry delay.")
+    retry_max_delay: PositiveDuration = Field(
+        default=DEFAULT_RETRY_MAX_DELAY, description="Cap on any single retry delay."
+    )
     retry_jitter: float = Field(
-        default=DEFAULT_RETRY_JITTER, ge=0.0, lt=1.0,
+        default=DEFAULT_RETRY_JITTER,
+        ge=0.0,
+        lt=1.0,
         description="Jitter fraction: each delay is multiplied by U(1-j, 1+j).",
     )
     retry_after_max: NonNegativeDuration = Field(

@@ -10,10 +10,6 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from maintenance.settings.durations import PositiveDuration
-from maintenance.settings.urls import check_http_url
-
-DEFAULT_METRICS_PUSH_TIMEOUT = timedelta(seconds=10)  # per push
 from maintenance.jobs.metrics.config import (  # the job owns its defaults; the settings import them
     DEFAULT_MAX_TRANSACTION as DEFAULT_METRICS_MAX_TRANSACTION,
 )
@@ -23,6 +19,10 @@ from maintenance.jobs.metrics.config import (
 from maintenance.jobs.metrics.config import (
     DEFAULT_TENANT_TOP_N as DEFAULT_METRICS_TENANT_TOP_N,
 )
+from maintenance.settings.durations import PositiveDuration
+from maintenance.settings.urls import check_http_url
+
+DEFAULT_METRICS_PUSH_TIMEOUT = timedelta(seconds=10)  # per push
 
 
 class MetricsFields(BaseModel):
@@ -46,10 +46,12 @@ class MetricsFields(BaseModel):
     metrics_tenant_label: bool = Field(
         default=DEFAULT_METRICS_TENANT_LABEL,
         description="Add a tenant label to core_jobs_successes_total (at most METRICS_TENANT_TOP_N "
-        "tenants per consumer, the rest as tenant=\"other\").",
+        'tenants per consumer, the rest as tenant="other").',
     )
     metrics_tenant_top_n: int = Field(
-        default=DEFAULT_METRICS_TENANT_TOP_N, ge=1, le=100,
+        default=DEFAULT_METRICS_TENANT_TOP_N,
+        ge=1,
+        le=100,
         description="Named tenants per consumer when METRICS_TENANT_LABEL is on (cardinality cap).",
     )
 

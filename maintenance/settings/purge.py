@@ -40,12 +40,14 @@ class PurgeFields(BaseModel):
     """The purge of expired processed_jobs fences."""
 
     purge_batch_size: int = Field(
-        default=DEFAULT_PURGE_BATCH_SIZE, ge=1,
+        default=DEFAULT_PURGE_BATCH_SIZE,
+        ge=1,
         description="Largest number of fences per batch; each batch is its own short transaction, sized "
         "to CORE_JOBS_PURGE_TARGET_BATCH_DURATION.",
     )
     purge_min_batch_size: int = Field(
-        default=DEFAULT_PURGE_MIN_BATCH_SIZE, ge=1,
+        default=DEFAULT_PURGE_MIN_BATCH_SIZE,
+        ge=1,
         description="Floor the batch size may shrink to (slow batches, statement timeouts); "
         "at this size, repeated timeouts stop the run (exit 1).",
     )
@@ -55,7 +57,8 @@ class PurgeFields(BaseModel):
         "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )
     purge_timeouts_before_shrink: int = Field(
-        default=DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK, ge=1,
+        default=DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK,
+        ge=1,
         description="Consecutive statement timeouts after which the batch size is halved.",
     )
     purge_statement_timeout: PositiveDuration = Field(

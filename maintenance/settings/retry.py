@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -48,7 +49,7 @@ def policy_with_override(default: RetryPolicy, override: RetryOverride | None) -
     if override is None:
         return default
     fields = override.model_dump(exclude={"justification"}, exclude_none=True)
-    values = {
+    values: dict[str, Any] = {
         "max_attempts": default.max_attempts,
         "base_delay": default.base_delay,
         "max_delay": default.max_delay,

@@ -30,16 +30,24 @@ class SchedulerFields(BaseModel):
     """`serve`: job schedules, misfire grace, the /healthz and /metrics server."""
 
     schedule_purge: str = Field(default=DEFAULT_SCHEDULE_PURGE, description="`serve`: crontab (UTC) of the purge job.")
-    schedule_alerts: str = Field(default=DEFAULT_SCHEDULE_ALERTS, description="`serve`: crontab (UTC) of the alerts job.")
-    schedule_metrics: str = Field(default=DEFAULT_SCHEDULE_METRICS, description="`serve`: crontab (UTC) of the metrics job.")
+    schedule_alerts: str = Field(
+        default=DEFAULT_SCHEDULE_ALERTS, description="`serve`: crontab (UTC) of the alerts job."
+    )
+    schedule_metrics: str = Field(
+        default=DEFAULT_SCHEDULE_METRICS, description="`serve`: crontab (UTC) of the metrics job."
+    )
     scheduler_misfire_grace: PositiveDuration = Field(
         default=DEFAULT_SCHEDULER_MISFIRE_GRACE,
         description="`serve`: a run that starts later than this after its scheduled time is skipped "
         "(missed runs of one job are coalesced into one).",
     )
-    http_host: str = Field(default=DEFAULT_HTTP_HOST, description="`serve`: address of the /healthz and /metrics server.")
+    http_host: str = Field(
+        default=DEFAULT_HTTP_HOST, description="`serve`: address of the /healthz and /metrics server."
+    )
     http_port: int = Field(
-        default=DEFAULT_HTTP_PORT, ge=0, le=65535,
+        default=DEFAULT_HTTP_PORT,
+        ge=0,
+        le=65535,
         description="`serve`: port of the /healthz and /metrics server (0: any free port).",
     )
 

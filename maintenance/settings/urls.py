@@ -23,17 +23,11 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-import httpx
-import psycopg
-from psycopg.conninfo import conninfo_to_dict
-
 MASK = "***"
 
 # scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
 # last @ before the host (the first @ not followed by another one before the host ends).
-_URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I
-)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I)
 
 # A libpq ?password= (or &password=) query parameter.
 _QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
@@ -46,11 +40,13 @@ def normalize_database_url(url: str) -> str:
     """Accept ``postgresql://`` and its aliases (SQLAlchemy's ``+psycopg``, ``+psycopg2``, ``postgres://``); return libpq's.
 
     The scheme is rewritten first and then every spelling takes the same check, so an alias
-    never lets through a URL that libpq would misread.
+    never lets through a URL that libpq would misread. Surrounding whitespace (a secret file's
+    trailing newline) is not part of it, as for the http URL settings.
     """
+    url = url.strip()
     for prefix in DATABASE_URL_SCHEME_ALIASES:
         if url.startswith(prefix):
-            url = "postgresql://" + url[len(prefix):]
+            url = "postgresql://" + url[len(prefix) :]
             break
     if not url.startswith("postgresql://"):
         raise ValueError("must start with postgresql:// or postgresql+psycopg://")
@@ -60,6 +56,9 @@ def normalize_database_url(url: str) -> str:
 
 def _check_libpq_parses(url: str) -> None:
     """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
+    import psycopg  # only when a database URL is configured: psycopg is the heaviest import of check-config
+    from psycopg.conninfo import conninfo_to_dict
+
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
@@ -68,9 +67,10 @@ def _check_libpq_parses(url: str) -> None:
             " (@ as %40, % as %25) and use only libpq's query parameters"
         ) from None
     # libpq ends the user part at the first @ (or /): the rest of a raw @ or / lands in host or port.
-    if "@" in params.get("host", "") + params.get("port", ""):
+    host, port_list = str(params.get("host") or ""), str(params.get("port") or "")
+    if "@" in host + port_list:
         raise ValueError("its user name or password contains an unencoded @: write it as %40")
-    if not all(port.isdigit() for port in params.get("port", "").split(",") if port):
+    if not all(port.isdigit() for port in port_list.split(",") if port):
         raise ValueError(
             "its port is not a number: percent-encode special characters of the user name and password"
             " (/ as %2F, : as %3A, @ as %40)"
@@ -80,7 +80,7 @@ def _check_libpq_parses(url: str) -> None:
 def url_passwords(url: str) -> list[str]:
     """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
     parts = urlsplit(url)
-    written = [parts.password or ""] + re.findall(r"(?:^|&)password=([^&]*)", parts.query)
+    written = [parts.password or "", *re.findall(r"(?:^|&)password=([^&]*)", parts.query)]
     return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
 
 
@@ -110,6 +110,8 @@ def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
     The messages never quote the URL: a heartbeat URL's path is a token.
     """
+    import httpx  # parsed as the Better Stack client will parse it
+
     text = value.strip()
     if not re.match(r"^https?://", text, re.I):
         raise ValueError("must be an http:// or https:// URL")

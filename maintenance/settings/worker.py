@@ -23,7 +23,9 @@ class WorkerFields(BaseModel):
         "(the fencing lease). Must cover a whole batch of handler runs.",
     )
     worker_batch_size: int = Field(
-        default=DEFAULT_WORKER_BATCH_SIZE, ge=1, le=1000,
+        default=DEFAULT_WORKER_BATCH_SIZE,
+        ge=1,
+        le=1000,
         description="Messages a worker claims at once (FOR UPDATE SKIP LOCKED); successes are acked per batch.",
     )
     worker_poll_interval: PositiveDuration = Field(
@@ -31,6 +33,8 @@ class WorkerFields(BaseModel):
         description="How long an idle worker waits before looking for ready messages again.",
     )
     worker_concurrency: int = Field(
-        default=DEFAULT_WORKER_CONCURRENCY, ge=1, le=64,
+        default=DEFAULT_WORKER_CONCURRENCY,
+        ge=1,
+        le=64,
         description="Worker threads per `core-jobs worker` process, each with its own connection.",
     )

@@ -183,12 +183,15 @@ DROP INDEX IF EXISTS core.dead_letters_replayed_at_idx;
 """
 
 # --- downgrade: 0005's schema (a 'released' ledger row stays; the old check is NOT VALID for it) --
+# 0001's guard exactly as 0001 wrote it, so that downgrading gives 0006's schema back unchanged.
 GUARD_UPDATE_0001 = """
 CREATE OR REPLACE FUNCTION core.dead_letters_guard_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
     changed text;
 BEGIN
+    -- Every column but the review state is immutable; checked generically so that a column
+    -- added later is protected too.
     SELECT o.key INTO changed
       FROM jsonb_each(to_jsonb(OLD)) AS o
      WHERE o.key NOT IN ('status', 'discard_reason', 'status_changed_at')

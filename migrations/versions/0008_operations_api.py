@@ -35,7 +35,7 @@ database granted it and drops the role only when no other database still grants 
 DBA run ``CREATE ROLE core_jobs_api NOLOGIN`` once per cluster, then migrate again.
 
 Revision ID: 0008_operations_api
-Revises: 0007_replay_outstanding
+Revises: 0008_fence_rule
 Create Date: 2026-12-01
 """
 
@@ -44,7 +44,7 @@ from importlib import import_module
 from alembic import op
 
 revision = "0008_operations_api"
-down_revision = "0007_replay_outstanding"
+down_revision = "0008_fence_rule"
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,7 @@
 """The alerts job's configuration: the feed's config and the Better Stack client, built from the settings.
 
-The feed itself, its SQL and its state machine live in the ``alerts`` package (``alerts/feed.py``,
-``alerts/betterstack.py``); this module maps ``CORE_JOBS_*`` settings onto them in one place.
+The feed itself lives in the ``alerts`` package: ``alerts/feed.py`` (the run), ``alerts/sql.py`` (its
+named SQL), ``alerts/betterstack.py`` (the client); this module maps ``CORE_JOBS_*`` settings onto them in one place.
 """
 
 from __future__ import annotations
@@ -58,5 +58,3 @@ def betterstack_client(settings: Settings) -> BetterStackClient | None:
         max_requests_per_second=settings.betterstack_max_requests_per_second,
         log=get_logger(job="alerts"),
     )
-
-

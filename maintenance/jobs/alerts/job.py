@@ -1,6 +1,5 @@
 """The alerts job: the job class, its result and SPEC. The manual is the package docstring."""
 
-
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -19,7 +18,7 @@ from maintenance.jobs.alerts.config import (
 )
 
 
-def build(settings: Settings, db: Database) -> AlertFeed:
+def build(settings: Settings, db: Database, _stop: object = None) -> AlertFeed:  # one pass: no batch loop to stop
     return AlertFeed(
         feed_config(settings),
         connect=lambda: db.connect(autocommit=True),

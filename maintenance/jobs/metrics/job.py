@@ -1,6 +1,5 @@
 """The metrics job: the job class, its result and SPEC. The manual is the package docstring."""
 
-
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
@@ -19,6 +18,7 @@ from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE, MetricsConfig
 from maintenance.jobs.metrics.sql import (
     ADVANCE_WATERMARK,
     COUNT_SUCCESSES,
+    COUNT_SUCCESSES_BY_TENANT,
     DEAD_LETTER_FIGURES,
     ENSURE_WATERMARK,
     LOCK_WATERMARK,
@@ -39,8 +39,9 @@ NEVER = datetime.min.replace(tzinfo=UTC)
 
 
 # --- pure parts --------------------------------------------------------------------------------
-def choose_horizon(now: datetime, oldest_open: datetime | None, *, hidden: int, prepared: int,
-                   max_transaction: timedelta) -> tuple[datetime, str]:
+def choose_horizon(
+    now: datetime, oldest_open: datetime | None, *, hidden: int, prepared: int, max_transaction: timedelta
+) -> tuple[datetime, str]:
     """The new watermark candidate and why: ``open_transaction``, ``settle`` or ``max_transaction``."""
     floor = now - max_transaction
     if hidden or prepared:
@@ -52,14 +53,17 @@ def choose_horizon(now: datetime, oldest_open: datetime | None, *, hidden: int, 
     return now - SETTLE, "settle"
 
 
-def add_counts(totals: Mapping[str, Any], counts: Mapping[tuple[str, str | None], int], *,
-               tenant_label: bool, top_n: int) -> dict[str, dict[str, Any]]:
+def add_counts(
+    totals: Mapping[str, Any], counts: Mapping[tuple[str, str | None], int], *, tenant_label: bool, top_n: int
+) -> dict[str, dict[str, Any]]:
     """New cumulative totals: ``{consumer: {"total": n, "tenants": {tenant: n}}}``.
 
     Named tenants per consumer are capped at ``top_n``; tenants without a slot are the
     difference ``total - sum(named)`` (exported as ``other``).
     """
-    result = {c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()}
+    result: dict[str, dict[str, Any]] = {
+        c: {"total": int(v.get("total", 0)), "tenants": dict(v.get("tenants", {}))} for c, v in totals.items()
+    }
     by_consumer: dict[str, dict[str | None, int]] = {}
     for (consumer, tenant), n in counts.items():
         by_consumer.setdefault(consumer, {})[tenant] = n
@@ -146,7 +150,9 @@ class MetricsResult:
     def metric_families(self) -> Iterator[Metric]:
         labels = ["consumer", "tenant"] if self.tenant_label else ["consumer"]
         successes = CounterMetricFamily(
-            "core_jobs_successes", "Jobs processed successfully (idempotency fences counted), cumulative.", labels=labels
+            "core_jobs_successes",
+            "Jobs processed successfully (idempotency fences counted), cumulative.",
+            labels=labels,
         )
         for key, n in self.totals_by_series().items():
             successes.add_metric(list(key), n)
@@ -158,7 +164,8 @@ class MetricsResult:
         )
         pending = GaugeMetricFamily("core_jobs_dead_letters_pending", "Dead letters pending review.", labels=["queue"])
         age = GaugeMetricFamily(
-            "core_jobs_dead_letters_oldest_pending_age_seconds", "Age of the oldest dead letter pending review.",
+            "core_jobs_dead_letters_oldest_pending_age_seconds",
+            "Age of the oldest dead letter pending review.",
             labels=["queue"],
         )
         replayed = CounterMetricFamily("core_jobs_dead_letters_replayed", "Dead letters replayed.", labels=["queue"])
@@ -214,17 +221,21 @@ class MetricsJob:
         """Lock the watermark, count up to the new horizon, store the totals and the new watermark."""
         params = {"name": WATERMARK}
         conn.execute(ENSURE_WATERMARK, params)
-        since, totals = conn.execute(LOCK_WATERMARK, params).fetchone()
+        watermark = conn.execute(LOCK_WATERMARK, params).fetchone()
+        assert watermark is not None  # ENSURE_WATERMARK just made sure the row exists
+        since, totals = watermark
         since = NEVER if since is None else since  # NULL: nothing counted yet
-        oldest_open, hidden, prepared = conn.execute(SUCCESS_HORIZON).fetchone()
+        horizon_row = conn.execute(SUCCESS_HORIZON).fetchone()
+        assert horizon_row is not None  # aggregates: always one row
+        oldest_open, hidden, prepared = horizon_row
         horizon, why = choose_horizon(
             now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.config.max_transaction
         )
         until = max(since, horizon)  # never backwards
         counts: dict[tuple[str, str | None], int] = {}
         if until > since:
-            tenant = "tenant_id::text" if self.config.tenant_label else "NULL::text"
-            rows = conn.execute(COUNT_SUCCESSES.format(tenant=tenant), {"since": since, "until": until})
+            count = COUNT_SUCCESSES_BY_TENANT if self.config.tenant_label else COUNT_SUCCESSES
+            rows = conn.execute(count, {"since": since, "until": until})
             counts = {(consumer, t): n for consumer, t, n in rows}
         totals = add_counts(totals or {}, counts, tenant_label=self.config.tenant_label, top_n=self.config.tenant_top_n)
         conn.execute(ADVANCE_WATERMARK, {"until": until, "totals": Jsonb(totals), "now": now, **params})
@@ -243,6 +254,6 @@ SPEC = JobSpec(
     schedule=DEFAULT_SCHEDULE,
     name="metrics",
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
-    build=lambda settings, db: MetricsJob(db, MetricsConfig.from_settings(settings)),
+    build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),
     zero_fields=zero_fields,
 )

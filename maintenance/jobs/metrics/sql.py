@@ -31,9 +31,18 @@ SELECT min(a.xact_start) AS oldest_open,
 """
 
 # count_successes: the fences between the old and the new watermark (half-open, so a fence on
-# the boundary is counted exactly once). Served by the processed_at index (migration 0004).
+# the boundary is counted exactly once), per consumer; served by the processed_at index
+# (migration 0004). The tenant column is NULL unless CORE_JOBS_METRICS_TENANT_LABEL is on.
 COUNT_SUCCESSES = """
-SELECT consumer, {tenant} AS tenant, count(*) AS n
+SELECT consumer, NULL::text AS tenant, count(*) AS n
+  FROM core.processed_jobs
+ WHERE processed_at >= %(since)s AND processed_at < %(until)s
+ GROUP BY 1, 2
+"""
+
+# The same, per consumer and tenant (CORE_JOBS_METRICS_TENANT_LABEL=true).
+COUNT_SUCCESSES_BY_TENANT = """
+SELECT consumer, tenant_id::text AS tenant, count(*) AS n
   FROM core.processed_jobs
  WHERE processed_at >= %(since)s AND processed_at < %(until)s
  GROUP BY 1, 2

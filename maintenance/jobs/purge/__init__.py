@@ -7,7 +7,8 @@ all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start 
 2. ``processed_at < cutoff - TTL_MARGIN x max retry window`` — no retry or broker redelivery
    can still arrive for it, even if a misconfigured consumer wrote a too-short ``expires_at``
    (J-AC6);
-3. no dead letter of the same ``job_id`` holds it (index ``dead_letters_pending_job_idx``, and
+3. no dead letter of the same ``job_id`` holds it — the predicate ``core.holds_fence`` (migration
+   0008_fence_rule), the rule written once (index ``dead_letters_pending_job_idx``, and
    ``dead_letters_replay_hold_idx``):
 
    - ``pending_review``: a replay needs the fence, or it would apply the work twice;

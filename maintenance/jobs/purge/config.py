@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from maintenance.settings.retry import TtlGuard
 
@@ -23,7 +23,7 @@ DEFAULT_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts before the 
 DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per batch DELETE (SET LOCAL)
 DEFAULT_BATCH_PAUSE = timedelta(0)  # between batches
 DEFAULT_MAX_RUNTIME = timedelta(minutes=5)  # time budget of one run
-DEFAULT_STRATEGY = "auto"  # access path: auto | index | sweep
+DEFAULT_STRATEGY: Final = "auto"  # access path: auto | index | sweep
 DEFAULT_SCHEDULE = "*/15 * * * *"  # crontab (UTC) under `core-jobs serve`
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
 # the target batch duration (see "Batch size" in the package docstring).

@@ -3,14 +3,14 @@
 The operator's manual is the package docstring (``maintenance/jobs/purge/__init__.py``).
 """
 
-
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import psycopg
 from psycopg import errors
@@ -29,7 +29,6 @@ from maintenance.jobs.purge.paths import (
 from maintenance.jobs.purge.sql import COUNT_HOLDING
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.runtime.signals import stop_requested
 from maintenance.settings.durations import format_duration
 
 if TYPE_CHECKING:
@@ -41,12 +40,24 @@ EVENTS = "maintenance.purge"
 ROWS_LEFT_CAP = 100_000
 
 
-
-
 # --- result ---------------------------------------------------------------------------------
 @dataclass
 class PurgeResult:
-    """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event."""
+    """One run's outcome. ``fields()`` are the fixed numeric keys of the stop event, named in EVENT_FIELDS."""
+
+    EVENT_FIELDS: ClassVar[tuple[str, ...]] = (
+        "num_deleted",
+        "num_batches",
+        "num_timeouts",
+        "rows_left",
+        "stopped_on_budget",
+        "stopped_on_signal",
+        "skipped",
+        "gave_up",
+        "longest_batch_ms",
+        "batch_size",
+        "used_sweep",
+    )
 
     num_deleted: int = 0
     num_batches: int = 0
@@ -59,17 +70,16 @@ class PurgeResult:
     longest_batch_ms: float = 0.0
     batch_size: int = 0
     used_sweep: int = 0
-    # Not event fields: the cutoffs this run used and why it took its path, for the demo's account.
-    cutoff: datetime | None = field(default=None, repr=False)
-    protected_from: datetime | None = field(default=None, repr=False)
-    strategy_reason: str = field(default="", repr=False)
+    # Not event fields: the cutoffs this run used (cutoff - protected_from = margin x retry window).
+    cutoff: datetime | None = None
+    protected_from: datetime | None = None
 
     @property
     def ok(self) -> bool:
         return not self.gave_up
 
     def fields(self) -> dict[str, Any]:
-        shown = {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+        shown = {name: getattr(self, name) for name in self.EVENT_FIELDS}
         shown["longest_batch_ms"] = round(self.longest_batch_ms, 1)
         return shown
 
@@ -89,7 +99,7 @@ class Purger:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
-        should_stop: Callable[[], bool] = stop_requested,
+        stop: threading.Event | None = None,
         batch_clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         guard = config.guard
@@ -114,7 +124,7 @@ class Purger:
         self.db = db
         self._monotonic = monotonic
         self._sleep = sleep
-        self._should_stop = should_stop
+        self._stop = stop if stop is not None else threading.Event()  # the command's (SIGTERM)
         self._batch_clock = batch_clock
         self._log = get_logger(job="purge")
 
@@ -123,7 +133,8 @@ class Purger:
         cfg = self.config
         deadline = self._monotonic() + cfg.max_runtime.total_seconds()
         result = PurgeResult(
-            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)), cutoff=now,
+            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)),
+            cutoff=now,
             protected_from=now - cfg.guard.required,
         )
         with self.db.connect(autocommit=True) as lock_conn, advisory_lock(lock_conn, LOCK_NAME) as acquired:
@@ -139,7 +150,7 @@ class Purger:
         cfg = self.config
         params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
         timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
-        walk, result.strategy_reason = self._choose_walk(conn, params, timeout)
+        walk, _reason = self._choose_walk(conn, params, timeout)  # the reason is logged (strategy_chosen)
         result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
@@ -149,11 +160,12 @@ class Purger:
                 result.stopped_on_budget = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(
-                    f"{EVENTS}.stopped_on_budget", rows_left=result.rows_left,
+                    f"{EVENTS}.stopped_on_budget",
+                    rows_left=result.rows_left,
                     max_runtime=format_duration(cfg.max_runtime),
                 )
                 return
-            if self._should_stop():  # SIGTERM: the batch in hand is done, start no other
+            if self._stop.is_set():  # SIGTERM: the batch in hand is done, start no other
                 result.stopped_on_signal = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(f"{EVENTS}.stopped_on_signal", rows_left=result.rows_left)
@@ -173,7 +185,9 @@ class Purger:
                     result.gave_up = 1
                     result.rows_left = self._rows_left(conn, walk, params, timeout)
                     self._log.error(
-                        f"{EVENTS}.gave_up", batch_size=result.batch_size, num_timeouts=result.num_timeouts,
+                        f"{EVENTS}.gave_up",
+                        batch_size=result.batch_size,
+                        num_timeouts=result.num_timeouts,
                         rows_left=result.rows_left,
                     )
                     return
@@ -186,7 +200,10 @@ class Purger:
             result.num_deleted += batch["num_deleted"]
             result.longest_batch_ms = max(result.longest_batch_ms, batch_ms)
             self._log.debug(
-                f"{EVENTS}.batch_deleted", **batch, batch_ms=round(batch_ms, 1), batch_size=result.batch_size,
+                f"{EVENTS}.batch_deleted",
+                **batch,
+                batch_ms=round(batch_ms, 1),
+                batch_size=result.batch_size,
                 strategy=walk.name,
             )
             result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
@@ -211,13 +228,19 @@ class Purger:
         measured = estimates.expired_fraction is not None and estimates.correlation is not None
         index_s, sweep_s = estimates.seconds() if measured else (None, None)
         self._log.info(
-            f"{EVENTS}.strategy_chosen", strategy=strategy, setting=self.config.strategy, reason=reason,
+            f"{EVENTS}.strategy_chosen",
+            strategy=strategy,
+            setting=self.config.strategy,
+            reason=reason,
             expired_fraction=_rounded(estimates.expired_fraction, 4),
             sampled_rows=estimates.sampled_rows,
             correlation=_rounded(estimates.correlation, 4),
-            table_blocks=estimates.table_blocks, rows_per_page=round(estimates.rows_per_page, 1),
-            estimated_index_s=_rounded(index_s, 3), estimated_sweep_s=_rounded(sweep_s, 3),
-            pending_dead_letters=pending, estimate_ms=round((time.perf_counter() - started) * 1000, 1),
+            table_blocks=estimates.table_blocks,
+            rows_per_page=round(estimates.rows_per_page, 1),
+            estimated_index_s=_rounded(index_s, 3),
+            estimated_sweep_s=_rounded(sweep_s, 3),
+            pending_dead_letters=pending,
+            estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
 
@@ -246,8 +269,9 @@ class Purger:
         self._log.warning(f"{EVENTS}.batch_shrunk", from_batch_size=previous, batch_size=result.batch_size)
         return True
 
-    def _rows_left(self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any],
-                   timeout: str) -> int:
+    def _rows_left(
+        self, conn: psycopg.Connection, walk: IndexWalk | BlockSweep, params: dict[str, Any], timeout: str
+    ) -> int:
         """Deletable rows the walk has not passed, up to ROWS_LEFT_CAP; -1 if even counting timed out."""
         try:
             return walk.count_left(conn, timeout, params, ROWS_LEFT_CAP)
@@ -262,9 +286,9 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 
 # --- 4. scheduler entry point -------------------------------------------------------------------
-def build(settings: Settings, db: Database) -> Purger:
-    """The scheduler entry: the config from the settings, validated by the constructor."""
-    return Purger(PurgeConfig.from_settings(settings), db)
+def build(settings: Settings, db: Database, stop: threading.Event) -> Purger:
+    """The scheduler entry: the config from the settings, validated by the constructor; ``stop`` ends the batch loop."""
+    return Purger(PurgeConfig.from_settings(settings), db, stop=stop)
 
 
 SPEC = JobSpec(

@@ -2,7 +2,7 @@
 
 ``maintenance/jobs/purge/__init__.py`` runs the batch loop (transactions, timeouts, budget, lock); this module
 says which rows one batch deletes and when the walk is done. Both paths delete exactly the same
-rows: every batch applies the same guards (``DELETABLE``).
+rows: every batch statement applies the same guards (``sql.py``).
 
 - ``index``: walks ``processed_jobs_expires_at_idx`` in expiry order, deleting by ``ctid`` and
   carrying a cursor on ``expires_at``. It reads only expired rows, so it is cheap when few have
@@ -28,18 +28,14 @@ from typing import Any
 import psycopg
 
 from maintenance.jobs.purge.sql import (
-    COUNT_ROWS_LEFT,
-    DELETABLE,
     EXPIRES_AT_CORRELATION,
     INDEX_BATCH,
-    INDEX_POSITION,
-    REPLAY_GUARD,
+    INDEX_ROWS_LEFT,
     SAMPLE_EXPIRED,
     SET_BATCH_LIMITS,
     SWEEP_BATCH,
-    SWEEP_POSITION,
+    SWEEP_ROWS_LEFT,
     TABLE_SIZE,
-    TIME_GUARDS,
 )
 
 # --- auto's cost model (measured with bench/purge.py, see docs/performance.md) -------------------
@@ -148,8 +144,7 @@ class IndexWalk:
     name = "index"
 
     def __init__(self, guard: str) -> None:
-        self._delete = INDEX_BATCH.format(deletable=TIME_GUARDS + REPLAY_GUARD[guard],
-                                           time_guards=TIME_GUARDS)
+        self._delete = INDEX_BATCH[guard]
         self.cursor: Any = "-infinity"
         self.done = False
 
@@ -164,8 +159,7 @@ class IndexWalk:
         return {"num_deleted": deleted}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
-        query = COUNT_ROWS_LEFT.format(position=INDEX_POSITION, deletable=DELETABLE)
-        return int(fetch_limited(conn, timeout, query, params | {"cursor": self.cursor, "cap": cap})[0])
+        return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": self.cursor, "cap": cap})[0])
 
 
 class BlockSweep:
@@ -174,7 +168,7 @@ class BlockSweep:
     name = "sweep"
 
     def __init__(self, guard: str, estimates: Estimates) -> None:
-        self._delete = SWEEP_BATCH.format(deletable=TIME_GUARDS + REPLAY_GUARD[guard])
+        self._delete = SWEEP_BATCH[guard]
         self._rows_per_page = estimates.rows_per_page
         self.end_block = estimates.table_blocks
         self.next_block = 0
@@ -196,5 +190,6 @@ class BlockSweep:
         return fields
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
-        query = COUNT_ROWS_LEFT.format(position=SWEEP_POSITION, deletable=DELETABLE)
-        return int(fetch_limited(conn, timeout, query, params | {"from_block": self.next_block, "cap": cap})[0])
+        return int(
+            fetch_limited(conn, timeout, SWEEP_ROWS_LEFT, params | {"from_block": self.next_block, "cap": cap})[0]
+        )
