@@ -162,16 +162,26 @@ class Guard:
             template = getattr(route, "path_format", None) or "unmatched"  # {id}, not {id:int}
             seconds = time.perf_counter() - started
             self.metrics.observe(scope["method"], template, state["status"], seconds)
-            log = get_logger()
-            emit = log.debug if template in QUIET_ROUTES else log.info
-            emit(
-                "maintenance.api.request",
-                method=scope["method"],
-                route=template,
-                status=state["status"],
-                duration_ms=round(seconds * 1000, 2),
-                subject=scope.get("state", {}).get("subject"),
-            )
+            method, status, ms = scope["method"], state["status"], round(seconds * 1000, 2)
+            subject = scope.get("state", {}).get("subject")
+            if template in QUIET_ROUTES:  # probes and scrapes every few seconds: not at info
+                get_logger().debug(
+                    "maintenance.api.request",
+                    method=method,
+                    route=template,
+                    status=status,
+                    duration_ms=ms,
+                    subject=subject,
+                )
+            else:
+                get_logger().info(
+                    "maintenance.api.request",
+                    method=method,
+                    route=template,
+                    status=status,
+                    duration_ms=ms,
+                    subject=subject,
+                )
 
 
 def _validation_problem(request: Request, exc: RequestValidationError) -> JSONResponse:
