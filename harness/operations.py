@@ -15,13 +15,20 @@
   delivery, and then purged normally — so release only a replay whose message is truly gone: a
   later delivery could apply the work twice. A replay whose message still waits in the
   reference queue is refused (it will be handled).
-- Replay and discard act on ``pending_review`` dead letters, release on outstanding replays; each
-  acts on every id given or on none: an id that does not exist or is in the wrong state refuses
-  the whole request (:class:`OperationRefused`), nothing changed.
+- Replay and discard act on ``pending_review`` dead letters (by ids, or every pending one of a
+  queue), release on outstanding replays; each acts on every id given or on none: an id that
+  does not exist or is in the wrong state refuses the whole request (:class:`OperationRefused`,
+  with the missing ids and the current statuses), nothing changed.
 - All three are written to ``core.dead_letter_actions``, the append-only audit ledger, by
   database triggers on the change: who (the ``operator`` given here, set as the transaction's
   ``core_jobs.operator``), when, what, and the reason. The ledger is complete even for changes
   made from psql.
+- **Pages** (:func:`list_page`, the operations API's list): newest first, filtered by status
+  (always one), queue, consumer, tenant, job id, correlation id and a ``created_at`` range, in
+  **keyset** order — each page continues strictly after the last row of the previous one,
+  ``(created_at, id) < (position)``, so page 100 costs what page 1 costs and a row written
+  meanwhile neither repeats nor skips a row. No free-text search: every filter is an index.
+- **Detail** (:func:`get_dead_letter`): one dead letter, its payload and its audit history.
 """
 
 from __future__ import annotations
@@ -38,17 +45,41 @@ from psycopg.rows import class_row
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
-__all__ = ["DeadLetterRow", "OperationRefused", "discard", "list_dead_letters", "release", "replay"]
+__all__ = [
+    "Action",
+    "DeadLetterDetail",
+    "DeadLetterFilter",
+    "DeadLetterRow",
+    "OperationRefused",
+    "Page",
+    "Position",
+    "discard",
+    "get_dead_letter",
+    "get_row",
+    "list_dead_letters",
+    "list_page",
+    "release",
+    "replay",
+]
 
 STATUSES = ("pending_review", "replayed", "discarded")
 
 
 class OperationRefused(Exception):
-    """The request was refused as a whole; nothing changed. One problem per line."""
+    """The request was refused as a whole; nothing changed. One problem per line.
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    ``missing`` lists the ids that do not exist and ``not_pending`` maps the ids that are not
+    ``pending_review`` to their current status, for callers that answer each case differently
+    (the API: 404 and 409).
+    """
+
+    def __init__(
+        self, problems: Sequence[str], *, missing: Sequence[int] = (), not_pending: dict[int, str] | None = None
+    ) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
+        self.missing = list(missing)
+        self.not_pending = dict(not_pending or {})
 
 
 @dataclass(frozen=True)
@@ -145,29 +176,38 @@ def replay(
         rows = _lock(conn, ids, queue, "replayed")
         if rows:
             _set_actor(conn, operator, reason)
-            publisher = PgQueue(conn)
-            for row in rows:
-                envelope = Envelope(
-                    job_id=row.job_id,
-                    payload=row.payload,
-                    tenant_id=row.tenant_id or NO_TENANT,
-                    correlation_id=row.correlation_id,
-                    replay_of=row.id,
-                )
-                publisher.publish(row.queue, envelope)
+            PgQueue(conn).publish_many(  # one statement for the lot, not one per message
+                [
+                    (
+                        row.queue,
+                        Envelope(
+                            job_id=row.job_id,
+                            payload=row.payload,
+                            tenant_id=row.tenant_id or NO_TENANT,
+                            correlation_id=row.correlation_id,
+                            replay_of=row.id,
+                        ),
+                    )
+                    for row in rows
+                ]
+            )
             conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
     return rows
 
 
-def discard(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reason: str) -> list[DeadLetterRow]:
-    """Discard the given ids with ``reason`` (required, J-AC7); return the rows discarded."""
+def discard(
+    conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None, operator: str, reason: str
+) -> list[DeadLetterRow]:
+    """Discard the given ids, or every pending dead letter of ``queue``, with ``reason`` (required, J-AC7)."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
-    if not ids:
-        raise OperationRefused(["give the ids of the dead letters to discard"])
+    if bool(ids) == bool(queue):
+        raise OperationRefused(
+            ["give the ids of the dead letters to discard, or a queue to discard all its pending ones"]
+        )
     _check_operator(operator)
     with conn.transaction():
-        rows = _lock(conn, ids, None, "discarded")
+        rows = _lock(conn, ids, queue, "discarded")
         _set_actor(conn, operator, reason.strip())
         conn.execute(MARK_DISCARDED, {"ids": [r.id for r in rows], "reason": reason.strip()})
     return rows
@@ -206,8 +246,10 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
             return cur.execute(LOCK_PENDING_OF_QUEUE, {"queue": queue}).fetchall()
         rows = cur.execute(LOCK_BY_ID, {"ids": sorted(set(ids))}).fetchall()
     found = {r.id: r for r in rows}
-    problems = [f"dead letter {i} does not exist" for i in sorted(set(ids)) if i not in found]
+    missing = [i for i in sorted(set(ids)) if i not in found]
+    problems = [f"dead letter {i} does not exist" for i in missing]
     if action == "released":
+        not_pending = {}
         problems += [
             f"dead letter {r.id} is {r.status}, not replayed: only an outstanding replay can be released"
             if r.status != "replayed"
@@ -216,13 +258,13 @@ def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, actio
             if not r.outstanding
         ]
     else:
+        not_pending = {r.id: r.status for r in rows if r.status != "pending_review"}
         problems += [
-            f"dead letter {r.id} is {r.status}, not pending_review: only pending dead letters can be {action}"
-            for r in rows
-            if r.status != "pending_review"
+            f"dead letter {i} is {status}, not pending_review: only pending dead letters can be {action}"
+            for i, status in not_pending.items()
         ]
     if problems:
-        raise OperationRefused([*problems, "nothing was changed"])
+        raise OperationRefused([*problems, "nothing was changed"], missing=missing, not_pending=not_pending)
     return rows
 
 
@@ -233,3 +275,116 @@ def _set_actor(conn: psycopg.Connection, operator: str, reason: str | None) -> N
 def _check_operator(operator: str) -> None:
     if not (operator or "").strip():
         raise OperationRefused(["the operator is unknown: pass --operator NAME (or set $USER)"])
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters a page lists: one status (default ``pending_review``) and any of the rest."""
+
+    status: str = "pending_review"
+    queue: str | None = None
+    consumer: str | None = None
+    tenant_id: UUID | None = None
+    job_id: UUID | None = None
+    correlation_id: str | None = None
+    created_after: datetime | None = None  # inclusive
+    created_before: datetime | None = None  # exclusive
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where a page ended: the last row's ``(created_at, id)``; the next page starts strictly after it."""
+
+    created_at: datetime
+    id: int
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list[DeadLetterRow]
+    next: Position | None  # None: this was the last page
+
+
+@dataclass(frozen=True)
+class Action:
+    """One row of the audit ledger ``core.dead_letter_actions``."""
+
+    id: int
+    action: str
+    operator: str
+    reason: str | None
+    acted_at: datetime
+
+
+@dataclass(frozen=True)
+class DeadLetterDetail:
+    row: DeadLetterRow
+    actions: list[Action]
+
+
+# A keyset page, newest first, without payloads (the detail has them: a page of 500 would carry
+# and parse every one). Each absent filter folds away in the custom plan (executed
+# unprepared, so never a generic plan), leaving an index range read backwards on one of
+# 0008's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
+LIST_PAGE = f"""
+SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,")}
+  FROM core.dead_letters
+ WHERE status = %(status)s
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+   AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
+   AND (%(tenant_id)s::uuid IS NULL OR tenant_id = %(tenant_id)s)
+   AND (%(job_id)s::uuid IS NULL OR job_id = %(job_id)s)
+   AND (%(correlation_id)s::text IS NULL OR correlation_id = %(correlation_id)s)
+   AND (%(created_after)s::timestamptz IS NULL OR created_at >= %(created_after)s)
+   AND (%(created_before)s::timestamptz IS NULL OR created_at < %(created_before)s)
+   AND (%(after_created_at)s::timestamptz IS NULL OR (created_at, id) < (%(after_created_at)s, %(after_id)s::bigint))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+GET_ONE = f"SELECT {_COLUMNS} FROM core.dead_letters WHERE id = %(id)s"
+GET_ACTIONS = """
+SELECT id, action, operator, reason, acted_at FROM core.dead_letter_actions WHERE dead_letter_id = %(id)s ORDER BY id
+"""
+
+
+def list_page(
+    conn: psycopg.Connection,
+    where: DeadLetterFilter = DeadLetterFilter(),
+    *,
+    after: Position | None = None,
+    limit: int = 50,
+) -> Page:
+    """Up to ``limit`` dead letters matching ``where``, newest first, strictly after ``after``; ``payload`` is None."""
+    if where.status not in STATUSES:
+        raise OperationRefused([f"unknown status {where.status!r}; valid: {', '.join(STATUSES)}"])
+    if limit < 1:
+        raise OperationRefused([f"limit must be at least 1, got {limit}"])
+    params = {
+        **where.__dict__,
+        "limit": limit + 1,  # one more tells whether a next page exists
+        "after_created_at": after.created_at if after else None,
+        "after_id": after.id if after else None,
+    }
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        rows = cur.execute(LIST_PAGE, params, prepare=False).fetchall()
+    if len(rows) <= limit:
+        return Page(rows=rows, next=None)
+    rows = rows[:limit]
+    return Page(rows=rows, next=Position(created_at=rows[-1].created_at, id=rows[-1].id))
+
+
+def get_row(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterRow | None:
+    """One dead letter as it is now (no audit history); None when unknown."""
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        return cur.execute(GET_ONE, {"id": dead_letter_id}).fetchone()
+
+
+def get_dead_letter(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterDetail | None:
+    """One dead letter with its payload and its audit history (oldest action first); None when unknown."""
+    row = get_row(conn, dead_letter_id)
+    if row is None:
+        return None
+    with conn.cursor(row_factory=class_row(Action)) as cur:
+        actions = cur.execute(GET_ACTIONS, {"id": dead_letter_id}).fetchall()
+    return DeadLetterDetail(row=row, actions=actions)

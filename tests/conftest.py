@@ -33,8 +33,9 @@ from maintenance.settings import ENV_PREFIX
 
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
-# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart (chart).
-pytest_plugins = ["fake_betterstack", "logcapture", "helm_support"]
+# Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
+# (chart), and the operations API's keys, JWKS server, tokens and running API (api_support).
+pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support"]
 
 
 def _docker_answers() -> bool:

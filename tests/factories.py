@@ -41,13 +41,15 @@ SELECT coalesce(%(job_id)s::uuid, gen_random_uuid()), %(consumer)s, %(tenant_id)
 RETURNING job_id"""
 
 # `count` pending dead letters of one queue, the first written at `created_at` (default: `age` and a
-# second ago), each next one a second earlier; correlation ids corr-<queue>-<n>.
+# second ago), each next one a second earlier; correlation ids corr-<queue>-<n>; consumer and tenant if given.
 INSERT_DEAD_LETTERS = """
-INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at)
+INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at, consumer,
+                               tenant_id)
 SELECT coalesce(%(job_id)s::uuid, gen_random_uuid()), %(queue)s, %(payload)s, 5, %(error)s,
        'corr-' || %(queue)s || '-' || g,
        coalesce(%(created_at)s::timestamptz, now() - %(age)s::interval - interval '1 second')
-         - (g - 1) * interval '1 second'
+         - (g - 1) * interval '1 second',
+       %(consumer)s, %(tenant_id)s::uuid
   FROM generate_series(1, %(count)s) AS g
  ORDER BY g
 RETURNING id"""
@@ -104,6 +106,8 @@ def add_dead_letters(
     error: str = DEFAULT_ERROR,
     job_id: uuid.UUID | None = None,
     payload: Any = None,
+    consumer: str | None = None,
+    tenant_id: uuid.UUID | None = None,
 ) -> list[int]:
     """Insert ``count`` pending dead letters written ``age`` ago (or at ``created_at``), a second apart; their ids."""
     rows = conn.execute(
@@ -116,6 +120,8 @@ def add_dead_letters(
             "created_at": created_at,
             "age": age,
             "count": count,
+            "consumer": consumer,
+            "tenant_id": tenant_id,
         },
     )
     return [r[0] for r in rows.fetchall()]

@@ -21,7 +21,7 @@ from typing import Any
 import helm_python
 import pytest
 from helm_support import CHART_DIR
-from test_helm_chart import SECRET_SETTINGS, pod_templates, render_objects, with_secret
+from test_helm_chart import API_ON, SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -48,6 +48,7 @@ REAL_SETTINGS = {
 
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
+    "api": {"api": API_ON, "settings": {"CORE_JOBS_API_POOL_MAX_SIZE": "16", "CORE_JOBS_API_JWT_LEEWAY": "PT10S"}},
     "scheduler": {"mode": "scheduler"},
     "settings": {"settings": REAL_SETTINGS},
     "scheduler-settings-heartbeat": {
@@ -167,7 +168,9 @@ def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
     """settings: accepts every real non-secret setting the chart does not manage itself, and nothing else."""
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     allowed = set(schema["definitions"]["knownSetting"]["enum"])
-    chart_managed = re.compile(r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT)$")
+    chart_managed = re.compile(
+        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
+    )
     expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
     assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"
 

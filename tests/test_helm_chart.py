@@ -44,9 +44,18 @@ STANDARD_LABELS = {
 }
 
 # Value sets every structural test runs against (each on top of the required existingSecret).
+API_ON = {
+    "enabled": True,
+    "jwksUrl": "https://id.ops.example/.well-known/jwks.json",
+    "issuer": "https://id.ops.example/",
+    "audience": "core-jobs-api",
+}
+
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "scheduler": {"mode": "scheduler"},
+    "api": {"api": API_ON},
+    "scheduler-api": {"mode": "scheduler", "api": API_ON},
     "suspended": {"jobs": {"purge": {"suspend": True}}},
     "custom-schedules": {
         "jobs": {
@@ -205,7 +214,7 @@ def test_every_object_carries_the_standard_labels(rendered):
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/name"] == "core-jobs"
-        assert labels["helm.sh/chart"] == "core-jobs-0.1.1"
+        assert labels["helm.sh/chart"] == "core-jobs-0.2.0"
         assert labels["app.kubernetes.io/version"] == "0.1.0"
 
 
@@ -224,7 +233,8 @@ def test_every_pod_is_hardened(rendered):
         assert security["allowPrivilegeEscalation"] is False
         assert security["capabilities"] == {"drop": ["ALL"]}
         assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
-        assert container["resources"]["limits"]["memory"] == "256Mi"
+        # The API's own resources (api.resources), everyone else's the chart-wide ones.
+        assert container["resources"]["limits"]["memory"] == ("384Mi" if name.endswith("-api") else "256Mi"), name
 
 
 def test_secrets_come_only_from_the_existing_secret(rendered):

@@ -119,6 +119,12 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     return serve(settings, stop=threading.Event(), telemetry=Telemetry())
 
 
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.api.server import serve as serve_api  # FastAPI and uvicorn: only for api
+
+    return serve_api(settings, host=args.host, port=args.port)
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.demo import run_demo
     from maintenance.runtime.logs import configure_logging
@@ -155,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("serve", help="run every job on its cron schedule, with /healthz and /metrics, until SIGTERM")
     p.set_defaults(handler=cmd_serve)
+
+    p = sub.add_parser("api", help="serve the operations HTTP API for dead letters until SIGTERM (docs/api.md)")
+    p.add_argument("--host", help="listen address (default CORE_JOBS_API_HOST)")
+    p.add_argument("--port", type=int, help="listen port, 0 for any free one (default CORE_JOBS_API_PORT)")
+    p.set_defaults(handler=cmd_api)
 
     p = sub.add_parser("demo", help="run the jobs against an embedded PostgreSQL with realistic data")
     p.add_argument("--keep", action="store_true", help="keep the embedded database's folder afterwards")

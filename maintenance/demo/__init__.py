@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 from psycopg import sql
 from pydantic import SecretStr
 
+from maintenance.demo.api import walk_through as api_walk_through
 from maintenance.demo.data import seed
 from maintenance.demo.explain import EXPLAIN
 from maintenance.demo.harness import walk_through
@@ -116,5 +117,7 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")
         out.write("\nThe consumer harness, with the example points consumer (harness/examples/points.py):\n")
         walk_through(demo_settings, db, out)
+        out.write("\nThe operations API (core-jobs api, docs/api.md), over HTTP:\n")
+        api_walk_through(demo_settings, out)
         out.write("\nDemo finished; the database is being removed.\n" if not keep else "\nDemo finished.\n")
         return 0 if all(o.ok for o in outcomes) else 1

@@ -50,6 +50,7 @@ from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
 from harness.retry import RetryPolicyError
+from maintenance.api.settings import ApiSettings
 from maintenance.errors import ConfigError
 from maintenance.settings.alerts import AlertsFields
 from maintenance.settings.crontab import check_crontab
@@ -118,7 +119,9 @@ __all__ = [
 ]
 
 
-class Settings(WorkerFields, SchedulerFields, MetricsFields, AlertsFields, PurgeFields, FoundationFields, BaseSettings):
+class Settings(
+    ApiSettings, WorkerFields, SchedulerFields, MetricsFields, AlertsFields, PurgeFields, FoundationFields, BaseSettings
+):
     """All settings: the topic mixins, last topic first (see the module docstring)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)

@@ -115,8 +115,9 @@ The env entries every container gets: the secrets by secretKeyRef, then extraEnv
 {{- end }}
 
 {{/*
-The pod spec shared by the CronJobs, the Deployment and the migration Job:
-(dict "ctx" $ "args" (list …) "inlineSettings" bool "container" "<extra container YAML>" "pod" "<extra pod YAML>").
+The pod spec shared by the CronJobs, the Deployments and the migration Job:
+(dict "ctx" $ "args" (list …) "inlineSettings" bool "container" "<extra container YAML>" "pod" "<extra pod YAML>"
+ "secretEnv" "<env YAML instead of core-jobs.secretEnv>" "resources" <instead of .Values.resources>).
 inlineSettings puts the settings straight into env instead of reading the ConfigMap: the
 migration hook runs before the release's ConfigMap exists.
 */}}
@@ -157,14 +158,18 @@ containers:
         value: {{ $value | quote }}
       {{- end }}
       {{- end }}
+      {{- if .secretEnv }}
+      {{- .secretEnv | trim | nindent 6 }}
+      {{- else }}
       {{- include "core-jobs.secretEnv" $ctx | trim | nindent 6 }}
+      {{- end }}
     {{- with .container }}
     {{- . | nindent 4 }}
     {{- end }}
     securityContext:
       {{- toYaml $values.securityContext | nindent 6 }}
     resources:
-      {{- toYaml $values.resources | nindent 6 }}
+      {{- toYaml (.resources | default $values.resources) | nindent 6 }}
     volumeMounts:
       - name: tmp
         mountPath: /tmp
@@ -220,4 +225,31 @@ podFailurePolicy:
       onPodConditions:
         - type: DisruptionTarget
           status: "True"
+{{- end }}
+
+{{/*
+The operations API's env: its own database URL (a login granted core_jobs_api, from its own key
+of the existing Secret — not the jobs' login, and not the Better Stack secrets), the port, and
+the token issuer, then extraEnv.
+*/}}
+{{- define "core-jobs.apiEnv" -}}
+{{- $api := .Values.api }}
+{{- $secret := required "secrets.existingSecret is required: create a Secret holding the database URLs and pass its name, e.g. --set secrets.existingSecret=core-jobs" .Values.secrets.existingSecret }}
+- name: CORE_JOBS_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ required "api.databaseUrlKey is required: the Secret key of the API's database URL (a login granted core_jobs_api)" $api.databaseUrlKey }}
+- name: CORE_JOBS_API_PORT
+  value: {{ $api.port | toString | quote }}
+- name: CORE_JOBS_API_JWKS_URL
+  value: {{ required "api.jwksUrl is required with api.enabled: the JWKS URL of your token issuer" $api.jwksUrl | quote }}
+- name: CORE_JOBS_API_JWT_ISSUER
+  value: {{ required "api.issuer is required with api.enabled: the iss every token must carry" $api.issuer | quote }}
+- name: CORE_JOBS_API_JWT_AUDIENCE
+  value: {{ required "api.audience is required with api.enabled: the aud every token must carry" $api.audience | quote }}
+{{- range .Values.extraEnv }}
+- name: {{ .name }}
+  value: {{ .value | quote }}
+{{- end }}
 {{- end }}

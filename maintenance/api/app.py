@@ -1,0 +1,311 @@
+"""The operations HTTP API for dead letters (issue 11) — the operator's manual.
+
+Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
+the same operations layer as ``core-jobs dead-letters`` (:mod:`harness.operations`).
+
+========================================= ============================= ==========================================
+endpoint                                  permission                    what
+========================================= ============================= ==========================================
+``GET /v1/core/dead-letters``             ``core.dead_letters.read``    newest first; filters ``status`` (default
+                                                                        ``pending_review``), ``queue``,
+                                                                        ``consumer``, ``tenant_id``, ``job_id``,
+                                                                        ``correlation_id``, ``created_after``
+                                                                        (inclusive), ``created_before``
+                                                                        (exclusive); ``limit`` (50, at most 500);
+                                                                        ``cursor`` = the previous page's
+                                                                        ``next_cursor`` (keyset: page 100 costs
+                                                                        what page 1 costs)
+``GET /v1/core/dead-letters/{id}``        ``core.dead_letters.read``    one, with payload and audit history
+``POST /v1/core/dead-letters/{id}/replay`` ``core.dead_letters.replay`` republish with the same ``job_id``
+                                                                        (J-B6); body ``{"reason": …}`` optional
+``POST /v1/core/dead-letters/{id}/discard`` ``core.dead_letters.discard`` body ``{"reason": "…"}`` required
+``POST /v1/core/dead-letters/replay``     ``core.dead_letters.replay``  ``{"ids": [...≤1000]}`` or ``{"filter":
+                                                                        {"queue": q, "status":
+                                                                        "pending_review"}}``: all or nothing
+``POST /v1/core/dead-letters/discard``    ``core.dead_letters.discard`` the same, with a required ``reason``
+``GET /healthz``                          —                             the process is up
+``GET /readyz``                           —                             the database answers (503 if not)
+``GET /openapi.json``                     —                             the OpenAPI document
+``GET /metrics``                          —                             Prometheus metrics of the API
+========================================= ============================= ==========================================
+
+- **Auth**: :mod:`maintenance.api.auth` (JWT bearer, JWKS or PEM key, asymmetric only).
+- **Actions** are all or nothing in one transaction (an unknown id → 404, a letter that is not
+  ``pending_review`` → 409 with its current status; nothing changed), idempotent with an
+  ``Idempotency-Key`` (:mod:`maintenance.api.idempotency`), and audited under the token's
+  ``sub`` by the database's trigger. Two replays of one letter at once: one wins, the other
+  waits for its row lock and gets 409.
+- **Errors** are ``application/problem+json`` with stable types (:mod:`maintenance.api.problems`).
+  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole.
+- **Database**: a ``psycopg_pool`` pool (``CORE_JOBS_API_POOL_*``); every connection switches
+  to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0008) and has a
+  ``statement_timeout``. An unreachable database or an exhausted pool → 503.
+- **Metrics** on a registry the app owns: ``core_jobs_api_requests_total`` and
+  ``core_jobs_api_request_duration_seconds`` (histogram), labelled by ``method``, ``route`` (the
+  template, e.g. ``/v1/core/dead-letters/{id}``; ``unmatched`` for unknown paths) and ``status``.
+- **Logs**: ``maintenance.api.request`` per request at info (``method``, ``route``, ``status``,
+  ``duration_ms``, ``subject``; probes and metrics at debug), ``maintenance.api.token_refused``,
+  ``maintenance.api.permission_refused``, ``maintenance.api.internal_error``,
+  ``maintenance.api.database_unavailable``; start and stop in :mod:`maintenance.api.server`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from psycopg_pool import ConnectionPool, PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from maintenance.api import routes
+from maintenance.api.auth import TokenVerifier
+from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
+from maintenance.runtime.logs import get_logger
+
+QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class ApiMetrics:
+    """The API's own Prometheus metrics, on a registry it owns (never prometheus_client's global one)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        labels = ("method", "route", "status")
+        self.requests = Counter(
+            "core_jobs_api_requests_total",
+            "HTTP requests answered by the operations API.",
+            labels,
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "core_jobs_api_request_duration_seconds",
+            "Time from request to the end of the response, by route and status.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(method, route, str(status)).inc()
+        self.latency.labels(method, route, str(status)).observe(seconds)
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    """Outermost ASGI middleware: body size limit (413), catch-all 500, metrics and the request log."""
+
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ApiMetrics) -> None:
+        self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        state: dict[str, Any] = {"status": 500, "started": False, "too_large": False}
+
+        async def sending(message: Message) -> None:
+            if state["too_large"]:  # whatever the app answers to a cut-off body, the answer is 413
+                return
+            if message["type"] == "http.response.start":
+                state["status"], state["started"] = message["status"], True
+            await send(message)
+
+        async def answer(problem: Problem) -> None:
+            state["too_large"] = False
+            await problem.response()(scope, receive, sending)
+
+        declared = dict(scope.get("headers") or {}).get(b"content-length")
+        try:
+            if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+                raise _BodyTooLarge
+            seen = 0
+
+            async def receiving() -> Message:
+                nonlocal seen
+                message = await receive()
+                if message["type"] == "http.request":
+                    seen += len(message.get("body", b""))
+                    if seen > self.max_body_bytes:
+                        state["too_large"] = True
+                        raise _BodyTooLarge
+                return message
+
+            await self.app(scope, receiving, sending)
+            if state["too_large"]:
+                raise _BodyTooLarge
+        except _BodyTooLarge:
+            if not state["started"]:
+                await answer(Problem(413, "payload-too-large", f"the request body exceeds {self.max_body_bytes} bytes"))
+        except Exception as exc:  # a bug: answer 500 without details, log what happened
+            get_logger().error(
+                "maintenance.api.internal_error",
+                method=scope["method"],
+                path=scope["path"],
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            if not state["started"]:
+                await answer(Problem(500, "internal-error", "the request failed; the API's log says why"))
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path_format", None) or "unmatched"  # {id}, not {id:int}
+            seconds = time.perf_counter() - started
+            self.metrics.observe(scope["method"], template, state["status"], seconds)
+            method, status, ms = scope["method"], state["status"], round(seconds * 1000, 2)
+            subject = scope.get("state", {}).get("subject")
+            if template in QUIET_ROUTES:  # probes and scrapes every few seconds: not at info
+                get_logger().debug(
+                    "maintenance.api.request",
+                    method=method,
+                    route=template,
+                    status=status,
+                    duration_ms=ms,
+                    subject=subject,
+                )
+            else:
+                get_logger().info(
+                    "maintenance.api.request",
+                    method=method,
+                    route=template,
+                    status=status,
+                    duration_ms=ms,
+                    subject=subject,
+                )
+
+
+def _validation_problem(request: Request, exc: RequestValidationError) -> JSONResponse:
+    errors = exc.errors()
+    malformed = any(e.get("type") == "json_invalid" or (e.get("loc") or ("body",))[0] != "body" for e in errors)
+    described = [f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', 'invalid')}" for e in errors]
+    summary = "; ".join(described)[:1000]
+    if malformed:
+        return Problem(400, "malformed-request", summary).response()
+    return Problem(
+        422,
+        "invalid-request",
+        summary,
+        errors=[{"location": [str(p) for p in e.get("loc", ())], "message": e.get("msg", "")} for e in errors][:50],
+    ).response()
+
+
+def _http_problem(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    if exc.status_code == 404:
+        return Problem(404, "not-found", f"no route {request.url.path}").response()
+    if exc.status_code == 405:  # Starlette's exception carries the Allow header (RFC 9110)
+        return Problem(
+            405,
+            "method-not-allowed",
+            f"{request.method} is not allowed on {request.url.path}",
+            headers=dict(exc.headers or {}),
+        ).response()
+    if exc.status_code == 415:
+        return Problem(415, "unsupported-media-type", "send the body as application/json").response()
+    return Problem(400, "malformed-request", str(exc.detail)).response()
+
+
+def _database_problem(request: Request, exc: Exception) -> JSONResponse:
+    get_logger().warning("maintenance.api.database_unavailable", error=f"{type(exc).__name__}: {exc}")
+    return Problem(503, "database-unavailable", "the database cannot be reached or is busy; try again").response()
+
+
+def create_app(
+    *,
+    pool: ConnectionPool,
+    verifier: TokenVerifier,
+    max_body_bytes: int = 256 * 1024,
+    metrics: ApiMetrics | None = None,
+    title: str = "core-jobs operations API",
+) -> FastAPI:
+    """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        pool.open(wait=False)  # start even when the database is down: /readyz says so
+        try:
+            yield
+        finally:
+            pool.close()
+
+    app = FastAPI(
+        title=title,
+        version="1",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+        description="List, inspect, replay and discard dead letters. Errors are application/problem+json.",
+    )
+    app.state.pool, app.state.verifier = pool, verifier
+    app.state.metrics = metrics = metrics or ApiMetrics()
+
+    app.add_exception_handler(Problem, lambda request, exc: exc.response())
+    app.add_exception_handler(RequestValidationError, _validation_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http_problem)  # type: ignore[arg-type]
+    app.add_exception_handler(PoolTimeout, _database_problem)
+    app.add_exception_handler(psycopg.OperationalError, _database_problem)
+    app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
+    app.include_router(routes.router)
+
+    @app.get("/healthz", tags=["probes"], summary="The process is up")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get(
+        "/readyz",
+        tags=["probes"],
+        summary="The database answers",
+        responses={
+            503: {
+                "description": "Database unavailable",
+                "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+            }
+        },
+    )
+    def readyz() -> dict[str, str]:
+        with pool.connection(timeout=2) as conn:
+            conn.execute("SELECT 1")
+        return {"status": "ready"}
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus() -> Response:
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+            schema.setdefault("components", {}).setdefault("schemas", {})["Problem"] = ProblemModel.model_json_schema()
+            schema["components"]["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}
+            }
+            for path, operations in schema["paths"].items():
+                for operation in operations.values():
+                    # FastAPI documents its own 422 where this API answers 400 (query and path errors).
+                    if "HTTPValidationError" in str(operation["responses"].get("422", "")):
+                        del operation["responses"]["422"]
+                    if path.startswith("/v1/"):
+                        operation["security"] = [{"bearer": []}]
+            for unused in ("HTTPValidationError", "ValidationError"):
+                if unused not in str(schema["paths"]):
+                    schema["components"]["schemas"].pop(unused, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    return app

@@ -1,0 +1,107 @@
+"""Errors of the operations API as RFC 9457 problem details (``application/problem+json``).
+
+Every error has a stable ``type`` (``urn:core-jobs:problem:<slug>``), a ``title`` fixed per
+type, the HTTP ``status``, a human ``detail`` and, where it helps a client, extra members
+(``missing_permission``, ``status`` of the dead letter, ``missing_ids`` …). Clients branch on
+``type``, never on ``detail``. The types, by status:
+
+====== ========================== ==========================================================
+status type slug                  when
+====== ========================== ==========================================================
+400    ``malformed-request``      unparseable JSON, a bad query parameter or cursor, an
+                                  unknown query parameter, a bad ``Idempotency-Key``
+401    ``unauthenticated``        no bearer token, or one that fails verification
+403    ``missing-permission``     the token lacks the endpoint's permission
+404    ``not-found``              no such route
+404    ``dead-letter-not-found``  an id that does not exist (bulk: every missing id listed)
+405    ``method-not-allowed``     the route exists, the method does not
+409    ``not-pending-review``     the dead letter is replayed/discarded already (its status)
+409    ``idempotency-key-reused`` the key was used for another request or by another operator
+413    ``payload-too-large``      the body exceeds ``CORE_JOBS_API_MAX_BODY_BYTES``
+415    ``unsupported-media-type`` a body that is not ``application/json``
+422    ``invalid-request``        well-formed but invalid: a blank or over-long reason, too
+                                  many ids, a wrong field
+500    ``internal-error``         a bug; the detail says nothing about it, the log does
+503    ``database-unavailable``   the database cannot be reached or no connection is free
+503    ``keys-unavailable``       the issuer's JWKS cannot be fetched (and none is cached)
+====== ========================== ==========================================================
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_PREFIX = "urn:core-jobs:problem:"
+
+TITLES = {
+    "malformed-request": "Malformed request",
+    "unauthenticated": "Missing or invalid bearer token",
+    "missing-permission": "Missing permission",
+    "not-found": "Not found",
+    "dead-letter-not-found": "Dead letter not found",
+    "method-not-allowed": "Method not allowed",
+    "not-pending-review": "Dead letter is not pending review",
+    "idempotency-key-reused": "Idempotency key reused for another request",
+    "payload-too-large": "Request body too large",
+    "unsupported-media-type": "Unsupported media type",
+    "invalid-request": "Invalid request",
+    "internal-error": "Internal error",
+    "database-unavailable": "Database unavailable",
+    "keys-unavailable": "Token keys unavailable",
+}
+
+
+class Problem(Exception):
+    """Raise anywhere in a request to answer with this problem."""
+
+    def __init__(
+        self, status: int, slug: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+    ) -> None:
+        if slug not in TITLES:
+            raise ValueError(f"unknown problem type {slug!r}")
+        super().__init__(detail)
+        self.status, self.slug, self.detail, self.headers, self.extra = status, slug, detail, headers or {}, extra
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "type": TYPE_PREFIX + self.slug,
+            "title": TITLES[self.slug],
+            "status": self.status,
+            "detail": self.detail,
+            **self.extra,
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+class ProblemModel(BaseModel):
+    """The problem body, for the OpenAPI document. Extra members depend on the type."""
+
+    model_config = ConfigDict(extra="allow", title="Problem")
+
+    type: str = Field(description="Stable identifier of the problem, urn:core-jobs:problem:<slug>.")
+    title: str
+    status: int
+    detail: str
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The ``responses=`` of a route: each status documented as a problem+json body."""
+    descriptions = {
+        400: "Malformed request",
+        401: "Missing or invalid bearer token",
+        403: "Missing permission",
+        404: "Not found",
+        409: "Conflict",
+        413: "Request body too large",
+        415: "Unsupported media type",
+        422: "Invalid request",
+        503: "Database or token keys unavailable",
+    }
+    schema = {"$ref": "#/components/schemas/Problem"}
+    return {s: {"description": descriptions[s], "content": {PROBLEM_MEDIA_TYPE: {"schema": schema}}} for s in statuses}

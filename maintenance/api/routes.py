@@ -1,0 +1,460 @@
+"""The routes of the operations API: thin HTTP over :mod:`harness.operations`.
+
+Each route authenticates (its one permission), validates the request, calls the operations
+layer that the CLI's ``dead-letters`` commands call too, and turns its answer (or its
+:class:`~harness.operations.OperationRefused`) into JSON or a problem. Actions run through the
+idempotency ledger (:mod:`maintenance.api.idempotency`); the operator is the token's ``sub``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+import psycopg
+from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+from psycopg_pool import ConnectionPool
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
+
+from harness import operations
+from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
+from maintenance.api import idempotency
+from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
+from maintenance.api.problems import Problem, problem_responses
+
+MAX_BULK_IDS = 1000
+MAX_REASON_CHARS = 1000
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+MAX_ID = 2**63 - 1
+LIST_PARAMETERS = frozenset(
+    {
+        "status",
+        "queue",
+        "consumer",
+        "tenant_id",
+        "job_id",
+        "correlation_id",
+        "created_after",
+        "created_before",
+        "cursor",
+        "limit",
+    }
+)
+
+
+def _storable(text: str) -> str:
+    """PostgreSQL text holds neither NUL nor lone surrogates: refuse them here, not as a database error."""
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def _iso_timestamp(value: Any) -> Any:
+    """Only an ISO-8601 date-time string (pydantic would take a number as a Unix time)."""
+    if not isinstance(value, str) or not re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}", value):
+        raise ValueError("must be an ISO-8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_timestamp)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
+Reason = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS), AfterValidator(_storable)
+]
+DeadLetterId = Annotated[int, Field(ge=1, le=MAX_ID)]
+Status = Literal["pending_review", "replayed", "discarded"]
+
+
+# --- response bodies --------------------------------------------------------------------------
+class DeadLetterOut(BaseModel):
+    """A dead letter, without its payload (the detail has it)."""
+
+    id: int
+    job_id: UUID
+    queue: str
+    consumer: str | None
+    tenant_id: UUID | None
+    status: Status
+    attempts: int
+    last_error: str
+    correlation_id: str | None
+    discard_reason: str | None
+    created_at: datetime
+    status_changed_at: datetime | None
+    replay_outcome: str | None = Field(
+        description="Set once the replayed delivery was handled (or released); "
+        "null on a replayed dead letter means its replay is outstanding."
+    )
+    replay_handled_at: datetime | None
+
+    @classmethod
+    def of(cls, row: DeadLetterRow) -> DeadLetterOut:
+        # The row's types are the database's, already what the model declares: no second validation.
+        return cls.model_construct(**{name: getattr(row, name) for name in DeadLetterOut.model_fields})
+
+
+class ActionOut(BaseModel):
+    """One entry of the audit ledger: who replayed, discarded or released it, when, why."""
+
+    action: Literal["replayed", "discarded", "released"]
+    operator: str
+    reason: str | None
+    acted_at: datetime
+
+
+class DeadLetterDetailOut(DeadLetterOut):
+    payload: Any = Field(description="The job's full payload, as the consumer received it.")
+    actions: list[ActionOut] = Field(description="The audit history, oldest first.")
+
+
+class PageOut(BaseModel):
+    items: list[DeadLetterOut]
+    next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page.")
+    limit: int
+
+
+class BulkOut(BaseModel):
+    action: Literal["replayed", "discarded", "released"]
+    count: int
+    ids: list[int]
+
+
+# --- request bodies ---------------------------------------------------------------------------
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplayIn(_Body):
+    reason: Reason | None = Field(default=None, description="Why, for the audit ledger (optional).")
+
+
+class DiscardIn(_Body):
+    reason: Reason = Field(description="Why it must never run (required, non-blank; J-AC7).")
+
+
+class BulkFilterIn(_Body):
+    queue: Text
+    status: Literal["pending_review"] = "pending_review"
+
+
+class _BulkIn(_Body):
+    ids: list[DeadLetterId] | None = Field(
+        default=None, min_length=1, max_length=MAX_BULK_IDS, description=f"Up to {MAX_BULK_IDS} dead-letter ids."
+    )
+    filter: BulkFilterIn | None = Field(
+        default=None, description="Instead of ids: every pending dead letter of a queue."
+    )
+
+    @model_validator(mode="after")
+    def _ids_or_filter(self) -> _BulkIn:
+        if (self.ids is None) == (self.filter is None):
+            raise ValueError("give either ids or filter, not both")
+        return self
+
+
+class BulkReplayIn(_BulkIn):
+    reason: Reason | None = None
+
+
+class BulkDiscardIn(_BulkIn):
+    reason: Reason
+
+
+# --- the cursor -------------------------------------------------------------------------------
+def _filter_digest(where: DeadLetterFilter) -> str:
+    return hashlib.sha256(json.dumps(where.__dict__, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def encode_cursor(position: Position, where: DeadLetterFilter) -> str:
+    raw = json.dumps({"t": position.created_at.isoformat(), "i": position.id, "f": _filter_digest(where)})
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str, where: DeadLetterFilter) -> Position:
+    """The position a cursor encodes; 400 when it is not one of ours or belongs to other filters."""
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        created_at = datetime.fromisoformat(data["t"])
+        position = Position(created_at=created_at, id=int(data["i"]))
+        digest = data["f"]
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError):
+        raise Problem(400, "malformed-request", "cursor is not a cursor this API returned") from None
+    if created_at.tzinfo is None or not 0 < position.id <= MAX_ID:
+        raise Problem(400, "malformed-request", "cursor is not a cursor this API returned")
+    if digest != _filter_digest(where):
+        raise Problem(
+            400,
+            "malformed-request",
+            "cursor belongs to a list with other filters: "
+            "keep the filters of the first page, or start again without a cursor",
+        )
+    return position
+
+
+# --- helpers ----------------------------------------------------------------------------------
+def pool_of(request: Request) -> ConnectionPool:
+    return request.app.state.pool
+
+
+def _refusal(exc: OperationRefused) -> Problem:
+    if exc.missing:
+        return Problem(
+            404,
+            "dead-letter-not-found",
+            f"no dead letter with id {', '.join(map(str, exc.missing))}; nothing was changed",
+            missing_ids=exc.missing,
+        )
+    if exc.not_pending:
+        if len(exc.not_pending) == 1:
+            ((dead_letter_id, status),) = exc.not_pending.items()
+            return Problem(
+                409,
+                "not-pending-review",
+                f"dead letter {dead_letter_id} is {status}, not pending_review; nothing was changed",
+                id=dead_letter_id,
+                current_status=status,
+            )
+        return Problem(
+            409,
+            "not-pending-review",
+            f"{len(exc.not_pending)} dead letters are not pending_review; nothing was changed",
+            not_pending=[{"id": i, "current_status": s} for i, s in exc.not_pending.items()],
+        )
+    return Problem(422, "invalid-request", "; ".join(exc.problems))
+
+
+def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
+    row = operations.get_row(conn, dead_letter_id)
+    assert row is not None  # it was just locked and changed in this transaction
+    return DeadLetterOut.of(row).model_dump(mode="json")
+
+
+def _json(model: BaseModel) -> Response:
+    """The model as JSON, serialised once (a response_model would validate it a second time)."""
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def _act(request: Request, principal: Principal, key: str | None, body: BaseModel | None, action) -> JSONResponse:
+    """Run ``action(conn) -> (status, body)`` through the idempotency ledger; the JSON response."""
+    key = idempotency.check_key(key)
+    route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
+    canonical = body.model_dump(mode="json") if body is not None else None
+    fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
+    with pool_of(request).connection() as conn:
+        outcome = idempotency.run(
+            conn,
+            key=key,
+            operator=principal.subject,
+            method=request.method,
+            route=route,
+            request_fingerprint=fingerprint,
+            action=action,
+        )
+    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
+    media_type = "application/problem+json" if outcome.status >= 400 else "application/json"
+    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers, media_type=media_type)
+
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retry-safe key of this action (1-255 visible ASCII characters)."),
+]
+AUTH_ERRORS = (400, 401, 403, 503)
+ACTION_ERRORS = (*AUTH_ERRORS, 404, 409, 413, 415, 422)
+
+router = APIRouter(prefix="/v1/core/dead-letters", tags=["dead letters"])
+
+
+@router.get(
+    "",
+    response_model=PageOut,
+    responses=problem_responses(*AUTH_ERRORS),
+    summary="List dead letters, newest first, one keyset page at a time",
+)
+def list_dead_letters(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(READ))],
+    status: Annotated[Status, Query()] = "pending_review",
+    queue: Annotated[Text | None, Query()] = None,
+    consumer: Annotated[Text | None, Query()] = None,
+    tenant_id: Annotated[UUID | None, Query()] = None,
+    job_id: Annotated[UUID | None, Query()] = None,
+    correlation_id: Annotated[Text | None, Query()] = None,
+    created_after: Annotated[Timestamp | None, Query(description="Inclusive, with a time zone.")] = None,
+    created_before: Annotated[Timestamp | None, Query(description="Exclusive, with a time zone.")] = None,
+    cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+) -> Response:
+    unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
+    if unknown:
+        raise Problem(
+            400,
+            "malformed-request",
+            f"unknown query parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(LIST_PARAMETERS))}",
+        )
+    where = DeadLetterFilter(
+        status=status,
+        queue=queue,
+        consumer=consumer,
+        tenant_id=tenant_id,
+        job_id=job_id,
+        correlation_id=correlation_id,
+        created_after=created_after,
+        created_before=created_before,
+    )
+    after = decode_cursor(cursor, where) if cursor is not None else None
+    with pool_of(request).connection() as conn:
+        page = operations.list_page(conn, where, after=after, limit=limit)
+    return _json(
+        PageOut(
+            items=[DeadLetterOut.of(r) for r in page.rows],
+            limit=limit,
+            next_cursor=encode_cursor(page.next, where) if page.next else None,
+        )
+    )
+
+
+@router.get(
+    "/{id:int}",
+    response_model=DeadLetterDetailOut,
+    responses=problem_responses(*AUTH_ERRORS, 404),
+    summary="One dead letter with its payload and audit history",
+)
+def get_dead_letter(
+    request: Request, principal: Annotated[Principal, Depends(require(READ))], id: Annotated[int, Path(ge=1, le=MAX_ID)]
+) -> Response:
+    with pool_of(request).connection() as conn:
+        detail = operations.get_dead_letter(conn, id)
+    if detail is None:
+        raise Problem(404, "dead-letter-not-found", f"no dead letter with id {id}", missing_ids=[id])
+    return _json(
+        DeadLetterDetailOut(
+            **DeadLetterOut.of(detail.row).model_dump(),
+            payload=detail.row.payload,
+            actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions],
+        )
+    )
+
+
+@router.post(
+    "/replay",
+    response_model=BulkOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Replay up to 1 000 dead letters, or every pending one of a queue: all or nothing",
+)
+def replay_many(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(REPLAY))],
+    body: BulkReplayIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
+        try:
+            rows = operations.replay(
+                conn,
+                body.ids or (),
+                queue=body.filter.queue if body.filter else None,
+                operator=principal.subject,
+                reason=body.reason,
+            )
+        except OperationRefused as exc:
+            raise _refusal(exc) from None
+        return 200, BulkOut(action="replayed", count=len(rows), ids=[r.id for r in rows]).model_dump()
+
+    return _act(request, principal, idempotency_key, body, action)
+
+
+@router.post(
+    "/discard",
+    response_model=BulkOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Discard up to 1 000 dead letters, or every pending one of a queue, with a reason: all or nothing",
+)
+def discard_many(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(DISCARD))],
+    body: BulkDiscardIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
+        try:
+            rows = operations.discard(
+                conn,
+                body.ids or (),
+                queue=body.filter.queue if body.filter else None,
+                operator=principal.subject,
+                reason=body.reason,
+            )
+        except OperationRefused as exc:
+            raise _refusal(exc) from None
+        return 200, BulkOut(action="discarded", count=len(rows), ids=[r.id for r in rows]).model_dump()
+
+    return _act(request, principal, idempotency_key, body, action)
+
+
+@router.post(
+    "/{id:int}/replay",
+    response_model=DeadLetterOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Republish one dead letter with the same job_id (J-B6); only from pending_review",
+)
+def replay_one(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(REPLAY))],
+    id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    body: ReplayIn | None = None,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    body = body or ReplayIn()
+
+    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
+        try:
+            operations.replay(conn, [id], operator=principal.subject, reason=body.reason)
+        except OperationRefused as exc:
+            raise _refusal(exc) from None
+        return 200, _current(conn, id)
+
+    return _act(request, principal, idempotency_key, body, action)
+
+
+@router.post(
+    "/{id:int}/discard",
+    response_model=DeadLetterOut,
+    responses=problem_responses(*ACTION_ERRORS),
+    summary="Discard one dead letter with a reason (J-AC7); only from pending_review",
+)
+def discard_one(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(DISCARD))],
+    id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    body: DiscardIn,
+    idempotency_key: IdempotencyKey = None,
+) -> JSONResponse:
+    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
+        try:
+            operations.discard(conn, [id], operator=principal.subject, reason=body.reason)
+        except OperationRefused as exc:
+            raise _refusal(exc) from None
+        return 200, _current(conn, id)
+
+    return _act(request, principal, idempotency_key, body, action)

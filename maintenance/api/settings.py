@@ -1,0 +1,156 @@
+"""Settings of ``core-jobs api`` (``CORE_JOBS_API_*``), a topic mixin of :class:`maintenance.settings.Settings`.
+
+Every field has a documented default; none is needed by the other commands, so a missing
+issuer or key source is reported only when the API starts (:meth:`ApiSettings.api_problems`,
+exit 2). Their rows are in docs/reference/settings.md; docs/api.md explains them.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator
+from pydantic_settings import NoDecode
+
+from maintenance.settings.durations import NonNegativeDuration as _Duration
+from maintenance.settings.durations import PositiveDuration as _PositiveDuration
+
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+DEFAULT_API_PORT = 8080
+DEFAULT_API_JWT_ALGORITHMS = ["RS256", "ES256"]
+DEFAULT_API_JWT_LEEWAY = timedelta(seconds=30)  # clock skew on exp/nbf/iat
+DEFAULT_API_JWKS_CACHE_LIFESPAN = timedelta(minutes=5)  # keys reused this long
+DEFAULT_API_JWKS_REFETCH_INTERVAL = timedelta(seconds=10)  # unknown kid: at most one fetch per interval
+DEFAULT_API_DATABASE_ROLE = "core_jobs_api"  # migration 0008
+DEFAULT_API_POOL_MAX_SIZE = 8  # connections
+DEFAULT_API_MAX_BODY_BYTES = 256 * 1024  # bytes
+DEFAULT_API_SHUTDOWN_GRACE = timedelta(seconds=20)  # in-flight requests on SIGTERM
+
+
+class ApiSettings(BaseModel):
+    """The operations API's settings (issue 11)."""
+
+    api_host: str = Field(default="0.0.0.0", description="`core-jobs api`: listen address (--host overrides).")
+    api_port: int = Field(
+        default=DEFAULT_API_PORT,
+        ge=0,
+        le=65535,
+        description="`core-jobs api`: listen port, 0 for any free one (--port overrides).",
+    )
+    api_jwks_url: str | None = Field(
+        default=None,
+        description="JWKS URL of the token issuer (http:// or https://). Keys are cached and fetched again when a "
+        "token names an unknown kid. One of API_JWKS_URL and API_JWT_PUBLIC_KEY_FILE is required.",
+    )
+    api_jwt_public_key_file: str | None = Field(
+        default=None, description="PEM file with the issuer's public key (RSA or EC), instead of a JWKS URL."
+    )
+    api_jwt_issuer: str | None = Field(default=None, description="Required `iss` of every token.")
+    api_jwt_audience: str | None = Field(default=None, description="Required `aud` of every token (this API).")
+    api_jwt_algorithms: Annotated[list[str], NoDecode] = Field(
+        default=DEFAULT_API_JWT_ALGORITHMS,
+        description="Accepted signature algorithms, asymmetric only (none and HS* are refused). JSON list or "
+        "comma-separated.",
+    )
+    api_jwt_leeway: _Duration = Field(
+        default=DEFAULT_API_JWT_LEEWAY, description="Clock skew allowed on exp, nbf and iat (at most PT5M)."
+    )
+    api_jwks_cache_lifespan: _PositiveDuration = Field(
+        default=DEFAULT_API_JWKS_CACHE_LIFESPAN,
+        description="How long fetched JWKS keys are used before they are fetched again.",
+    )
+    api_jwks_refetch_interval: _Duration = Field(
+        default=DEFAULT_API_JWKS_REFETCH_INTERVAL,
+        description="An unknown kid fetches the JWKS again at most this often (a stream of forged kids cannot "
+        "flood the issuer).",
+    )
+    api_jwks_timeout: _PositiveDuration = Field(default=timedelta(seconds=5), description="Timeout of one JWKS fetch.")
+    api_database_role: str | None = Field(
+        default=DEFAULT_API_DATABASE_ROLE,
+        description="Role every API connection switches to (SET ROLE): the least-privilege role created by the "
+        "migrations. The login must be a member of it. Empty: no SET ROLE (not recommended).",
+    )
+    api_pool_min_size: int = Field(default=1, ge=0, le=100, description="Database connections the API keeps open.")
+    api_pool_max_size: int = Field(
+        default=DEFAULT_API_POOL_MAX_SIZE, ge=1, le=100, description="Most database connections the API opens."
+    )
+    api_pool_timeout: _PositiveDuration = Field(
+        default=timedelta(seconds=5),
+        description="How long a request waits for a free database connection before it gets 503.",
+    )
+    api_statement_timeout: _PositiveDuration = Field(
+        default=timedelta(seconds=10), description="statement_timeout of the API's database sessions."
+    )
+    api_max_body_bytes: int = Field(
+        default=DEFAULT_API_MAX_BODY_BYTES,
+        ge=1024,
+        le=16 * 1024 * 1024,
+        description="Largest request body; a larger one gets 413 before it is parsed (1 000 ids fit in ~20 kB).",
+    )
+    api_shutdown_grace: _PositiveDuration = Field(
+        default=DEFAULT_API_SHUTDOWN_GRACE,
+        description="On SIGTERM: how long in-flight requests may take to finish before the server closes them "
+        "(keep below the pod's terminationGracePeriodSeconds).",
+    )
+
+    @field_validator("api_jwt_algorithms", mode="before")
+    @classmethod
+    def _algorithms(cls, value: object) -> object:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError:
+                    raise ValueError('not a JSON list: write RS256,ES256 or ["RS256", "ES256"]') from None
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("api_jwt_algorithms")
+    @classmethod
+    def _asymmetric_only(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("needs at least one algorithm")
+        refused = [a for a in value if a not in ASYMMETRIC_ALGORITHMS]
+        if refused:
+            raise ValueError(
+                f"only asymmetric algorithms ({', '.join(ASYMMETRIC_ALGORITHMS)}); refused: {', '.join(refused)}"
+            )
+        return value
+
+    @field_validator("api_jwt_leeway")
+    @classmethod
+    def _small_leeway(cls, value: timedelta) -> timedelta:
+        if value > timedelta(minutes=5):
+            raise ValueError("at most PT5M: a larger leeway keeps expired tokens valid")
+        return value
+
+    @field_validator("api_jwks_url")
+    @classmethod
+    def _jwks_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        if not value.startswith(("https://", "http://")):
+            raise ValueError("must be an http:// or https:// URL")
+        return value.strip()
+
+    @field_validator("api_jwt_public_key_file", "api_jwt_issuer", "api_jwt_audience", "api_database_role")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else value.strip()
+
+    def api_problems(self) -> list[str]:
+        """What keeps the API from starting (empty when nothing does), one problem per entry."""
+        problems = []
+        if (self.api_jwks_url is None) == (self.api_jwt_public_key_file is None):
+            problems.append("set exactly one of CORE_JOBS_API_JWKS_URL and CORE_JOBS_API_JWT_PUBLIC_KEY_FILE")
+        if self.api_jwt_issuer is None:
+            problems.append("CORE_JOBS_API_JWT_ISSUER is required: tokens of any other issuer are refused")
+        if self.api_jwt_audience is None:
+            problems.append("CORE_JOBS_API_JWT_AUDIENCE is required: tokens meant for another service are refused")
+        if self.api_pool_min_size > self.api_pool_max_size:
+            problems.append("CORE_JOBS_API_POOL_MIN_SIZE must not exceed CORE_JOBS_API_POOL_MAX_SIZE")
+        return problems

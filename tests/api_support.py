@@ -1,0 +1,181 @@
+"""Fixtures of the operations API tests (loaded by conftest.py): keys, a JWKS server, tokens, the API itself.
+
+- ``signing_keys``: an RSA and an EC (secp256r1) key pair generated for the session (never on disk
+  but for the key-file test).
+- ``jwks``: the issuer's JWKS served by a real local HTTP server (pytest-httpserver), with the
+  session's public keys; ``jwks.publish(...)`` rotates them, ``jwks.fetches`` counts requests.
+- ``tokens``: mints real RS256/ES256 tokens (:class:`Minter`) — any claims, expired, foreign,
+  ``alg=none``, HS256.
+- ``api``: the app built from the settings like ``core-jobs api`` builds it, served by uvicorn on
+  a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
+  (httpx) with ``as_operator(...)`` to send a token.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import jwt
+import pytest
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+from pytest_httpserver import HTTPServer
+from werkzeug import Request, Response
+
+from maintenance.api.auth import DISCARD, READ, REPLAY
+
+ISSUER = "https://id.ops.example/"
+AUDIENCE = "core-jobs-api"
+OPERATOR = "ops:ana@example.com"
+ALL_PERMISSIONS = (READ, REPLAY, DISCARD)
+
+
+@dataclass(frozen=True)
+class SigningKeys:
+    rsa: rsa.RSAPrivateKey
+    ec: ec.EllipticCurvePrivateKey
+    other_rsa: rsa.RSAPrivateKey  # a key the issuer never published
+
+
+@pytest.fixture(scope="session")
+def signing_keys() -> SigningKeys:
+    return SigningKeys(
+        rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048),
+        ec=ec.generate_private_key(ec.SECP256R1()),
+        other_rsa=rsa.generate_private_key(public_exponent=65537, key_size=2048),
+    )
+
+
+def public_jwk(private_key: Any, kid: str) -> dict[str, Any]:
+    if isinstance(private_key, rsa.RSAPrivateKey):
+        jwk = json.loads(RSAAlgorithm.to_jwk(private_key.public_key()))
+        jwk["alg"] = "RS256"
+    else:
+        jwk = json.loads(ECAlgorithm.to_jwk(private_key.public_key()))
+        jwk["alg"] = "ES256"
+    return {**jwk, "kid": kid, "use": "sig"}
+
+
+@dataclass
+class Jwks:
+    """The issuer's key set on a real local HTTP endpoint."""
+
+    server: HTTPServer
+    keys: list[dict[str, Any]] = field(default_factory=list)
+    fetches: int = 0
+    path: str = "/.well-known/jwks.json"
+
+    @property
+    def url(self) -> str:
+        return self.server.url_for(self.path)
+
+    def publish(self, *jwks: dict[str, Any]) -> None:
+        self.keys = list(jwks)
+
+    def _handle(self, request: Request) -> Response:
+        self.fetches += 1
+        return Response(json.dumps({"keys": self.keys}), content_type="application/json")
+
+
+@pytest.fixture
+def jwks(httpserver: HTTPServer, signing_keys: SigningKeys) -> Jwks:
+    served = Jwks(httpserver)
+    served.publish(public_jwk(signing_keys.rsa, "rsa-1"), public_jwk(signing_keys.ec, "ec-1"))
+    httpserver.expect_request(served.path).respond_with_handler(served._handle)
+    return served
+
+
+@dataclass
+class Minter:
+    keys: SigningKeys
+
+    def token(
+        self,
+        *,
+        permissions: tuple[str, ...] | list[str] = ALL_PERMISSIONS,
+        sub: str | None = OPERATOR,
+        style: str = "scope",
+        alg: str = "RS256",
+        kid: str | None = None,
+        key: Any = None,
+        issuer: str | None = ISSUER,
+        audience: str | None = AUDIENCE,
+        expires_in: float | None = 300,
+        **claims: Any,
+    ) -> str:
+        """A signed token; ``style`` puts the permissions in ``scope`` (space-separated) or ``permissions``."""
+        now = int(time.time())
+        body: dict[str, Any] = {"iat": now}
+        for name, value in (("sub", sub), ("iss", issuer), ("aud", audience)):
+            if value is not None:
+                body[name] = value
+        if expires_in is not None:
+            body["exp"] = now + int(expires_in)
+        if style == "scope":
+            body["scope"] = " ".join(permissions)
+        else:
+            body["permissions"] = list(permissions)
+        body.update(claims)
+        if alg == "none":
+            return jwt.encode(body, None, algorithm="none", headers={"kid": kid or "rsa-1"})
+        if alg.startswith("HS"):
+            return jwt.encode(
+                body, key or "a-shared-secret-of-32-bytes-len!", algorithm=alg, headers={"kid": kid or "rsa-1"}
+            )
+        signer = key or (self.keys.ec if alg.startswith("ES") else self.keys.rsa)
+        default_kid = "ec-1" if alg.startswith("ES") else "rsa-1"
+        return jwt.encode(body, signer, algorithm=alg, headers={"kid": kid or default_kid})
+
+
+@pytest.fixture
+def tokens(signing_keys: SigningKeys) -> Minter:
+    return Minter(signing_keys)
+
+
+class ApiClient(httpx.Client):
+    """An HTTP client of the running API, with a default token of every permission."""
+
+    def __init__(self, base_url: str, minter: Minter, app: Any) -> None:
+        super().__init__(base_url=base_url, timeout=30)
+        self.minter, self.app = minter, app
+        self.headers["Authorization"] = f"Bearer {minter.token()}"
+
+    def as_operator(self, sub: str = OPERATOR, permissions: tuple[str, ...] = ALL_PERMISSIONS, **claims: Any) -> dict:
+        """Headers with a token of ``sub`` granting ``permissions``."""
+        return {"Authorization": f"Bearer {self.minter.token(sub=sub, permissions=permissions, **claims)}"}
+
+
+def api_settings(database_url: str, jwks_url: str, **overrides: Any):
+    from maintenance.settings import Settings
+
+    values = {
+        "database_url": database_url,
+        "api_jwks_url": jwks_url,
+        "api_jwt_issuer": ISSUER,
+        "api_jwt_audience": AUDIENCE,
+        "api_jwks_refetch_interval": 0,
+    } | overrides
+    return Settings(**values)
+
+
+def serving(app: Any, settings: Any):
+    """``app`` on uvicorn on a free port of 127.0.0.1, in a thread, for a ``with`` block; yields its base URL."""
+    from maintenance.api.server import running
+
+    return running(app, settings)
+
+
+@pytest.fixture
+def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API on this test's database, served over real HTTP; a client with a token of every permission."""
+    from maintenance.api.server import build_app
+
+    settings = api_settings(database_url, jwks.url)
+    app = build_app(settings)
+    with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
+        yield client

@@ -1,0 +1,114 @@
+"""The API's database role core_jobs_api can do what its endpoints need and nothing more (issue 11, migration 0008)."""
+
+from __future__ import annotations
+
+import secrets
+
+import psycopg
+import pytest
+from factories import QUEUE, add_dead_letters
+from psycopg import sql
+
+from maintenance.runtime import migrate
+
+ROLE = "core_jobs_api"
+
+
+@pytest.fixture
+def as_api_role(database_url):
+    """A connection of this test's database switched to the API role, as every API connection is."""
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute(f"SET ROLE {ROLE}")
+        yield connection
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "DELETE FROM core.dead_letters WHERE id = {id}",
+        "TRUNCATE core.dead_letters",
+        "UPDATE core.dead_letters SET payload = '{{\"points\": 1000000}}' WHERE id = {id}",
+        "UPDATE core.dead_letters SET queue = 'elsewhere' WHERE id = {id}",
+        "SELECT count(*) FROM core.processed_jobs",
+        "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)"
+        " VALUES (gen_random_uuid(), 'c', gen_random_uuid(), now() + interval '1 day')",
+        "DELETE FROM core.processed_jobs",
+        "UPDATE core.processed_jobs SET expires_at = now()",
+        "INSERT INTO core.dead_letter_actions (dead_letter_id, action, operator) VALUES ({id}, 'replayed', 'forged')",
+        "SELECT payload FROM core.queue_messages",
+        "DELETE FROM core.queue_messages",
+        "DELETE FROM core.api_idempotency_keys",
+        "INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error)"
+        " VALUES (gen_random_uuid(), 'q', '{{}}', 1, 'e')",
+    ],
+    ids=[
+        "delete-dead-letter",
+        "truncate-dead-letters",
+        "change-payload",
+        "change-queue",
+        "read-fences",
+        "write-fence",
+        "delete-fences",
+        "update-fences",
+        "forge-audit-row",
+        "read-queue-payloads",
+        "delete-queue-messages",
+        "delete-idempotency-keys",
+        "insert-dead-letter",
+    ],
+)
+def test_the_api_role_is_refused_everything_its_endpoints_do_not_need(as_api_role, conn, statement):
+    """Deleting a dead letter, changing a payload, touching processed_jobs, forging the audit: permission denied."""
+    letter = add_dead_letters(conn, QUEUE, 1, payload={"points": 1})[0]
+    with pytest.raises(psycopg.errors.InsufficientPrivilege):
+        as_api_role.execute(statement.format(id=letter))
+    assert conn.execute("SELECT payload->>'points', queue FROM core.dead_letters").fetchall() == [
+        ("1", "points.credit")
+    ]
+
+
+def test_the_api_role_can_do_what_the_endpoints_do(as_api_role, conn):
+    """Read, replay (status + a queue message), discard with a reason; the trigger audits both under the operator."""
+    from harness import operations
+
+    replayed, discarded = add_dead_letters(conn, QUEUE, 2)
+    operations.replay(as_api_role, [replayed], operator="ops:ana")
+    operations.discard(as_api_role, [discarded], operator="ops:ana", reason="dup")
+    assert operations.get_dead_letter(as_api_role, replayed).actions[0].operator == "ops:ana"
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
+    assert [r[0] for r in conn.execute("SELECT action FROM core.dead_letter_actions ORDER BY id")] == [
+        "replayed",
+        "discarded",
+    ]
+
+
+def test_the_api_role_cannot_log_in(conn):
+    """core_jobs_api is NOLOGIN: it is granted to a login, never used as one."""
+    assert conn.execute("SELECT rolcanlogin, rolsuper FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone() == (
+        False,
+        False,
+    )
+
+
+def test_a_downgrade_keeps_the_role_while_another_database_still_uses_it(empty_database_url, conn):
+    """Roles are cluster-wide: going down to base here leaves the role that other databases grant (this test's own)."""
+    migrate.upgrade(empty_database_url)
+    migrate.downgrade(empty_database_url, "base")
+    assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (ROLE,)).fetchone()[0] == 1
+    with psycopg.connect(empty_database_url) as down:
+        assert down.execute("SELECT has_schema_privilege(%s, 'core', 'USAGE')", (ROLE,)).fetchone()[0] is False
+
+
+def test_the_role_is_dropped_when_no_database_uses_it_any_more(conn):
+    """The downgrade's drop statement removes an unused role and keeps a used one (on a role of this test's own)."""
+    from importlib import import_module
+
+    drop = import_module("migrations.versions.0008_operations_api").DROP_ROLE_IF_UNUSED
+    role = f"core_jobs_api_test_{secrets.token_hex(4)}"
+    conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
+    conn.execute(sql.SQL("GRANT SELECT ON core.dead_letters TO {}").format(sql.Identifier(role)))
+    conn.execute(drop.format(role=role))
+    assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0] == 1
+    conn.execute(sql.SQL("REVOKE ALL ON core.dead_letters FROM {}").format(sql.Identifier(role)))
+    conn.execute(drop.format(role=role))
+    assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0] == 0
