@@ -103,7 +103,7 @@ def test_the_role_is_dropped_when_no_database_uses_it_any_more(conn):
     """The downgrade's drop statement removes an unused role and keeps a used one (on a role of this test's own)."""
     from importlib import import_module
 
-    drop = import_module("migrations.versions.0008_operations_api").DROP_ROLE_IF_UNUSED
+    drop = import_module("migrations.versions.0009_operations_api").DROP_ROLE_IF_UNUSED
     role = f"core_jobs_api_test_{secrets.token_hex(4)}"
     conn.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(role)))
     conn.execute(sql.SQL("GRANT SELECT ON core.dead_letters TO {}").format(sql.Identifier(role)))

@@ -34,7 +34,7 @@ database granted it and drops the role only when no other database still grants 
 (else it keeps it, with a NOTICE). A migrator without CREATEROLE fails with a hint: have a
 DBA run ``CREATE ROLE core_jobs_api NOLOGIN`` once per cluster, then migrate again.
 
-Revision ID: 0008_operations_api
+Revision ID: 0009_operations_api
 Revises: 0008_fence_rule
 Create Date: 2026-12-01
 """
@@ -43,7 +43,7 @@ from importlib import import_module
 
 from alembic import op
 
-revision = "0008_operations_api"
+revision = "0009_operations_api"
 down_revision = "0008_fence_rule"
 branch_labels = None
 depends_on = None
