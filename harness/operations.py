@@ -325,7 +325,7 @@ class DeadLetterDetail:
 # A keyset page, newest first, without payloads (the detail has them: a page of 500 would carry
 # and parse every one). Each absent filter folds away in the custom plan (executed
 # unprepared, so never a generic plan), leaving an index range read backwards on one of
-# 0008's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
+# 0009's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
 LIST_PAGE = f"""
 SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,")}
   FROM core.dead_letters

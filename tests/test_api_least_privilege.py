@@ -1,4 +1,4 @@
-"""The API's database role core_jobs_api can do what its endpoints need and nothing more (issue 11, migration 0008)."""
+"""The API's database role core_jobs_api can do what its endpoints need and nothing more (issue 11, migration 0009)."""
 
 from __future__ import annotations
 

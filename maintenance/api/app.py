@@ -38,7 +38,7 @@ endpoint                                  permission                    what
 - **Errors** are ``application/problem+json`` with stable types (:mod:`maintenance.api.problems`).
   Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole.
 - **Database**: a ``psycopg_pool`` pool (``CORE_JOBS_API_POOL_*``); every connection switches
-  to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0008) and has a
+  to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0009) and has a
   ``statement_timeout``. An unreachable database or an exhausted pool → 503.
 - **Metrics** on a registry the app owns: ``core_jobs_api_requests_total`` and
   ``core_jobs_api_request_duration_seconds`` (histogram), labelled by ``method``, ``route`` (the

@@ -24,7 +24,7 @@ DEFAULT_API_JWT_ALGORITHMS = ["RS256", "ES256"]
 DEFAULT_API_JWT_LEEWAY = timedelta(seconds=30)  # clock skew on exp/nbf/iat
 DEFAULT_API_JWKS_CACHE_LIFESPAN = timedelta(minutes=5)  # keys reused this long
 DEFAULT_API_JWKS_REFETCH_INTERVAL = timedelta(seconds=10)  # unknown kid: at most one fetch per interval
-DEFAULT_API_DATABASE_ROLE = "core_jobs_api"  # migration 0008
+DEFAULT_API_DATABASE_ROLE = "core_jobs_api"  # migration 0009
 DEFAULT_API_POOL_MAX_SIZE = 8  # connections
 DEFAULT_API_MAX_BODY_BYTES = 256 * 1024  # bytes
 DEFAULT_API_SHUTDOWN_GRACE = timedelta(seconds=20)  # in-flight requests on SIGTERM
