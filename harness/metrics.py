@@ -21,22 +21,20 @@ A worker whose lease ran out cannot settle its decision — nothing is written, 
 is logged — and the next delivery decides again, so these two may count a job more than once;
 ``core.dead_letters`` is the record of what was written.
 
-:func:`default_metrics` is the one :class:`HarnessMetrics` in prometheus_client's default
-registry (what ``start_http_server`` and a ``/metrics`` endpoint serve), made on the first call;
-``core-jobs worker`` does not use it: it makes its own on a registry of its own, which
-``--metrics-port`` serves. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
+A service makes one :class:`HarnessMetrics` in its ``main()`` (on prometheus_client's default
+registry unless given another — a registry takes the counters once) and passes it down;
+``core-jobs worker`` makes its own on a registry of its own, which ``--metrics-port`` serves. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
 (StatsD, OpenTelemetry) is any object with the four methods of :class:`Metrics`.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["NO_METRICS", "HarnessMetrics", "Metrics", "NoMetrics", "default_metrics"]
+__all__ = ["NO_METRICS", "HarnessMetrics", "Metrics", "NoMetrics"]
 
 
 class Metrics(Protocol):
@@ -119,16 +117,3 @@ class HarnessMetrics:
     def value(self, name: str, **labels: str) -> float:
         """The current value of one counter (``name`` without ``_total``), 0 when never incremented."""
         return self.registry.get_sample_value(f"harness_jobs_{name}_total", labels) or 0.0
-
-
-_default: HarnessMetrics | None = None
-_default_lock = threading.Lock()
-
-
-def default_metrics() -> HarnessMetrics:
-    """The counters in prometheus_client's default registry, made on the first call (a registry takes them once)."""
-    global _default
-    with _default_lock:
-        if _default is None:
-            _default = HarnessMetrics()
-        return _default
