@@ -23,26 +23,27 @@ The fence TTL is deliberately not part of the declaration: it is one platform se
 (``CORE_JOBS_PROCESSED_JOBS_TTL``) guarded against the retry window (J-B7), and the caller of
 :func:`harness.handling.handle` passes it, so no consumer can shorten it on its own.
 
-Extension point — seed 002's effect class. The declaration is a frozen, keyword-only dataclass
-whose optional fields all have defaults, so adding ``effect: Effect =
-Effect.IDEMPOTENT_WRITE`` (READ_ONLY / IDEMPOTENT_WRITE / NON_IDEMPOTENT_WRITE) breaks no
-existing declaration. It would be read in ``harness.handling``: by ``failure_outcome``, which
-decides retry versus dead letter after a failure, and before the handler runs again on a
-redelivery whose earlier delivery never settled (where a delivery past the attempt budget is
-stopped today; R-4: a NON_IDEMPOTENT_WRITE whose lease was lost is never retried automatically).
+Durable actions (seed 002): a consumer that calls providers over the network declares that work
+as ``actions`` — ordered, named, each with an effect class (harness/actions.py) — and keeps
+``handler`` as the final local write, which then finds the actions' results in ``ctx.results``.
+The harness records a checkpoint per action and retries, resumes or parks the job for an
+operator (``RECONCILIATION_REQUIRED``) by effect class (harness/execution.py,
+docs/durable-actions.md). ``business_scope`` names the business area whose operators may resolve
+its executions (issue 13). A consumer with no actions works exactly as before.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 from uuid import UUID
 
 import psycopg
 from pydantic import BaseModel
 
+from harness.actions import Action
 from harness.retry import RetryPolicy
 
 __all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
@@ -71,6 +72,7 @@ class JobContext:
     attempt: int  # 1 on the first delivery
     queue: str
     consumer: str
+    results: Mapping[str, Any] = field(default_factory=dict)  # a durable consumer's action results, by name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,12 +85,16 @@ class Consumer(Generic[Payload]):
     handler: Callable[[psycopg.Connection, Payload, JobContext], Any]
     retry_policy: RetryPolicy | None = None
     retry_justification: str | None = None
+    actions: tuple[Action, ...] = ()
+    business_scope: str | None = None
 
     def __post_init__(self) -> None:
-        for field in ("name", "queue"):
-            value = getattr(self, field)
+        for attribute in ("name", "queue"):
+            value = getattr(self, attribute)
             if not valid_name(value):
-                raise ConsumerError(f"{field} must be a non-blank name of letters, digits and . _ : -, got {value!r}")
+                raise ConsumerError(
+                    f"{attribute} must be a non-blank name of letters, digits and . _ : -, got {value!r}"
+                )
         if not (isinstance(self.payload_schema, type) and issubclass(self.payload_schema, BaseModel)):
             raise ConsumerError(f"payload_schema must be a pydantic model class, got {self.payload_schema!r}")
         if not callable(self.handler):
@@ -98,6 +104,25 @@ class Consumer(Generic[Payload]):
                 f"consumer {self.name}: a retry_policy other than the queue's configured one needs a "
                 "retry_justification (J-B3)"
             )
+        if not isinstance(self.actions, tuple) or not all(isinstance(a, Action) for a in self.actions):
+            raise ConsumerError(f"consumer {self.name}: actions must be a tuple of harness.actions.Action")
+        names = [a.name for a in self.actions]
+        if len(set(names)) != len(names):
+            raise ConsumerError(f"consumer {self.name}: action names must be unique, got {names}")
+        if self.business_scope is not None and not valid_name(self.business_scope):
+            raise ConsumerError(
+                f"consumer {self.name}: business_scope must be a name of letters, digits and . _ : -, "
+                f"got {self.business_scope!r}"
+            )
+
+    @property
+    def durable(self) -> bool:
+        """Whether it declares actions: its jobs run as durable executions (harness/execution.py)."""
+        return bool(self.actions)
+
+    def action(self, name: str) -> Action | None:
+        """The declared action called ``name``, or None."""
+        return next((a for a in self.actions if a.name == name), None)
 
     def policy(self, configured: RetryPolicy) -> RetryPolicy:
         """The retry policy in force: the declared one if justified, else the queue's configured one."""

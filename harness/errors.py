@@ -4,6 +4,9 @@
   policy; ``retry_after`` (seconds, an HTTP-date, or a timedelta, as the peer sent it) is
   honoured up to the policy's bound. **Any exception the handler does not classify is treated
   as transient**: an unknown failure is retried, not dropped.
+- :class:`NotSent` — a transient failure that certainly happened before the request left (the
+  connection was refused, the name did not resolve): a ``NON_IDEMPOTENT_WRITE`` raising it is
+  retried like any other action instead of going to reconciliation (harness/actions.py).
 - :class:`PermanentError` — will never succeed as it is (the member does not exist, the
   provider said 4xx): a dead letter at once, no retries (J-B4).
 - :class:`PoisonMessage` — the payload itself is invalid; the harness raises it when the
@@ -14,7 +17,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["PermanentError", "PoisonMessage", "TransientError"]
+__all__ = ["NotSent", "PermanentError", "PoisonMessage", "TransientError"]
 
 
 class TransientError(Exception):
@@ -23,6 +26,10 @@ class TransientError(Exception):
     def __init__(self, message: str, *, retry_after: str | float | int | timedelta | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class NotSent(TransientError):
+    """The request never left this process (connection refused, DNS): no effect can have happened."""
 
 
 class PermanentError(Exception):

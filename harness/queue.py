@@ -10,6 +10,8 @@ outcome                what the adapter does
 ``Duplicate``          ack: the fence was already there, nothing was done (J-B2)
 ``RetryAfter(delay)``  record the failed attempt, deliver again after ``delay`` (R-1)
 ``DeadLettered``       write the dead letter and remove the message, together (J-B4)
+``Held``               ack: a durable execution waits for an operator (its resolution re-queues it)
+``Stale``              nothing: this worker lost the execution's lease; another one owns the job
 =====================  =================================================================
 
 Every settling call returns whether it took effect: False means the delivery's lease was lost
@@ -52,10 +54,12 @@ __all__ = [
     "Delivery",
     "Duplicate",
     "Envelope",
+    "Held",
     "InvalidPayload",
     "Outcome",
     "QueuePort",
     "RetryAfter",
+    "Stale",
     "check_payload",
     "settle",
 ]
@@ -164,7 +168,22 @@ class DeadLettered:
     letter: DeadLetter
 
 
-Outcome = Acked | Duplicate | RetryAfter | DeadLettered
+@dataclass(frozen=True)
+class Held:
+    """A durable execution is RECONCILIATION_REQUIRED: the message goes, the execution waits for an operator."""
+
+    execution_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    """This worker's fencing token or lease on the execution was superseded: it changed nothing."""
+
+    execution_id: int
+
+
+Outcome = Acked | Duplicate | RetryAfter | DeadLettered | Held | Stale
 
 
 class QueuePort(Protocol):
@@ -185,8 +204,10 @@ class QueuePort(Protocol):
 
 def settle(port: QueuePort, delivery: Delivery, outcome: Outcome) -> bool:
     """Apply one outcome to the port; False when the delivery's lease was lost."""
-    if isinstance(outcome, (Acked, Duplicate)):
+    if isinstance(outcome, (Acked, Duplicate, Held)):
         return port.ack([delivery]) == 1
+    if isinstance(outcome, Stale):
+        return False  # the lease is another worker's: settling anything could undo its work
     if isinstance(outcome, RetryAfter):
         return port.retry(delivery, outcome.delay, outcome.error)
     return port.dead_letter(delivery, outcome.letter)
