@@ -186,3 +186,102 @@ def dead_letter(
         correlation_id=f"corr-{job_id.hex[:6]}",
     )
     return write_dead_letter(conn, letter), job_id
+
+
+# An execution as the harness would leave it, walked through the transitions the database allows
+# (migration 0010): inserted PENDING, taken (RUNNING), then moved to its final `status`.
+INSERT_EXECUTION = """
+INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
+VALUES (%(job_id)s, %(consumer)s, %(queue)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(business_scope)s)
+RETURNING id"""
+
+TAKE_EXECUTION = """
+UPDATE core.executions
+   SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+       lease_expires_at = now() + interval '30 seconds', leased_by = 'factory', takes = takes + 1
+ WHERE id = %(id)s"""
+
+SETTLE_EXECUTION = """
+UPDATE core.executions
+   SET status = %(status)s, lease_expires_at = NULL, leased_by = NULL, reason = %(reason)s,
+       reason_action = %(reason_action)s, run_at = now() + %(delay)s
+ WHERE id = %(id)s"""
+
+INSERT_CHECKPOINT = """
+INSERT INTO core.execution_checkpoints
+       (execution_id, action, position, effect, status, attempts, result, last_error, fencing_token, finished_at)
+SELECT %(id)s, %(action)s, %(position)s, %(effect)s, %(status)s, %(attempts)s, %(result)s, %(error)s, e.fencing_token,
+       CASE WHEN %(status)s = 'STARTED' THEN NULL ELSE now() END
+  FROM core.executions AS e WHERE e.id = %(id)s"""
+
+# Back-date when an execution entered its state (the alert feed and the metrics read its age).
+BACKDATE_EXECUTION = """
+ALTER TABLE core.executions DISABLE TRIGGER executions_guard;
+UPDATE core.executions SET status_changed_at = now() - %(age)s::interval, created_at = now() - %(age)s::interval
+ WHERE id = %(id)s;
+ALTER TABLE core.executions ENABLE TRIGGER executions_guard"""
+
+
+def add_execution(
+    conn: psycopg.Connection,
+    *,
+    status: str = "RECONCILIATION_REQUIRED",
+    consumer: str = "points.ledger",
+    queue: str = "points.ledger",
+    job_id: uuid.UUID | None = None,
+    payload: Any = None,
+    business_scope: str | None = "loyalty",
+    checkpoints: tuple[tuple[str, str, str, Any], ...] = (),
+    reason: str = "notify: the worker was lost while the request may have been sent",
+    reason_action: str | None = "notify",
+    age: str | None = None,
+) -> int:
+    """One execution in ``status`` with ``checkpoints`` ``(action, effect, status, result)`` in order; its id.
+
+    ``age`` back-dates when it entered that state (by disabling the guard trigger for one
+    statement: a test arranging the past, not a writer the database must accept).
+    """
+    job_id = job_id or uuid.uuid4()
+    (execution_id,) = conn.execute(
+        INSERT_EXECUTION,
+        {
+            "job_id": job_id,
+            "consumer": consumer,
+            "queue": queue,
+            "tenant_id": TENANT,
+            "correlation_id": f"corr-{job_id.hex[:6]}",
+            "payload": Jsonb(payload if payload is not None else {"member_id": "m-1", "points": 10}),
+            "business_scope": business_scope,
+        },
+    ).fetchone()
+    if status != "PENDING":
+        conn.execute(TAKE_EXECUTION, {"id": execution_id})
+    for position, (action, effect, checkpoint_status, result) in enumerate(checkpoints):
+        conn.execute(
+            INSERT_CHECKPOINT,
+            {
+                "id": execution_id,
+                "action": action,
+                "position": position,
+                "effect": effect,
+                "status": checkpoint_status,
+                "attempts": 0 if checkpoint_status == "STARTED" and effect == "READ_ONLY" else 1,
+                "result": Jsonb(result) if checkpoint_status == "SUCCEEDED" else None,
+                "error": "TransientError: ledger timeout" if checkpoint_status in ("FAILED", "UNCERTAIN") else None,
+            },
+        )
+    if status not in ("PENDING", "RUNNING"):
+        conn.execute(
+            SETTLE_EXECUTION,
+            {
+                "id": execution_id,
+                "status": status,
+                "reason": reason if status in ("FAILED", "RECONCILIATION_REQUIRED") else None,
+                "reason_action": reason_action,
+                "delay": timedelta(seconds=4) if status == "RETRY_WAIT" else timedelta(0),
+            },
+        )
+    if age is not None:
+        for statement in BACKDATE_EXECUTION.split(";"):
+            conn.execute(statement, {"age": age, "id": execution_id} if "%(" in statement else None)
+    return execution_id
