@@ -31,10 +31,17 @@ Faults, per endpoint (``lookup``, ``credits``, ``notify``), used up in order, on
 - :meth:`Fault.refused` — HTTP 409: the ledger definitely refused it (nothing applied).
 
 A hang waits on an event, not a sleep: :meth:`LoyaltyLedger.close` ends it at once.
+
+Standalone, for ``core-jobs worker --consumer harness.examples.ledger_points:consumer`` (whose
+default ledger URL is ``http://127.0.0.1:8765``)::
+
+    python -m maintenance.demo.ledger [--port 8765]     # until Ctrl-C
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import threading
 import uuid
@@ -234,3 +241,18 @@ def _handler_for(ledger: LoyaltyLedger) -> type[BaseHTTPRequestHandler]:
             pass  # quiet: the tests and the demo read the effects, not an access log
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve a ledger on 127.0.0.1 until interrupted (see the module docstring)."""
+    parser = argparse.ArgumentParser(prog="python -m maintenance.demo.ledger", description="A local loyalty ledger.")
+    parser.add_argument("--port", type=int, default=8765)
+    args = parser.parse_args(argv)
+    with LoyaltyLedger(port=args.port) as ledger:
+        print(f"loyalty ledger on {ledger.url}", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):
+            threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
