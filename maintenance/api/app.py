@@ -64,7 +64,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from maintenance.api import routes
+from maintenance.api import executions, routes
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.runtime.logs import get_logger
@@ -257,6 +257,7 @@ def create_app(
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
     app.include_router(routes.router)
+    app.include_router(executions.router)  # issue 12: read-only executions
 
     @app.get("/healthz", tags=["probes"], summary="The process is up")
     def healthz() -> dict[str, str]:

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
 
 if TYPE_CHECKING:
@@ -174,6 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The consumer harness (issue 6): worker, enqueue, dead-letters.
     harness_cli.add_commands(sub)
+    # Durable-action executions, read-only (issue 12).
+    executions_cli.add_commands(sub)
 
     return parser
 
