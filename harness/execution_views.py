@@ -11,10 +11,12 @@ docs/durable-actions.md).
   first to look at — in keyset order: each page continues strictly after the last row of the
   previous one, ``(status_changed_at, id) > (position)``, read on ``executions_status_idx``
   ``(status, status_changed_at, id)`` (0010), so page 100 costs what page 1 costs. A row that
-  enters the state while an operator pages sorts after every row already there: it shows up
-  on a later page, and no row is repeated or skipped. (A row that leaves the state and comes
-  back meanwhile is listed again, at the time it came back: that is a new stay.) Pages carry
-  no payload; the detail has it.
+  enters the state while an operator pages sorts after the rows already there: it shows up on
+  a later page, and no row is repeated or skipped. (``status_changed_at`` is the start of the
+  transaction that moved it: only one still open when the walk already passed that moment could
+  land behind the cursor — a worker's transactions last milliseconds. A row that leaves the
+  state and comes back meanwhile is listed again, at the time it came back: a new stay.) Pages
+  carry no payload; the detail has it.
 - **Detail** (:func:`get_execution`): one execution with its payload, its checkpoints in
   action order (effect, status, attempts, result, last error, started/finished, and the
   external key the action sends, ``job_id:consumer:action``, to look the write up at the
