@@ -40,9 +40,12 @@ SELECT e.consumer, array_agg(e.id ORDER BY e.id), min(e.status_changed_at), max(
  GROUP BY e.consumer
 """
 
-# The most frequent reasons of a set of executions, with the action they concern, first line only.
+# The most frequent reasons of a set of executions, first line only, prefixed by the action they
+# concern unless the reason already starts with it.
 TOP_EXECUTION_REASONS = """
-SELECT left(coalesce(reason_action || ': ', '') || split_part(reason, E'\\n', 1), %(chars)s) AS error, count(*) AS n
+SELECT left(CASE WHEN reason_action IS NULL OR starts_with(reason, reason_action || ':') THEN ''
+                 ELSE reason_action || ': ' END || split_part(reason, E'\\n', 1), %(chars)s) AS error,
+       count(*) AS n
   FROM core.executions
  WHERE id = ANY(%(ids)s)
  GROUP BY 1
