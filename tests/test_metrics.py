@@ -50,6 +50,16 @@ def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
     return samples
 
 
+def run_once_metrics_and_push(clean_env, database_url: str, httpserver) -> dict[str, dict[tuple, float]]:
+    """`core-jobs run-once metrics` against the test database and a local Pushgateway; what it PUT."""
+    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
+    assert main(["run-once", "metrics"]) == EXIT_OK
+    ((request, _response),) = httpserver.log
+    return pushed_families(request.get_data())
+
+
 # --- export --------------------------------------------------------------------------------------
 def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, database_url, conn, httpserver, capsys):
     """`core-jobs run-once metrics` PUTs each consumer's success count to the Pushgateway and logs the same figures."""
@@ -58,14 +68,7 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
     add_fences(conn, "points.expire", 3, now - timedelta(minutes=20))
     add_fences(conn, "notifications.email", 1, now - timedelta(hours=2))
     add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(minutes=10))
-    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
-    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
-    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
-
-    assert main(["run-once", "metrics"]) == EXIT_OK
-
-    ((request, _response),) = httpserver.log
-    pushed = pushed_families(request.get_data())
+    pushed = run_once_metrics_and_push(clean_env, database_url, httpserver)
     assert pushed["core_jobs_successes_total"] == {
         (("consumer", "notifications.email"),): 1.0,
         (("consumer", "points.credit"),): 7.0,
@@ -475,14 +478,7 @@ def test_a_resolved_execution_leaves_its_consumer_at_zero_uncertain_and_no_age(d
 def test_run_once_metrics_pushes_the_execution_gauges(clean_env, database_url, conn, httpserver, capsys):
     """`core-jobs run-once metrics` pushes executions by consumer and state and the oldest uncertain age, and logs them."""
     add_execution(conn, consumer="points.ledger", age="10 minutes")
-    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
-    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
-    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
-
-    assert main(["run-once", "metrics"]) == EXIT_OK
-
-    ((request, _response),) = httpserver.log
-    pushed = pushed_families(request.get_data())
+    pushed = run_once_metrics_and_push(clean_env, database_url, httpserver)
     states = pushed["core_jobs_executions"]
     assert states[(("consumer", "points.ledger"), ("status", "RECONCILIATION_REQUIRED"))] == 1.0
     assert states[(("consumer", "points.ledger"), ("status", "FAILED"))] == 0.0
