@@ -1,5 +1,12 @@
-"""The dead-letter alert feed: Better Stack incidents for new dead letters, escalations for stale
+"""The alert feed: Better Stack incidents for new dead letters, escalations for stale
 ones, and auto-resolve once they are handled — each exactly once, across crashes and overlapping runs.
+
+The same machinery pages durable executions left RECONCILIATION_REQUIRED (issue 12): one
+incident per consumer per run for new ones, an escalation for ones left unresolved past
+``stale_after``, auto-resolve once the executions it covers were resolved. What differs — kinds,
+SQL, words — is an :class:`~alerts.sources.AlertSource` (alerts/sources.py); below, read
+"dead letter" as "execution", "queue" as "consumer" and "pending review" as
+"RECONCILIATION_REQUIRED in the episode paged" (alerts/execution_sql.py) for them.
 
 What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once by the caller)
 --------------------------------------------------------------------------------------------
@@ -74,7 +81,8 @@ of confirmed by our POST: after a crash, or by the lookup after a retried POST),
 ``intents_cancelled`` (``handled`` or ``superseded``, never posted), ``dead_letters_alerted``
 (covered by incidents confirmed this run), ``dead_letters_unalerted`` (pending, not covered by a
 confirmed incident), ``dead_letters_unescalated`` (stale, not covered by a confirmed
-escalation), ``post_failures`` (intents still unconfirmed after the run), ``resolve_failures``,
+escalation), ``executions_alerted``, ``executions_unalerted``, ``executions_unescalated`` (the
+same three for RECONCILIATION_REQUIRED executions), ``post_failures`` (intents still unconfirmed after the run), ``resolve_failures``,
 ``skipped``, ``dry_run``, ``dry_run_incidents``. ``ok`` is false when anything could not be
 posted or resolved.
 

@@ -30,10 +30,10 @@ def compose_executions(
     span = f"{when(group.first_created)} – {when(group.last_created)}"
     top = f" Most frequent reason: {group.errors[0][0]} ({group.errors[0][1]}×)." if group.errors else ""
     if not escalation:
-        name = f"{n} {executions} {of} need reconciliation"
+        name = f"{n} {executions} {of} {'needs' if n == 1 else 'need'} reconciliation"
         summary = (
-            f"{n} {executions} {of} RECONCILIATION_REQUIRED since {span}: a write to a provider may or may "
-            f"not have happened.{top}"
+            f"{n} {executions} {of} RECONCILIATION_REQUIRED, uncertain since {span}: a write to a provider may "
+            f"or may not have happened.{top}"
         )
         opening = (
             f"{n} {executions} {'of consumer ' + where if group.queue else 'in ' + where} went to "
@@ -48,7 +48,7 @@ def compose_executions(
         )
         opening = (
             f"ESCALATION: {n} {executions} {'of consumer ' + where if group.queue else 'in ' + where} still "
-            f"RECONCILIATION_REQUIRED more than {age} after they became uncertain ({span})."
+            f"RECONCILIATION_REQUIRED more than {age} after {'it' if n == 1 else 'they'} became uncertain ({span})."
         )
     lines = [opening, ""]
     if group.errors:

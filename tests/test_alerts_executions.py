@@ -73,7 +73,7 @@ def test_no_execution_is_paged_twice_across_runs(db, conn, fake_bs):
     assert (result.incidents_posted, result.executions_alerted) == (1, 1)
     assert [p.body["name"] for p in fake_bs.posts()] == [
         "2 executions of points.ledger need reconciliation",
-        "1 execution of points.ledger need reconciliation",
+        "1 execution of points.ledger needs reconciliation",
     ]
     assert f"Execution ids {late}–{late} (1)" in fake_bs.posts()[1].body["description"]
 
