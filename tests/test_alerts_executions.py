@@ -5,11 +5,12 @@ Real PostgreSQL and the stateful fake Better Stack (a real local HTTP server).""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
 import pytest
-from alerts_support import CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
+from alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
 from factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
 from fake_betterstack import Fault
 
@@ -256,3 +257,19 @@ def test_execution_coverage_is_append_only(conn):
     ):
         with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
             conn.execute(statement)
+
+
+def test_a_storm_of_consumers_is_folded_into_one_summary_paged_once(db, conn, fake_bs):
+    """With one incident per run and kind, 2 + 1 executions of two consumers fold into one summary, paged once."""
+    ids = uncertain(conn, "points.ledger", 2) + uncertain(conn, "payments.charge", 1)
+    feed = make_feed(db, fake_bs, replace(CONFIG, max_incidents_per_run=1))
+    result = feed.run_once(server_now(conn))
+    assert (result.incidents_posted, result.executions_alerted) == (1, 3)
+    [summary] = fake_bs.posts()
+    assert summary.body["name"] == "3 executions in 2 consumers need reconciliation"
+    assert "  2 of points.ledger\n  1 of payments.charge" in summary.body["description"]
+    assert summary.body["metadata"]["consumer"] == ["(several)"]
+    assert feed.run_once(server_now(conn)).incidents_posted == 0
+    for execution_id in ids:
+        resolve_execution(conn, execution_id, "FAILED")
+    assert feed.run_once(server_now(conn)).incidents_resolved == 1
