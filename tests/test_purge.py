@@ -768,3 +768,15 @@ def test_the_database_refuses_to_delete_an_execution_awaiting_reconciliation(con
     uncertain = add_execution(conn, age="400 days")
     with pytest.raises(psycopg.errors.CheckViolation, match="only a RUNNING execution"):
         conn.execute("DELETE FROM core.executions WHERE id = %s", (uncertain,))
+
+
+def test_a_failed_execution_is_kept_a_window_after_its_replay_was_handled(db, conn, now):
+    """Its dead letter's replay handled less than margin x window ago keeps it; a second later than that, it goes."""
+    failed = add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days", consumer=CONSUMER)
+    (job_id,) = conn.execute("SELECT job_id FROM core.executions WHERE id = %s", (failed,)).fetchone()
+    letter = add_dead_letter(conn, job_id=job_id, status="replayed")
+    assert mark_replay_handled(conn, letter, "dead_lettered")
+    handled = handled_at(conn, job_id)
+    assert purger(db).run_once(handled + PROTECTED - SECOND).executions_deleted == 0
+    assert purger(db).run_once(handled + PROTECTED + SECOND).executions_deleted == 1
+    assert executions(conn) == {}

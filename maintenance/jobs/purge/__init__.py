@@ -141,7 +141,8 @@ Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
 ``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
 ``pending_dead_letters`` — those holding a fence: pending, outstanding replays, replays handled
-within the window —, ``estimate_ms``). Per batch:
+within the window —, ``unfinished_executions`` — executions not FAILED, each holding its
+fence —, ``estimate_ms``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,

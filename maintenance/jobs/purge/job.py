@@ -251,8 +251,8 @@ class Purger:
         self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
     ) -> tuple[IndexWalk | BlockSweep, str]:
         """The access path of this run and why, decided once before the first batch, and logged."""
-        pending = fetch_limited(conn, timeout, COUNT_HOLDING, params)[0]
-        guard = "hashed" if pending <= self.config.hashed_pending_limit else "probed"
+        pending, unfinished = fetch_limited(conn, timeout, COUNT_HOLDING, params)
+        guard = "hashed" if max(pending, unfinished) <= self.config.hashed_pending_limit else "probed"
         started = time.perf_counter()
         try:
             estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
@@ -275,6 +275,7 @@ class Purger:
             estimated_index_s=_rounded(index_s, 3),
             estimated_sweep_s=_rounded(sweep_s, 3),
             pending_dead_letters=pending,
+            unfinished_executions=unfinished,
             estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
