@@ -16,6 +16,7 @@ from fake_betterstack import Fault
 
 from alerts.feed import METADATA_KEY, read_installation
 from harness.pg import server_now
+from maintenance.runtime import migrate
 
 
 def execution_coverage(conn: psycopg.Connection) -> dict[str, int]:
@@ -273,3 +274,15 @@ def test_a_storm_of_consumers_is_folded_into_one_summary_paged_once(db, conn, fa
     for execution_id in ids:
         resolve_execution(conn, execution_id, "FAILED")
     assert feed.run_once(server_now(conn)).incidents_resolved == 1
+
+
+def test_downgrading_0011_removes_the_execution_alerts_and_keeps_the_dead_letter_ones(db, database_url, conn, fake_bs):
+    """Back at 0010 the old kinds hold again: execution alerts and their coverage go, dead-letter alerts stay."""
+    add_dead_letters(conn, "points.credit", 1)
+    uncertain(conn, "points.ledger", 1)
+    make_feed(db, fake_bs).run_once(server_now(conn))
+    migrate.downgrade(database_url, "0010_durable_actions")
+    assert [k for k, *_ in alert_rows(conn)] == ["new"]
+    assert conn.execute("SELECT to_regclass('core.execution_alert_coverage')").fetchone() == (None,)
+    migrate.upgrade(database_url)
+    assert make_feed(db, fake_bs).run_once(server_now(conn)).executions_alerted == 1  # paged again, once

@@ -19,6 +19,9 @@
   alert's rows may be deleted (it paged nothing, so it releases them). The database refuses a
   coverage row whose kind does not belong to its alert's kind, in both coverage tables.
 
+Downgrading deletes the execution alerts with their coverage (the old kinds cannot hold them);
+upgrading again pages the executions still uncertain once more.
+
 Revision ID: 0011_execution_alerts
 Revises: 0010_durable_actions
 Create Date: 2026-12-01
