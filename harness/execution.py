@@ -5,12 +5,13 @@ harness/execution_sql.py. :func:`harness.handling.handle` calls :func:`run_execu
 consumer that declares actions, after validating the payload (poison: a dead letter, no
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
-1. **Take** — one transaction: insert the execution if new, lock it, probe the fence (a fence:
-   ``Duplicate``), then by state: ``RUNNING`` under a live lease or ``RETRY_WAIT`` not yet due:
-   ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``: ``Held`` (acked: it waits for an
-   operator); ``FAILED``: a replay (``replay_of``) starts it again, any other delivery is the same
-   failure (``DeadLettered``); else a new fencing token and a lease ``now() + lease``
-   (``harness.execution.taken_over`` when it took a lost worker's lease).
+1. **Take** — one transaction (asynchronous commit: a forgotten take only makes this worker
+   stale): insert the execution if new and take it at once unless the job's fence exists; else
+   lock it, probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
+   lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
+   ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
+   again, any other delivery is the same failure (``DeadLettered``); else a new fencing token and
+   a lease ``now() + lease`` (``harness.execution.taken_over`` when it took a lost worker's lease).
 2. **Recover** the write checkpoints a lost worker left ``STARTED`` (or ``UNCERTAIN``): a
    ``NON_IDEMPOTENT_WRITE`` → ``RECONCILIATION_REQUIRED``; an ``IDEMPOTENT_WRITE`` is re-sent with
    the same key while attempts remain, else ``RECONCILIATION_REQUIRED``.
@@ -18,15 +19,16 @@ execution). All times are PostgreSQL's ``now()``; no worker sleeps.
    actions' ``max_attempts`` and the queue policy's) has killed every worker that took it:
    ``FAILED`` (``exhausted``) — or ``RECONCILIATION_REQUIRED`` if a write is in doubt.
 4. **Run** each action not ``SUCCEEDED``, in order. A write first commits its ``STARTED``
-   checkpoint (fenced; synchronously for a ``NON_IDEMPOTENT_WRITE``: the durable proof that
-   nothing was sent is the absence of that row; an ``IDEMPOTENT_WRITE``'s may be forgotten by a
-   server crash, which only means a resend with the same key). Successes are recorded with the next commit. A failure goes by the contract's table
-   (:func:`decide`): ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced
-   transaction; delay from :func:`harness.retry.compute_delay` on the action's policy with the
-   error's ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
+   checkpoint, synchronously and fenced — the durable proof that nothing was sent is the absence
+   of that row (a ``NON_IDEMPOTENT_WRITE``'s in an explicit transaction, so that only a live
+   worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
+   recorded with the next commit. A failure goes by the contract's table (:func:`decide`):
+   ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;
+   delay from :func:`harness.retry.compute_delay` on the action's policy with the error's
+   ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
    ``RECONCILIATION_REQUIRED`` (→ ``Held``).
-5. **Finish** — one transaction: fence, the handler (``ctx.results``), the replay mark and the
-   fenced delete of the execution. Any failure there (the handler, or the COMMIT itself: a
+5. **Finish** — one transaction: the fenced delete of the execution with the fence in its place
+   (one statement), the handler (``ctx.results``) and the replay mark. Any failure there (the handler, or the COMMIT itself: a
    deferred constraint) rolls all of it back; the earned checkpoints are then committed with the
    retry (the queue policy, its failures counted from the history) or the ``FAILED``.
 
