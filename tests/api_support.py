@@ -9,6 +9,7 @@
 - ``api``: the app built from the settings like ``core-jobs api`` builds it, served by uvicorn on
   a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
   (httpx) with ``as_operator(...)`` to send a token.
+- :func:`assert_problem`: an answer is the problem+json of that status and type.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from maintenance.api.auth import DISCARD, READ, REPLAY
+from maintenance.api.auth import DISCARD, EXECUTIONS_READ, READ, REPLAY
 
 ISSUER = "https://id.ops.example/"
 AUDIENCE = "core-jobs-api"
 OPERATOR = "ops:ana@example.com"
-ALL_PERMISSIONS = (READ, REPLAY, DISCARD)
+PROBLEM = "urn:core-jobs:problem:"
+ALL_PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
 
 
 @dataclass(frozen=True)
@@ -179,3 +181,12 @@ def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
     app = build_app(settings)
     with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
         yield client
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    """``response`` is an application/problem+json answer of ``status`` and type ``slug``; its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == PROBLEM + slug and body["status"] == status
+    return body

@@ -2,7 +2,7 @@
 
 Every documented operation is called with generated requests — valid and invalid parameters
 and bodies — authenticated with a token of every permission, over real HTTP against a real
-PostgreSQL holding a few dead letters. Each response must be documented (status code, media
+PostgreSQL holding a few dead letters and executions (with checkpoints and history). Each response must be documented (status code, media
 type, schema) and none may be a server error. The number of examples is bounded
 (``EXAMPLES`` per operation) so that the suite stays quick.
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from factories import QUEUE, add_dead_letters
+from factories import QUEUE, add_dead_letters, add_execution
 from hypothesis import HealthCheck, settings
 
 EXAMPLES = 25
@@ -48,9 +48,19 @@ class OperatorToken:
 
 @pytest.fixture
 def seeded_api(api, conn):
-    """The running API with a few dead letters, pending, in two queues; its token for OperatorToken."""
+    """The running API with a few dead letters, pending, in two queues, and executions in every state; its token for OperatorToken."""
     add_dead_letters(conn, QUEUE, 5)
     add_dead_letters(conn, "q", 3)
+    for status in ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED"):
+        add_execution(
+            conn,
+            status=status,
+            checkpoints=(
+                ("lookup", "READ_ONLY", "SUCCEEDED", {"tier": "gold"}),
+                ("notify", "NON_IDEMPOTENT_WRITE", "STARTED", None),
+            ),
+            events=(("RETRY_SCHEDULED", "lookup"),),
+        )
     return api
 
 
@@ -80,6 +90,8 @@ def test_the_document_covers_every_endpoint_of_the_spec(api):
         "/v1/core/dead-letters/{id}/discard",
         "/v1/core/dead-letters/replay",
         "/v1/core/dead-letters/discard",
+        "/v1/core/executions",
+        "/v1/core/executions/{id}",
         "/healthz",
         "/readyz",
     }

@@ -14,6 +14,7 @@ status type slug                  when
 403    ``missing-permission``     the token lacks the endpoint's permission
 404    ``not-found``              no such route
 404    ``dead-letter-not-found``  an id that does not exist (bulk: every missing id listed)
+404    ``execution-not-found``    an execution id that does not exist (``missing_ids``)
 405    ``method-not-allowed``     the route exists, the method does not
 409    ``not-pending-review``     the dead letter is replayed/discarded already (its status)
 409    ``idempotency-key-reused`` the key was used for another request or by another operator
@@ -43,6 +44,7 @@ TITLES = {
     "missing-permission": "Missing permission",
     "not-found": "Not found",
     "dead-letter-not-found": "Dead letter not found",
+    "execution-not-found": "Execution not found",
     "method-not-allowed": "Method not allowed",
     "not-pending-review": "Dead letter is not pending review",
     "idempotency-key-reused": "Idempotency key reused for another request",
