@@ -27,9 +27,8 @@ The calls are the durable consumer's own action functions in all three, on one H
 Printed: the median and p95 per job of each, the **checkpoint overhead** (b) − (a) (target ≤
 1.5 ms median), DBOS's overhead (c) − (a) (target: ours ≤ DBOS's) and their ratio; what a
 commit costs on this server (a durable one, as every checkpoint is, and a read-only round trip);
-then ``--breakdown-jobs`` more jobs of (a) and (b) with every statement timed one by one
-(``BEGIN``/``COMMIT`` not included; the transaction blocks are counted): where (b)'s overhead
-goes. At the end every variant's fences and ledger effects are counted — one per job and write —
+then ``--breakdown-jobs`` more jobs of (a) and (b) with every round trip to PostgreSQL timed
+one by one (each statement, ``BEGIN`` and ``COMMIT``): where (b)'s overhead goes. At the end every variant's fences and ledger effects are counted — one per job and write —
 and no execution may be left behind (J-AC8).
 
 Server: ``HARNESS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``
@@ -88,12 +87,14 @@ COUNT_EXECUTIONS = "SELECT count(*) FROM core.executions"
 
 
 class StatementTimes:
-    """Times every statement sent on one connection while :meth:`tracing`: where a variant's time goes."""
+    """Times every round trip on one connection while :meth:`tracing`: each statement, BEGIN and COMMIT."""
 
     def __init__(self, conn: psycopg.Connection) -> None:
         self.conn = conn
         self.times: dict[str, list[float]] = defaultdict(list)
-        self.transactions = 0
+
+    def _took(self, what: str, started: float) -> None:
+        self.times[what].append((time.perf_counter() - started) * 1000)
 
     @contextlib.contextmanager
     def tracing(self) -> Iterator[None]:
@@ -104,11 +105,23 @@ class StatementTimes:
             try:
                 return execute(query, params, **kwargs)
             finally:
-                self.times[" ".join(str(query).split())[:72]].append((time.perf_counter() - started) * 1000)
+                self._took(" ".join(str(query).split())[:72], started)
 
-        def traced_transaction(*args: Any, **kwargs: Any) -> Any:
-            self.transactions += 1
-            return transaction(*args, **kwargs)
+        @contextlib.contextmanager
+        def traced_transaction(*args: Any, **kwargs: Any) -> Iterator[Any]:
+            block = transaction(*args, **kwargs)
+            started = time.perf_counter()
+            entered = block.__enter__()
+            self._took("BEGIN", started)
+            try:
+                yield entered
+            except BaseException as exc:
+                if not block.__exit__(type(exc), exc, exc.__traceback__):
+                    raise
+            else:
+                started = time.perf_counter()
+                block.__exit__(None, None, None)
+                self._took("COMMIT", started)
 
         self.conn.execute, self.conn.transaction = traced_execute, traced_transaction  # type: ignore[method-assign]
         try:
@@ -313,16 +326,14 @@ def main() -> None:
     for name, values in found["commits"].items():
         print(f"  {name:<22} median {statistics.median(values):.3f}  p95 {percentile(values, 0.95):.3f}")
     for name, traced in found["breakdown"].items():
-        per_job = sum(sum(v) for v in traced.times.values()) / args.breakdown_jobs
+        n = args.breakdown_jobs
+        trips = sum(len(v) for v in traced.times.values()) / n
         print(
-            f"Statements of ({'a' if name == 'baseline' else 'b'}) {name}, {args.breakdown_jobs} jobs timed one by one:"
-            f" {sum(len(v) for v in traced.times.values()) / args.breakdown_jobs:.1f} statements and"
-            f" {traced.transactions / args.breakdown_jobs:.1f} transaction blocks per job, {per_job:.3f} ms of SQL per job"
+            f"Round trips of ({'a' if name == 'baseline' else 'b'}) {name}, {n} jobs, each timed:"
+            f" {trips:.1f} per job, {sum(sum(v) for v in traced.times.values()) / n:.3f} ms of them per job"
         )
         for statement, values in sorted(traced.times.items(), key=lambda kv: -sum(kv[1])):
-            print(
-                f"  {len(values) / args.breakdown_jobs:4.1f}/job  median {statistics.median(values):.3f}  {statement}"
-            )
+            print(f"  {len(values) / n:4.1f}/job  median {statistics.median(values):.3f}  {statement}")
     timed = args.jobs + args.warm_up  # each variant's; (a) and (b) ran the breakdown's jobs too
     expected = {
         "bench.baseline": timed + args.breakdown_jobs,
