@@ -58,6 +58,7 @@ from harness.actions import Action, ActionContext, Effect, idempotency_key
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
 from harness.errors import NotSent, PermanentError, TransientError
+from harness.execution_window import max_takes
 from harness.fence import INSERT_FENCE, check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
@@ -75,7 +76,7 @@ from harness.queue import (
 )
 from harness.retry import RetryPolicy, compute_delay
 
-__all__ = ["Decision", "OutputBroken", "decide", "max_takes", "run_execution"]
+__all__ = ["Decision", "OutputBroken", "decide", "run_execution"]
 
 log = structlog.get_logger()
 
@@ -122,11 +123,6 @@ def decide(effect: Effect | None, error: BaseException, attempt: int, max_attemp
     if effect is Effect.NON_IDEMPOTENT_WRITE:
         return Decision("failed", "exhausted") if isinstance(error, NotSent) else Decision("reconcile")
     return Decision("reconcile") if exhausted else Decision("retry")
-
-
-def max_takes(consumer: Consumer, policy: RetryPolicy) -> int:
-    """Takes an execution may use: every attempt of every action and of the final write."""
-    return sum(a.policy.max_attempts for a in consumer.actions) + policy.max_attempts
 
 
 @dataclass
