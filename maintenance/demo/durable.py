@@ -211,7 +211,7 @@ def walk_through(settings: Settings, db: Database, out: TextIO) -> DurableStory:
         story.killed_left = left(ben)
         say(
             f"   the ledger: {story.notify_calls} notify request for m-ben, {story.notify_effects} applied"
-            " (the killed worker's): never sent again; the credit is not in the balance (no fence)"
+            " (the killed worker's): never sent again; no final write yet, so no balance and no fence"
         )
         story.incident_lines = _incidents(settings, db)
         for line in story.incident_lines:
