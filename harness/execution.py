@@ -66,6 +66,7 @@ from harness.fence import check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.pgqueue import ASYNC_COMMIT
+from harness.pipelined import Statement, transaction_begun_with
 from harness.queue import (
     Acked,
     DeadLettered,
@@ -172,41 +173,43 @@ class _Run:
     # --- the take -------------------------------------------------------------------------------
 
     def take(self) -> Outcome | None:
-        """Take the execution (one transaction); an outcome when this delivery must not run it."""
+        """Take the execution; an outcome when this delivery must not run it.
+
+        A new execution: one transaction whose BEGIN, insert and take go in one round trip, then
+        its COMMIT (or ROLLBACK when the fence exists). An existing one: a second transaction.
+        Both commit asynchronously — cheap to lose: a take a server crash forgets makes this worker
+        stale at its next write, and any later synchronous commit flushes it first.
+        """
         envelope = self.delivery.envelope
         key = {"job_id": envelope.job_id, "consumer": self.consumer.name}
         take = {"lease": self.lease, "worker": _WORKER}
+        insert = key | {
+            "queue": self.delivery.queue,
+            "tenant_id": envelope.tenant_id,
+            "correlation_id": envelope.correlation_id,
+            "payload": Jsonb(envelope.payload),
+            "business_scope": self.consumer.business_scope,
+        }
         try:
-            with self.conn.transaction():
-                # Cheap to lose: a take a server crash forgets makes this worker stale at its next write,
-                # and any later synchronous commit flushes it first.
-                self.conn.execute(ASYNC_COMMIT)
-                inserted = self.conn.execute(
-                    sql.INSERT_EXECUTION,
-                    key
-                    | {
-                        "queue": self.delivery.queue,
-                        "tenant_id": envelope.tenant_id,
-                        "correlation_id": envelope.correlation_id,
-                        "payload": Jsonb(envelope.payload),
-                        "business_scope": self.consumer.business_scope,
-                    },
-                ).fetchone()
+            with transaction_begun_with(
+                self.conn, (ASYNC_COMMIT, None), (sql.INSERT_EXECUTION, insert), (sql.TAKE_NEW_EXECUTION, key | take)
+            ) as (_, inserted_cursor, taken_cursor):
+                inserted, taken = inserted_cursor.fetchone(), taken_cursor.fetchone()
                 if inserted is not None:  # new: nobody else sees it, no checkpoints yet
                     self.execution_id = inserted[0]
-                    taken = self.conn.execute(sql.TAKE_NEW_EXECUTION, key | take | {"id": self.execution_id}).fetchone()
                     if taken is None:
                         raise _FenceFound()
                     self.token, self.takes = taken
                     return None
-                return self._take_existing(key, take)
+                raise psycopg.Rollback()  # it exists: nothing was written, the lock comes next
+            with transaction_begun_with(self.conn, (ASYNC_COMMIT, None), (sql.LOCK_EXECUTION, key)) as (_, locked):
+                return self._take_existing(key, take, locked.fetchone())
         except _FenceFound:
             return self._duplicate()
 
-    def _take_existing(self, key: dict[str, Any], take: dict[str, Any]) -> Outcome | None:
-        """The take of an execution a delivery found (see the module docstring, step 1), in the take's transaction."""
+    def _take_existing(self, key: dict[str, Any], take: dict[str, Any], row: tuple[Any, ...] | None) -> Outcome | None:
+        """The take of an execution a delivery found, its locked ``row`` (see the module docstring, step 1), in the take's transaction."""
         envelope = self.delivery.envelope
-        row = self.conn.execute(sql.LOCK_EXECUTION, key).fetchone()
         if row is None:
             if _one(self.conn, sql.FENCE_EXISTS, key)[0]:
                 raise _FenceFound()
@@ -300,8 +303,9 @@ class _Run:
             # The durable proof of absence: the request is sent only after this synchronous commit.
             # An explicit transaction: only a live worker's COMMIT ends it (a statement left waiting
             # on a lock by a worker that died is rolled back, not committed after its death).
-            with self.conn.transaction():
-                self._renew_and_record(self._with_pending(started))
+            # BEGIN goes with the statement (one round trip); the COMMIT, alone, only once its result is seen.
+            with transaction_begun_with(self.conn, self._renewal(self._with_pending(started))) as (renewed,):
+                _check_held(renewed)
         elif action.effect is Effect.IDEMPOTENT_WRITE:
             # One statement in autocommit, one round trip: if it commits after this worker died, the
             # write is merely re-sent with its key (or reconciled once its attempts are used).
@@ -435,8 +439,11 @@ class _Run:
     def _renew_and_record(self, records: list[_Record]) -> None:
         """First statement of a fenced transaction (or one alone, in autocommit): renew the lease and
         write ``records``, or raise _Stale (having written nothing)."""
-        held, _written = _one(
-            self.conn,
+        _check_held(self.conn.execute(*self._renewal(records)))
+
+    def _renewal(self, records: list[_Record]) -> Statement:
+        """The statement that renews the lease and writes ``records`` (its row: held, written)."""
+        return (
             sql.RENEW_LEASE_AND_RECORD,
             {
                 "id": self.execution_id,
@@ -451,8 +458,6 @@ class _Run:
                 "errors": [r.error for r in records],
             },
         )
-        if held != 1:
-            raise _Stale()
 
     # --- the final transaction ------------------------------------------------------------------
 
@@ -470,13 +475,11 @@ class _Run:
         )
         duplicate = False
         try:
-            with self.conn.transaction():
-                # The fenced delete (it locks the row; the successes go with it, unwritten) and the fence.
-                gone, fenced = _one(
-                    self.conn,
-                    sql.FINISH_EXECUTION,
-                    {"id": self.execution_id, "token": self.token, "ttl": self.fence_ttl},
-                )
+            # BEGIN and the first statement in one round trip: the fenced delete (it locks the row;
+            # the successes go with it, unwritten) and the fence.
+            finish = {"id": self.execution_id, "token": self.token, "ttl": self.fence_ttl}
+            with transaction_begun_with(self.conn, (sql.FINISH_EXECUTION, finish)) as (finished,):
+                gone, fenced = _row(finished)
                 if gone != 1:
                     raise _Stale()
                 if fenced != 1:
@@ -543,9 +546,21 @@ _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 def _one(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> tuple[Any, ...]:
     """The one row a statement always returns."""
-    row = conn.execute(statement, params).fetchone()
+    return _row(conn.execute(statement, params))
+
+
+def _row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The one row a statement always returns, from its cursor."""
+    row = cursor.fetchone()
     assert row is not None, "the statement returns one row"
     return row
+
+
+def _check_held(renewed: psycopg.Cursor[Any]) -> None:
+    """RENEW_LEASE_AND_RECORD's verdict: raise _Stale unless this worker still held the lease."""
+    held, _written = _row(renewed)
+    if held != 1:
+        raise _Stale()
 
 
 def _validated(action: Action, value: Any) -> Any:
