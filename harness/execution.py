@@ -66,7 +66,7 @@ from harness.fence import check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.pgqueue import ASYNC_COMMIT
-from harness.pipelined import Statement, transaction_begun_with
+from harness.pipelined import Statement, transaction_begun_with, transaction_in_one_round_trip
 from harness.queue import (
     Acked,
     DeadLettered,
@@ -175,10 +175,11 @@ class _Run:
     def take(self) -> Outcome | None:
         """Take the execution; an outcome when this delivery must not run it.
 
-        A new execution: one transaction whose BEGIN, insert and take go in one round trip, then
-        its COMMIT (or ROLLBACK when the fence exists). An existing one: a second transaction.
-        Both commit asynchronously — cheap to lose: a take a server crash forgets makes this worker
-        stale at its next write, and any later synchronous commit flushes it first.
+        A new execution: one transaction in one round trip — BEGIN, the insert, the take, the drop
+        of a fenced one, COMMIT. An existing one: a second transaction that locks it. Both commit
+        asynchronously — cheap to lose: a take a server crash forgets makes this worker stale at
+        its next write, and any later synchronous commit flushes it first. (A take committed after
+        its worker died is as if the worker died just after it: the lease runs out, a take-over.)
         """
         envelope = self.delivery.envelope
         key = {"job_id": envelope.job_id, "consumer": self.consumer.name}
@@ -190,18 +191,20 @@ class _Run:
             "payload": Jsonb(envelope.payload),
             "business_scope": self.consumer.business_scope,
         }
+        _, inserted_cursor, taken_cursor, _ = transaction_in_one_round_trip(
+            self.conn,
+            (ASYNC_COMMIT, None),
+            (sql.INSERT_EXECUTION, insert),
+            (sql.TAKE_NEW_EXECUTION, key | take),
+            (sql.DROP_FENCED_NEW_EXECUTION, key),
+        )
+        inserted, taken = inserted_cursor.fetchone(), taken_cursor.fetchone()
+        if inserted is not None:  # new: nobody else saw it, no checkpoints yet
+            assert taken is not None, "the take takes the execution it inserted"
+            self.execution_id = inserted[0]
+            self.token, self.takes, fenced, _ = taken
+            return self._duplicate() if fenced else None  # fenced: dropped again, nothing committed
         try:
-            with transaction_begun_with(
-                self.conn, (ASYNC_COMMIT, None), (sql.INSERT_EXECUTION, insert), (sql.TAKE_NEW_EXECUTION, key | take)
-            ) as (_, inserted_cursor, taken_cursor):
-                inserted, taken = inserted_cursor.fetchone(), taken_cursor.fetchone()
-                if inserted is not None:  # new: nobody else sees it, no checkpoints yet
-                    self.execution_id = inserted[0]
-                    if taken is None:
-                        raise _FenceFound()
-                    self.token, self.takes = taken
-                    return None
-                raise psycopg.Rollback()  # it exists: nothing was written, the lock comes next
             with transaction_begun_with(self.conn, (ASYNC_COMMIT, None), (sql.LOCK_EXECUTION, key)) as (_, locked):
                 return self._take_existing(key, take, locked.fetchone())
         except _FenceFound:

@@ -12,6 +12,10 @@ seen the results — so only a live client commits (a statement left waiting on 
 that died is rolled back with its session: the server reads the end of the connection, not a
 COMMIT queued behind the statement). An exception in the block, or an error of any statement,
 rolls the transaction back.
+
+:func:`transaction_in_one_round_trip` queues the ``COMMIT`` too, for a transaction whose outcome
+does not depend on what the client sees: the server commits it even if the client is gone by
+then, so use it only where a commit after the worker's death is as good as one just before it.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 
-__all__ = ["Statement", "transaction_begun_with"]
+__all__ = ["Statement", "transaction_begun_with", "transaction_in_one_round_trip"]
 
 # One statement to queue: its SQL and its parameters (None: none).
 Statement = tuple[str, Mapping[str, Any] | None]
@@ -42,3 +47,21 @@ def transaction_begun_with(conn: psycopg.Connection, *statements: Statement) -> 
             transaction.enter_context(psycopg.Transaction(conn))
             cursors = [conn.execute(query, params) for query, params in statements]
         yield cursors
+
+
+def transaction_in_one_round_trip(conn: psycopg.Connection, *statements: Statement) -> list[psycopg.Cursor[Any]]:
+    """``BEGIN``, ``statements`` and ``COMMIT`` on ``conn`` (autocommit, idle) in one round trip.
+
+    Returns their cursors, results in. An error of any statement rolls the whole of it back
+    (the pipeline skips the rest, the server's transaction is aborted) and is raised.
+    """
+    try:
+        with conn.pipeline(), psycopg.Transaction(conn):
+            cursors = [conn.execute(query, params) for query, params in statements]
+    except BaseException:
+        # The transaction had queued its COMMIT before the pipeline's sync brought the error back,
+        # so the server's transaction is still open, aborted: end it.
+        if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
+            conn.rollback()
+        raise
+    return cursors
