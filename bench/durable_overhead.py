@@ -2,6 +2,7 @@
 
     uv run python bench/durable_overhead.py                # 3000 jobs per variant
     uv run python bench/durable_overhead.py --jobs 5000
+    uv run python bench/durable_overhead.py --rtt-ms 0.5     # through a local proxy adding 0.5 ms per round trip
 
 On one connection, jobs alternate between (a) a **plain** consumer — ``handle()``: validation,
 the fence and a no-op handler in one transaction — and (b) a **durable** consumer with the same
@@ -12,6 +13,10 @@ median and p95 per job, the durable overhead (target ≤ 1.5 ms median, issue 12
 trips per job, counted from libpq's protocol trace of one traced job of each (a round trip is a
 turn from the client sending to the client reading; the timed jobs are not traced).
 
+``--rtt-ms`` puts a local TCP proxy between the benchmark and PostgreSQL that holds every chunk
+half that time each way: a database across a network, where each round trip costs its RTT
+(on localhost one costs ~0.03 ms, less than psycopg's pipeline machinery costs in Python).
+
 The server, the scratch database and the caveats are bench/harness.py's (``HARNESS_BENCH_DATABASE_URL``);
 the overhead is a difference of medians measured in one run, so drift hits both variants alike.
 """
@@ -20,13 +25,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import multiprocessing as mp
 import os
+import queue
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg
 from psycopg import pq
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel
 
 from bench.harness import DEFAULT_SERVER, TENANT, TTL, percentile
@@ -106,6 +117,57 @@ def round_trips(conn: psycopg.Connection, job: Callable[[], Any]) -> int:
     return sum(1 for pair in itertools.pairwise(directions) if pair == ("F", "B"))
 
 
+def _forward(source: socket.socket, sink: socket.socket, one_way: float) -> None:
+    """Copy ``source`` to ``sink``, each chunk held ``one_way`` seconds, in order (two threads: read, send)."""
+    held: queue.Queue[tuple[float, bytes]] = queue.Queue()
+
+    def send() -> None:
+        while True:
+            due, chunk = held.get()
+            if not chunk:
+                break
+            pause = due - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+            sink.sendall(chunk)
+        sink.shutdown(socket.SHUT_WR)
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    while chunk := source.recv(65536):
+        held.put((time.perf_counter() + one_way, chunk))
+    held.put((0.0, b""))
+    sender.join()
+
+
+def _proxy(listener: socket.socket, host: str, port: int, one_way: float) -> None:
+    """Serve ``listener`` forever: each connection forwarded to ``host:port`` with ``one_way`` held each way."""
+    while True:
+        client, _ = listener.accept()
+        server = socket.create_connection((host, port))
+        for sock in (client, server):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        threading.Thread(target=_forward, args=(client, server, one_way), daemon=True).start()
+        threading.Thread(target=_forward, args=(server, client, one_way), daemon=True).start()
+
+
+@contextmanager
+def delaying_proxy(url: str, rtt_ms: float) -> Iterator[str]:
+    """``url`` through a local TCP proxy process that adds ``rtt_ms`` to every round trip (half each way)."""
+    target = conninfo_to_dict(url)
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    args = (listener, str(target["host"]), int(target.get("port") or 5432), rtt_ms / 2000)
+    proxy = mp.get_context("fork").Process(target=_proxy, args=args, daemon=True)
+    proxy.start()
+    try:
+        yield make_conninfo(url, host="127.0.0.1", port=port)
+    finally:
+        proxy.terminate()
+        proxy.join(5)
+        listener.close()
+
+
 def measure(url: str, jobs: int) -> tuple[dict[str, list[float]], dict[str, int]]:
     """Per-job wall times in ms of each variant, interleaved, and the round trips of one job of each."""
     variants = {"plain": PLAIN, "durable": DURABLE}
@@ -128,14 +190,22 @@ def measure(url: str, jobs: int) -> tuple[dict[str, list[float]], dict[str, int]
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=3000, help="jobs per variant (default 3000)")
+    parser.add_argument("--rtt-ms", type=float, default=0.0, help="round-trip time added by a local proxy (default 0)")
     args = parser.parse_args()
     configure_logging(level="ERROR")
     server = os.environ.get("HARNESS_BENCH_DATABASE_URL", DEFAULT_SERVER)
     with scratch_database(server) as url:
         migrate.upgrade(url)
-        times, trips = measure(url, args.jobs)
+        if args.rtt_ms > 0:
+            with delaying_proxy(url, args.rtt_ms) as proxied:
+                times, trips = measure(proxied, args.jobs)
+        else:
+            times, trips = measure(url, args.jobs)
     medians = {name: statistics.median(samples) for name, samples in times.items()}
-    print(f"Durable executor overhead, {args.jobs} jobs per variant, interleaved, one connection, no-op actions (ms):")
+    network = f", {args.rtt_ms} ms added per round trip" if args.rtt_ms > 0 else ""
+    print(
+        f"Durable executor overhead, {args.jobs} jobs per variant, interleaved, one connection, no-op actions{network} (ms):"
+    )
     for name, label in (("plain", "plain consumer (fence + no-op handler)"), ("durable", "durable, 3 no-op actions")):
         print(
             f"  {label:<40} median {medians[name]:.3f}  p95 {percentile(times[name], 0.95):.3f}"
