@@ -6,8 +6,9 @@ consumer that declares actions, after validating the payload (poison: a dead let
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
 1. **Take** — one transaction (asynchronous commit: a forgotten take only makes this worker
-   stale): insert the execution if new and take it at once unless the job's fence exists; else
-   lock it, probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
+   stale): insert the execution if new and take it at once unless the job's fence exists (all
+   in one round trip, harness/pipelined.py: a fenced one is deleted again before the COMMIT);
+   else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
    ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
    again, any other delivery is the same failure (``DeadLettered``); else a new fencing token and
