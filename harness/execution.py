@@ -6,8 +6,9 @@ consumer that declares actions, after validating the payload (poison: a dead let
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
 1. **Take** — one transaction (asynchronous commit: a forgotten take only makes this worker
-   stale): insert the execution if new and take it at once unless the job's fence exists; else
-   lock it, probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
+   stale): insert the execution if new and take it at once unless the job's fence exists (all
+   in one round trip, harness/pipelined.py: a fenced one is deleted again before the COMMIT);
+   else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
    ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
    again, any other delivery is the same failure (``DeadLettered``); else a new fencing token and
@@ -66,6 +67,7 @@ from harness.fence import check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.pgqueue import ASYNC_COMMIT
+from harness.pipelined import Statement, transaction_begun_with, transaction_in_one_round_trip
 from harness.queue import (
     Acked,
     DeadLettered,
@@ -172,41 +174,46 @@ class _Run:
     # --- the take -------------------------------------------------------------------------------
 
     def take(self) -> Outcome | None:
-        """Take the execution (one transaction); an outcome when this delivery must not run it."""
+        """Take the execution; an outcome when this delivery must not run it.
+
+        A new execution: one transaction in one round trip — BEGIN, the insert, the take, the drop
+        of a fenced one, COMMIT. An existing one: a second transaction that locks it. Both commit
+        asynchronously — cheap to lose: a take a server crash forgets makes this worker stale at
+        its next write, and any later synchronous commit flushes it first. (A take committed after
+        its worker died is as if the worker died just after it: the lease runs out, a take-over.)
+        """
         envelope = self.delivery.envelope
         key = {"job_id": envelope.job_id, "consumer": self.consumer.name}
         take = {"lease": self.lease, "worker": _WORKER}
+        insert = key | {
+            "queue": self.delivery.queue,
+            "tenant_id": envelope.tenant_id,
+            "correlation_id": envelope.correlation_id,
+            "payload": Jsonb(envelope.payload),
+            "business_scope": self.consumer.business_scope,
+        }
+        _, inserted_cursor, taken_cursor, _ = transaction_in_one_round_trip(
+            self.conn,
+            (ASYNC_COMMIT, None),
+            (sql.INSERT_EXECUTION, insert),
+            (sql.TAKE_NEW_EXECUTION, key | take),
+            (sql.DROP_FENCED_NEW_EXECUTION, key),
+        )
+        inserted, taken = inserted_cursor.fetchone(), taken_cursor.fetchone()
+        if inserted is not None:  # new: nobody else saw it, no checkpoints yet
+            assert taken is not None, "the take takes the execution it inserted"
+            self.execution_id = inserted[0]
+            self.token, self.takes, fenced, _ = taken
+            return self._duplicate() if fenced else None  # fenced: dropped again, nothing committed
         try:
-            with self.conn.transaction():
-                # Cheap to lose: a take a server crash forgets makes this worker stale at its next write,
-                # and any later synchronous commit flushes it first.
-                self.conn.execute(ASYNC_COMMIT)
-                inserted = self.conn.execute(
-                    sql.INSERT_EXECUTION,
-                    key
-                    | {
-                        "queue": self.delivery.queue,
-                        "tenant_id": envelope.tenant_id,
-                        "correlation_id": envelope.correlation_id,
-                        "payload": Jsonb(envelope.payload),
-                        "business_scope": self.consumer.business_scope,
-                    },
-                ).fetchone()
-                if inserted is not None:  # new: nobody else sees it, no checkpoints yet
-                    self.execution_id = inserted[0]
-                    taken = self.conn.execute(sql.TAKE_NEW_EXECUTION, key | take | {"id": self.execution_id}).fetchone()
-                    if taken is None:
-                        raise _FenceFound()
-                    self.token, self.takes = taken
-                    return None
-                return self._take_existing(key, take)
+            with transaction_begun_with(self.conn, (ASYNC_COMMIT, None), (sql.LOCK_EXECUTION, key)) as (_, locked):
+                return self._take_existing(key, take, locked.fetchone())
         except _FenceFound:
             return self._duplicate()
 
-    def _take_existing(self, key: dict[str, Any], take: dict[str, Any]) -> Outcome | None:
-        """The take of an execution a delivery found (see the module docstring, step 1), in the take's transaction."""
+    def _take_existing(self, key: dict[str, Any], take: dict[str, Any], row: tuple[Any, ...] | None) -> Outcome | None:
+        """The take of an execution a delivery found, its locked ``row`` (see the module docstring, step 1), in the take's transaction."""
         envelope = self.delivery.envelope
-        row = self.conn.execute(sql.LOCK_EXECUTION, key).fetchone()
         if row is None:
             if _one(self.conn, sql.FENCE_EXISTS, key)[0]:
                 raise _FenceFound()
@@ -300,8 +307,9 @@ class _Run:
             # The durable proof of absence: the request is sent only after this synchronous commit.
             # An explicit transaction: only a live worker's COMMIT ends it (a statement left waiting
             # on a lock by a worker that died is rolled back, not committed after its death).
-            with self.conn.transaction():
-                self._renew_and_record(self._with_pending(started))
+            # BEGIN goes with the statement (one round trip); the COMMIT, alone, only once its result is seen.
+            with transaction_begun_with(self.conn, self._renewal(self._with_pending(started))) as (renewed,):
+                _check_held(renewed)
         elif action.effect is Effect.IDEMPOTENT_WRITE:
             # One statement in autocommit, one round trip: if it commits after this worker died, the
             # write is merely re-sent with its key (or reconciled once its attempts are used).
@@ -435,8 +443,11 @@ class _Run:
     def _renew_and_record(self, records: list[_Record]) -> None:
         """First statement of a fenced transaction (or one alone, in autocommit): renew the lease and
         write ``records``, or raise _Stale (having written nothing)."""
-        held, _written = _one(
-            self.conn,
+        _check_held(self.conn.execute(*self._renewal(records)))
+
+    def _renewal(self, records: list[_Record]) -> Statement:
+        """The statement that renews the lease and writes ``records`` (its row: held, written)."""
+        return (
             sql.RENEW_LEASE_AND_RECORD,
             {
                 "id": self.execution_id,
@@ -451,8 +462,6 @@ class _Run:
                 "errors": [r.error for r in records],
             },
         )
-        if held != 1:
-            raise _Stale()
 
     # --- the final transaction ------------------------------------------------------------------
 
@@ -470,13 +479,11 @@ class _Run:
         )
         duplicate = False
         try:
-            with self.conn.transaction():
-                # The fenced delete (it locks the row; the successes go with it, unwritten) and the fence.
-                gone, fenced = _one(
-                    self.conn,
-                    sql.FINISH_EXECUTION,
-                    {"id": self.execution_id, "token": self.token, "ttl": self.fence_ttl},
-                )
+            # BEGIN and the first statement in one round trip: the fenced delete (it locks the row;
+            # the successes go with it, unwritten) and the fence.
+            finish = {"id": self.execution_id, "token": self.token, "ttl": self.fence_ttl}
+            with transaction_begun_with(self.conn, (sql.FINISH_EXECUTION, finish)) as (finished,):
+                gone, fenced = _row(finished)
                 if gone != 1:
                     raise _Stale()
                 if fenced != 1:
@@ -543,9 +550,21 @@ _WORKER = f"{socket.gethostname()}:{os.getpid()}"
 
 def _one(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> tuple[Any, ...]:
     """The one row a statement always returns."""
-    row = conn.execute(statement, params).fetchone()
+    return _row(conn.execute(statement, params))
+
+
+def _row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The one row a statement always returns, from its cursor."""
+    row = cursor.fetchone()
     assert row is not None, "the statement returns one row"
     return row
+
+
+def _check_held(renewed: psycopg.Cursor[Any]) -> None:
+    """RENEW_LEASE_AND_RECORD's verdict: raise _Stale unless this worker still held the lease."""
+    held, _written = _row(renewed)
+    if held != 1:
+        raise _Stale()
 
 
 def _validated(action: Action, value: Any) -> Any:

@@ -10,23 +10,45 @@ nothing means the worker is stale: the transaction is rolled back and nothing ch
 from __future__ import annotations
 
 # The take, first: the execution of a job's first delivery; its id when this delivery inserted it
-# (it is then this transaction's alone), nothing when it exists.
+# (it is then this transaction's alone), no row when it exists. The id is also kept in a
+# transaction-local setting for TAKE_NEW_EXECUTION, which is sent with it in one pipeline.
 INSERT_EXECUTION = """
-INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
-VALUES (%(job_id)s, %(consumer)s, %(queue)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(business_scope)s)
-ON CONFLICT (job_id, consumer) DO NOTHING
-RETURNING id
+WITH inserted AS (
+    INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
+    VALUES (%(job_id)s, %(consumer)s, %(queue)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(business_scope)s)
+    ON CONFLICT (job_id, consumer) DO NOTHING
+    RETURNING id
+)
+SELECT id, set_config('core_jobs.inserted_execution', id::text, true) FROM inserted
 """
 
-# A new execution taken at once — unless the job's fence exists (a success whose execution is
-# gone). A statement after the insert: its snapshot sees a success committed while the insert waited.
+# A new execution — the one INSERT_EXECUTION inserted in this transaction, if it did — taken at
+# once, and whether the job's fence exists (a success whose execution is gone). A statement after
+# the insert: its snapshot sees a success committed while the insert waited. A fenced one is
+# noted in a transaction-local setting for DROP_FENCED_NEW_EXECUTION, the next statement of the
+# same pipeline. No row: nothing inserted here (an existing execution: LOCK_EXECUTION).
 TAKE_NEW_EXECUTION = """
-UPDATE core.executions
-   SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
-       lease_expires_at = now() + %(lease)s::interval, leased_by = %(worker)s, takes = takes + 1
- WHERE id = %(id)s
-   AND NOT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s)
-RETURNING fencing_token, takes
+WITH fence AS (
+    SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s) AS found
+), taken AS (
+    UPDATE core.executions
+       SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+           lease_expires_at = now() + %(lease)s::interval, leased_by = %(worker)s, takes = takes + 1
+     WHERE id = nullif(current_setting('core_jobs.inserted_execution', true), '')::bigint
+       AND job_id = %(job_id)s AND consumer = %(consumer)s
+    RETURNING id, fencing_token, takes
+)
+SELECT taken.fencing_token, taken.takes, fence.found,
+       set_config('core_jobs.fenced_execution', CASE WHEN fence.found THEN taken.id::text ELSE '' END, true)
+  FROM taken, fence
+"""
+
+# The new execution of a job whose fence TAKE_NEW_EXECUTION found, deleted again in the take's own
+# transaction (a RUNNING execution may be deleted: the job succeeded), so the take commits nothing.
+DROP_FENCED_NEW_EXECUTION = """
+DELETE FROM core.executions
+ WHERE id = nullif(current_setting('core_jobs.fenced_execution', true), '')::bigint
+   AND job_id = %(job_id)s AND consumer = %(consumer)s
 """
 
 # An existing execution: lock it (waits for a worker's transaction on it) and read its state on
