@@ -170,12 +170,55 @@ def serving(app: Any, settings: Any):
     return running(app, settings)
 
 
+def running_api(settings: Any, tokens: Minter, client_class: type[ApiClient] = ApiClient) -> Iterator[ApiClient]:
+    """The app ``core-jobs api`` builds from ``settings``, served for the test; a ``client_class`` of it."""
+    from maintenance.api.server import build_app
+
+    app = build_app(settings)
+    with serving(app, settings) as url, client_class(url, tokens, app) as client:
+        yield client
+
+
 @pytest.fixture
 def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
     """The API on this test's database, served over real HTTP; a client with a token of every permission."""
-    from maintenance.api.server import build_app
+    yield from running_api(api_settings(database_url, jwks.url), tokens)
 
-    settings = api_settings(database_url, jwks.url)
-    app = build_app(settings)
-    with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
-        yield client
+
+# --- admin mode: operator resolution of executions (issue 13) ----------------------------------
+PUBLISHED_CONSUMERS = ["resolution_consumers:ledger_points"]
+SERVED_SCOPES = ["loyalty", "billing"]
+OPERATOR_ROLE = "EXECUTION_OPERATOR"
+
+
+def admin_settings(database_url: str, jwks_url: str, **overrides: Any):
+    """The API's settings in admin mode: the tests' published definition, scopes loyalty and billing."""
+    return api_settings(
+        database_url,
+        jwks_url,
+        admin_enabled=True,
+        admin_consumers=PUBLISHED_CONSUMERS,
+        admin_business_scopes=SERVED_SCOPES,
+        **overrides,
+    )
+
+
+class AdminClient(ApiClient):
+    """A client of the API in admin mode; its default token is an operator of scope loyalty."""
+
+    def __init__(self, base_url: str, minter: Minter, app: Any) -> None:
+        super().__init__(base_url, minter, app)
+        self.headers.update(self.operator())
+
+    def operator(
+        self, sub: str = OPERATOR, roles: tuple[str, ...] = (OPERATOR_ROLE,), scopes: tuple[str, ...] = ("loyalty",)
+    ) -> dict:
+        """Headers with a token of ``sub`` carrying ``roles`` and ``business_scopes``."""
+        token = self.minter.token(sub=sub, permissions=(), roles=list(roles), business_scopes=list(scopes))
+        return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def admin_api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API in admin mode on this test's database, over real HTTP; a client with an operator's token."""
+    yield from running_api(admin_settings(database_url, jwks.url), tokens, AdminClient)

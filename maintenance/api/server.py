@@ -28,6 +28,7 @@ from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
 from maintenance.runtime.logs import get_logger
@@ -36,8 +37,8 @@ from maintenance.settings import ConfigError, Settings
 APPLICATION_NAME = "core-jobs-api"
 
 
-def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPool:
-    """A pool (not yet open) whose connections run as the API role, with a statement timeout."""
+def session_setup(settings: Settings):
+    """What every API connection runs first: ``SET ROLE`` to the API role, a statement timeout."""
     role = settings.api_database_role
     timeout_ms = int(settings.api_statement_timeout.total_seconds() * 1000)
 
@@ -46,6 +47,12 @@ def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPoo
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))
 
+    return configure
+
+
+def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPool:
+    """A pool (not yet open) whose connections run as the API role, with a statement timeout."""
+    configure = session_setup(settings)
     return ConnectionPool(
         conninfo or settings.conninfo(),
         min_size=settings.api_pool_min_size,
@@ -87,11 +94,24 @@ def build_verifier(settings: Settings) -> TokenVerifier:
 
 
 def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMetrics | None = None) -> FastAPI:
+    verifier = build_verifier(settings)
+    admin = None
+    if settings.admin_enabled:  # the published definitions and a restricted session, or ConfigError
+        url, configure = conninfo or settings.conninfo(), session_setup(settings)
+
+        @contextmanager
+        def connect() -> Iterator[psycopg.Connection]:
+            with psycopg.connect(url, autocommit=True, application_name=APPLICATION_NAME, connect_timeout=10) as conn:
+                configure(conn)
+                yield conn
+
+        admin = load_admin(settings, connect)
     return create_app(
         pool=build_pool(settings, conninfo),
-        verifier=build_verifier(settings),
+        verifier=verifier,
         max_body_bytes=settings.api_max_body_bytes,
         metrics=metrics,
+        admin=admin,
     )
 
 
