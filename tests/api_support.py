@@ -193,14 +193,8 @@ OPERATOR_ROLE = "EXECUTION_OPERATOR"
 
 def admin_settings(database_url: str, jwks_url: str, **overrides: Any):
     """The API's settings in admin mode: the tests' published definition, scopes loyalty and billing."""
-    return api_settings(
-        database_url,
-        jwks_url,
-        admin_enabled=True,
-        admin_consumers=PUBLISHED_CONSUMERS,
-        admin_business_scopes=SERVED_SCOPES,
-        **overrides,
-    )
+    admin = {"admin_enabled": True, "admin_consumers": PUBLISHED_CONSUMERS, "admin_business_scopes": SERVED_SCOPES}
+    return api_settings(database_url, jwks_url, **(admin | overrides))
 
 
 class AdminClient(ApiClient):
