@@ -6,9 +6,11 @@
   session's public keys; ``jwks.publish(...)`` rotates them, ``jwks.fetches`` counts requests.
 - ``tokens``: mints real RS256/ES256 tokens (:class:`Minter`) — any claims, expired, foreign,
   ``alg=none``, HS256.
+- ``as_api_role``: a connection of the test's database as the API role ``core_jobs_api``.
 - ``api``: the app built from the settings like ``core-jobs api`` builds it, served by uvicorn on
   a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
-  (httpx) with ``as_operator(...)`` to send a token.
+  (httpx) with ``as_operator(...)`` to send a token; ``admin_api`` the same in admin mode
+  (issue 13), an :class:`AdminClient` with ``operator(...)`` for a resolver's token.
 """
 
 from __future__ import annotations
@@ -168,6 +170,16 @@ def serving(app: Any, settings: Any):
     from maintenance.api.server import running
 
     return running(app, settings)
+
+
+@pytest.fixture
+def as_api_role(database_url: str) -> Iterator[Any]:
+    """A connection of this test's database switched to the API role, as every API connection is."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute("SET ROLE core_jobs_api")
+        yield connection
 
 
 def running_api(settings: Any, tokens: Minter, client_class: type[ApiClient] = ApiClient) -> Iterator[ApiClient]:

@@ -14,14 +14,6 @@ from maintenance.runtime import migrate
 ROLE = "core_jobs_api"
 
 
-@pytest.fixture
-def as_api_role(database_url):
-    """A connection of this test's database switched to the API role, as every API connection is."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        connection.execute(f"SET ROLE {ROLE}")
-        yield connection
-
-
 @pytest.mark.parametrize(
     "statement",
     [

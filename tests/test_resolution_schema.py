@@ -9,7 +9,6 @@ from factories import add_execution
 from harness import reconciliation
 from harness.reconciliation import Close, Evidence, Resume
 
-ROLE = "core_jobs_api"
 UNCERTAIN = (("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),)
 EVIDENCE = Evidence("RESULT_VERIFIED", "CASE-7", "seen in the provider's console")
 
@@ -41,14 +40,6 @@ def resume(conn, execution_id, key="k-1"):
         consumers=published(),
         scopes=frozenset({"loyalty"}),
     )
-
-
-@pytest.fixture
-def as_api_role(database_url):
-    """A connection switched to the API role, as every API connection is."""
-    with psycopg.connect(database_url, autocommit=True) as connection:
-        connection.execute(f"SET ROLE {ROLE}")
-        yield connection
 
 
 @pytest.mark.parametrize(
