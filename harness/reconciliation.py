@@ -54,8 +54,7 @@ from psycopg.types.json import Json, Jsonb
 from pydantic import ValidationError
 
 from harness.consumer import Consumer
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope, InvalidPayload, check_payload
+from harness.queue import InvalidPayload, check_payload
 
 __all__ = [
     "MAX_REASON_CHARS",
@@ -128,6 +127,14 @@ UPDATE core.executions
 
 # CLOSE_WITHOUT_TRANSITION: its checkpoints go (snapshotted in the ledger): a replay starts afresh.
 REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id = %(id)s"
+
+# RESUME: the job published again, exactly as the execution keeps it (job id, queue, tenant, correlation
+# id, payload: harness.pgqueue.PUBLISH's columns), due now — copied from the locked row in one statement.
+REQUEUE_JOB = """
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, run_at)
+SELECT queue, job_id, tenant_id, correlation_id, payload, now()
+  FROM core.executions
+ WHERE id = %(id)s"""
 
 # The history's record of the resolution.
 INSERT_RESOLVED_EVENT = """
@@ -363,8 +370,12 @@ def resolve(
     body = canonical(command)
     print_ = fingerprint(body)
     with conn.transaction():
-        row = conn.execute(LOCK_EXECUTION, {"id": execution_id}).fetchone()
-        found = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key}).fetchone()
+        # One round trip for the reads: the lock first, so the others see what its holder committed.
+        with conn.pipeline():
+            locked = conn.execute(LOCK_EXECUTION, {"id": execution_id})
+            recorded = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key})
+            listed = conn.execute(CHECKPOINTS, {"id": execution_id})
+        row, found = locked.fetchone(), recorded.fetchone()
         scope = row[7] if row is not None else (found[2] if found is not None else None)
         if scope is None or scope not in scopes:
             raise ResolutionRefused("execution-not-found", f"no execution {execution_id} in your business scopes")
@@ -378,7 +389,7 @@ def resolve(
                 )
             return Resolution(status, response, replayed=True, command=command.name)
         assert row is not None
-        _id, job_id, consumer_name, queue, tenant_id, correlation_id, payload, _scope, status, _token = row
+        _id, job_id, consumer_name, _queue, _tenant, _correlation, _payload, _scope, status, _token = row
         if status != "RECONCILIATION_REQUIRED":
             raise ResolutionRefused(
                 "not-reconciliation-required",
@@ -392,7 +403,7 @@ def resolve(
                 f"the definition of consumer {consumer_name} is not published to this service; nothing was changed",
                 consumer=consumer_name,
             )
-        checkpoints = [_Checkpoint(*r) for r in conn.execute(CHECKPOINTS, {"id": execution_id}).fetchall()]
+        checkpoints = [_Checkpoint(*r) for r in listed.fetchall()]
         mismatches = _definition_mismatches(consumer, checkpoints)
         if mismatches:
             raise ResolutionRefused(
@@ -423,47 +434,50 @@ def resolve(
             "resolved_at": now.isoformat(),
             "recorded_results": sorted(to_record),
         }
-        conn.execute(
-            INSERT_RESOLUTION,
-            {
-                "id": execution_id,
-                "job_id": job_id,
-                "consumer": consumer_name,
-                "business_scope": scope,
-                "key": idempotency_key,
-                "operator": operator,
-                "command": command.name,
-                "body": Jsonb(body),
-                "fingerprint": print_,
-                "evidence_kind": command.evidence.kind,
-                "reference": command.evidence.reference,
-                "reason": command.evidence.reason,
-                "checkpoints": Jsonb([c.snapshot for c in checkpoints]),
-                "token": token,
-                "status_after": status_after,
-                "response_status": 200,
-                "response_body": Json(response),
-            },
-        )
-        if isinstance(command, Resume):
-            for action_name, result in to_record.items():
-                conn.execute(
-                    RECORD_RESULT, {"id": execution_id, "action": action_name, "result": Jsonb(result), "token": token}
-                )
-            conn.execute(RESUME_EXECUTION, {"id": execution_id, "token": token})
-        else:
-            reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
-            conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})
-            conn.execute(REMOVE_CHECKPOINTS, {"id": execution_id})
-        conn.execute(
-            INSERT_RESOLVED_EVENT,
-            {
-                "id": execution_id,
-                "token": token,
-                "detail": f"{command.name} {command.evidence.kind} by {operator}: {command.evidence.reference}",
-            },
-        )
-        if isinstance(command, Resume):
-            envelope = Envelope(job_id=job_id, payload=payload, tenant_id=tenant_id, correlation_id=correlation_id)
-            PgQueue(conn).publish_many([(queue, envelope)])
+        with conn.pipeline():  # the writes in one round trip; any failure rolls back all of them
+            conn.execute(
+                INSERT_RESOLUTION,
+                {
+                    "id": execution_id,
+                    "job_id": job_id,
+                    "consumer": consumer_name,
+                    "business_scope": scope,
+                    "key": idempotency_key,
+                    "operator": operator,
+                    "command": command.name,
+                    "body": Jsonb(body),
+                    "fingerprint": print_,
+                    "evidence_kind": command.evidence.kind,
+                    "reference": command.evidence.reference,
+                    "reason": command.evidence.reason,
+                    "checkpoints": Jsonb([c.snapshot for c in checkpoints]),
+                    "token": token,
+                    "status_after": status_after,
+                    "response_status": 200,
+                    "response_body": Json(response),
+                },
+            )
+            if isinstance(command, Resume):
+                for action_name, result in to_record.items():
+                    conn.execute(
+                        RECORD_RESULT,
+                        {"id": execution_id, "action": action_name, "result": Jsonb(result), "token": token},
+                    )
+                moved = conn.execute(RESUME_EXECUTION, {"id": execution_id, "token": token})
+            else:
+                reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
+                moved = conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})
+                conn.execute(REMOVE_CHECKPOINTS, {"id": execution_id})
+            conn.execute(
+                INSERT_RESOLVED_EVENT,
+                {
+                    "id": execution_id,
+                    "token": token,
+                    "detail": f"{command.name} {command.evidence.kind} by {operator}: {command.evidence.reference}",
+                },
+            )
+            if isinstance(command, Resume):
+                conn.execute(REQUEUE_JOB, {"id": execution_id})
+        if moved.rowcount != 1:  # it is locked and was RECONCILIATION_REQUIRED: cannot happen; roll back if it does
+            raise RuntimeError(f"execution {execution_id} changed under its lock; the resolution was rolled back")
     return Resolution(200, response, command=command.name)
