@@ -123,7 +123,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=400, help="per scenario")
     parser.add_argument("--background", type=int, default=100_000, help="untouched executions and ledger rows")
+    parser.add_argument("--clients", type=int, default=bench_api.CLIENTS, help="concurrent operators (default 8)")
     args = parser.parse_args()
+    bench_api.CLIENTS = args.clients
     server = os.environ.get("API_BENCH_DATABASE_URL", bench_api.DEFAULT_SERVER)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     n = args.requests + 40
