@@ -36,6 +36,9 @@
    ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
    the purge keeps the job's fences through every retry of a fence processed long ago.
 
+6. A consumer that declares actions (seed 002) runs as a durable execution instead of steps 2-5:
+   after step 1, :func:`harness.execution.run_execution` takes over (docs/durable-actions.md).
+
 Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
@@ -48,26 +51,22 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import psycopg
-from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
 from harness.errors import PermanentError, PoisonMessage, TransientError
+from harness.execution import run_execution
+from harness.fence import INSERT_FENCE, check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
 from harness.retry import RetryPolicy, compute_delay
 
-__all__ = ["INSERT_FENCE", "failure_outcome", "handle"]
+__all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
 
-# The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.
-INSERT_FENCE = """
-INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
-VALUES (%(job_id)s, %(consumer)s, %(tenant_id)s, now() + %(ttl)s)
-ON CONFLICT DO NOTHING
-RETURNING 1
-"""
+# A durable execution's lease when the caller gives none: the worker's default (harness/worker.py).
+DEFAULT_LEASE = timedelta(seconds=30)
 
 
 class DeliveriesExhausted(Exception):
@@ -83,8 +82,12 @@ def handle(
     fence_ttl: timedelta,
     metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
+    lease: timedelta = DEFAULT_LEASE,
 ) -> Outcome:
-    """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring."""
+    """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring.
+
+    ``lease`` is the worker's lease, which a durable consumer's execution takes (harness/execution.py).
+    """
     if fence_ttl <= timedelta(0):
         raise ValueError(f"fence_ttl must be positive, got {fence_ttl}")
     envelope = delivery.envelope
@@ -96,6 +99,18 @@ def handle(
         why = _describe_validation(exc) if isinstance(exc, ValidationError) else describe_error(exc)
         poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
+    if consumer.durable:
+        return run_execution(
+            conn,
+            consumer,
+            delivery,
+            payload,
+            policy=policy,
+            fence_ttl=fence_ttl,
+            lease=lease,
+            metrics=metrics,
+            random=random,
+        )
 
     context = JobContext(
         job_id=envelope.job_id,
@@ -124,7 +139,7 @@ def handle(
                         "the handler raised psycopg.Rollback: its work and the fence were rolled"
                         " back, so nothing was committed"
                     ) from exc
-                _check_work_transaction(conn)
+                check_work_transaction(conn)
                 if envelope.replay_of is not None:
                     mark_replay_handled(conn, envelope.replay_of, "processed")
     except KeyboardInterrupt:
@@ -187,25 +202,6 @@ def _past_the_budget(
         " never settled (the worker died or lost its lease each time), so the handler is not run again"
     )
     return _dead_letter(consumer, delivery, "exhausted", error, metrics)
-
-
-def _check_work_transaction(conn: psycopg.Connection) -> None:
-    """Refuse to commit unless the handler left the fence's transaction open and healthy.
-
-    A swallowed database error leaves it aborted: psycopg's COMMIT would then silently roll
-    back, and the job would be acked with nothing done. A COMMIT or ROLLBACK run by the handler
-    ends it early: writes after that escape the fence, so a retry could apply them twice.
-    """
-    status = conn.info.transaction_status
-    if status == TransactionStatus.INERROR:
-        raise TransientError(
-            "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
-        )
-    if status == TransactionStatus.IDLE:
-        raise PermanentError(
-            "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
-            " escaped the fence, so the job is not retried; fix the handler, then review the job"
-        )
 
 
 def _dead_letter(

@@ -30,6 +30,11 @@ handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
+A durable consumer's delivery (harness/execution.py) takes its execution under the worker's
+``lease`` too. ``Held`` (the execution is RECONCILIATION_REQUIRED) is acked with the batch's
+successes and logged ``harness.execution.held``; ``Stale`` (another worker took the execution)
+settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
+
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
 ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
@@ -55,7 +60,7 @@ from harness.handling import handle
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import connect
 from harness.pgqueue import PgQueue
-from harness.queue import Acked, DeadLettered, Delivery, Duplicate, RetryAfter, settle
+from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
 from harness.retry import RetryPolicy
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
@@ -92,6 +97,8 @@ class WorkerStats:
     dead_lettered: int = 0
     leases_lost: int = 0
     released: int = 0
+    held: int = 0  # durable executions parked RECONCILIATION_REQUIRED (acked)
+    stale: int = 0  # durable executions this worker lost to another (nothing settled)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -106,6 +113,8 @@ class WorkerStats:
             "num_dead_lettered": self.dead_lettered,
             "num_leases_lost": self.leases_lost,
             "num_released": self.released,
+            "num_held": self.held,
+            "num_stale": self.stale,
         }
 
 
@@ -193,7 +202,13 @@ class Worker:
 
     def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
         outcome = handle(
-            conn, self.consumer, delivery, policy=self.policy, fence_ttl=self.config.fence_ttl, metrics=self.metrics
+            conn,
+            self.consumer,
+            delivery,
+            policy=self.policy,
+            fence_ttl=self.config.fence_ttl,
+            metrics=self.metrics,
+            lease=self.config.lease,
         )
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
@@ -205,6 +220,15 @@ class Worker:
             "attempt": delivery.attempt,
             "correlation_id": delivery.envelope.correlation_id,
         }
+        if isinstance(outcome, Held):  # acked with the batch's successes: the execution waits for an operator
+            done.append(delivery)
+            self.stats.add("held")
+            log.warning("harness.execution.held", **fields, execution_id=outcome.execution_id, reason=outcome.reason)
+            return
+        if isinstance(outcome, Stale):  # another worker owns the execution: settle nothing
+            self.stats.add("stale")
+            log.warning("harness.execution.stale", **fields, execution_id=outcome.execution_id)
+            return
         if not settle(queue, delivery, outcome):
             self.stats.add("leases_lost")
             log.warning("harness.job.lease_lost", **fields)

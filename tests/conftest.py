@@ -34,8 +34,9 @@ from maintenance.settings import ENV_PREFIX
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
-# (chart), and the operations API's keys, JWKS server, tokens and running API (api_support).
-pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support"]
+# (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
+# loyalty ledger of the durable-action tests (ledger_support).
+pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support", "ledger_support"]
 
 
 def _docker_answers() -> bool:
@@ -166,7 +167,7 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
 
 
 # Fixtures a pure test may not use: PostgreSQL and the local HTTP peers.
-NOT_PURE_FIXTURES = ("pg_server_url", "bs_server", "fake_bs", "httpserver")
+NOT_PURE_FIXTURES = ("pg_server_url", "bs_server", "fake_bs", "httpserver", "ledger")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

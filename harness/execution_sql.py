@@ -1,0 +1,140 @@
+"""The SQL of durable executions (harness/execution.py), written out whole, one statement each.
+
+Fencing: every write of a worker after its take matches ``id``, its ``fencing_token`` and
+``lease_expires_at > now()`` (PostgreSQL's clock), and the first statement of each of its
+transactions renews the lease while it locks the row (:data:`RENEW_LEASE_AND_RECORD`), so a
+take-over waits for that transaction and then finds the lease live. A statement that matches
+nothing means the worker is stale: the transaction is rolled back and nothing changes.
+"""
+
+from __future__ import annotations
+
+# The take, 1/4: the execution of a job's first delivery (a redelivery finds it and inserts nothing).
+INSERT_EXECUTION = """
+INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
+VALUES (%(job_id)s, %(consumer)s, %(queue)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(business_scope)s)
+ON CONFLICT (job_id, consumer) DO NOTHING
+"""
+
+# The take, 2/4: lock it (waits for a worker's transaction on it) and read its state on PostgreSQL's clock.
+LOCK_EXECUTION = """
+SELECT id, status, takes, reason,
+       lease_expires_at > now() AS leased,
+       greatest(lease_expires_at - now(), interval '0') AS lease_left,
+       run_at > now() AS not_due,
+       greatest(run_at - now(), interval '0') AS wait_left
+  FROM core.executions
+ WHERE job_id = %(job_id)s AND consumer = %(consumer)s
+   FOR UPDATE
+"""
+
+# The take, 3/4: the fence probe, after the lock (so it sees a success committed while we waited).
+FENCE_EXISTS = """
+SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s)
+"""
+
+# A replay of a FAILED execution starts it again: PENDING, its crash-loop count reset.
+RESTART_FAILED = """
+UPDATE core.executions
+   SET status = 'PENDING', takes = 0, reason = NULL, reason_action = NULL, run_at = now()
+ WHERE id = %(id)s AND status = 'FAILED'
+"""
+
+# A replay keeps the SUCCEEDED checkpoints (never run again, R-3) and forgets the failed attempts.
+FORGET_FAILED_CHECKPOINTS = """
+DELETE FROM core.execution_checkpoints WHERE execution_id = %(id)s AND status = 'FAILED'
+"""
+
+# The take, 4/4: a new fencing token and a lease; RUNNING → RUNNING is a take-over.
+TAKE_EXECUTION = """
+UPDATE core.executions
+   SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+       lease_expires_at = now() + %(lease)s::interval, leased_by = %(worker)s, takes = takes + 1
+ WHERE id = %(id)s
+RETURNING fencing_token, takes
+"""
+
+# A take-over's record in the history, with the new token.
+RECORD_TAKE_OVER = """
+INSERT INTO core.execution_events (execution_id, kind, fencing_token, detail)
+VALUES (%(id)s, 'TAKEN_OVER', %(token)s, %(detail)s)
+"""
+
+# The checkpoints of an execution in action order, as the take found them.
+LOAD_CHECKPOINTS = """
+SELECT action, status, attempts, result
+  FROM core.execution_checkpoints
+ WHERE execution_id = %(id)s
+ ORDER BY position
+"""
+
+# Failed attempts of the final write so far, counted from the history since its last FAILED (a
+# replay starts the count again).
+COUNT_FINAL_RETRIES = """
+SELECT count(*) FROM core.execution_events
+ WHERE execution_id = %(id)s AND kind = 'RETRY_SCHEDULED' AND action IS NULL
+   AND id > coalesce((SELECT max(id) FROM core.execution_events WHERE execution_id = %(id)s AND kind = 'FAILED'), 0)
+"""
+
+# The first statement of every later transaction of a worker: renew the lease if this worker
+# still holds it (locking the row), and write checkpoints (parallel arrays, possibly empty) under
+# that same guard. held = 0: stale, roll back.
+RENEW_LEASE_AND_RECORD = """
+WITH held AS (
+    UPDATE core.executions
+       SET lease_expires_at = now() + %(lease)s::interval
+     WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
+    RETURNING id, fencing_token
+), written AS (
+    INSERT INTO core.execution_checkpoints AS c
+           (execution_id, action, position, effect, status, attempts, result, last_error, fencing_token, finished_at)
+    SELECT held.id, k.action, k.position, k.effect, k.status, k.attempts, k.result, k.last_error, held.fencing_token,
+           CASE WHEN k.status = 'STARTED' THEN NULL ELSE now() END
+      FROM held,
+           unnest(%(actions)s::text[], %(positions)s::smallint[], %(effects)s::text[], %(statuses)s::text[],
+                  %(attempts)s::integer[], %(results)s::jsonb[], %(errors)s::text[])
+           AS k(action, position, effect, status, attempts, result, last_error)
+    ON CONFLICT (execution_id, action) DO UPDATE
+       SET status = EXCLUDED.status, attempts = EXCLUDED.attempts, result = EXCLUDED.result,
+           last_error = coalesce(EXCLUDED.last_error, c.last_error), fencing_token = EXCLUDED.fencing_token,
+           started_at = CASE WHEN EXCLUDED.status = 'STARTED' THEN now() ELSE c.started_at END,
+           finished_at = EXCLUDED.finished_at
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM held) AS held, (SELECT count(*) FROM written) AS written
+"""
+
+# RETRY_WAIT (R-1): the new run_at on PostgreSQL's clock and its RETRY_SCHEDULED record, fenced.
+SCHEDULE_RETRY = """
+WITH moved AS (
+    UPDATE core.executions
+       SET status = 'RETRY_WAIT', lease_expires_at = NULL, leased_by = NULL, run_at = now() + %(delay)s::interval
+     WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
+    RETURNING id, fencing_token, run_at
+)
+INSERT INTO core.execution_events (execution_id, kind, action, attempt, fencing_token, run_at, detail)
+SELECT id, 'RETRY_SCHEDULED', %(action)s, %(attempt)s, fencing_token, run_at, %(detail)s FROM moved
+RETURNING run_at
+"""
+
+# FAILED or RECONCILIATION_REQUIRED, with the reason and its record in the history, fenced.
+SETTLE_EXECUTION = """
+WITH moved AS (
+    UPDATE core.executions
+       SET status = %(status)s, lease_expires_at = NULL, leased_by = NULL,
+           reason = %(reason)s, reason_action = %(action)s
+     WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
+    RETURNING id, fencing_token
+)
+INSERT INTO core.execution_events (execution_id, kind, action, attempt, fencing_token, detail)
+SELECT id, %(status)s, %(action)s, %(attempt)s, fencing_token, %(reason)s FROM moved
+RETURNING 1
+"""
+
+# Success (J-AC8): the final transaction deletes the execution (its checkpoints and history go
+# with it, ON DELETE CASCADE), fenced; nothing deleted → stale → the whole transaction rolls back.
+DELETE_EXECUTION = """
+DELETE FROM core.executions
+ WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
+RETURNING id
+"""
