@@ -12,7 +12,8 @@ Commands (there is no field to choose a target state: the command decides it):
   becomes ``SUCCEEDED`` with its result (checked through the action's ``output`` contract); a
   ``SUCCEEDED`` one may be named only with the same result; nothing else may be named (no invented
   actions, no duplicates, no action the worker has still to run, none declared ``verified_only``);
-  no uncertainty may be left. The execution goes ``PENDING`` (``run_at = now()``) and its job is
+  no uncertainty may be left. The execution goes ``PENDING`` (``run_at = now()``, its take count
+  reset as a replay does, so a job parked by the crash-loop bound can finish) and its job is
   published again (same job id, queue, tenant, correlation id and payload): the worker skips the
   succeeded actions and finishes normally, with the published definition.
 - :class:`Close` (``CLOSE_WITHOUT_TRANSITION``) with evidence ``ABSENT_VERIFIED`` (the write did
@@ -113,10 +114,12 @@ UPDATE core.execution_checkpoints
    SET status = 'SUCCEEDED', result = %(result)s, last_error = NULL, fencing_token = %(token)s, finished_at = now()
  WHERE execution_id = %(id)s AND action = %(action)s AND status = 'UNCERTAIN'"""
 
-# RESUME: back to PENDING with the new token, due now (the guard checks the ledger row).
+# RESUME: back to PENDING with the new token, due now (the guard checks the ledger row). The take
+# count starts again, as after a replay: a job parked by the crash-loop bound must be able to finish.
 RESUME_EXECUTION = """
 UPDATE core.executions
-   SET status = 'PENDING', fencing_token = %(token)s, run_at = now(), reason = NULL, reason_action = NULL
+   SET status = 'PENDING', fencing_token = %(token)s, run_at = now(), reason = NULL, reason_action = NULL,
+       takes = 0
  WHERE id = %(id)s AND status = 'RECONCILIATION_REQUIRED'"""
 
 # CLOSE_WITHOUT_TRANSITION: FAILED with the new token and a reason naming the resolution.

@@ -332,6 +332,14 @@ def test_resume_records_the_verified_result_and_requeues_the_job(admin_api, conn
     ).fetchall() == [("EXECUTION_RESOLVED", token)]
 
 
+def test_resume_starts_the_take_count_again_so_a_crash_looped_job_can_finish(admin_api, conn):
+    """An execution parked after many takes (the crash-loop bound) is PENDING with takes 0 after RESUME, as after a replay."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
+    conn.execute("UPDATE core.executions SET takes = 40 WHERE id = %s", (execution_id,))
+    assert post(admin_api, execution_id, RESUME).status_code == 200
+    assert scalar(conn, "SELECT takes FROM core.executions WHERE id = %s", (execution_id,)) == 0
+
+
 def test_resume_may_restate_a_succeeded_result_which_stays_as_it_was(admin_api, conn):
     """A SUCCEEDED action named with its same result is accepted and not recorded again."""
     execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)

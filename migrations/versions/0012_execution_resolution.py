@@ -163,7 +163,7 @@ END $$;
 
 GRANT_API_ROLE = f"""
 -- A resolution: the execution's state columns (FOR UPDATE needs UPDATE on a column too) ...
-GRANT UPDATE (status, fencing_token, run_at, reason, reason_action) ON core.executions TO {API_ROLE};
+GRANT UPDATE (status, fencing_token, run_at, reason, reason_action, takes) ON core.executions TO {API_ROLE};
 -- ... the verified results of its checkpoints, and their removal by a CLOSE ...
 GRANT UPDATE (status, result, last_error, fencing_token, finished_at), DELETE
     ON core.execution_checkpoints TO {API_ROLE};
