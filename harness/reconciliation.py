@@ -352,6 +352,14 @@ def _close_problems(checkpoints: list[_Checkpoint], command: Close) -> list[str]
     return []
 
 
+def _statement_problems(command: Command) -> list[str]:
+    """The evidence rules, and the evidence kind each command takes."""
+    kinds = (RESULT_VERIFIED,) if isinstance(command, Resume) else (ABSENT_VERIFIED, COMPENSATED_VERIFIED)
+    problems = [] if command.evidence.kind in kinds else [f"{command.name} takes evidence {' or '.join(kinds)}"]
+    problems += evidence_problems("reference", command.evidence.reference, MAX_REFERENCE_CHARS)
+    return problems + evidence_problems("reason", command.evidence.reason, MAX_REASON_CHARS)
+
+
 # --- the operation -------------------------------------------------------------------------------
 def resolve(
     conn: psycopg.Connection,
@@ -370,6 +378,9 @@ def resolve(
     by consumer name. An execution outside ``scopes`` is reported as not found, like a missing one.
     Raises :class:`ResolutionRefused` (nothing applied).
     """
+    statement_problems = _statement_problems(command)
+    if statement_problems:  # the API's model refuses these first; a caller in code gets the same rules
+        raise ResolutionRefused("invalid-command", "; ".join(statement_problems), problems=statement_problems)
     body = canonical(command)
     print_ = fingerprint(body)
     with conn.transaction():

@@ -29,8 +29,8 @@ def published():
     return {ledger_points.name: ledger_points}
 
 
-def resume(conn, execution_id, key="k-1"):
-    command = Resume(results=(("notify", {"message_id": "m-1"}),), evidence=EVIDENCE)
+def resolve(conn, execution_id, command, key="k-1"):
+    """``command`` applied by operator ops:ana of scope loyalty, with the tests' published definition."""
     return reconciliation.resolve(
         conn,
         execution_id=execution_id,
@@ -40,6 +40,10 @@ def resume(conn, execution_id, key="k-1"):
         consumers=published(),
         scopes=frozenset({"loyalty"}),
     )
+
+
+def resume(conn, execution_id, evidence=EVIDENCE):
+    return resolve(conn, execution_id, Resume(results=(("notify", {"message_id": "m-1"}),), evidence=evidence))
 
 
 @pytest.mark.parametrize(
@@ -95,16 +99,7 @@ def test_the_api_role_can_resolve_with_its_own_grants(as_api_role, conn):
     closed = add_execution(conn, checkpoints=UNCERTAIN)
     assert resume(as_api_role, resumed).body["status"] == "PENDING"
     command = Close(evidence=Evidence("ABSENT_VERIFIED", "CASE-8", "the provider has no such message"))
-    outcome = reconciliation.resolve(
-        as_api_role,
-        execution_id=closed,
-        idempotency_key="k-2",
-        operator="ops:ana",
-        command=command,
-        consumers=published(),
-        scopes=frozenset({"loyalty"}),
-    )
-    assert outcome.body["status"] == "FAILED"
+    assert resolve(as_api_role, closed, command, key="k-2").body["status"] == "FAILED"
     assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
 
 
@@ -144,3 +139,22 @@ def test_the_api_role_cannot_do_what_a_resolution_does_not_need(as_api_role, con
     execution_id = add_execution(conn, checkpoints=UNCERTAIN)
     with pytest.raises(psycopg.errors.InsufficientPrivilege):
         as_api_role.execute(statement.format(id=execution_id))
+
+
+@pytest.mark.parametrize(
+    "evidence, problem",
+    [
+        (Evidence("ABSENT_VERIFIED", "CASE-7", "checked"), "RESUME takes evidence RESULT_VERIFIED"),
+        (Evidence("RESULT_VERIFIED", " ", "checked"), "reference must not be blank"),
+        (Evidence("RESULT_VERIFIED", "CASE-7", "Bearer abcdefghijklmnopqrstu"), "reason looks like a Bearer"),
+    ],
+    ids=["wrong-kind", "blank-reference", "secret-reason"],
+)
+def test_a_caller_in_code_gets_the_evidence_rules_too(conn, evidence, problem):
+    """resolve() itself refuses evidence the API's model would refuse, before touching the database."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN)
+    with pytest.raises(reconciliation.ResolutionRefused, match=problem):
+        resume(conn, execution_id, evidence)
+    assert conn.execute("SELECT status FROM core.executions WHERE id = %s", (execution_id,)).fetchone()[0] == (
+        "RECONCILIATION_REQUIRED"
+    )

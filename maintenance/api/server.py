@@ -4,7 +4,10 @@ Start: the settings are checked (a key source, the issuer and the audience are r
 2 naming what is missing), the key file is read, the socket is bound (``--host``/``--port`` or
 ``CORE_JOBS_API_HOST``/``_PORT``; port 0 picks a free one) and ``maintenance.api.started`` is
 logged with the address actually bound. The database pool opens in the background: the API
-starts even while the database is down, and ``/readyz`` answers 503 until it is reachable.
+starts even while the database is down, and ``/readyz`` answers 503 until it is reachable —
+except in admin mode (``CORE_JOBS_ADMIN_ENABLED``): then it first loads the published
+definitions and checks, on one connection set up like the pool's, that it runs as the restricted
+API role (:mod:`maintenance.api.admin`; exit 2 otherwise).
 
 Stop: on SIGTERM (or SIGINT) ``maintenance.api.stopping`` is logged, the server stops accepting
 connections, lets the requests in flight finish — each is one transaction, so none is cut in
