@@ -42,6 +42,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import class_row
 
+from harness.keyset import fetch_page
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
@@ -362,16 +363,11 @@ def list_page(
         raise OperationRefused([f"limit must be at least 1, got {limit}"])
     params = {
         **where.__dict__,
-        "limit": limit + 1,  # one more tells whether a next page exists
         "after_created_at": after.created_at if after else None,
         "after_id": after.id if after else None,
     }
-    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
-        rows = cur.execute(LIST_PAGE, params, prepare=False).fetchall()
-    if len(rows) <= limit:
-        return Page(rows=rows, next=None)
-    rows = rows[:limit]
-    return Page(rows=rows, next=Position(created_at=rows[-1].created_at, id=rows[-1].id))
+    rows, more = fetch_page(conn, DeadLetterRow, LIST_PAGE, params, limit)
+    return Page(rows=rows, next=Position(created_at=rows[-1].created_at, id=rows[-1].id) if more else None)
 
 
 def get_row(conn: psycopg.Connection, dead_letter_id: int) -> DeadLetterRow | None:

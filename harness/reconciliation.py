@@ -27,7 +27,8 @@ turns, the second finds it resolved); the idempotency check in the ledger (same 
 key: the same canonical command from the same operator gets the original response, even after
 the execution succeeded and was deleted; anything else is refused); the state; the published
 definition; then a new fencing token, the ledger row, the checkpoints, the execution, the
-``EXECUTION_RESOLVED`` event and the re-queue commit together or not at all. The database
+``EXECUTION_RESOLVED`` event (written by the ledger's trigger) and the re-queue commit together
+or not at all. The database
 refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger row (migration
 ``0012_execution_resolution``), and every write of a worker holding the old token matches
 nothing.
@@ -138,11 +139,6 @@ INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, paylo
 SELECT queue, job_id, tenant_id, correlation_id, payload, now()
   FROM core.executions
  WHERE id = %(id)s"""
-
-# The history's record of the resolution.
-INSERT_RESOLVED_EVENT = """
-INSERT INTO core.execution_events (execution_id, kind, fencing_token, detail)
-VALUES (%(id)s, 'EXECUTION_RESOLVED', %(token)s, %(detail)s)"""
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -482,14 +478,6 @@ def resolve(
                 reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
                 moved = conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})
                 conn.execute(REMOVE_CHECKPOINTS, {"id": execution_id})
-            conn.execute(
-                INSERT_RESOLVED_EVENT,
-                {
-                    "id": execution_id,
-                    "token": token,
-                    "detail": f"{command.name} {command.evidence.kind} by {operator}: {command.evidence.reference}",
-                },
-            )
             if isinstance(command, Resume):
                 conn.execute(REQUEUE_JOB, {"id": execution_id})
         if moved.rowcount != 1:  # it is locked and was RECONCILIATION_REQUIRED: cannot happen; roll back if it does

@@ -11,6 +11,7 @@
   a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
   (httpx) with ``as_operator(...)`` to send a token; ``admin_api`` the same in admin mode
   (issue 13), an :class:`AdminClient` with ``operator(...)`` for a resolver's token.
+- :func:`assert_problem`: an answer is the problem+json of that status and type.
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from maintenance.api.auth import DISCARD, READ, REPLAY
+from maintenance.api.auth import DISCARD, EXECUTIONS_READ, READ, REPLAY
 
 ISSUER = "https://id.ops.example/"
 AUDIENCE = "core-jobs-api"
 OPERATOR = "ops:ana@example.com"
-ALL_PERMISSIONS = (READ, REPLAY, DISCARD)
+PROBLEM = "urn:core-jobs:problem:"
+ALL_PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
 
 
 @dataclass(frozen=True)
@@ -228,3 +230,12 @@ class AdminClient(ApiClient):
 def admin_api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
     """The API in admin mode on this test's database, over real HTTP; a client with an operator's token."""
     yield from running_api(admin_settings(database_url, jwks.url), tokens, AdminClient)
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    """``response`` is an application/problem+json answer of ``status`` and type ``slug``; its body."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["type"] == PROBLEM + slug and body["status"] == status
+    return body

@@ -214,6 +214,13 @@ SELECT %(id)s, %(action)s, %(position)s, %(effect)s, %(status)s, %(attempts)s, %
        CASE WHEN %(status)s = 'STARTED' THEN NULL ELSE now() END
   FROM core.executions AS e WHERE e.id = %(id)s"""
 
+# One entry of an execution's history, under its current token; a RETRY_SCHEDULED one runs 4 s from now.
+INSERT_EXECUTION_EVENT = """
+INSERT INTO core.execution_events (execution_id, kind, action, attempt, fencing_token, run_at, detail)
+SELECT e.id, %(kind)s, %(action)s, 1, e.fencing_token,
+       CASE WHEN %(kind)s = 'RETRY_SCHEDULED' THEN now() + interval '4 seconds' END, %(detail)s
+  FROM core.executions AS e WHERE e.id = %(id)s"""
+
 # Back-date when an execution entered its state (the alert feed and the metrics read its age).
 BACKDATE_EXECUTION = """
 ALTER TABLE core.executions DISABLE TRIGGER executions_guard;
@@ -235,8 +242,11 @@ def add_execution(
     reason: str = "notify: the worker was lost while the request may have been sent",
     reason_action: str | None = "notify",
     age: str | None = None,
+    events: tuple[tuple[str, str | None], ...] = (),
 ) -> int:
     """One execution in ``status`` with ``checkpoints`` ``(action, effect, status, result)`` in order; its id.
+
+    ``events`` ``(kind, action)`` are written to its history in that order, after the checkpoints.
 
     ``age`` back-dates when it entered that state (by disabling the guard trigger for one
     statement: a test arranging the past, not a writer the database must accept).
@@ -269,6 +279,10 @@ def add_execution(
                 "result": Jsonb(result) if checkpoint_status == "SUCCEEDED" else None,
                 "error": "TransientError: ledger timeout" if checkpoint_status in ("FAILED", "UNCERTAIN") else None,
             },
+        )
+    for kind, action in events:
+        conn.execute(
+            INSERT_EXECUTION_EVENT, {"id": execution_id, "kind": kind, "action": action, "detail": f"{kind} (factory)"}
         )
     if status not in ("PENDING", "RUNNING"):
         conn.execute(

@@ -8,11 +8,11 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from api_support import assert_problem
 from factories import QUEUE, add_dead_letters
 from harness_support import scalar
 
 BASE = "/v1/core/dead-letters"
-PROBLEM = "urn:core-jobs:problem:"
 
 
 def ledger(conn):
@@ -23,14 +23,6 @@ def ledger(conn):
 
 def status_of(conn, dead_letter_id):
     return scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (dead_letter_id,))
-
-
-def assert_problem(response, status, slug):
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
-    assert body["type"] == PROBLEM + slug and body["status"] == status
-    return body
 
 
 # --- list ---------------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import secrets
 
 import psycopg
 import pytest
-from factories import QUEUE, add_dead_letters
+from factories import QUEUE, add_dead_letters, add_execution
 from psycopg import sql
 
 from maintenance.runtime import migrate
@@ -104,3 +104,56 @@ def test_the_role_is_dropped_when_no_database_uses_it_any_more(conn):
     conn.execute(sql.SQL("REVOKE ALL ON core.dead_letters FROM {}").format(sql.Identifier(role)))
     conn.execute(drop.format(role=role))
     assert conn.execute("SELECT count(*) FROM pg_roles WHERE rolname = %s", (role,)).fetchone()[0] == 0
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "UPDATE core.executions SET status = 'PENDING' WHERE id = {id}",
+        "UPDATE core.executions SET payload = '{{\"points\": 1000000}}' WHERE id = {id}",
+        "DELETE FROM core.executions WHERE id = {id}",
+        "INSERT INTO core.executions (job_id, consumer, queue, tenant_id, payload)"
+        " VALUES (gen_random_uuid(), 'c', 'q', gen_random_uuid(), '{{}}')",
+        "UPDATE core.execution_checkpoints SET status = 'SUCCEEDED', result = '{{}}' WHERE execution_id = {id}",
+        "DELETE FROM core.execution_checkpoints WHERE execution_id = {id}",
+        "INSERT INTO core.execution_events (execution_id, kind, fencing_token) VALUES ({id}, 'FAILED', 1)",
+    ],
+    ids=[
+        "release-execution",
+        "change-execution-payload",
+        "delete-execution",
+        "insert-execution",
+        "forge-checkpoint",
+        "delete-checkpoint",
+        "forge-event",
+    ],
+)
+def test_the_api_role_may_only_read_executions(as_api_role, conn, statement):
+    """Outside a resolution the API role cannot move, change, add or delete an execution or its rows.
+
+    Refused by a grant, or — for the columns a resolution writes (0012) — by the database's guard
+    of the API role, which allows them only in a resolution recorded in the ledger.
+    """
+    execution = add_execution(conn, checkpoints=(("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),))
+    with pytest.raises((psycopg.errors.InsufficientPrivilege, psycopg.errors.CheckViolation)):
+        as_api_role.execute(statement.format(id=execution))
+    assert conn.execute("SELECT status, payload->>'points' FROM core.executions").fetchall() == [
+        ("RECONCILIATION_REQUIRED", "10")
+    ]
+    assert conn.execute("SELECT status FROM core.execution_checkpoints").fetchall() == [("UNCERTAIN",)]
+
+
+def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, conn):
+    """A page and a detail with its checkpoints and history, read as core_jobs_api (0010's grants)."""
+    from harness import execution_views
+
+    execution = add_execution(
+        conn,
+        checkpoints=(("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),),
+        events=(("RECONCILIATION_REQUIRED", "notify"),),
+    )
+    assert [r.id for r in execution_views.list_executions(as_api_role).rows] == [execution]
+    detail = execution_views.get_execution(as_api_role, execution)
+    assert detail is not None
+    assert [c.action for c in detail.checkpoints] == ["notify"]
+    assert [e.kind for e in detail.events] == ["RECONCILIATION_REQUIRED"]

@@ -2,9 +2,9 @@
 
 Every documented operation is called with generated requests — valid and invalid parameters
 and bodies — authenticated with a token of every permission, over real HTTP against a real
-PostgreSQL holding a few dead letters; and the resolve operation of admin mode (issue 13) with an
-operator's token and a few executions. Each response must be documented (status code, media
-type, schema) and none may be a server error. The number of examples is bounded
+PostgreSQL holding a few dead letters and executions (with checkpoints and history); and the
+resolve operation of admin mode (issue 13) with an operator's token and a few executions. Each
+response must be documented (status code, media type, schema) and none may be a server error. The number of examples is bounded
 (``EXAMPLES`` per operation) so that the suite stays quick.
 
 One check is left out: ``positive_data_acceptance`` (every schema-valid request gets 2xx or
@@ -36,7 +36,7 @@ def _document(*, admin: bool = False) -> dict:
 
 schema = schemathesis.openapi.from_dict(_document())
 # Admin mode (issue 13): the operation that exists only there.
-admin_schema = schemathesis.openapi.from_dict(_document(admin=True)).include(path_regex="/executions/")
+admin_schema = schemathesis.openapi.from_dict(_document(admin=True)).include(path_regex="/resolve$")
 PLACEHOLDER = "Bearer operator-token"  # cases are built at collection, before a token can be minted
 
 
@@ -54,9 +54,19 @@ class OperatorToken:
 
 @pytest.fixture
 def seeded_api(api, conn):
-    """The running API with a few dead letters, pending, in two queues; its token for OperatorToken."""
+    """The running API with a few dead letters, pending, in two queues, and executions in every state; its token for OperatorToken."""
     add_dead_letters(conn, QUEUE, 5)
     add_dead_letters(conn, "q", 3)
+    for status in ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED"):
+        add_execution(
+            conn,
+            status=status,
+            checkpoints=(
+                ("lookup", "READ_ONLY", "SUCCEEDED", {"tier": "gold"}),
+                ("notify", "NON_IDEMPOTENT_WRITE", "STARTED", None),
+            ),
+            events=(("RETRY_SCHEDULED", "lookup"),),
+        )
     return api
 
 
@@ -123,6 +133,8 @@ def test_the_document_covers_every_endpoint_of_the_spec(api):
         "/v1/core/dead-letters/{id}/discard",
         "/v1/core/dead-letters/replay",
         "/v1/core/dead-letters/discard",
+        "/v1/core/executions",
+        "/v1/core/executions/{id}",
         "/healthz",
         "/readyz",
     }

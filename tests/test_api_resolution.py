@@ -7,12 +7,11 @@ import uuid
 
 import psycopg
 import pytest
-from api_support import OPERATOR
+from api_support import OPERATOR, assert_problem
 from factories import add_execution
 from harness_support import row_counts, scalar
 from waiting import wait_until
 
-PROBLEM = "urn:core-jobs:problem:"
 UNCERTAIN_NOTIFY = (
     ("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1"}),
     ("credit", "IDEMPOTENT_WRITE", "SUCCEEDED", {"receipt_id": "r-1", "points": 10}),
@@ -43,14 +42,6 @@ def post(client, execution_id, body, key="key-1", **kwargs):
     if key is not None:
         headers["Idempotency-Key"] = key
     return client.post(path(execution_id), json=body, headers=headers, **kwargs)
-
-
-def assert_problem(response, status, slug):
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    body = response.json()
-    assert body["type"] == PROBLEM + slug and body["status"] == status, body
-    return body
 
 
 def execution(conn, execution_id):

@@ -140,6 +140,7 @@ DATABASE_COMMANDS = {
     "migrate": ["migrate"],
     "downgrade": ["downgrade", "base"],
     "dead-letters list": ["dead-letters", "list"],
+    "executions list": ["executions", "list"],
     "enqueue": ["enqueue", "points.credit", "--payload", "{}"],
     "worker": ["worker", "--consumer", "harness.examples.points:consumer", "--once"],
     "check-config": ["check-config"],
@@ -174,7 +175,7 @@ print(json.dumps([code, sorted(set(sys.modules) & set(sys.argv[1].split(",")))])
 """
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["check-config"], ["dead-letters", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["check-config"], ["dead-letters", "--help"], ["executions", "--help"]])
 def test_a_command_that_never_migrates_or_schedules_imports_no_alembic_sqlalchemy_or_scheduler(clean_env, argv):
     """`core-jobs --help`, `check-config` and `dead-letters --help` load none of Alembic, SQLAlchemy, APScheduler's scheduler."""
     done = subprocess.run(

@@ -351,6 +351,8 @@ def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
         ["enqueue", QUEUE, "--payload", "{}"],
         ["dead-letters", "replay", "1"],
         ["dead-letters", "discard", "1", "--reason", "x"],
+        ["executions", "list"],
+        ["executions", "show", "1"],
     ],
 )
 def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv):

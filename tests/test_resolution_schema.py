@@ -119,6 +119,7 @@ def test_the_api_role_can_resolve_with_its_own_grants(as_api_role, conn):
         "INSERT INTO core.executions (job_id, consumer, queue, tenant_id, payload)"
         " VALUES (gen_random_uuid(), 'c', 'q', gen_random_uuid(), '{{}}')",
         "SELECT count(*) FROM core.processed_jobs",
+        "INSERT INTO core.execution_events (execution_id, kind, fencing_token) VALUES ({id}, 'EXECUTION_RESOLVED', 1)",
     ],
     ids=[
         "change-payload",
@@ -132,6 +133,7 @@ def test_the_api_role_can_resolve_with_its_own_grants(as_api_role, conn):
         "delete-ledger",
         "insert-execution",
         "read-fences",
+        "forge-resolved-event",
     ],
 )
 def test_the_api_role_cannot_do_what_a_resolution_does_not_need(as_api_role, conn, statement):
@@ -158,3 +160,35 @@ def test_a_caller_in_code_gets_the_evidence_rules_too(conn, evidence, problem):
     assert conn.execute("SELECT status FROM core.executions WHERE id = %s", (execution_id,)).fetchone()[0] == (
         "RECONCILIATION_REQUIRED"
     )
+
+
+@pytest.mark.parametrize(
+    "status, statement",
+    [
+        ("FAILED", "UPDATE core.executions SET status = 'PENDING', reason = NULL WHERE id = {id}"),
+        ("RUNNING", "UPDATE core.executions SET fencing_token = nextval('core.execution_fencing_seq') WHERE id = {id}"),
+        ("RECONCILIATION_REQUIRED", "UPDATE core.executions SET run_at = now() + interval '1 day' WHERE id = {id}"),
+        (
+            "RECONCILIATION_REQUIRED",
+            "UPDATE core.execution_checkpoints SET status = 'SUCCEEDED', result = '{{}}' WHERE execution_id = {id}",
+        ),
+        ("RUNNING", "UPDATE core.execution_checkpoints SET result = '{{}}' WHERE execution_id = {id}"),
+        ("FAILED", "DELETE FROM core.execution_checkpoints WHERE execution_id = {id}"),
+    ],
+    ids=[
+        "restart-failed",
+        "fence-out-worker",
+        "reschedule-uncertain",
+        "forge-result",
+        "touch-running-checkpoint",
+        "delete-failed-checkpoints",
+    ],
+)
+def test_the_api_role_writes_executions_only_within_a_resolution(as_api_role, conn, status, statement):
+    """The columns a resolution may write cannot be written by the API role outside one: the guard refuses."""
+    checkpoints = (("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1"}),) + (
+        UNCERTAIN if status == "RECONCILIATION_REQUIRED" else ()
+    )
+    execution_id = add_execution(conn, status=status, checkpoints=checkpoints, reason="credit: provider said no")
+    with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"):
+        as_api_role.execute(statement.format(id=execution_id))

@@ -8,8 +8,9 @@ it loads, or refuses to run with a configuration error (exit 2) naming the probl
   with one name;
 - the **business scopes** it serves (``CORE_JOBS_ADMIN_BUSINESS_SCOPES``);
 - the **restricted database session**: one connection, set up exactly as the pool's are (``SET
-  ROLE``), must run as a role that is not a superuser, is a member of ``core_jobs_api`` and owns
-  no table of schema ``core``. A resolution writes the executions' state: only the role whose
+  ROLE``), must run as ``core_jobs_api`` itself (``current_user``: what the database's
+  ``core.execution_api_role_guard`` binds to a resolution), not a superuser, owning no table of
+  schema ``core``. A resolution writes the executions' state: only the role whose
   grants migration ``0012_execution_resolution`` limits to that may do it. The database must
   therefore answer at start in admin mode (without it the API starts and ``/readyz`` waits).
 """
@@ -74,8 +75,8 @@ def check_restricted_session(conn: psycopg.Connection) -> None:
     user, superuser, member, owner = row
     if superuser:
         problem = f"is superuser {user}"
-    elif not member:
-        problem = f"runs as {user}, not a member of {API_ROLE}"
+    elif not member or user != API_ROLE:
+        problem = f"runs as {user}, not as {API_ROLE} itself (SET ROLE)"
     elif owner:
         problem = f"runs as {user}, which owns tables of schema core"
     else:

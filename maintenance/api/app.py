@@ -1,4 +1,4 @@
-"""The operations HTTP API for dead letters (issue 11) — the operator's manual.
+"""The operations HTTP API for dead letters (issue 11) and executions (issue 12) — the operator's manual.
 
 Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
 the same operations layer as ``core-jobs dead-letters`` (:mod:`harness.operations`).
@@ -23,6 +23,10 @@ endpoint                                  permission                    what
                                                                         {"queue": q, "status":
                                                                         "pending_review"}}``: all or nothing
 ``POST /v1/core/dead-letters/discard``    ``core.dead_letters.discard`` the same, with a required ``reason``
+``GET /v1/core/executions``               ``core.executions.read``      durable-action executions in one status,
+                                                                        oldest in it first (keyset pages);
+                                                                        :mod:`maintenance.api.executions`
+``GET /v1/core/executions/{id}``          ``core.executions.read``      one, with payload, checkpoints, history
 ``POST /v1/core/executions/{id}/resolve`` role ``EXECUTION_OPERATOR``   admin mode only: an operator's resolution
                                           + business scope              of an uncertain execution
                                                                         (:mod:`maintenance.api.resolution`)
@@ -68,7 +72,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from maintenance.api import resolution, routes
+from maintenance.api import executions, resolution, routes
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
@@ -261,7 +265,8 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
         lifespan=lifespan,
-        description="List, inspect, replay and discard dead letters. Errors are application/problem+json.",
+        description="List, inspect, replay and discard dead letters; list and inspect durable-action executions."
+        " Errors are application/problem+json.",
     )
     app.state.pool, app.state.verifier, app.state.admin = pool, verifier, admin
     app.state.metrics = metrics = metrics or ApiMetrics()
@@ -273,6 +278,7 @@ def create_app(
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
     app.include_router(routes.router)
+    app.include_router(executions.router)  # issue 12: read-only executions
     if admin is not None:
         app.include_router(resolution.router)
 

@@ -12,7 +12,7 @@ could "sign" with) are refused before any key is looked up. ``exp``, ``iss``, ``
 
 Permissions are the union of the ``scope`` claim (space-separated, RFC 9068) and a
 ``permissions`` array (Auth0 style). Each endpoint needs one — ``core.dead_letters.read``,
-``.replay`` or ``.discard`` — and a token without it gets 403 naming the permission. A tenant's
+``.replay`` or ``.discard``, ``core.executions.read`` — and a token without it gets 403 naming the permission. A tenant's
 token carries none of them. The operator written to the audit ledger is the token's ``sub``,
 never anything the client sends.
 
@@ -44,7 +44,8 @@ from maintenance.runtime.logs import get_logger
 READ = "core.dead_letters.read"
 REPLAY = "core.dead_letters.replay"
 DISCARD = "core.dead_letters.discard"
-PERMISSIONS = (READ, REPLAY, DISCARD)
+EXECUTIONS_READ = "core.executions.read"  # the durable-action executions (issue 12)
+PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
 
 REALM = "core-jobs"
 

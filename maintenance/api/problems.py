@@ -16,7 +16,8 @@ status type slug                         when
 403    ``missing-business-scope``        resolve: the token names none of the scopes served here
 404    ``not-found``                     no such route
 404    ``dead-letter-not-found``         an id that does not exist (bulk: every missing id listed)
-404    ``execution-not-found``           resolve: no such execution in the caller's business scopes
+404    ``execution-not-found``           an execution id that does not exist (``missing_ids``); resolve:
+                                         also one outside the caller's business scopes
 405    ``method-not-allowed``            the route exists, the method does not
 409    ``not-pending-review``            the dead letter is replayed/discarded already (its status)
 409    ``idempotency-key-reused``        the key was used for another request or by another operator
@@ -50,6 +51,7 @@ TITLES = {
     "missing-permission": "Missing permission",
     "not-found": "Not found",
     "dead-letter-not-found": "Dead letter not found",
+    "execution-not-found": "Execution not found",
     "method-not-allowed": "Method not allowed",
     "not-pending-review": "Dead letter is not pending review",
     "idempotency-key-reused": "Idempotency key reused for another request",
@@ -61,7 +63,6 @@ TITLES = {
     "keys-unavailable": "Token keys unavailable",
     "missing-role": "Missing role",
     "missing-business-scope": "Missing business scope",
-    "execution-not-found": "Execution not found",
     "not-reconciliation-required": "Execution is not RECONCILIATION_REQUIRED",
     "consumer-not-published": "Consumer definition not published",
     "definition-mismatch": "Checkpoints do not match the published definition",

@@ -197,6 +197,8 @@ def resolve_execution(
     except ResolutionRefused as refused:
         log.info("maintenance.api.resolution_refused", execution_id=id, problem=refused.kind, subject=principal.subject)
         extra: dict[str, Any] = dict(refused.extra)
+        if refused.kind == "execution-not-found":  # as GET /v1/core/executions/{id} answers it
+            extra["missing_ids"] = [id]
         if refused.problems:
             extra["problems"] = refused.problems
         raise Problem(STATUS_OF[refused.kind], refused.kind, refused.detail, **extra) from None

@@ -8,9 +8,6 @@ idempotency ledger (:mod:`maintenance.api.idempotency`); the operator is the tok
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
 import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
@@ -33,7 +30,7 @@ from pydantic import (
 
 from harness import operations
 from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
-from maintenance.api import idempotency
+from maintenance.api import idempotency, pages
 from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
 from maintenance.api.problems import Problem, problem_responses
 
@@ -41,7 +38,7 @@ MAX_BULK_IDS = 1000
 MAX_REASON_CHARS = 1000
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
-MAX_ID = 2**63 - 1
+MAX_ID = pages.MAX_ID
 LIST_PARAMETERS = frozenset(
     {
         "status",
@@ -180,35 +177,15 @@ class BulkDiscardIn(_BulkIn):
     reason: Reason
 
 
-# --- the cursor -------------------------------------------------------------------------------
-def _filter_digest(where: DeadLetterFilter) -> str:
-    return hashlib.sha256(json.dumps(where.__dict__, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
+# --- the cursor (maintenance/api/pages.py) ----------------------------------------------------
 def encode_cursor(position: Position, where: DeadLetterFilter) -> str:
-    raw = json.dumps({"t": position.created_at.isoformat(), "i": position.id, "f": _filter_digest(where)})
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+    return pages.encode_position(position.created_at, position.id, where)
 
 
 def decode_cursor(cursor: str, where: DeadLetterFilter) -> Position:
     """The position a cursor encodes; 400 when it is not one of ours or belongs to other filters."""
-    try:
-        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        created_at = datetime.fromisoformat(data["t"])
-        position = Position(created_at=created_at, id=int(data["i"]))
-        digest = data["f"]
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError, OverflowError):
-        raise Problem(400, "malformed-request", "cursor is not a cursor this API returned") from None
-    if created_at.tzinfo is None or not 0 < position.id <= MAX_ID:
-        raise Problem(400, "malformed-request", "cursor is not a cursor this API returned")
-    if digest != _filter_digest(where):
-        raise Problem(
-            400,
-            "malformed-request",
-            "cursor belongs to a list with other filters: "
-            "keep the filters of the first page, or start again without a cursor",
-        )
-    return position
+    created_at, dead_letter_id = pages.decode_position(cursor, where)
+    return Position(created_at=created_at, id=dead_letter_id)
 
 
 # --- helpers ----------------------------------------------------------------------------------
@@ -249,9 +226,7 @@ def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
     return DeadLetterOut.of(row).model_dump(mode="json")
 
 
-def _json(model: BaseModel) -> Response:
-    """The model as JSON, serialised once (a response_model would validate it a second time)."""
-    return Response(model.model_dump_json(), media_type="application/json")
+_json = pages.as_json
 
 
 def _act(request: Request, principal: Principal, key: str | None, body: BaseModel | None, action) -> JSONResponse:
@@ -305,13 +280,7 @@ def list_dead_letters(
     cursor: Annotated[str | None, Query(max_length=500, description="next_cursor of the previous page.")] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
 ) -> Response:
-    unknown = sorted(set(request.query_params) - LIST_PARAMETERS)
-    if unknown:
-        raise Problem(
-            400,
-            "malformed-request",
-            f"unknown query parameter(s): {', '.join(unknown)}; known: {', '.join(sorted(LIST_PARAMETERS))}",
-        )
+    pages.refuse_unknown_parameters(request, LIST_PARAMETERS)
     where = DeadLetterFilter(
         status=status,
         queue=queue,

@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
 
 if TYPE_CHECKING:
@@ -162,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="run every job on its cron schedule, with /healthz and /metrics, until SIGTERM")
     p.set_defaults(handler=cmd_serve)
 
-    p = sub.add_parser("api", help="serve the operations HTTP API for dead letters until SIGTERM (docs/api.md)")
+    p = sub.add_parser(
+        "api", help="serve the operations HTTP API (dead letters, executions) until SIGTERM (docs/api.md)"
+    )
     p.add_argument("--host", help="listen address (default CORE_JOBS_API_HOST)")
     p.add_argument("--port", type=int, help="listen port, 0 for any free one (default CORE_JOBS_API_PORT)")
     p.set_defaults(handler=cmd_api)
@@ -174,6 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The consumer harness (issue 6): worker, enqueue, dead-letters.
     harness_cli.add_commands(sub)
+    # Durable-action executions, read-only (issue 12).
+    executions_cli.add_commands(sub)
 
     return parser
 

@@ -254,6 +254,17 @@ def _bounded_int(low: int, high: int):
     return parse
 
 
+def add_limit_option(parser: argparse.ArgumentParser) -> None:
+    """``--limit N`` of a list command: 1 to 1 000 000 rows, default 100."""
+    parser.add_argument(
+        "--limit",
+        type=_bounded_int(1, 1_000_000),
+        default=100,
+        metavar="N",
+        help="at most N rows, 1-1000000 (default 100)",
+    )
+
+
 def _default_operator() -> str:
     try:
         return getpass.getuser()
@@ -309,13 +320,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = dl_sub.add_parser("list", help="dead letters, oldest first")
     p.add_argument("--queue")
     p.add_argument("--status", choices=STATUS_CHOICES)
-    p.add_argument(
-        "--limit",
-        type=_bounded_int(1, 1_000_000),
-        default=100,
-        metavar="N",
-        help="at most N rows, 1-1000000 (default 100)",
-    )
+    add_limit_option(p)
     p.add_argument(
         "--outstanding",
         action="store_true",

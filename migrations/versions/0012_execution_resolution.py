@@ -14,10 +14,15 @@
   is now allowed, **only** when a ledger row of this execution carries the execution's new
   ``fencing_token`` (the resolution inserts it first, in the same transaction). The database
   itself guarantees there is no other way out of that state: no resolution, no release.
-* ``core.execution_events`` accepts ``EXECUTION_RESOLVED``.
+* ``core.execution_events`` accepts ``EXECUTION_RESOLVED``; a trigger on the ledger writes it
+  with every resolution (as the owner: the API role cannot insert events).
 * The API role ``core_jobs_api`` gets exactly what a resolution writes: the execution's state
   columns, the checkpoints' result columns and their delete (a CLOSE removes them, snapshotted in
-  the ledger), the event, the ledger (read and append) and the fencing sequence.
+  the ledger), the ledger (read and append) and the fencing sequence — and
+  ``core.execution_api_role_guard`` holds it to a resolution: as that role an execution changes
+  only from ``RECONCILIATION_REQUIRED`` with a ledger row of the new token, a checkpoint only
+  while its execution awaits that resolution, and checkpoints are deleted only of an execution a
+  resolution has just closed. (A column grant cannot say "only from this state".)
 
 Revision ID: 0012_execution_resolution
 Revises: 0010_durable_actions
@@ -161,14 +166,75 @@ BEGIN
 END $$;
 """
 
+# What the API role may write is only what a resolution writes: column grants cannot say "only
+# from RECONCILIATION_REQUIRED" or "only with a recorded resolution", so this trigger does. It
+# binds the role itself (current_user, which SET ROLE sets); every other writer is left to the
+# guards of 0010 and to the one above.
+CREATE_API_ROLE_GUARD = f"""
+CREATE FUNCTION core.execution_api_role_guard() RETURNS trigger
+LANGUAGE plpgsql AS $$
+DECLARE
+    execution_id bigint;
+BEGIN
+    IF current_user <> '{API_ROLE}' THEN
+        RETURN CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    END IF;
+    IF TG_TABLE_NAME = 'executions' THEN
+        IF OLD.status <> 'RECONCILIATION_REQUIRED' OR NOT EXISTS (
+               SELECT 1 FROM core.execution_resolutions AS r
+                WHERE r.execution_id = OLD.id AND r.fencing_token = NEW.fencing_token) THEN
+            RAISE EXCEPTION '{API_ROLE} changes execution % only by a resolution of it (RECONCILIATION_REQUIRED)', OLD.id
+                USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    IF TG_OP = 'UPDATE' THEN
+        -- A verified result, recorded by the resolution whose token it carries, while still uncertain.
+        IF NOT EXISTS (SELECT 1 FROM core.executions AS e JOIN core.execution_resolutions AS r
+                          ON r.execution_id = e.id AND r.fencing_token = NEW.fencing_token
+                        WHERE e.id = OLD.execution_id AND e.status = 'RECONCILIATION_REQUIRED') THEN
+            RAISE EXCEPTION '{API_ROLE} changes checkpoint % of execution % only in a resolution of it',
+                OLD.action, OLD.execution_id USING ERRCODE = 'check_violation';
+        END IF;
+        RETURN NEW;
+    END IF;
+    -- DELETE: only the checkpoints of an execution a resolution has just closed (FAILED, its token).
+    IF NOT EXISTS (SELECT 1 FROM core.executions AS e JOIN core.execution_resolutions AS r
+                      ON r.execution_id = e.id AND r.fencing_token = e.fencing_token AND r.status_after = 'FAILED'
+                    WHERE e.id = OLD.execution_id AND e.status = 'FAILED') THEN
+        RAISE EXCEPTION '{API_ROLE} deletes checkpoint % of execution % only when a resolution closes it',
+            OLD.action, OLD.execution_id USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN OLD;
+END $$;
+
+CREATE TRIGGER execution_api_role_guard BEFORE UPDATE ON core.executions
+    FOR EACH ROW EXECUTE FUNCTION core.execution_api_role_guard();
+CREATE TRIGGER execution_checkpoints_api_role_guard BEFORE UPDATE OR DELETE ON core.execution_checkpoints
+    FOR EACH ROW EXECUTE FUNCTION core.execution_api_role_guard();
+
+-- The history's EXECUTION_RESOLVED, written with every ledger row by the database itself (as its
+-- owner: the API role cannot insert events, so it cannot forge one).
+CREATE FUNCTION core.execution_resolutions_record_event() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    INSERT INTO core.execution_events (execution_id, kind, fencing_token, detail)
+    VALUES (NEW.execution_id, 'EXECUTION_RESOLVED', NEW.fencing_token,
+            NEW.command || ' ' || NEW.evidence_kind || ' by ' || NEW.operator || ': ' || NEW.evidence_reference);
+    RETURN NEW;
+END $$;
+
+CREATE TRIGGER execution_resolutions_record_event AFTER INSERT ON core.execution_resolutions
+    FOR EACH ROW EXECUTE FUNCTION core.execution_resolutions_record_event();
+"""
+
 GRANT_API_ROLE = f"""
 -- A resolution: the execution's state columns (FOR UPDATE needs UPDATE on a column too) ...
 GRANT UPDATE (status, fencing_token, run_at, reason, reason_action, takes) ON core.executions TO {API_ROLE};
 -- ... the verified results of its checkpoints, and their removal by a CLOSE ...
 GRANT UPDATE (status, result, last_error, fencing_token, finished_at), DELETE
     ON core.execution_checkpoints TO {API_ROLE};
--- ... its EXECUTION_RESOLVED event, the ledger (look up and append) and the new fencing token.
-GRANT INSERT (execution_id, kind, action, fencing_token, detail) ON core.execution_events TO {API_ROLE};
+-- ... the ledger (look up and append; its trigger writes the event) and the new fencing token.
 GRANT SELECT, INSERT ON core.execution_resolutions TO {API_ROLE};
 GRANT USAGE ON SEQUENCE core.execution_fencing_seq TO {API_ROLE};
 """
@@ -179,7 +245,6 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{API_ROLE}') THEN
         REVOKE UPDATE ON core.executions FROM {API_ROLE};
         REVOKE UPDATE, DELETE ON core.execution_checkpoints FROM {API_ROLE};
-        REVOKE INSERT ON core.execution_events FROM {API_ROLE};
         REVOKE USAGE ON SEQUENCE core.execution_fencing_seq FROM {API_ROLE};
     END IF;
 END $$;
@@ -190,7 +255,11 @@ DELETE FROM core.execution_events WHERE kind = 'EXECUTION_RESOLVED';
 ALTER TABLE core.execution_events DROP CONSTRAINT execution_events_kind_valid;
 ALTER TABLE core.execution_events ADD CONSTRAINT execution_events_kind_valid CHECK (
     kind IN ('RETRY_SCHEDULED', 'FAILED', 'RECONCILIATION_REQUIRED', 'TAKEN_OVER'));
+DROP TRIGGER IF EXISTS execution_api_role_guard ON core.executions;
+DROP TRIGGER IF EXISTS execution_checkpoints_api_role_guard ON core.execution_checkpoints;
+DROP FUNCTION IF EXISTS core.execution_api_role_guard();
 DROP TABLE IF EXISTS core.execution_resolutions;
+DROP FUNCTION IF EXISTS core.execution_resolutions_record_event();
 DROP FUNCTION IF EXISTS core.execution_resolutions_append_only();
 """
 
@@ -206,6 +275,7 @@ def guard_of_0010() -> str:
 def upgrade() -> None:
     op.execute(CREATE_LEDGER)
     op.execute(GUARD)
+    op.execute(CREATE_API_ROLE_GUARD)
     op.execute(GRANT_API_ROLE)
 
 
