@@ -1,5 +1,12 @@
-"""The dead-letter alert feed: Better Stack incidents for new dead letters, escalations for stale
+"""The alert feed: Better Stack incidents for new dead letters, escalations for stale
 ones, and auto-resolve once they are handled — each exactly once, across crashes and overlapping runs.
+
+The same machinery pages durable executions left RECONCILIATION_REQUIRED (issue 12): one
+incident per consumer per run for new ones, an escalation for ones left unresolved past
+``stale_after``, auto-resolve once the executions it covers were resolved. What differs — kinds,
+SQL, words — is an :class:`~alerts.sources.AlertSource` (alerts/sources.py); below, read
+"dead letter" as "execution", "queue" as "consumer" and "pending review" as
+"RECONCILIATION_REQUIRED in the episode paged" (alerts/execution_sql.py) for them.
 
 What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once by the caller)
 --------------------------------------------------------------------------------------------
@@ -74,7 +81,8 @@ of confirmed by our POST: after a crash, or by the lookup after a retried POST),
 ``intents_cancelled`` (``handled`` or ``superseded``, never posted), ``dead_letters_alerted``
 (covered by incidents confirmed this run), ``dead_letters_unalerted`` (pending, not covered by a
 confirmed incident), ``dead_letters_unescalated`` (stale, not covered by a confirmed
-escalation), ``post_failures`` (intents still unconfirmed after the run), ``resolve_failures``,
+escalation), ``executions_alerted``, ``executions_unalerted``, ``executions_unescalated`` (the
+same three for RECONCILIATION_REQUIRED executions), ``post_failures`` (intents still unconfirmed after the run), ``resolve_failures``,
 ``skipped``, ``dry_run``, ``dry_run_incidents``. ``ok`` is false when anything could not be
 posted or resolved.
 
@@ -87,11 +95,10 @@ Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, ClassVar
 from urllib.parse import quote
 
@@ -99,31 +106,25 @@ import psycopg
 import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
+from alerts.groups import AlertGroup, DeadLetterGroup, PlannedIncident, human, when
+from alerts.reconciliation import compose_executions
+from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
 from alerts.sql import (
     CANCEL_INTENT,
-    COUNT_UNALERTED,
-    COVER_RELEASED_BY_ESCALATION,
-    HANDLED_OPEN_ALERTS,
-    INTENT_STANDING,
     MARK_OPEN,
     MARK_RESOLVED,
     PENDING_INTENTS,
     READ_INSTALLATION,
-    RECORD_COVERAGE,
     RECORD_INTENT,
-    RECORD_NEW_COVERAGE_OF_ESCALATION,
-    RELEASE_COVERAGE,
-    SAMPLES,
-    SCAN_NEW,
-    SCAN_STALE,
-    TOP_ERRORS,
 )
 from harness.pg import advisory_lock
+
+__all__ = ["AlertFeed", "AlertFeedConfig", "AlertFeedResult", "AlertGroup", "DeadLetterGroup", "PlannedIncident"]
 
 LOCK_NAME = "core_jobs.alerts"
 METADATA_KEY = "core_jobs_alert_key"
 INSTALLATION_METADATA_KEY = "core_jobs_installation"
-NEW, STALE = "new", "stale"
+NEW, STALE = DEAD_LETTERS.kinds
 # How a resolved alert ended (core.dead_letter_alerts.resolution).
 RESOLVED, ALREADY_RESOLVED, GONE = "resolved", "already_resolved", "gone"
 # Why an intent was cancelled (core.dead_letter_alerts.cancel_reason).
@@ -174,6 +175,9 @@ class AlertFeedResult:
         "dead_letters_alerted",
         "dead_letters_unalerted",
         "dead_letters_unescalated",
+        "executions_alerted",
+        "executions_unalerted",
+        "executions_unescalated",
         "post_failures",
         "resolve_failures",
         "skipped",
@@ -190,6 +194,9 @@ class AlertFeedResult:
     dead_letters_alerted: int = 0
     dead_letters_unalerted: int = 0
     dead_letters_unescalated: int = 0
+    executions_alerted: int = 0
+    executions_unalerted: int = 0
+    executions_unescalated: int = 0
     post_failures: int = 0
     resolve_failures: int = 0
     skipped: int = 0
@@ -208,39 +215,6 @@ class AlertFeedResult:
     @classmethod
     def zero_fields(cls) -> dict[str, int]:
         return cls().fields()
-
-
-@dataclass(frozen=True)
-class DeadLetterGroup:
-    """Dead letters one incident will cover: one queue, or (``queue`` None) a folded storm."""
-
-    kind: str
-    queue: str | None
-    ids: tuple[int, ...]
-    first_created: datetime
-    last_created: datetime
-    errors: tuple[tuple[str, int], ...] = ()
-    samples: tuple[tuple[str, str | None], ...] = ()
-    queues: tuple[tuple[str, int], ...] = ()  # the folded queues and their counts
-
-    def alert_key(self, installation: str) -> str:
-        """Deterministic within one installation: the same kind and dead letters always give the
-        same key; another installation (another database, or this one after ``downgrade base``)
-        gives another key for the same ids."""
-        ids = ",".join(map(str, self.ids))
-        digest = hashlib.sha256(f"{installation}|{self.kind}|{ids}".encode()).hexdigest()[:16]
-        return f"core-jobs:{installation}:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
-
-
-@dataclass(frozen=True)
-class PlannedIncident:
-    kind: str
-    queue: str | None
-    alert_key: str
-    name: str
-    summary: str
-    description: str
-    dead_letter_ids: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -315,9 +289,12 @@ class AlertFeed:
                 except _Stop:
                     pass
             result.post_failures = len(_pending_intents(conn))
-        row = conn.execute(COUNT_UNALERTED, {"stale_cutoff": stale_cutoff}).fetchone()
-        assert row is not None  # counts: always one row
-        result.dead_letters_unalerted, result.dead_letters_unescalated = row
+        counts = {
+            source: conn.execute(source.count_unalerted, {"stale_cutoff": stale_cutoff}).fetchone()
+            for source in SOURCES
+        }
+        result.dead_letters_unalerted, result.dead_letters_unescalated = counts[DEAD_LETTERS] or (0, 0)
+        result.executions_unalerted, result.executions_unescalated = counts[EXECUTIONS] or (0, 0)
         return result
 
     def _dry_run(self, conn: psycopg.Connection, planned: list[PlannedIncident], result: AlertFeedResult) -> None:
@@ -342,7 +319,7 @@ class AlertFeed:
                 num_dead_letters=len(incident.dead_letter_ids),
                 alert_key=incident.alert_key,
             )
-        for row in conn.execute(HANDLED_OPEN_ALERTS).fetchall():
+        for row in _resolved_open_alerts(conn):
             self.log.info(
                 "alerts.feed.dry_run_resolve", incident_id=row[1], alert_key=row[2], kind=row[3], queue=row[4]
             )
@@ -368,9 +345,10 @@ class AlertFeed:
             ).fetchone()
             assert row is not None  # an upsert's RETURNING: always one row
             alert_id = row[0]
-            conn.execute(RECORD_COVERAGE, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
-            if incident.kind == STALE:
-                conn.execute(RECORD_NEW_COVERAGE_OF_ESCALATION, {"alert_id": alert_id, "ids": ids})
+            source = source_of(incident.kind)
+            conn.execute(source.record_coverage, {"kind": incident.kind, "alert_id": alert_id, "ids": ids})
+            if incident.kind == source.stale_kind:
+                conn.execute(source.record_new_coverage_of_escalation, {"alert_id": alert_id, "ids": ids})
         self.log.info(
             "alerts.feed.intent_recorded",
             alert_id=alert_id,
@@ -418,14 +396,15 @@ class AlertFeed:
             if incident is not None:
                 self._confirmed(conn, intent, incident.id, now, recovered=True, result=result)
                 continue
+            source = source_of(intent.kind)
             standing = conn.execute(
-                INTENT_STANDING, {"id": intent.id, "kind": intent.kind, "stale_cutoff": stale_cutoff}
+                source.intent_standing, {"id": intent.id, "kind": intent.kind, "stale_cutoff": stale_cutoff}
             ).fetchone()
             assert standing is not None  # counts: always one row
             pending, stale = standing
             if pending == 0:
                 self._cancel(conn, intent, CANCELLED_HANDLED, now, result)
-            elif intent.kind == NEW and stale > 0:
+            elif intent.kind == source.new_kind and stale > 0:
                 self._cancel(conn, intent, CANCELLED_SUPERSEDED, now, result)
         return unsettled
 
@@ -433,10 +412,11 @@ class AlertFeed:
         self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime, result: AlertFeedResult
     ) -> None:
         """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
+        source = source_of(intent.kind)
         with conn.transaction():
             conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
-            released = [row[0] for row in conn.execute(RELEASE_COVERAGE, {"id": intent.id})]
-            conn.execute(COVER_RELEASED_BY_ESCALATION, {"ids": released})
+            released = [row[0] for row in conn.execute(source.release_coverage, {"id": intent.id})]
+            conn.execute(source.cover_released_by_escalation, {"ids": released})
         result.intents_cancelled += 1
         self.log.info(
             "alerts.feed.intent_cancelled",
@@ -488,7 +468,11 @@ class AlertFeed:
     ) -> None:
         """Better Stack has the incident: record it open, count and log how we know."""
         record_posted(conn, intent.id, incident_id, now)
-        result.dead_letters_alerted += intent.num_dead_letters
+        source = source_of(intent.kind)
+        if source is EXECUTIONS:
+            result.executions_alerted += intent.num_dead_letters
+        else:
+            result.dead_letters_alerted += intent.num_dead_letters
         fields_ = {
             "alert_key": intent.alert_key,
             "incident_id": incident_id,
@@ -500,7 +484,7 @@ class AlertFeed:
         if recovered:
             result.incidents_recovered += 1
             self.log.info("alerts.feed.incident_recovered", **fields_)
-        elif intent.kind == STALE:
+        elif intent.kind == source.stale_kind:
             result.escalations_posted += 1
             self.log.info("alerts.feed.escalation_posted", **fields_)
         else:
@@ -511,7 +495,7 @@ class AlertFeed:
         self, conn: psycopg.Connection, now: datetime, installation: str, result: AlertFeedResult
     ) -> None:
         assert self.client is not None
-        due = conn.execute(HANDLED_OPEN_ALERTS).fetchall()
+        due = _resolved_open_alerts(conn)
         for position, (alert_id, incident_id, alert_key, kind, queue) in enumerate(due):
             try:
                 outcome = self._resolve(incident_id, alert_key, installation)
@@ -574,7 +558,9 @@ class AlertFeed:
     def incident_fields(self, intent: _Intent) -> dict[str, Any]:
         """The POST body of an intent (the client adds the key to ``metadata`` and ``team_name``)."""
         config = self.config
-        policy = (config.escalation_policy_id or config.policy_id) if intent.kind == STALE else config.policy_id
+        source = source_of(intent.kind)
+        escalation = intent.kind == source.stale_kind
+        policy = (config.escalation_policy_id or config.policy_id) if escalation else config.policy_id
         body: dict[str, Any] = {
             "name": intent.name,
             "summary": intent.summary,
@@ -585,9 +571,9 @@ class AlertFeed:
             "sms": False,
             "critical_alert": False,
             "metadata": {
-                "core_jobs_kind": ["escalation" if intent.kind == STALE else "new_dead_letters"],
-                "queue": [intent.queue or "(several)"],
-                "dead_letters": [str(intent.num_dead_letters)],
+                "core_jobs_kind": [source.metadata_stale if escalation else source.metadata_new],
+                source.group_key: [intent.queue or "(several)"],
+                source.count_key: [str(intent.num_dead_letters)],
             },
         }
         if config.requester_email:
@@ -619,45 +605,72 @@ def _pending_intents(conn: psycopg.Connection) -> list[_Intent]:
     return [_Intent(*row) for row in conn.execute(PENDING_INTENTS).fetchall()]
 
 
+def _resolved_open_alerts(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
+    """Open incidents due for auto-resolve, of every source, in id order."""
+    rows = [row for source in SOURCES for row in conn.execute(source.resolved_open_alerts).fetchall()]
+    return sorted(rows, key=lambda row: row[0])
+
+
 # --- planning: scan, group, cap, compose --------------------------------------------------------
-def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[DeadLetterGroup]:
-    """Every group of dead letters due for an incident (new, then stale), capped and with details."""
+def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[AlertGroup]:
+    """Every group due for an incident — dead letters new, then stale; then executions new, then
+    stale — capped per kind and with details."""
     cutoff = now - config.stale_after
-    groups: list[DeadLetterGroup] = []
-    for kind, query in ((NEW, SCAN_NEW), (STALE, SCAN_STALE)):
-        rows = conn.execute(query, {"stale_cutoff": cutoff}).fetchall()
-        found = [DeadLetterGroup(kind, queue, tuple(ids), first, last) for queue, ids, first, last in rows]
-        groups += _cap(found, config.max_incidents_per_run)
-    return _with_details(conn, groups, config)
+    groups: list[AlertGroup] = []
+    for source in SOURCES:
+        found_here: list[AlertGroup] = []
+        for kind, query in ((source.new_kind, source.scan_new), (source.stale_kind, source.scan_stale)):
+            rows = conn.execute(query, {"stale_cutoff": cutoff}).fetchall()
+            found = [AlertGroup(kind, row[0], tuple(row[1]), row[2], row[3], episodes=_episodes(row)) for row in rows]
+            found_here += _cap(found, config.max_incidents_per_run)
+        groups += _with_details(conn, source, found_here, config)
+    return groups
+
+
+def _episodes(row: tuple[Any, ...]) -> tuple[datetime, ...]:
+    """An execution scan's fifth column: when each entered RECONCILIATION_REQUIRED; none for dead letters."""
+    return tuple(row[4]) if len(row) > 4 else ()
 
 
 def plan_incidents(
     conn: psycopg.Connection, now: datetime, config: AlertFeedConfig, installation: str
 ) -> list[PlannedIncident]:
     """The incidents this run would post, composed (name, summary, description), keyed for ``installation``."""
-    return [compose(group, now, config, installation) for group in scan(conn, now, config)]
+    return [compose_incident(group, now, config, installation) for group in scan(conn, now, config)]
 
 
-def _cap(groups: list[DeadLetterGroup], limit: int) -> list[DeadLetterGroup]:
+def compose_incident(group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
+    """The incident of a group, in its source's words."""
+    source = source_of(group.kind)
+    if source is EXECUTIONS:
+        escalation = group.kind == source.stale_kind
+        return compose_executions(group, now, config.stale_after, installation, escalation=escalation)
+    return compose(group, now, config, installation)
+
+
+def _cap(groups: list[AlertGroup], limit: int) -> list[AlertGroup]:
     """At most ``limit`` groups: the largest keep their own incident, the rest fold into one."""
     groups = sorted(groups, key=lambda g: (-len(g.ids), g.queue or ""))
     if len(groups) <= limit:
         return groups
     keep, fold = groups[: limit - 1], groups[limit - 1 :]
-    folded = DeadLetterGroup(
+    # Executions carry their episodes: kept beside their ids, in the ids' order.
+    rows = sorted((i, g.episodes[n] if g.episodes else None) for g in fold for n, i in enumerate(g.ids))
+    folded = AlertGroup(
         kind=fold[0].kind,
         queue=None,
-        ids=tuple(sorted(i for g in fold for i in g.ids)),
+        ids=tuple(i for i, _ in rows),
         first_created=min(g.first_created for g in fold),
         last_created=max(g.last_created for g in fold),
         queues=tuple((g.queue or "", len(g.ids)) for g in fold),
+        episodes=tuple(e for _, e in rows if e is not None),
     )
     return [*keep, folded]
 
 
 def _with_details(
-    conn: psycopg.Connection, groups: list[DeadLetterGroup], config: AlertFeedConfig
-) -> list[DeadLetterGroup]:
+    conn: psycopg.Connection, source: AlertSource, groups: list[AlertGroup], config: AlertFeedConfig
+) -> list[AlertGroup]:
     """Add the top errors and the samples of each group.
 
     Samples: one query for all groups. Top errors: one query per group, by primary key; a
@@ -667,12 +680,12 @@ def _with_details(
         return []
     detailed = []
     sample_ids = [i for g in groups for i in g.ids[: config.samples]]
-    samples = {row[0]: (row[1], row[2]) for row in conn.execute(SAMPLES, {"ids": sample_ids})}
+    samples = {row[0]: (row[1], row[2]) for row in conn.execute(source.samples, {"ids": sample_ids})}
     for group in groups:
         params = {"ids": list(group.ids), "chars": _ERROR_CHARS, "top": config.top_errors}
-        errors = [(error, n) for error, n in conn.execute(TOP_ERRORS, params)]
+        errors = [(error, n) for error, n in conn.execute(source.top_errors, params)]
         detailed.append(
-            DeadLetterGroup(
+            AlertGroup(
                 group.kind,
                 group.queue,
                 group.ids,
@@ -681,18 +694,19 @@ def _with_details(
                 errors=tuple(errors),
                 samples=tuple(samples[i] for i in group.ids[: config.samples]),
                 queues=group.queues,
+                episodes=group.episodes,
             )
         )
     return detailed
 
 
-def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
+def compose(group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
     """What the on-call person reads: name, one-line summary, and the full description."""
     n = len(group.ids)
     alert_key = group.alert_key(installation)
     letters = "dead letter" if n == 1 else "dead letters"
     where = group.queue if group.queue is not None else f"{len(group.queues)} queues"
-    span = f"{_when(group.first_created)} – {_when(group.last_created)}"
+    span = f"{when(group.first_created)} – {when(group.last_created)}"
     top = f" Most frequent error: {group.errors[0][0]} ({group.errors[0][1]}×)." if group.errors else ""
     if group.kind == NEW:
         name = f"{n} new {letters} in {where}"
@@ -700,11 +714,11 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, inst
         opening = f"{n} new {letters} in {'queue ' + where if group.queue else where}, pending review, written {span}."
         action = "Review them: replay once the cause is fixed, or discard with a reason."
     else:
-        age = _human(config.stale_after)
+        age = human(config.stale_after)
         name = f"{n} {letters} in {where} unreviewed for over {age}"
         summary = (
             f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
-            f"{_when(group.first_created)} ({_human(now - group.first_created)} ago).{top}"
+            f"{when(group.first_created)} ({human(now - group.first_created)} ago).{top}"
         )
         opening = (
             f"ESCALATION: {n} {letters} in {'queue ' + where if group.queue else where} still pending review "
@@ -731,18 +745,3 @@ def compose(group: DeadLetterGroup, now: datetime, config: AlertFeedConfig, inst
     lines.append(action)
     lines.append(f"Dead letter ids {group.ids[0]}–{group.ids[-1]} ({n}); alert key {alert_key}.")
     return PlannedIncident(group.kind, group.queue, alert_key, name, summary, "\n".join(lines), group.ids)
-
-
-def _when(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-
-
-def _human(delta: timedelta) -> str:
-    """3 days, 5 days 2 hours, 40 minutes: the two largest units."""
-    seconds = int(delta.total_seconds())
-    parts = []
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        count, seconds = divmod(seconds, size)
-        if count:
-            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
-    return " ".join(parts[:2]) or "less than a minute"

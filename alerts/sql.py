@@ -120,11 +120,12 @@ UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %(incident_id)s
  WHERE id = %(id)s AND state = 'pending'
 """
 
-# Open incidents none of whose dead letters is still pending review: due for auto-resolve.
+# Open dead-letter incidents none of whose dead letters is still pending review: due for
+# auto-resolve. (The execution incidents have their own rule: alerts/execution_sql.py.)
 HANDLED_OPEN_ALERTS = """
 SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
   FROM core.dead_letter_alerts AS a
- WHERE a.state = 'open'
+ WHERE a.state = 'open' AND a.kind IN ('new', 'stale')
    AND NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c
                      JOIN core.dead_letters AS dl ON dl.id = c.dead_letter_id
                     WHERE c.alert_id = a.id AND dl.status = 'pending_review')

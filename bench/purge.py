@@ -33,12 +33,16 @@ import logging
 import multiprocessing as mp
 import os
 import random
+import statistics
 import sys
 import time
 import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from psycopg import sql
 
@@ -129,6 +133,28 @@ def build_template(
         conn.execute("VACUUM (ANALYZE) core.dead_letters")
         conn.execute("CHECKPOINT")
     return url, time.perf_counter() - started
+
+
+@contextmanager
+def scratch_fences(prefix: str, rows: int, shuffled: float) -> Iterator[str]:
+    """A scratch database of ``rows`` fences (build_template) on the default server, dropped afterwards."""
+    name = f"{prefix}_{int(time.time())}"
+    url, _ = build_template(DEFAULT_SERVER, name, rows, shuffled=shuffled)
+    try:
+        yield url
+    finally:
+        admin(DEFAULT_SERVER, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def interleaved_medians(conn: Any, queries: Mapping[str, str], params: Any, runs: int) -> dict[str, float]:
+    """Each query's median wall time in ms, the queries run in turn ``runs`` times (so drift hits them alike)."""
+    times: dict[str, list[float]] = {label: [] for label in queries}
+    for _ in range(runs):
+        for label, query in queries.items():
+            started = time.perf_counter()
+            conn.execute(query, params).fetchall()
+            times[label].append((time.perf_counter() - started) * 1000)
+    return {label: statistics.median(samples) for label, samples in times.items()}
 
 
 def writer(url: str, rate: float, stop: mp.Event, out: mp.Queue) -> None:

@@ -13,16 +13,12 @@ script checks that first.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
-
-from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.purge import DEFAULT_SERVER, admin, build_template
+from bench.purge import interleaved_medians, scratch_fences
 from harness.pg import connect
 
 INLINE = {
@@ -58,35 +54,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--holders", type=int, default=600, help="pending dead letters on expired fences")
     parser.add_argument("--runs", type=int, default=15)
     args = parser.parse_args(argv)
-    name = f"core_jobs_bench_guard_{int(time.time())}"
-    url, _ = build_template(DEFAULT_SERVER, name, args.rows, shuffled=1.0)
-    try:
-        with connect(url, autocommit=True) as conn:
-            conn.execute(ADD_HOLDERS, {"n": args.holders})
-            conn.execute("ANALYZE core.dead_letters")
-            params = {"protected_from": conn.execute("SELECT now() - interval '1 day'").fetchone()[0]}
-            queries = {
-                f"{spelling} {kind}": BATCH.format(guard=rules[spelling])
-                for kind, rules in (("inline", INLINE), ("function", FUNCTION))
-                for spelling in rules
-            }
-            picked = {label: sorted(str(r[0]) for r in conn.execute(q, params)) for label, q in queries.items()}
-            assert len({tuple(v) for v in picked.values()}) == 1, "the spellings picked different rows"
-            times: dict[str, list[float]] = {label: [] for label in queries}
-            for _ in range(args.runs):
-                for label, query in queries.items():
-                    started = time.perf_counter()
-                    conn.execute(query, params).fetchall()
-                    times[label].append((time.perf_counter() - started) * 1000)
-        print(f"{args.rows} fences, {args.holders} pending dead letters holding expired fences, {args.runs} rounds")
-        for spelling in ("hashed", "probed"):
-            inline = statistics.median(times[f"{spelling} inline"])
-            function = statistics.median(times[f"{spelling} function"])
-            print(
-                f"  {spelling}: inline {inline:.2f} ms, function {function:.2f} ms, function/inline {function / inline:.2f}"
-            )
-    finally:
-        admin(DEFAULT_SERVER, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    with scratch_fences("core_jobs_bench_guard", args.rows, shuffled=1.0) as url, connect(url, autocommit=True) as conn:
+        conn.execute(ADD_HOLDERS, {"n": args.holders})
+        conn.execute("ANALYZE core.dead_letters")
+        params = {"protected_from": conn.execute("SELECT now() - interval '1 day'").fetchone()[0]}
+        queries = {
+            f"{spelling} {kind}": BATCH.format(guard=rules[spelling])
+            for kind, rules in (("inline", INLINE), ("function", FUNCTION))
+            for spelling in rules
+        }
+        picked = {label: sorted(str(r[0]) for r in conn.execute(q, params)) for label, q in queries.items()}
+        assert len({tuple(v) for v in picked.values()}) == 1, "the spellings picked different rows"
+        medians = interleaved_medians(conn, queries, params, args.runs)
+    print(f"{args.rows} fences, {args.holders} pending dead letters holding expired fences, {args.runs} rounds")
+    for spelling in ("hashed", "probed"):
+        inline, function = medians[f"{spelling} inline"], medians[f"{spelling} function"]
+        print(
+            f"  {spelling}: inline {inline:.2f} ms, function {function:.2f} ms, function/inline {function / inline:.2f}"
+        )
     return 0
 
 

@@ -5,12 +5,13 @@ harness/execution_sql.py. :func:`harness.handling.handle` calls :func:`run_execu
 consumer that declares actions, after validating the payload (poison: a dead letter, no
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
-1. **Take** — one transaction: insert the execution if new, lock it, probe the fence (a fence:
-   ``Duplicate``), then by state: ``RUNNING`` under a live lease or ``RETRY_WAIT`` not yet due:
-   ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``: ``Held`` (acked: it waits for an
-   operator); ``FAILED``: a replay (``replay_of``) starts it again, any other delivery is the same
-   failure (``DeadLettered``); else a new fencing token and a lease ``now() + lease``
-   (``harness.execution.taken_over`` when it took a lost worker's lease).
+1. **Take** — one transaction (asynchronous commit: a forgotten take only makes this worker
+   stale): insert the execution if new and take it at once unless the job's fence exists; else
+   lock it, probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
+   lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
+   ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
+   again, any other delivery is the same failure (``DeadLettered``); else a new fencing token and
+   a lease ``now() + lease`` (``harness.execution.taken_over`` when it took a lost worker's lease).
 2. **Recover** the write checkpoints a lost worker left ``STARTED`` (or ``UNCERTAIN``): a
    ``NON_IDEMPOTENT_WRITE`` → ``RECONCILIATION_REQUIRED``; an ``IDEMPOTENT_WRITE`` is re-sent with
    the same key while attempts remain, else ``RECONCILIATION_REQUIRED``.
@@ -18,14 +19,16 @@ execution). All times are PostgreSQL's ``now()``; no worker sleeps.
    actions' ``max_attempts`` and the queue policy's) has killed every worker that took it:
    ``FAILED`` (``exhausted``) — or ``RECONCILIATION_REQUIRED`` if a write is in doubt.
 4. **Run** each action not ``SUCCEEDED``, in order. A write first commits its ``STARTED``
-   checkpoint (synchronously, fenced): the durable proof that nothing was sent is the absence of
-   that row. Successes are recorded with the next commit. A failure goes by the contract's table
-   (:func:`decide`): ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced
-   transaction; delay from :func:`harness.retry.compute_delay` on the action's policy with the
-   error's ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
+   checkpoint, synchronously and fenced — the durable proof that nothing was sent is the absence
+   of that row (a ``NON_IDEMPOTENT_WRITE``'s in an explicit transaction, so that only a live
+   worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
+   recorded with the next commit. A failure goes by the contract's table (:func:`decide`):
+   ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;
+   delay from :func:`harness.retry.compute_delay` on the action's policy with the error's
+   ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
    ``RECONCILIATION_REQUIRED`` (→ ``Held``).
-5. **Finish** — one transaction: fence, the handler (``ctx.results``), the replay mark and the
-   fenced delete of the execution. Any failure there (the handler, or the COMMIT itself: a
+5. **Finish** — one transaction: the fenced delete of the execution with the fence in its place
+   (one statement), the handler (``ctx.results``) and the replay mark. Any failure there (the handler, or the COMMIT itself: a
    deferred constraint) rolls all of it back; the earned checkpoints are then committed with the
    retry (the queue policy, its failures counted from the history) or the ``FAILED``.
 
@@ -58,9 +61,11 @@ from harness.actions import Action, ActionContext, Effect, idempotency_key
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.fence import INSERT_FENCE, check_work_transaction
+from harness.execution_window import max_takes
+from harness.fence import check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
+from harness.pgqueue import ASYNC_COMMIT
 from harness.queue import (
     Acked,
     DeadLettered,
@@ -75,7 +80,7 @@ from harness.queue import (
 )
 from harness.retry import RetryPolicy, compute_delay
 
-__all__ = ["Decision", "OutputBroken", "decide", "max_takes", "run_execution"]
+__all__ = ["Decision", "OutputBroken", "decide", "run_execution"]
 
 log = structlog.get_logger()
 
@@ -124,11 +129,6 @@ def decide(effect: Effect | None, error: BaseException, attempt: int, max_attemp
     return Decision("reconcile") if exhausted else Decision("retry")
 
 
-def max_takes(consumer: Consumer, policy: RetryPolicy) -> int:
-    """Takes an execution may use: every attempt of every action and of the final write."""
-    return sum(a.policy.max_attempts for a in consumer.actions) + policy.max_attempts
-
-
 @dataclass
 class _Checkpoint:
     status: str
@@ -167,6 +167,7 @@ class _Run:
     results: dict[str, Any] = field(default_factory=dict)
     pending: list[_Record] = field(default_factory=list)  # successes not yet committed
     takes: int = 0
+    final_retries: int = 0  # failed attempts of the final write, from the history
 
     # --- the take -------------------------------------------------------------------------------
 
@@ -174,9 +175,13 @@ class _Run:
         """Take the execution (one transaction); an outcome when this delivery must not run it."""
         envelope = self.delivery.envelope
         key = {"job_id": envelope.job_id, "consumer": self.consumer.name}
+        take = {"lease": self.lease, "worker": _WORKER}
         try:
             with self.conn.transaction():
-                self.conn.execute(
+                # Cheap to lose: a take a server crash forgets makes this worker stale at its next write,
+                # and any later synchronous commit flushes it first.
+                self.conn.execute(ASYNC_COMMIT)
+                inserted = self.conn.execute(
                     sql.INSERT_EXECUTION,
                     key
                     | {
@@ -186,44 +191,52 @@ class _Run:
                         "payload": Jsonb(envelope.payload),
                         "business_scope": self.consumer.business_scope,
                     },
-                )
-                row = self.conn.execute(sql.LOCK_EXECUTION, key).fetchone()
-                if _one(self.conn, sql.FENCE_EXISTS, key)[0]:
-                    raise _FenceFound()
-                if row is None:
-                    return RetryAfter(delay=_RACE_RETRY, error="the execution was being deleted: delivered again")
-                execution_id, status, takes, reason, leased, lease_left, not_due, wait_left = row
-                self.execution_id = execution_id
-                if status == "RUNNING" and leased:
-                    return RetryAfter(
-                        delay=lease_left, error=f"execution {execution_id} is running under another lease"
-                    )
-                if status == "RETRY_WAIT" and not_due:
-                    return RetryAfter(delay=wait_left, error=f"execution {execution_id} waits to retry")
-                if status == "RECONCILIATION_REQUIRED":
-                    return Held(execution_id=execution_id, reason=reason)
-                if status == "FAILED":
-                    if envelope.replay_of is None:
-                        return self._dead_letter("permanent", reason, attempts=self.delivery.attempt)
-                    self.conn.execute(sql.RESTART_FAILED, {"id": execution_id})
-                    self.conn.execute(sql.FORGET_FAILED_CHECKPOINTS, {"id": execution_id})
-                self.token, takes = _one(
-                    self.conn, sql.TAKE_EXECUTION, {"id": execution_id, "lease": self.lease, "worker": _WORKER}
-                )
-                if status == "RUNNING":
-                    self.conn.execute(
-                        sql.RECORD_TAKE_OVER,
-                        {"id": execution_id, "token": self.token, "detail": "the previous worker's lease expired"},
-                    )
-                for action, cp_status, attempts, result in self.conn.execute(
-                    sql.LOAD_CHECKPOINTS, {"id": execution_id}
-                ):
-                    self.checkpoints[action] = _Checkpoint(cp_status, attempts, result)
+                ).fetchone()
+                if inserted is not None:  # new: nobody else sees it, no checkpoints yet
+                    self.execution_id = inserted[0]
+                    taken = self.conn.execute(sql.TAKE_NEW_EXECUTION, key | take | {"id": self.execution_id}).fetchone()
+                    if taken is None:
+                        raise _FenceFound()
+                    self.token, self.takes = taken
+                    return None
+                return self._take_existing(key, take)
         except _FenceFound:
             return self._duplicate()
+
+    def _take_existing(self, key: dict[str, Any], take: dict[str, Any]) -> Outcome | None:
+        """The take of an execution a delivery found (see the module docstring, step 1), in the take's transaction."""
+        envelope = self.delivery.envelope
+        row = self.conn.execute(sql.LOCK_EXECUTION, key).fetchone()
+        if row is None:
+            if _one(self.conn, sql.FENCE_EXISTS, key)[0]:
+                raise _FenceFound()
+            return RetryAfter(delay=_RACE_RETRY, error="the execution was being deleted: delivered again")
+        execution_id, status, reason, leased, lease_left, not_due, wait_left, fenced, final_retries = row
+        self.execution_id = execution_id
+        if fenced:
+            raise _FenceFound()
+        if status == "RUNNING" and leased:
+            return RetryAfter(delay=lease_left, error=f"execution {execution_id} is running under another lease")
+        if status == "RETRY_WAIT" and not_due:
+            return RetryAfter(delay=wait_left, error=f"execution {execution_id} waits to retry")
+        if status == "RECONCILIATION_REQUIRED":
+            return Held(execution_id=execution_id, reason=reason)
+        if status == "FAILED":
+            if envelope.replay_of is None:
+                return self._dead_letter("permanent", reason, attempts=self.delivery.attempt)
+            self.conn.execute(sql.RESTART_FAILED, {"id": execution_id})
+            self.conn.execute(sql.FORGET_FAILED_CHECKPOINTS, {"id": execution_id})
+            final_retries = 0
+        self.token, self.takes = _one(self.conn, sql.TAKE_EXECUTION, take | {"id": execution_id})
+        self.final_retries = final_retries
         if status == "RUNNING":
-            log.warning("harness.execution.taken_over", **self._fields(None, None), takes=takes)
-        self.takes = takes
+            self.conn.execute(
+                sql.RECORD_TAKE_OVER,
+                {"id": execution_id, "token": self.token, "detail": "the previous worker's lease expired"},
+            )
+            log.warning("harness.execution.taken_over", **self._fields(None, None), takes=self.takes)
+        for action, cp_status, attempts, result in self.conn.execute(sql.LOAD_CHECKPOINTS, {"id": execution_id}):
+            self.checkpoints[action] = _Checkpoint(cp_status, attempts, result)
         return None
 
     def _duplicate(self) -> Duplicate:
@@ -282,9 +295,17 @@ class _Run:
         return self._fail(None, None, self.takes, error, "exhausted")
 
     def _run_action(self, action: Action, position: int, attempt: int) -> Outcome | None:
-        if action.effect.writes:
-            # The durable proof of absence: the request is sent only after this commit.
-            self._commit_records(_Record(action, position, "STARTED", attempt))
+        started = _Record(action, position, "STARTED", attempt)
+        if action.effect is Effect.NON_IDEMPOTENT_WRITE:
+            # The durable proof of absence: the request is sent only after this synchronous commit.
+            # An explicit transaction: only a live worker's COMMIT ends it (a statement left waiting
+            # on a lock by a worker that died is rolled back, not committed after its death).
+            with self.conn.transaction():
+                self._renew_and_record(self._with_pending(started))
+        elif action.effect is Effect.IDEMPOTENT_WRITE:
+            # One statement in autocommit, one round trip: if it commits after this worker died, the
+            # write is merely re-sent with its key (or reconciled once its attempts are used).
+            self._renew_and_record(self._with_pending(started))
         envelope = self.delivery.envelope
         context = ActionContext(
             job_id=envelope.job_id,
@@ -411,12 +432,9 @@ class _Run:
         records, self.pending = [*self.pending, *([record] if record is not None else [])], []
         return records
 
-    def _commit_records(self, record: _Record) -> None:
-        with self.conn.transaction():
-            self._renew_and_record(self._with_pending(record))
-
     def _renew_and_record(self, records: list[_Record]) -> None:
-        """First statement of a fenced transaction: renew the lease and write ``records``, or raise _Stale."""
+        """First statement of a fenced transaction (or one alone, in autocommit): renew the lease and
+        write ``records``, or raise _Stale (having written nothing)."""
         held, _written = _one(
             self.conn,
             sql.RENEW_LEASE_AND_RECORD,
@@ -440,7 +458,7 @@ class _Run:
 
     def _finish(self) -> Outcome:
         envelope = self.delivery.envelope
-        final_attempt = _one(self.conn, sql.COUNT_FINAL_RETRIES, {"id": self.execution_id})[0] + 1
+        final_attempt = self.final_retries + 1
         context = JobContext(
             job_id=envelope.job_id,
             tenant_id=envelope.tenant_id,
@@ -450,13 +468,18 @@ class _Run:
             consumer=self.consumer.name,
             results=dict(self.results),
         )
-        earned = list(self.pending)  # not written here: the delete would take them away with the execution
-        fence = {"job_id": envelope.job_id, "consumer": self.consumer.name, "tenant_id": envelope.tenant_id}
         duplicate = False
         try:
             with self.conn.transaction():
-                self._renew_and_record([])  # the lock and the fencing check; the successes go with the delete
-                if self.conn.execute(INSERT_FENCE, fence | {"ttl": self.fence_ttl}).fetchone() is None:
+                # The fenced delete (it locks the row; the successes go with it, unwritten) and the fence.
+                gone, fenced = _one(
+                    self.conn,
+                    sql.FINISH_EXECUTION,
+                    {"id": self.execution_id, "token": self.token, "ttl": self.fence_ttl},
+                )
+                if gone != 1:
+                    raise _Stale()
+                if fenced != 1:
                     duplicate = True  # written by a consumer of the same name outside this execution
                 else:
                     try:
@@ -468,15 +491,11 @@ class _Run:
                     check_work_transaction(self.conn)
                 if envelope.replay_of is not None:
                     mark_replay_handled(self.conn, envelope.replay_of, "duplicate" if duplicate else "processed")
-                if (
-                    self.conn.execute(sql.DELETE_EXECUTION, {"id": self.execution_id, "token": self.token}).fetchone()
-                    is None
-                ):
-                    raise _Stale()
         except (KeyboardInterrupt, _Stale):
             raise
         except BaseException as exc:
-            self.pending = earned  # rolled back with the rest: committed with the retry or the failure
+            # All of it rolled back, the execution too: the successes (still pending) are committed
+            # with the retry or the failure.
             return self._failed(None, None, final_attempt, exc)
         if duplicate:
             self.metrics.duplicate(self.consumer.name)

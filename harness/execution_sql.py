@@ -9,26 +9,48 @@ nothing means the worker is stale: the transaction is rolled back and nothing ch
 
 from __future__ import annotations
 
-# The take, 1/4: the execution of a job's first delivery (a redelivery finds it and inserts nothing).
+# The take, first: the execution of a job's first delivery; its id when this delivery inserted it
+# (it is then this transaction's alone), nothing when it exists.
 INSERT_EXECUTION = """
 INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
 VALUES (%(job_id)s, %(consumer)s, %(queue)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(business_scope)s)
 ON CONFLICT (job_id, consumer) DO NOTHING
+RETURNING id
 """
 
-# The take, 2/4: lock it (waits for a worker's transaction on it) and read its state on PostgreSQL's clock.
+# A new execution taken at once — unless the job's fence exists (a success whose execution is
+# gone). A statement after the insert: its snapshot sees a success committed while the insert waited.
+TAKE_NEW_EXECUTION = """
+UPDATE core.executions
+   SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+       lease_expires_at = now() + %(lease)s::interval, leased_by = %(worker)s, takes = takes + 1
+ WHERE id = %(id)s
+   AND NOT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s)
+RETURNING fencing_token, takes
+"""
+
+# An existing execution: lock it (waits for a worker's transaction on it) and read its state on
+# PostgreSQL's clock. A success deletes the row in the transaction that writes its fence, so a row
+# found means no success committed; a row deleted while we waited is no row (then FENCE_EXISTS).
 LOCK_EXECUTION = """
-SELECT id, status, takes, reason,
-       lease_expires_at > now() AS leased,
-       greatest(lease_expires_at - now(), interval '0') AS lease_left,
-       run_at > now() AS not_due,
-       greatest(run_at - now(), interval '0') AS wait_left
-  FROM core.executions
- WHERE job_id = %(job_id)s AND consumer = %(consumer)s
-   FOR UPDATE
+SELECT e.id, e.status, e.reason,
+       e.lease_expires_at > now() AS leased,
+       greatest(e.lease_expires_at - now(), interval '0') AS lease_left,
+       e.run_at > now() AS not_due,
+       greatest(e.run_at - now(), interval '0') AS wait_left,
+       EXISTS (SELECT 1 FROM core.processed_jobs AS f WHERE f.job_id = e.job_id AND f.consumer = e.consumer)
+         AS fenced,
+       -- Failed attempts of the final write so far, since its last FAILED (a replay starts again).
+       (SELECT count(*) FROM core.execution_events AS v
+         WHERE v.execution_id = e.id AND v.kind = 'RETRY_SCHEDULED' AND v.action IS NULL
+           AND v.id > coalesce((SELECT max(w.id) FROM core.execution_events AS w
+                                 WHERE w.execution_id = e.id AND w.kind = 'FAILED'), 0)) AS final_retries
+  FROM core.executions AS e
+ WHERE e.job_id = %(job_id)s AND e.consumer = %(consumer)s
+   FOR UPDATE OF e
 """
 
-# The take, 3/4: the fence probe, after the lock (so it sees a success committed while we waited).
+# The fence probe of a take whose lock found no row (a success deleted it while we waited).
 FENCE_EXISTS = """
 SELECT EXISTS (SELECT 1 FROM core.processed_jobs WHERE job_id = %(job_id)s AND consumer = %(consumer)s)
 """
@@ -45,7 +67,7 @@ FORGET_FAILED_CHECKPOINTS = """
 DELETE FROM core.execution_checkpoints WHERE execution_id = %(id)s AND status = 'FAILED'
 """
 
-# The take, 4/4: a new fencing token and a lease; RUNNING → RUNNING is a take-over.
+# The take of an existing execution: a new fencing token and a lease; RUNNING → RUNNING is a take-over.
 TAKE_EXECUTION = """
 UPDATE core.executions
    SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
@@ -66,14 +88,6 @@ SELECT action, status, attempts, result
   FROM core.execution_checkpoints
  WHERE execution_id = %(id)s
  ORDER BY position
-"""
-
-# Failed attempts of the final write so far, counted from the history since its last FAILED (a
-# replay starts the count again).
-COUNT_FINAL_RETRIES = """
-SELECT count(*) FROM core.execution_events
- WHERE execution_id = %(id)s AND kind = 'RETRY_SCHEDULED' AND action IS NULL
-   AND id > coalesce((SELECT max(id) FROM core.execution_events WHERE execution_id = %(id)s AND kind = 'FAILED'), 0)
 """
 
 # The first statement of every later transaction of a worker: renew the lease if this worker
@@ -131,10 +145,19 @@ SELECT id, %(status)s, %(action)s, %(attempt)s, fencing_token, %(reason)s FROM m
 RETURNING 1
 """
 
-# Success (J-AC8): the final transaction deletes the execution (its checkpoints and history go
-# with it, ON DELETE CASCADE), fenced; nothing deleted → stale → the whole transaction rolls back.
-DELETE_EXECUTION = """
-DELETE FROM core.executions
- WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
-RETURNING id
+# Success (J-AC8), the first statement of the final transaction: delete the execution (its
+# checkpoints and history go with it, ON DELETE CASCADE), fenced, and write the job's fence (J-B1)
+# in its place. gone = 0: stale, roll back; fenced = 0: the fence was there already.
+FINISH_EXECUTION = """
+WITH gone AS (
+    DELETE FROM core.executions
+     WHERE id = %(id)s AND fencing_token = %(token)s AND lease_expires_at > now()
+    RETURNING job_id, consumer, tenant_id
+), fenced AS (
+    INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+    SELECT job_id, consumer, tenant_id, now() + %(ttl)s::interval FROM gone
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM gone) AS gone, (SELECT count(*) FROM fenced) AS fenced
 """

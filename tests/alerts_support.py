@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import psycopg
-from fake_betterstack import FakeBetterStack, make_client
+from fake_betterstack import TOKEN, FakeBetterStack, make_client
 
 from alerts.feed import AlertFeed, AlertFeedConfig
 from maintenance.runtime.db import Database
@@ -40,3 +43,18 @@ def alert_rows(conn: psycopg.Connection) -> list[tuple]:
 
 def coverage(conn: psycopg.Connection) -> dict[str, int]:
     return dict(conn.execute("SELECT kind, count(*) FROM core.dead_letter_alert_coverage GROUP BY kind").fetchall())
+
+
+CRASH_WORKER = Path(__file__).with_name("alerts_crash_worker.py")
+CRASH_EXIT = 77
+
+
+def run_crashing_feed(database_url: str, fake: FakeBetterStack) -> subprocess.CompletedProcess[str]:
+    """Run the feed in a process that dies hard right after Better Stack confirmed its first incident."""
+    return subprocess.run(
+        [sys.executable, str(CRASH_WORKER), database_url, fake.url, TOKEN],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )

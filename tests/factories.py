@@ -299,3 +299,38 @@ def add_execution(
         for statement in BACKDATE_EXECUTION.split(";"):
             conn.execute(statement, {"age": age, "id": execution_id} if "%(" in statement else None)
     return execution_id
+
+
+# The state an operator's resolution leaves (RECONCILIATION_REQUIRED → PENDING for RESUME, → FAILED
+# for CLOSE_WITHOUT_TRANSITION, with a new fencing token), without the resolution itself: the guard
+# (migration 0012) refuses any way out of RECONCILIATION_REQUIRED but a resolution in the ledger, so
+# the test lifts it for this one statement — a test arranging what an operator did. The real
+# resolution is harness/reconciliation.py (tests/test_api_resolution.py, also with the alert feed).
+RESOLVE_EXECUTION = """
+ALTER TABLE core.executions DISABLE TRIGGER executions_guard;
+UPDATE core.executions
+   SET status = %(status)s, fencing_token = nextval('core.execution_fencing_seq'), status_changed_at = now(),
+       reason = CASE WHEN %(status)s = 'FAILED' THEN 'closed by an operator' END, run_at = now()
+ WHERE id = %(id)s AND status = 'RECONCILIATION_REQUIRED';
+ALTER TABLE core.executions ENABLE TRIGGER executions_guard"""
+
+
+def resolve_execution(conn: psycopg.Connection, execution_id: int, status: str = "PENDING") -> None:
+    """An operator's resolution of a RECONCILIATION_REQUIRED execution: to ``PENDING`` (RESUME) or ``FAILED``."""
+    for statement in RESOLVE_EXECUTION.split(";"):
+        conn.execute(statement, {"status": status, "id": execution_id} if "%(" in statement else None)
+
+
+def make_uncertain_again(conn: psycopg.Connection, execution_id: int) -> None:
+    """A resumed (PENDING) execution taken by a worker and left uncertain once more: a new episode."""
+    conn.execute(TAKE_EXECUTION, {"id": execution_id})
+    conn.execute(
+        SETTLE_EXECUTION,
+        {
+            "id": execution_id,
+            "status": "RECONCILIATION_REQUIRED",
+            "reason": "notify: the worker was lost while the request may have been sent",
+            "reason_action": "notify",
+            "delay": timedelta(0),
+        },
+    )

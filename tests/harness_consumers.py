@@ -17,6 +17,7 @@ from __future__ import annotations
 import psycopg
 from pydantic import field_validator
 
+from harness.actions import Action, Effect
 from harness.consumer import Consumer, JobContext
 from harness.errors import TransientError
 from harness.examples.points import CreditPoints
@@ -81,3 +82,23 @@ def _misbehave(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext)
 
 
 fragile = Consumer(name=points.name, queue=points.queue, payload_schema=PickyCredit, handler=_misbehave)
+
+
+# A durable consumer (seed 002) with one action of each effect class, on seed 002's default
+# action policy; for the TTL guard's execution window (harness/execution_window.py). Its calls
+# are never made by these tests.
+def _never_called(payload: CreditPoints, ctx: object) -> None:
+    raise AssertionError("the window tests never run an action")
+
+
+durable_ledger = Consumer(
+    name="points.credit.ledger",
+    queue="points.credit.ledger",
+    payload_schema=CreditPoints,
+    handler=points.handler,
+    actions=(
+        Action(name="lookup", effect=Effect.READ_ONLY, call=_never_called),
+        Action(name="credit", effect=Effect.IDEMPOTENT_WRITE, call=_never_called),
+        Action(name="notify", effect=Effect.NON_IDEMPOTENT_WRITE, call=_never_called),
+    ),
+)

@@ -2,31 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
-from alerts_support import alert_rows, make_feed
+from alerts_support import CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
 from factories import add_dead_letters
-from fake_betterstack import TOKEN
 
 from harness.pg import server_now
-
-WORKER = Path(__file__).with_name("alerts_crash_worker.py")
 
 
 def test_a_crash_after_the_post_is_recovered_by_metadata_without_a_duplicate(db, database_url, conn, fake_bs):
     """A worker dies right after the first 201; the next run finds that incident by its key and posts only the other."""
     add_dead_letters(conn, "points.credit", 3)
     add_dead_letters(conn, "notifications.email", 2)
-    crashed = subprocess.run(
-        [sys.executable, str(WORKER), database_url, fake_bs.url, TOKEN],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert crashed.returncode == 77, crashed.stderr
+    crashed = run_crashing_feed(database_url, fake_bs)
+    assert crashed.returncode == CRASH_EXIT, crashed.stderr
     [posted_before_crash] = list(fake_bs.incidents)
     assert [row[2] for row in alert_rows(conn)] == ["pending", "pending"]  # intents, nothing confirmed
 

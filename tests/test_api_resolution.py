@@ -447,3 +447,20 @@ def test_resolutions_are_counted_by_command(admin_api, conn):
     metrics = admin_api.get("/metrics").text
     assert 'core_jobs_api_execution_resolutions_total{command="RESUME"} 1.0' in metrics
     assert 'core_jobs_api_execution_resolutions_total{command="CLOSE_WITHOUT_TRANSITION"} 1.0' in metrics
+
+
+# --- the alert feed ------------------------------------------------------------------------------
+def test_the_alert_feed_resolves_the_incident_once_the_execution_is_resolved(admin_api, conn, db, fake_bs):
+    """An uncertain execution is paged; after a RESUME over HTTP the feed's next run resolves its incident."""
+    from alerts_support import make_feed
+
+    from harness.pg import server_now
+
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
+    feed = make_feed(db, fake_bs)
+    assert feed.run_once(server_now(conn)).incidents_posted == 1
+    [incident_id] = list(fake_bs.incidents)
+    assert post(admin_api, execution_id, RESUME).status_code == 200
+    result = feed.run_once(server_now(conn))
+    assert result.incidents_resolved == 1 and result.ok
+    assert fake_bs.incidents[incident_id]["status"] == "Resolved"

@@ -26,7 +26,7 @@ from ledger_support import (
 from harness.actions import idempotency_key
 from harness.consumer import Consumer
 from harness.dead_letters import write_dead_letter
-from harness.execution import max_takes
+from harness.execution_window import max_takes
 from harness.queue import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
 from harness.retry import RetryPolicy
 from maintenance.demo.ledger import Fault

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from factories import add_dead_letter, add_fences
+from factories import add_dead_letter, add_execution, add_fences, resolve_execution
 from logcapture import events_in
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -50,6 +50,16 @@ def pushed_families(body: bytes) -> dict[str, dict[tuple, float]]:
     return samples
 
 
+def run_once_metrics_and_push(clean_env, database_url: str, httpserver) -> dict[str, dict[tuple, float]]:
+    """`core-jobs run-once metrics` against the test database and a local Pushgateway; what it PUT."""
+    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
+    assert main(["run-once", "metrics"]) == EXIT_OK
+    ((request, _response),) = httpserver.log
+    return pushed_families(request.get_data())
+
+
 # --- export --------------------------------------------------------------------------------------
 def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, database_url, conn, httpserver, capsys):
     """`core-jobs run-once metrics` PUTs each consumer's success count to the Pushgateway and logs the same figures."""
@@ -58,14 +68,7 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
     add_fences(conn, "points.expire", 3, now - timedelta(minutes=20))
     add_fences(conn, "notifications.email", 1, now - timedelta(hours=2))
     add_dead_letter(conn, queue="points.credit", created_at=now - timedelta(minutes=10))
-    httpserver.expect_request(PUSH_PATH, method="PUT").respond_with_data("", status=200)
-    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
-    clean_env.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", httpserver.url_for("/"))
-
-    assert main(["run-once", "metrics"]) == EXIT_OK
-
-    ((request, _response),) = httpserver.log
-    pushed = pushed_families(request.get_data())
+    pushed = run_once_metrics_and_push(clean_env, database_url, httpserver)
     assert pushed["core_jobs_successes_total"] == {
         (("consumer", "notifications.email"),): 1.0,
         (("consumer", "points.credit"),): 7.0,
@@ -277,7 +280,7 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
     try:
         for grant in (
             "GRANT USAGE ON SCHEMA core TO {}",
-            "GRANT SELECT ON core.processed_jobs, core.dead_letters TO {}",
+            "GRANT SELECT ON core.processed_jobs, core.dead_letters, core.executions TO {}",
             "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}",
         ):
             conn.execute(sql.SQL(grant).format(sql.Identifier(role)))
@@ -434,3 +437,52 @@ def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     assert value("core_jobs_job_result", {"job_name": "broken", "field": "num_successes"}) == 0
     assert value("core_jobs_job_result", {"job_name": "metrics", "field": "num_consumers"}) == 0
     assert telemetry.last_runs["broken"].ok is False and "UndefinedTable" in telemetry.last_runs["broken"].error
+
+
+# --- durable executions (issue 12) ----------------------------------------------------------------
+def test_execution_gauges_per_consumer_and_state_and_the_oldest_uncertain_age(db, conn):
+    """Counts per consumer and state (0 for the states it has none in), and the age of its oldest RECONCILIATION_REQUIRED one."""
+    add_execution(conn, consumer="points.ledger", age="90 minutes")
+    add_execution(conn, consumer="points.ledger", age="5 minutes")
+    add_execution(conn, consumer="points.ledger", status="RETRY_WAIT")
+    add_execution(conn, consumer="payments.charge", status="FAILED", age="2 days")
+    now = server_now(conn)
+
+    result = MetricsJob(db).run_once(now)
+
+    figures = {c.consumer: c for c in result.executions}
+    assert figures["points.ledger"].by_status == {
+        "PENDING": 0,
+        "RUNNING": 0,
+        "RETRY_WAIT": 1,
+        "FAILED": 0,
+        "RECONCILIATION_REQUIRED": 2,
+    }
+    assert figures["points.ledger"].oldest_reconciliation_age_seconds == pytest.approx(5400, abs=5)
+    assert figures["payments.charge"].by_status["FAILED"] == 1
+    assert figures["payments.charge"].oldest_reconciliation_age_seconds is None  # nothing uncertain there
+    fields = result.fields()
+    assert fields["executions_reconciliation_required"] == 2
+    assert fields["executions_oldest_reconciliation_age_seconds"] == pytest.approx(5400, abs=5)
+
+
+def test_a_resolved_execution_leaves_its_consumer_at_zero_uncertain_and_no_age(db, conn):
+    """After the operator's resolution the consumer still shows RECONCILIATION_REQUIRED 0, and no oldest age."""
+    uncertain = add_execution(conn, consumer="points.ledger", age="1 hour")
+    resolve_execution(conn, uncertain)  # RESUME: PENDING
+    [figures] = MetricsJob(db).run_once(server_now(conn)).executions
+    assert (figures.by_status["RECONCILIATION_REQUIRED"], figures.by_status["PENDING"]) == (0, 1)
+    assert figures.oldest_reconciliation_age_seconds is None
+
+
+def test_run_once_metrics_pushes_the_execution_gauges(clean_env, database_url, conn, httpserver, capsys):
+    """`core-jobs run-once metrics` pushes executions by consumer and state and the oldest uncertain age, and logs them."""
+    add_execution(conn, consumer="points.ledger", age="10 minutes")
+    pushed = run_once_metrics_and_push(clean_env, database_url, httpserver)
+    states = pushed["core_jobs_executions"]
+    assert states[(("consumer", "points.ledger"), ("status", "RECONCILIATION_REQUIRED"))] == 1.0
+    assert states[(("consumer", "points.ledger"), ("status", "FAILED"))] == 0.0
+    [age] = pushed["core_jobs_executions_oldest_reconciliation_age_seconds"].items()
+    assert age[0] == (("consumer", "points.ledger"),) and 600 <= age[1] < 660
+    [event] = events_in(capsys.readouterr().out, "maintenance.metrics.collected")
+    assert event["executions"]["points.ledger"]["RECONCILIATION_REQUIRED"] == 1

@@ -86,8 +86,38 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     out.write(f"  broker redelivery horizon: {format_duration(settings.broker_redelivery_horizon)}\n")
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
+    consumers_ok = _check_consumers(args.consumers or [], settings, out)
     out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
-    return EXIT_OK if guard.ok else EXIT_CONFIG
+    return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
+
+
+def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
+    """check-config --consumer: each consumer's own window (a durable one's execution window,
+    harness/execution_window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
+    from harness.execution_window import max_execution_window, max_takes
+    from maintenance.settings import format_duration
+
+    ok = True
+    if references:
+        out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
+    for reference in references:
+        consumer = harness_cli.load_consumer(reference)
+        queue_policy = settings.retry_policy(consumer.queue)
+        window = max_execution_window(consumer, queue_policy, settings.worker_lease)
+        if consumer.durable:
+            actions = ", ".join(f"{a.name} {a.effect.value} {a.policy.max_attempts} attempts" for a in consumer.actions)
+            takes = max_takes(consumer, queue_policy)
+            shape = (
+                f"durable, actions {actions}; final write {consumer.policy(queue_policy).max_attempts} attempts;"
+                f" at most {takes} takes x lease {format_duration(settings.worker_lease)};"
+                f" execution window {format_duration(window)}"
+            )
+        else:
+            shape = f"no actions; retry window {format_duration(window)}"
+        guard = harness_cli.consumer_ttl_guard(settings, consumer)
+        ok = ok and guard.ok
+        out.write(f"  {consumer.name} ({reference}): {shape}\n    TTL guard: {guard.explain()}\n")
+    return ok
 
 
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
@@ -154,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_downgrade)
 
     p = sub.add_parser("check-config", help="print the effective settings and the TTL/retry-window guard")
+    p.add_argument(
+        "--consumer",
+        dest="consumers",
+        action="append",
+        metavar="MODULE:OBJECT",
+        help="also check this consumer's own window against the TTL (repeatable), e.g. harness.examples.points:consumer",
+    )
     p.set_defaults(handler=cmd_check_config)
 
     p = sub.add_parser("run-once", help="run the named jobs once (all when none is named)")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
     from harness.consumer import Consumer
     from harness.operations import DeadLetterRow
-    from maintenance.settings import Settings
+    from maintenance.settings import Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -57,24 +57,31 @@ def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
     return found
 
 
+def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
+    """The TTL guard (J-B7) of one consumer: its window is the longest of the configured policies'
+    and its own — a policy fixed in its code, or a durable consumer's execution window
+    (harness/execution_window.py: its actions' retries and its take-overs) — plus the broker horizon.
+    A fence shorter than that would let a late retry apply twice."""
+    from harness.execution_window import max_execution_window
+    from maintenance.settings import TtlGuard
+
+    own = max_execution_window(consumer, settings.retry_policy(consumer.queue), settings.worker_lease)
+    window = max(settings.max_retry_window(), own + settings.broker_redelivery_horizon)
+    return TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
+
+
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from harness.dead_letters import describe_error
     from harness.metrics import HarnessMetrics
-    from harness.retry import max_retry_window
     from harness.worker import Worker, WorkerConfig
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
-    from maintenance.settings import ConfigError, TtlGuard
+    from maintenance.settings import ConfigError
 
     consumer = load_consumer(args.consumer)
-    # A fence shorter than the retry window would let a late retry apply twice (J-B7). The
-    # settings' guard sees the configured policies only; a policy fixed in the consumer's code counts too.
-    window = settings.max_retry_window()
-    if consumer.retry_policy is not None:
-        window = max(window, max_retry_window(consumer.retry_policy) + settings.broker_redelivery_horizon)
-    guard = TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
+    guard = consumer_ttl_guard(settings, consumer)
     if not guard.ok:
         raise ConfigError(f"--consumer {args.consumer}: {guard.explain()}")
     config = WorkerConfig(

@@ -25,7 +25,7 @@
   resolution has just closed. (A column grant cannot say "only from this state".)
 
 Revision ID: 0012_execution_resolution
-Revises: 0010_durable_actions
+Revises: 0011_execution_alerts
 Create Date: 2026-12-01
 """
 
@@ -34,7 +34,7 @@ from importlib import import_module
 from alembic import op
 
 revision = "0012_execution_resolution"
-down_revision = "0010_durable_actions"
+down_revision = "0011_execution_alerts"
 branch_labels = None
 depends_on = None
 

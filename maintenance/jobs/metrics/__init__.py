@@ -41,6 +41,11 @@ re-rank, delete the watermark row (counters restart from the fences still stored
 run's ``now``), and replayed and discarded totals (dead letters are never deleted, so these are
 true counters).
 
+**Executions** (issue 12). Per consumer: its durable executions in each state (every state, 0
+included, once the consumer has any), and how long its oldest RECONCILIATION_REQUIRED one has
+waited (seconds since it entered that state, by the run's ``now``). Succeeded executions are
+deleted, so these are gauges of the work in hand.
+
 Options (environment, ``CORE_JOBS_`` prefix):
 
 =============================  ========  =======  ===============================================
@@ -61,11 +66,14 @@ Metrics (besides the run metrics every job gets, see maintenance/runtime/telemet
 ``core_jobs_dead_letters_oldest_pending_age_seconds{queue}`` gauge   age of the oldest pending one
 ``core_jobs_dead_letters_replayed_total{queue}``            counter  dead letters replayed
 ``core_jobs_dead_letters_discarded_total{queue}``           counter  dead letters discarded
+``core_jobs_executions{consumer,status}``                    gauge    executions per state
+``core_jobs_executions_oldest_reconciliation_age_seconds{consumer}`` gauge  oldest uncertain one
 ==========================================================  =======  ==============================
 
 Events: ``maintenance.metrics.start/.stop/.error`` (fields ``num_successes``,
 ``num_consumers``, ``dead_letters_pending``, ``dead_letters_oldest_pending_age_seconds``,
-``counted_until_lag_seconds``) and once per run ``maintenance.metrics.collected`` with every
+``counted_until_lag_seconds``, ``executions_reconciliation_required``,
+``executions_oldest_reconciliation_age_seconds``) and once per run ``maintenance.metrics.collected`` with every
 figure above (``successes`` of this run and ``successes_total`` per consumer, ``dead_letters``
-per queue, ``counted_from``, ``counted_until``, ``horizon``).
+per queue, ``executions`` per consumer, ``counted_from``, ``counted_until``, ``horizon``).
 """

@@ -21,6 +21,7 @@ from maintenance.jobs.metrics.sql import (
     COUNT_SUCCESSES_BY_TENANT,
     DEAD_LETTER_FIGURES,
     ENSURE_WATERMARK,
+    EXECUTION_FIGURES,
     LOCK_WATERMARK,
     SUCCESS_HORIZON,
 )
@@ -36,6 +37,11 @@ OTHER_TENANTS = "other"
 # than this are left for the next run.
 SETTLE = timedelta(seconds=1)
 NEVER = datetime.min.replace(tzinfo=UTC)
+# Every state a stored execution can be in (migration 0010; SUCCEEDED is never stored): each is
+# exported for every consumer that has executions, 0 included, so a count that falls to zero
+# shows 0 instead of a series that vanishes.
+EXECUTION_STATES = ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED")
+UNCERTAIN = "RECONCILIATION_REQUIRED"
 
 
 # --- pure parts --------------------------------------------------------------------------------
@@ -94,6 +100,28 @@ class QueueFigures:
     discarded: int
 
 
+@dataclass(frozen=True)
+class ConsumerExecutions:
+    """One consumer's durable executions: how many in each state, and how long the oldest uncertain one has waited."""
+
+    consumer: str
+    by_status: dict[str, int]
+    oldest_reconciliation_age_seconds: float | None
+
+    @classmethod
+    def from_rows(cls, now: datetime, rows: list[tuple[str, str, int, datetime]]) -> list[ConsumerExecutions]:
+        """Rows (consumer, status, count, oldest_since) of EXECUTION_FIGURES, grouped by consumer."""
+        grouped: dict[str, list[tuple[str, int, datetime]]] = {}
+        for consumer, status, n, since in rows:
+            grouped.setdefault(consumer, []).append((status, n, since))
+        figures = []
+        for consumer, states in sorted(grouped.items()):
+            by_status = dict.fromkeys(EXECUTION_STATES, 0) | {status: n for status, n, _ in states}
+            oldest = next((since for status, _, since in states if status == UNCERTAIN), None)
+            figures.append(cls(consumer, by_status, _age(now, oldest)))
+        return figures
+
+
 @dataclass
 class MetricsResult:
     counted_from: datetime
@@ -103,6 +131,7 @@ class MetricsResult:
     successes: dict[str, int] = field(default_factory=dict)
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)
     dead_letters: list[QueueFigures] = field(default_factory=list)
+    executions: list[ConsumerExecutions] = field(default_factory=list)
     tenant_label: bool = False
     ok: bool = True
 
@@ -114,6 +143,10 @@ class MetricsResult:
             "dead_letters_pending": sum(q.pending for q in self.dead_letters),
             "dead_letters_oldest_pending_age_seconds": max(ages, default=0.0),
             "counted_until_lag_seconds": round((self.now - self.counted_until).total_seconds(), 3),
+            "executions_reconciliation_required": sum(c.by_status[UNCERTAIN] for c in self.executions),
+            "executions_oldest_reconciliation_age_seconds": max(
+                (c.oldest_reconciliation_age_seconds or 0.0 for c in self.executions), default=0.0
+            ),
         }
 
     def totals_by_series(self) -> dict[tuple[str, ...], int]:
@@ -144,6 +177,10 @@ class MetricsResult:
                     "discarded_total": q.discarded,
                 }
                 for q in self.dead_letters
+            },
+            "executions": {
+                c.consumer: c.by_status | {"oldest_reconciliation_age_seconds": c.oldest_reconciliation_age_seconds}
+                for c in self.executions
             },
         }
 
@@ -177,6 +214,25 @@ class MetricsResult:
             replayed.add_metric([q.queue], q.replayed)
             discarded.add_metric([q.queue], q.discarded)
         yield from (pending, age, replayed, discarded)
+        yield from self._execution_families()
+
+    def _execution_families(self) -> Iterator[Metric]:
+        states = GaugeMetricFamily(
+            "core_jobs_executions",
+            "Durable executions not finished (succeeded ones are deleted), by consumer and state.",
+            labels=["consumer", "status"],
+        )
+        oldest = GaugeMetricFamily(
+            "core_jobs_executions_oldest_reconciliation_age_seconds",
+            "How long the oldest RECONCILIATION_REQUIRED execution has waited for an operator.",
+            labels=["consumer"],
+        )
+        for c in self.executions:
+            for status, n in c.by_status.items():
+                states.add_metric([c.consumer, status], n)
+            if c.oldest_reconciliation_age_seconds is not None:
+                oldest.add_metric([c.consumer], c.oldest_reconciliation_age_seconds)
+        yield from (states, oldest)
 
 
 def zero_fields() -> dict[str, Any]:
@@ -214,6 +270,7 @@ class MetricsJob:
                     QueueFigures(queue, pending, _age(now, oldest), replayed, discarded)
                     for queue, pending, oldest, replayed, discarded in conn.execute(DEAD_LETTER_FIGURES)
                 ]
+                result.executions = ConsumerExecutions.from_rows(now, conn.execute(EXECUTION_FIGURES).fetchall())
         get_logger(job="metrics").info("maintenance.metrics.collected", **result.log_figures())
         return result
 

@@ -64,3 +64,14 @@ SELECT queue,
  GROUP BY queue
  ORDER BY queue
 """
+
+# execution_figures: durable executions (issue 12) per consumer and state, with the oldest moment
+# a group entered its state (the metrics use it for RECONCILIATION_REQUIRED: how long the oldest
+# uncertain write has waited for an operator). Succeeded executions are deleted, so these are
+# gauges of the work in hand. Reads executions_status_idx.
+EXECUTION_FIGURES = """
+SELECT consumer, status, count(*) AS n, min(status_changed_at) AS oldest_since
+  FROM core.executions
+ GROUP BY consumer, status
+ ORDER BY consumer, status
+"""

@@ -24,6 +24,16 @@ all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start 
    that, do not hold a fence. A replay whose message is lost for good (a broker that dropped it)
    stays outstanding and keeps its fences until an operator releases it (``core-jobs
    dead-letters release ID --reason``).
+4. no durable execution of the same ``(job_id, consumer)`` is unfinished (any state but
+   ``FAILED``: PENDING, RUNNING, RETRY_WAIT, RECONCILIATION_REQUIRED) — a redelivery must meet
+   it, never a missing fence. A FAILED execution's future is its dead letter's, which rule 3
+   already guards; a discarded one needs no fence to stay failed.
+
+FAILED executions nothing needs any more are deleted by the same run, after the fences
+(``executions_deleted``, sql.DELETE_FAILED_EXECUTIONS): failed more than
+``CORE_JOBS_PROCESSED_JOBS_TTL`` before ``cutoff`` (as long as a fence written at the failure
+would live) and no dead letter of the job holding a fence by rule 3. RECONCILIATION_REQUIRED
+executions are never deleted (the database refuses it too). docs/purge.md says why.
 
 Races with a batch: each batch decides in one statement, on one snapshot. Every change that
 ends a hold commits together with the state that takes over: a replay commits the message and
@@ -124,13 +134,15 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``longest_batch_ms``   wall time of the longest batch transaction, commit included;
 - ``batch_size``         the batch size at the end of the run, as steered after its last
                          batch (toward the target duration; halved by timeouts);
-- ``used_sweep``         1 when the run swept block ranges, 0 when it walked the index.
+- ``used_sweep``         1 when the run swept block ranges, 0 when it walked the index;
+- ``executions_deleted`` FAILED executions deleted (nothing needed them any more).
 
 Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
 ``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
 ``pending_dead_letters`` — those holding a fence: pending, outstanding replays, replays handled
-within the window —, ``estimate_ms``). Per batch:
+within the window —, ``unfinished_executions`` — executions not FAILED, each holding its
+fence —, ``estimate_ms``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,

@@ -26,7 +26,7 @@ from maintenance.jobs.purge.paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.jobs.purge.sql import COUNT_HOLDING
+from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_FAILED_EXECUTIONS
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.durations import format_duration
@@ -57,6 +57,7 @@ class PurgeResult:
         "longest_batch_ms",
         "batch_size",
         "used_sweep",
+        "executions_deleted",
     )
 
     num_deleted: int = 0
@@ -70,6 +71,7 @@ class PurgeResult:
     longest_batch_ms: float = 0.0
     batch_size: int = 0
     used_sweep: int = 0
+    executions_deleted: int = 0
     # Not event fields: the cutoffs this run used (cutoff - protected_from = margin x retry window).
     cutoff: datetime | None = None
     protected_from: datetime | None = None
@@ -144,12 +146,45 @@ class Purger:
                 return result
             with self.db.connect(autocommit=True) as conn:
                 self._delete_batches(conn, result, deadline)
+                if not (result.stopped_on_budget or result.stopped_on_signal or result.gave_up):
+                    self._delete_failed_executions(conn, result, deadline)
         return result
+
+    def _statement_timeout(self) -> str:
+        """Each batch's statement_timeout, in milliseconds (at least 1)."""
+        return f"{max(1, round(self.config.statement_timeout.total_seconds() * 1000))}ms"
+
+    def _delete_failed_executions(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
+        """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS), in batches.
+
+        They are few (failures, not successes), so the batch size is the configured one, without
+        steering; a statement timeout ends this part of the run, and the next run carries on.
+        """
+        cfg = self.config
+        assert result.cutoff is not None and result.protected_from is not None  # set by run_once
+        params = {
+            "failed_before": result.cutoff - cfg.guard.ttl,
+            "protected_from": result.protected_from,
+            "batch_size": cfg.batch_size,
+        }
+        timeout = self._statement_timeout()
+        while self._monotonic() < deadline and not self._stop.is_set():
+            try:
+                (deleted,) = fetch_limited(conn, timeout, DELETE_FAILED_EXECUTIONS, params)
+            except errors.QueryCanceled:
+                result.num_timeouts += 1
+                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=cfg.batch_size, part="executions")
+                return
+            result.executions_deleted += deleted
+            if deleted < cfg.batch_size:
+                if result.executions_deleted:
+                    self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
+                return
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         cfg = self.config
         params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
-        timeout = f"{max(1, round(cfg.statement_timeout.total_seconds() * 1000))}ms"
+        timeout = self._statement_timeout()
         walk, _reason = self._choose_walk(conn, params, timeout)  # the reason is logged (strategy_chosen)
         result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
@@ -216,8 +251,8 @@ class Purger:
         self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
     ) -> tuple[IndexWalk | BlockSweep, str]:
         """The access path of this run and why, decided once before the first batch, and logged."""
-        pending = fetch_limited(conn, timeout, COUNT_HOLDING, params)[0]
-        guard = "hashed" if pending <= self.config.hashed_pending_limit else "probed"
+        pending, unfinished = fetch_limited(conn, timeout, COUNT_HOLDING, params)
+        guard = "hashed" if max(pending, unfinished) <= self.config.hashed_pending_limit else "probed"
         started = time.perf_counter()
         try:
             estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
@@ -240,6 +275,7 @@ class Purger:
             estimated_index_s=_rounded(index_s, 3),
             estimated_sweep_s=_rounded(sweep_s, 3),
             pending_dead_letters=pending,
+            unfinished_executions=unfinished,
             estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
         return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
