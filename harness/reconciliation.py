@@ -28,10 +28,11 @@ key: the same canonical command from the same operator gets the original respons
 the execution succeeded and was deleted; anything else is refused); the state; the published
 definition; then a new fencing token, the ledger row, the checkpoints, the execution, the
 ``EXECUTION_RESOLVED`` event (written by the ledger's trigger) and the re-queue commit together
-or not at all. The database
-refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger row (migration
-``0012_execution_resolution``), and every write of a worker holding the old token matches
-nothing.
+or not at all — in three round trips (the reads pipelined after the lock, the token, the writes
+pipelined). The database refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger
+row (migration ``0012_execution_resolution``), and every write of a worker holding the old token
+matches nothing. A refusal raises :class:`ResolutionRefused` and writes nothing, not even under
+the key.
 
 Evidence: a ``reference`` to a verifiable case (a ticket, a provider's case number; at most
 :data:`MAX_REFERENCE_CHARS`) and a ``reason`` (at most :data:`MAX_REASON_CHARS`), both non-blank.
