@@ -48,6 +48,14 @@ def test_unknown_variable_is_named_with_a_suggestion(clean_env):
         load_settings()
 
 
+def test_the_example_consumers_ledger_url_is_not_taken_for_a_misspelt_setting(clean_env):
+    """CORE_JOBS_LOYALTY_LEDGER_URL, which the example durable consumer reads, does not stop the settings loading."""
+    from harness.examples.ledger_points import LEDGER_URL_VARIABLE
+
+    clean_env.setenv(LEDGER_URL_VARIABLE, "http://127.0.0.1:8765")
+    assert load_settings().processed_jobs_ttl == timedelta(days=7)
+
+
 def test_unknown_lowercase_variable_is_named_too(clean_env):
     """Settings are read case-insensitively, so a misspelt lower-case core_jobs_ variable is an error as well."""
     clean_env.setenv("core_jobs_procesed_jobs_ttl", "P7D")

@@ -22,6 +22,7 @@ from pydantic import SecretStr
 
 from maintenance.demo.api import walk_through as api_walk_through
 from maintenance.demo.data import seed
+from maintenance.demo.durable import walk_through as durable_walk_through
 from maintenance.demo.explain import EXPLAIN
 from maintenance.demo.harness import walk_through
 from maintenance.runtime import migrate
@@ -117,6 +118,11 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
             out.write(f"  core.{table}: {before[table]} -> {after.get(table, 0)}\n")
         out.write("\nThe consumer harness, with the example points consumer (harness/examples/points.py):\n")
         walk_through(demo_settings, db, out)
+        out.write(
+            "\nDurable actions (docs/durable-actions.md): the ledger points consumer"
+            " (harness/examples/ledger_points.py) against a local loyalty ledger:\n"
+        )
+        durable_walk_through(demo_settings, db, out)
         out.write("\nThe operations API (core-jobs api, docs/api.md), over HTTP:\n")
         api_walk_through(demo_settings, out)
         out.write("\nDemo finished; the database is being removed.\n" if not keep else "\nDemo finished.\n")

@@ -18,8 +18,12 @@ from maintenance.errors import ConfigError
 
 ENV_PREFIX = "CORE_JOBS_"
 
-# Variables with our prefix that are not settings of the application itself.
-FOREIGN_VARIABLES = frozenset({"CORE_JOBS_TEST_DATABASE_URL", "CORE_JOBS_BENCH_DATABASE_URL"})
+# Variables with our prefix that are not settings of the application itself. The loyalty
+# ledger's URL is the example durable consumer's (harness/examples/ledger_points.py), which a
+# `core-jobs worker --consumer` process reads.
+FOREIGN_VARIABLES = frozenset(
+    {"CORE_JOBS_TEST_DATABASE_URL", "CORE_JOBS_BENCH_DATABASE_URL", "CORE_JOBS_LOYALTY_LEDGER_URL"}
+)
 
 
 def variable_names(fields: Iterable[str]) -> list[str]:
