@@ -125,9 +125,9 @@ def _client(job: tuple) -> list[float]:
                 latencies.append((time.perf_counter() - started) * 1000)
         return latencies
     with httpx.Client(base_url=target, headers={"Authorization": f"Bearer {auth}"}, timeout=60) as http:
-        for method, path, params, body in requests:
+        for method, path, params, body, *headers in requests:  # headers: optional, per request
             started = time.perf_counter()
-            response = http.request(method, path, params=params, json=body)
+            response = http.request(method, path, params=params, json=body, headers=headers[0] if headers else None)
             latencies.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200, response.text[:300]
     return latencies
@@ -176,14 +176,18 @@ def seed(url: str, rows: int, bulk_rounds: int) -> None:
         )
 
 
-def start_api(url: str, key_file: str) -> tuple[subprocess.Popen, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {
-        "CORE_JOBS_DATABASE_URL": url,
-        "CORE_JOBS_API_JWT_PUBLIC_KEY_FILE": key_file,
-        "CORE_JOBS_API_JWT_ISSUER": ISSUER,
-        "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
-        "CORE_JOBS_LOG_FORMAT": "json",
-    }
+def start_api(url: str, key_file: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    env = (
+        {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
+        | (extra_env or {})
+        | {
+            "CORE_JOBS_DATABASE_URL": url,
+            "CORE_JOBS_API_JWT_PUBLIC_KEY_FILE": key_file,
+            "CORE_JOBS_API_JWT_ISSUER": ISSUER,
+            "CORE_JOBS_API_JWT_AUDIENCE": AUDIENCE,
+            "CORE_JOBS_LOG_FORMAT": "json",
+        }
+    )
     process = subprocess.Popen(
         [sys.executable, "-m", "maintenance", "api", "--host", "127.0.0.1", "--port", "0"],
         env=env,

@@ -6,9 +6,11 @@
   session's public keys; ``jwks.publish(...)`` rotates them, ``jwks.fetches`` counts requests.
 - ``tokens``: mints real RS256/ES256 tokens (:class:`Minter`) — any claims, expired, foreign,
   ``alg=none``, HS256.
+- ``as_api_role``: a connection of the test's database as the API role ``core_jobs_api``.
 - ``api``: the app built from the settings like ``core-jobs api`` builds it, served by uvicorn on
   a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
-  (httpx) with ``as_operator(...)`` to send a token.
+  (httpx) with ``as_operator(...)`` to send a token; ``admin_api`` the same in admin mode
+  (issue 13), an :class:`AdminClient` with ``operator(...)`` for a resolver's token.
 - :func:`assert_problem`: an answer is the problem+json of that status and type.
 """
 
@@ -173,14 +175,61 @@ def serving(app: Any, settings: Any):
 
 
 @pytest.fixture
-def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
-    """The API on this test's database, served over real HTTP; a client with a token of every permission."""
+def as_api_role(database_url: str) -> Iterator[Any]:
+    """A connection of this test's database switched to the API role, as every API connection is."""
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as connection:
+        connection.execute("SET ROLE core_jobs_api")
+        yield connection
+
+
+def running_api(settings: Any, tokens: Minter, client_class: type[ApiClient] = ApiClient) -> Iterator[ApiClient]:
+    """The app ``core-jobs api`` builds from ``settings``, served for the test; a ``client_class`` of it."""
     from maintenance.api.server import build_app
 
-    settings = api_settings(database_url, jwks.url)
     app = build_app(settings)
-    with serving(app, settings) as url, ApiClient(url, tokens, app) as client:
+    with serving(app, settings) as url, client_class(url, tokens, app) as client:
         yield client
+
+
+@pytest.fixture
+def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API on this test's database, served over real HTTP; a client with a token of every permission."""
+    yield from running_api(api_settings(database_url, jwks.url), tokens)
+
+
+# --- admin mode: operator resolution of executions (issue 13) ----------------------------------
+PUBLISHED_CONSUMERS = ["resolution_consumers:ledger_points"]
+SERVED_SCOPES = ["loyalty", "billing"]
+OPERATOR_ROLE = "EXECUTION_OPERATOR"
+
+
+def admin_settings(database_url: str, jwks_url: str, **overrides: Any):
+    """The API's settings in admin mode: the tests' published definition, scopes loyalty and billing."""
+    admin = {"admin_enabled": True, "admin_consumers": PUBLISHED_CONSUMERS, "admin_business_scopes": SERVED_SCOPES}
+    return api_settings(database_url, jwks_url, **(admin | overrides))
+
+
+class AdminClient(ApiClient):
+    """A client of the API in admin mode; its default token is an operator of scope loyalty."""
+
+    def __init__(self, base_url: str, minter: Minter, app: Any) -> None:
+        super().__init__(base_url, minter, app)
+        self.headers.update(self.operator())
+
+    def operator(
+        self, sub: str = OPERATOR, roles: tuple[str, ...] = (OPERATOR_ROLE,), scopes: tuple[str, ...] = ("loyalty",)
+    ) -> dict:
+        """Headers with a token of ``sub`` carrying ``roles`` and ``business_scopes``."""
+        token = self.minter.token(sub=sub, permissions=(), roles=list(roles), business_scopes=list(scopes))
+        return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture
+def admin_api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API in admin mode on this test's database, over real HTTP; a client with an operator's token."""
+    yield from running_api(admin_settings(database_url, jwks.url), tokens, AdminClient)
 
 
 def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:

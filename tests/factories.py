@@ -301,10 +301,11 @@ def add_execution(
     return execution_id
 
 
-# An operator's resolution, as issue 13's will do it (RECONCILIATION_REQUIRED → PENDING for RESUME,
-# → FAILED for CLOSE_WITHOUT_TRANSITION, with a new fencing token): until that resolution exists,
-# the guard of migration 0010 refuses any way out of RECONCILIATION_REQUIRED, so the test lifts it
-# for this one statement — a test arranging what an operator did, not a writer the database must accept.
+# The state an operator's resolution leaves (RECONCILIATION_REQUIRED → PENDING for RESUME, → FAILED
+# for CLOSE_WITHOUT_TRANSITION, with a new fencing token), without the resolution itself: the guard
+# (migration 0012) refuses any way out of RECONCILIATION_REQUIRED but a resolution in the ledger, so
+# the test lifts it for this one statement — a test arranging what an operator did. The real
+# resolution is harness/reconciliation.py (tests/test_api_resolution.py, also with the alert feed).
 RESOLVE_EXECUTION = """
 ALTER TABLE core.executions DISABLE TRIGGER executions_guard;
 UPDATE core.executions

@@ -2,8 +2,9 @@
 
 Every documented operation is called with generated requests — valid and invalid parameters
 and bodies — authenticated with a token of every permission, over real HTTP against a real
-PostgreSQL holding a few dead letters and executions (with checkpoints and history). Each response must be documented (status code, media
-type, schema) and none may be a server error. The number of examples is bounded
+PostgreSQL holding a few dead letters and executions (with checkpoints and history); and the
+resolve operation of admin mode (issue 13) with an operator's token and a few executions. Each
+response must be documented (status code, media type, schema) and none may be a server error. The number of examples is bounded
 (``EXAMPLES`` per operation) so that the suite stays quick.
 
 One check is left out: ``positive_data_acceptance`` (every schema-valid request gets 2xx or
@@ -22,19 +23,24 @@ from hypothesis import HealthCheck, settings
 EXAMPLES = 25
 
 
-def _document() -> dict:
-    """The app's OpenAPI document (it depends on the routes only, not on a database or keys)."""
+def _document(*, admin: bool = False) -> dict:
+    """The app's OpenAPI document (it depends on the routes only, not on a database, keys or definitions)."""
     from psycopg_pool import ConnectionPool
 
+    from maintenance.api.admin import AdminConfig
     from maintenance.api.app import create_app
 
-    return create_app(pool=ConnectionPool("", open=False), verifier=None).openapi()
+    mode = AdminConfig(consumers={}, business_scopes=frozenset()) if admin else None
+    return create_app(pool=ConnectionPool("", open=False), verifier=None, admin=mode).openapi()
 
 
 schema = schemathesis.openapi.from_dict(_document())
+# Admin mode (issue 13): the operation that exists only there.
+admin_schema = schemathesis.openapi.from_dict(_document(admin=True)).include(path_regex="/resolve$")
 PLACEHOLDER = "Bearer operator-token"  # cases are built at collection, before a token can be minted
 
 
+@admin_schema.auth()
 @schema.auth()
 class OperatorToken:
     """Schemathesis's auth for the bearer scheme: marks where the test puts the operator's real token."""
@@ -64,20 +70,57 @@ def seeded_api(api, conn):
     return api
 
 
-@schema.parametrize()
-@settings(
+@pytest.fixture
+def seeded_admin_api(admin_api, conn):
+    """The API in admin mode with executions awaiting resolution and one that is running."""
+    for _ in range(3):
+        add_execution(conn, checkpoints=(("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),))
+    add_execution(conn, status="RUNNING")
+    return admin_api
+
+
+def call_and_validate(case, client) -> None:
+    """Send ``case`` with the client's real token in place of the placeholder; schemathesis's checks."""
+    if (case.headers or {}).get("Authorization") == PLACEHOLDER:  # not a case that tests a missing token
+        case.headers["Authorization"] = client.headers["Authorization"]
+    case.call_and_validate(
+        base_url=str(client.base_url).rstrip("/"), excluded_checks=[schemathesis.checks.positive_data_acceptance]
+    )
+
+
+BOUNDED = settings(
     max_examples=EXAMPLES,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
+
+
+@schema.parametrize()
+@BOUNDED
 def test_every_operation_answers_as_its_openapi_document_says(case, seeded_api):
     """Generated requests get documented statuses, media types and bodies, and never a 5xx."""
-    if (case.headers or {}).get("Authorization") == PLACEHOLDER:  # not a case that tests a missing token
-        case.headers["Authorization"] = seeded_api.headers["Authorization"]
-    case.call_and_validate(
-        base_url=str(seeded_api.base_url).rstrip("/"), excluded_checks=[schemathesis.checks.positive_data_acceptance]
-    )
+    call_and_validate(case, seeded_api)
+
+
+@admin_schema.parametrize()
+@BOUNDED
+def test_the_resolve_operation_answers_as_its_openapi_document_says(case, seeded_admin_api):
+    """In admin mode, generated resolutions get documented statuses, media types and bodies, and never a 5xx."""
+    call_and_validate(case, seeded_admin_api)
+
+
+def test_the_command_is_a_named_discriminated_union_without_a_target_state(admin_api):
+    """ReconciliationCommand is in the document: RESUME or CLOSE_WITHOUT_TRANSITION, no field naming a state."""
+    document = admin_api.get("/openapi.json").json()
+    assert document["paths"]["/v1/core/executions/{id}/resolve"]["post"]["security"] == [{"bearer": []}]
+    command = document["components"]["schemas"]["ReconciliationCommand"]
+    assert command["discriminator"]["propertyName"] == "command"
+    assert set(command["discriminator"]["mapping"]) == {"RESUME", "CLOSE_WITHOUT_TRANSITION"}
+    for variant in ("ResumeCommand", "CloseCommand"):
+        fields = document["components"]["schemas"][variant]
+        assert not {"status", "target_status", "state"} & set(fields["properties"])
+        assert fields["additionalProperties"] is False
 
 
 def test_the_document_covers_every_endpoint_of_the_spec(api):

@@ -280,7 +280,7 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
     try:
         for grant in (
             "GRANT USAGE ON SCHEMA core TO {}",
-            "GRANT SELECT ON core.processed_jobs, core.dead_letters, core.executions TO {}",
+            "GRANT SELECT ON core.processed_jobs, core.dead_letters, core.executions, core.execution_resolutions TO {}",
             "GRANT SELECT, INSERT, UPDATE ON core.metrics_watermark TO {}",
         ):
             conn.execute(sql.SQL(grant).format(sql.Identifier(role)))

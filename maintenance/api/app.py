@@ -27,6 +27,9 @@ endpoint                                  permission                    what
                                                                         oldest in it first (keyset pages);
                                                                         :mod:`maintenance.api.executions`
 ``GET /v1/core/executions/{id}``          ``core.executions.read``      one, with payload, checkpoints, history
+``POST /v1/core/executions/{id}/resolve`` role ``EXECUTION_OPERATOR``   admin mode only: an operator's resolution
+                                          + business scope              of an uncertain execution
+                                                                        (:mod:`maintenance.api.resolution`)
 ``GET /healthz``                          —                             the process is up
 ``GET /readyz``                           —                             the database answers (503 if not)
 ``GET /openapi.json``                     —                             the OpenAPI document
@@ -46,7 +49,8 @@ endpoint                                  permission                    what
   ``statement_timeout``. An unreachable database or an exhausted pool → 503.
 - **Metrics** on a registry the app owns: ``core_jobs_api_requests_total`` and
   ``core_jobs_api_request_duration_seconds`` (histogram), labelled by ``method``, ``route`` (the
-  template, e.g. ``/v1/core/dead-letters/{id}``; ``unmatched`` for unknown paths) and ``status``.
+  template, e.g. ``/v1/core/dead-letters/{id}``; ``unmatched`` for unknown paths) and ``status``;
+  ``core_jobs_api_execution_resolutions_total`` by ``command`` (resolutions applied).
 - **Logs**: ``maintenance.api.request`` per request at info (``method``, ``route``, ``status``,
   ``duration_ms``, ``subject``; probes and metrics at debug), ``maintenance.api.token_refused``,
   ``maintenance.api.permission_refused``, ``maintenance.api.internal_error``,
@@ -68,7 +72,8 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from maintenance.api import executions, routes
+from maintenance.api import executions, resolution, routes
+from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.runtime.logs import get_logger
@@ -94,6 +99,13 @@ class ApiMetrics:
             "Time from request to the end of the response, by route and status.",
             labels,
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+        self.resolutions = Counter(
+            "core_jobs_api_execution_resolutions_total",
+            "Resolutions of RECONCILIATION_REQUIRED executions applied by this process, by command (replays not counted).",
+            ("command",),
             registry=self.registry,
         )
 
@@ -230,8 +242,12 @@ def create_app(
     max_body_bytes: int = 256 * 1024,
     metrics: ApiMetrics | None = None,
     title: str = "core-jobs operations API",
+    admin: AdminConfig | None = None,
 ) -> FastAPI:
-    """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan."""
+    """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan.
+
+    ``admin`` (admin mode) adds the resolution route; without it the route does not exist (404).
+    """
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
@@ -252,7 +268,7 @@ def create_app(
         description="List, inspect, replay and discard dead letters; list and inspect durable-action executions."
         " Errors are application/problem+json.",
     )
-    app.state.pool, app.state.verifier = pool, verifier
+    app.state.pool, app.state.verifier, app.state.admin = pool, verifier, admin
     app.state.metrics = metrics = metrics or ApiMetrics()
 
     app.add_exception_handler(Problem, lambda request, exc: exc.response())
@@ -263,6 +279,8 @@ def create_app(
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
     app.include_router(routes.router)
     app.include_router(executions.router)  # issue 12: read-only executions
+    if admin is not None:
+        app.include_router(resolution.router)
 
     @app.get("/healthz", tags=["probes"], summary="The process is up")
     def healthz() -> dict[str, str]:

@@ -16,6 +16,10 @@ Permissions are the union of the ``scope`` claim (space-separated, RFC 9068) and
 token carries none of them. The operator written to the audit ledger is the token's ``sub``,
 never anything the client sends.
 
+The resolution of executions (issue 13, :mod:`maintenance.api.resolution`) needs a role and
+business scopes instead of a permission: the ``roles`` array must contain
+``EXECUTION_OPERATOR`` and the ``business_scopes`` array the execution's business scope.
+
 401 answers carry ``WWW-Authenticate: Bearer realm="core-jobs"`` (with
 ``error="invalid_token"`` and a fixed description when a token was sent, RFC 6750), 403
 answers ``error="insufficient_scope"``. The token itself is never logged or echoed.
@@ -60,6 +64,8 @@ class Principal:
 
     subject: str
     permissions: frozenset[str]
+    roles: frozenset[str] = frozenset()  # the ``roles`` claim's strings (EXECUTION_OPERATOR, issue 13)
+    business_scopes: frozenset[str] = frozenset()  # the ``business_scopes`` claim's strings
 
 
 class KeySource(Protocol):
@@ -177,7 +183,13 @@ class TokenVerifier:
         subject = claims.get("sub")
         if not isinstance(subject, str) or not subject.strip():
             raise InvalidToken("the token's sub is not a non-blank string")
-        return Principal(subject=subject.strip(), permissions=permissions_of(claims)), float(claims["exp"])
+        principal = Principal(
+            subject=subject.strip(),
+            permissions=permissions_of(claims),
+            roles=strings_of(claims, "roles"),
+            business_scopes=strings_of(claims, "business_scopes"),
+        )
+        return principal, float(claims["exp"])
 
 
 def permissions_of(claims: dict[str, Any]) -> frozenset[str]:
@@ -190,6 +202,12 @@ def permissions_of(claims: dict[str, Any]) -> frozenset[str]:
     if isinstance(listed, list):
         granted.update(p for p in listed if isinstance(p, str))
     return frozenset(granted)
+
+
+def strings_of(claims: dict[str, Any], name: str) -> frozenset[str]:
+    """The strings of an array claim (anything else in it, or a claim that is no array, grants nothing)."""
+    listed = claims.get(name)
+    return frozenset(v for v in listed if isinstance(v, str)) if isinstance(listed, list) else frozenset()
 
 
 def _unauthenticated(description: str | None) -> Problem:

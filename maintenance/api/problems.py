@@ -5,27 +5,34 @@ type, the HTTP ``status``, a human ``detail`` and, where it helps a client, extr
 (``missing_permission``, ``status`` of the dead letter, ``missing_ids`` …). Clients branch on
 ``type``, never on ``detail``. The types, by status:
 
-====== ========================== ==========================================================
-status type slug                  when
-====== ========================== ==========================================================
-400    ``malformed-request``      unparseable JSON, a bad query parameter or cursor, an
-                                  unknown query parameter, a bad ``Idempotency-Key``
-401    ``unauthenticated``        no bearer token, or one that fails verification
-403    ``missing-permission``     the token lacks the endpoint's permission
-404    ``not-found``              no such route
-404    ``dead-letter-not-found``  an id that does not exist (bulk: every missing id listed)
-404    ``execution-not-found``    an execution id that does not exist (``missing_ids``)
-405    ``method-not-allowed``     the route exists, the method does not
-409    ``not-pending-review``     the dead letter is replayed/discarded already (its status)
-409    ``idempotency-key-reused`` the key was used for another request or by another operator
-413    ``payload-too-large``      the body exceeds ``CORE_JOBS_API_MAX_BODY_BYTES``
-415    ``unsupported-media-type`` a body that is not ``application/json``
-422    ``invalid-request``        well-formed but invalid: a blank or over-long reason, too
-                                  many ids, a wrong field
-500    ``internal-error``         a bug; the detail says nothing about it, the log does
-503    ``database-unavailable``   the database cannot be reached or no connection is free
-503    ``keys-unavailable``       the issuer's JWKS cannot be fetched (and none is cached)
-====== ========================== ==========================================================
+====== ================================= ==========================================================
+status type slug                         when
+====== ================================= ==========================================================
+400    ``malformed-request``             unparseable JSON, a bad query parameter or cursor, an
+                                         unknown query parameter, a bad ``Idempotency-Key``
+401    ``unauthenticated``               no bearer token, or one that fails verification
+403    ``missing-permission``            the token lacks the endpoint's permission
+403    ``missing-role``                  resolve: the token's ``roles`` lack ``EXECUTION_OPERATOR``
+403    ``missing-business-scope``        resolve: the token names none of the scopes served here
+404    ``not-found``                     no such route
+404    ``dead-letter-not-found``         an id that does not exist (bulk: every missing id listed)
+404    ``execution-not-found``           an execution id that does not exist (``missing_ids``); resolve:
+                                         also one outside the caller's business scopes
+405    ``method-not-allowed``            the route exists, the method does not
+409    ``not-pending-review``            the dead letter is replayed/discarded already (its status)
+409    ``idempotency-key-reused``        the key was used for another request or by another operator
+409    ``not-reconciliation-required``   resolve: the execution is in another state (resolved)
+409    ``consumer-not-published``        resolve: this service has no definition of its consumer
+409    ``definition-mismatch``           resolve: its checkpoints do not fit the published definition
+413    ``payload-too-large``             the body exceeds ``CORE_JOBS_API_MAX_BODY_BYTES``
+415    ``unsupported-media-type``        a body that is not ``application/json``
+422    ``invalid-request``               well-formed but invalid: a blank or over-long reason, too
+                                         many ids, a wrong field
+422    ``invalid-command``               resolve: the definition refuses the command (``problems``)
+500    ``internal-error``                a bug; the detail says nothing about it, the log does
+503    ``database-unavailable``          the database cannot be reached or no connection is free
+503    ``keys-unavailable``              the issuer's JWKS cannot be fetched (and none is cached)
+====== ================================= ==========================================================
 """
 
 from __future__ import annotations
@@ -54,6 +61,12 @@ TITLES = {
     "internal-error": "Internal error",
     "database-unavailable": "Database unavailable",
     "keys-unavailable": "Token keys unavailable",
+    "missing-role": "Missing role",
+    "missing-business-scope": "Missing business scope",
+    "not-reconciliation-required": "Execution is not RECONCILIATION_REQUIRED",
+    "consumer-not-published": "Consumer definition not published",
+    "definition-mismatch": "Checkpoints do not match the published definition",
+    "invalid-command": "Command refused by the published definition",
 }
 
 

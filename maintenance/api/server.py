@@ -4,7 +4,10 @@ Start: the settings are checked (a key source, the issuer and the audience are r
 2 naming what is missing), the key file is read, the socket is bound (``--host``/``--port`` or
 ``CORE_JOBS_API_HOST``/``_PORT``; port 0 picks a free one) and ``maintenance.api.started`` is
 logged with the address actually bound. The database pool opens in the background: the API
-starts even while the database is down, and ``/readyz`` answers 503 until it is reachable.
+starts even while the database is down, and ``/readyz`` answers 503 until it is reachable —
+except in admin mode (``CORE_JOBS_ADMIN_ENABLED``): then it first loads the published
+definitions and checks, on one connection set up like the pool's, that it runs as the restricted
+API role (:mod:`maintenance.api.admin`; exit 2 otherwise).
 
 Stop: on SIGTERM (or SIGINT) ``maintenance.api.stopping`` is logged, the server stops accepting
 connections, lets the requests in flight finish — each is one transaction, so none is cut in
@@ -28,6 +31,7 @@ from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
 from maintenance.runtime.logs import get_logger
@@ -36,8 +40,8 @@ from maintenance.settings import ConfigError, Settings
 APPLICATION_NAME = "core-jobs-api"
 
 
-def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPool:
-    """A pool (not yet open) whose connections run as the API role, with a statement timeout."""
+def session_setup(settings: Settings):
+    """What every API connection runs first: ``SET ROLE`` to the API role, a statement timeout."""
     role = settings.api_database_role
     timeout_ms = int(settings.api_statement_timeout.total_seconds() * 1000)
 
@@ -46,6 +50,12 @@ def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPoo
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))
 
+    return configure
+
+
+def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPool:
+    """A pool (not yet open) whose connections run as the API role, with a statement timeout."""
+    configure = session_setup(settings)
     return ConnectionPool(
         conninfo or settings.conninfo(),
         min_size=settings.api_pool_min_size,
@@ -87,11 +97,24 @@ def build_verifier(settings: Settings) -> TokenVerifier:
 
 
 def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMetrics | None = None) -> FastAPI:
+    verifier = build_verifier(settings)
+    admin = None
+    if settings.admin_enabled:  # the published definitions and a restricted session, or ConfigError
+        url, configure = conninfo or settings.conninfo(), session_setup(settings)
+
+        @contextmanager
+        def connect() -> Iterator[psycopg.Connection]:
+            with psycopg.connect(url, autocommit=True, application_name=APPLICATION_NAME, connect_timeout=10) as conn:
+                configure(conn)
+                yield conn
+
+        admin = load_admin(settings, connect)
     return create_app(
         pool=build_pool(settings, conninfo),
-        verifier=build_verifier(settings),
+        verifier=verifier,
         max_body_bytes=settings.api_max_body_bytes,
         metrics=metrics,
+        admin=admin,
     )
 
 

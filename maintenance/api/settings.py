@@ -8,16 +8,25 @@ exit 2). Their rows are in docs/reference/settings.md; docs/api.md explains them
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode
 
 from maintenance.settings.durations import NonNegativeDuration as _Duration
 from maintenance.settings.durations import PositiveDuration as _PositiveDuration
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
+
+_ADMIN_ENTRY_SHAPES = {
+    "admin_consumers": (
+        re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"),
+        "module:attribute, e.g. harness.examples.points:consumer",
+    ),
+    "admin_business_scopes": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"), "a name of letters, digits and . _ : -"),
+}
 
 DEFAULT_API_PORT = 8080
 DEFAULT_API_JWT_ALGORITHMS = ["RS256", "ES256"]
@@ -96,17 +105,26 @@ class ApiSettings(BaseModel):
         "(keep below the pod's terminationGracePeriodSeconds).",
     )
 
-    @field_validator("api_jwt_algorithms", mode="before")
+    @field_validator("api_jwt_algorithms", "admin_consumers", "admin_business_scopes", mode="before")
     @classmethod
-    def _algorithms(cls, value: object) -> object:
+    def _list(cls, value: object) -> object:
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
                 try:
                     return json.loads(text)
                 except json.JSONDecodeError:
-                    raise ValueError('not a JSON list: write RS256,ES256 or ["RS256", "ES256"]') from None
+                    raise ValueError('not a JSON list: write a,b or ["a", "b"]') from None
             return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    @field_validator("admin_consumers", "admin_business_scopes")
+    @classmethod
+    def _admin_entries(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        shape, expected = _ADMIN_ENTRY_SHAPES[info.field_name or ""]
+        malformed = [v for v in value if not shape.match(v)]
+        if malformed:
+            raise ValueError(f"each entry is {expected}; got {malformed}")
         return value
 
     @field_validator("api_jwt_algorithms")
@@ -137,6 +155,24 @@ class ApiSettings(BaseModel):
             raise ValueError("must be an http:// or https:// URL")
         return value.strip()
 
+    admin_enabled: bool = Field(
+        default=False,
+        description="Serve `POST /v1/core/executions/{id}/resolve` (operator resolution of RECONCILIATION_REQUIRED "
+        "executions). Off: the route does not exist (404). On: the API refuses to start unless its database session "
+        "is the restricted API role, and needs ADMIN_CONSUMERS and ADMIN_BUSINESS_SCOPES.",
+    )
+    admin_consumers: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="The published definitions a resolution is checked against: durable consumers as module:attribute "
+        "(JSON list or comma-separated), imported at start. An execution of any other consumer cannot be resolved "
+        "here (409).",
+    )
+    admin_business_scopes: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="The business scopes this deployment resolves executions of (JSON list or comma-separated); a "
+        "token's business_scopes claim must name the execution's scope too.",
+    )
+
     @field_validator("api_jwt_public_key_file", "api_jwt_issuer", "api_jwt_audience", "api_database_role")
     @classmethod
     def _blank_is_none(cls, value: str | None) -> str | None:
@@ -153,4 +189,8 @@ class ApiSettings(BaseModel):
             problems.append("CORE_JOBS_API_JWT_AUDIENCE is required: tokens meant for another service are refused")
         if self.api_pool_min_size > self.api_pool_max_size:
             problems.append("CORE_JOBS_API_POOL_MIN_SIZE must not exceed CORE_JOBS_API_POOL_MAX_SIZE")
+        if self.admin_enabled and not self.admin_consumers:
+            problems.append("CORE_JOBS_ADMIN_ENABLED needs CORE_JOBS_ADMIN_CONSUMERS: the published definitions")
+        if self.admin_enabled and not self.admin_business_scopes:
+            problems.append("CORE_JOBS_ADMIN_ENABLED needs CORE_JOBS_ADMIN_BUSINESS_SCOPES: the scopes it serves")
         return problems

@@ -37,23 +37,23 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STATUS_CHOICES = ("pending_review", "replayed", "discarded")
 
 
-def load_consumer(reference: str) -> Consumer:
-    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong."""
+def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
+    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong (after ``label``)."""
     from harness.consumer import Consumer
     from maintenance.settings import ConfigError
 
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
-        raise ConfigError(f"--consumer {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
+        raise ConfigError(f"{label} {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ConfigError(f"--consumer {reference!r}: cannot import {module_name}: {exc}") from None
+        raise ConfigError(f"{label} {reference!r}: cannot import {module_name}: {exc}") from None
     if not hasattr(module, attribute):
-        raise ConfigError(f"--consumer {reference!r}: module {module_name} has no {attribute}")
+        raise ConfigError(f"{label} {reference!r}: module {module_name} has no {attribute}")
     found = getattr(module, attribute)
     if not isinstance(found, Consumer):
-        raise ConfigError(f"--consumer {reference!r}: {module_name}.{attribute} is not a harness Consumer")
+        raise ConfigError(f"{label} {reference!r}: {module_name}.{attribute} is not a harness Consumer")
     return found
 
 

@@ -23,6 +23,7 @@ from maintenance.jobs.metrics.sql import (
     ENSURE_WATERMARK,
     EXECUTION_FIGURES,
     LOCK_WATERMARK,
+    RESOLUTION_FIGURES,
     SUCCESS_HORIZON,
 )
 from maintenance.runtime.db import Database
@@ -132,6 +133,7 @@ class MetricsResult:
     totals: dict[str, dict[str, Any]] = field(default_factory=dict)
     dead_letters: list[QueueFigures] = field(default_factory=list)
     executions: list[ConsumerExecutions] = field(default_factory=list)
+    resolutions: dict[tuple[str, str], int] = field(default_factory=dict)  # (consumer, command) -> total
     tenant_label: bool = False
     ok: bool = True
 
@@ -182,6 +184,7 @@ class MetricsResult:
                 c.consumer: c.by_status | {"oldest_reconciliation_age_seconds": c.oldest_reconciliation_age_seconds}
                 for c in self.executions
             },
+            "resolutions_total": {f"{consumer}/{command}": n for (consumer, command), n in self.resolutions.items()},
         }
 
     def metric_families(self) -> Iterator[Metric]:
@@ -233,6 +236,14 @@ class MetricsResult:
             if c.oldest_reconciliation_age_seconds is not None:
                 oldest.add_metric([c.consumer], c.oldest_reconciliation_age_seconds)
         yield from (states, oldest)
+        resolutions = CounterMetricFamily(
+            "core_jobs_execution_resolutions",
+            "Operator resolutions of RECONCILIATION_REQUIRED executions (the append-only ledger), by consumer and command.",
+            labels=["consumer", "command"],
+        )
+        for (consumer, command), n in self.resolutions.items():
+            resolutions.add_metric([consumer, command], n)
+        yield resolutions
 
 
 def zero_fields() -> dict[str, Any]:
@@ -271,6 +282,7 @@ class MetricsJob:
                     for queue, pending, oldest, replayed, discarded in conn.execute(DEAD_LETTER_FIGURES)
                 ]
                 result.executions = ConsumerExecutions.from_rows(now, conn.execute(EXECUTION_FIGURES).fetchall())
+                result.resolutions = {(c, command): n for c, command, n in conn.execute(RESOLUTION_FIGURES)}
         get_logger(job="metrics").info("maintenance.metrics.collected", **result.log_figures())
         return result
 

@@ -75,3 +75,13 @@ SELECT consumer, status, count(*) AS n, min(status_changed_at) AS oldest_since
  GROUP BY consumer, status
  ORDER BY consumer, status
 """
+
+# resolution_figures: operator resolutions (issue 13) per consumer and command, from the resolution
+# ledger — append-only and never purged, so each count is a true cumulative counter. Resolutions are
+# people's decisions: the table stays small, a scan is cheap.
+RESOLUTION_FIGURES = """
+SELECT consumer, command, count(*) AS n
+  FROM core.execution_resolutions
+ GROUP BY consumer, command
+ ORDER BY consumer, command
+"""

@@ -1,0 +1,207 @@
+"""Benchmark of operator resolutions (issue 13): p95 under 8 concurrent operators, and of an idempotent replay.
+
+    uv run python bench/resolution.py                       # defaults below
+    uv run python bench/resolution.py --requests 200 --background 20000
+
+1. A scratch database (server: ``API_BENCH_DATABASE_URL``, default the local test server) with
+   ``--background`` executions awaiting resolution that nobody touches and a resolution ledger of
+   as many rows (what a long-lived deployment accumulates), plus one execution per measured
+   request: ``RECONCILIATION_REQUIRED`` with a SUCCEEDED ``lookup`` and an UNCERTAIN ``notify``.
+   Walked through the transitions the database allows (no trigger set aside), then ANALYZE.
+2. ``core-jobs api`` in admin mode in its own process (:func:`bench.api.start_api`: uvicorn, the
+   default pool of 8, SET ROLE core_jobs_api), publishing this file's :data:`consumer`; the
+   clients are 8 processes, each its own HTTP connection and an operator's token.
+3. Scenarios, ``--requests`` each (after 40 warm-up requests), spread over the 8 clients:
+   - **resolve**: a RESUME of a different execution per request, each with its own
+     Idempotency-Key (lock, idempotency lookup, definition check, new token, ledger row,
+     checkpoint, state, event and re-queue in one transaction);
+   - **replay of a completed one**: the same requests again after every execution was taken and
+     completed (deleted) as the worker does: each answered from the ledger.
+   Target p95 ≤ 50 ms each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jwt
+import psycopg
+from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from pydantic import BaseModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import api as bench_api  # bench/api.py: the API process, the 8 client processes, the percentiles
+
+from harness.actions import Action, Effect
+from harness.consumer import Consumer
+from harness.examples.points import CreditPoints
+from maintenance.demo import scratch_database
+from maintenance.runtime import migrate
+
+BENCH = Path(__file__).resolve().parent
+
+
+class Member(BaseModel):
+    member_id: str
+
+
+class Sent(BaseModel):
+    message_id: str
+
+
+def _not_run(payload, ctx):
+    raise AssertionError("a resolution runs no action")
+
+
+# The published definition the API checks resolutions against (CORE_JOBS_ADMIN_CONSUMERS=resolution:consumer).
+consumer = Consumer(
+    name="bench.ledger",
+    queue="bench.ledger",
+    payload_schema=CreditPoints,
+    business_scope="loyalty",
+    actions=(
+        Action(name="lookup", effect=Effect.READ_ONLY, call=_not_run, output=Member),
+        Action(name="notify", effect=Effect.NON_IDEMPOTENT_WRITE, call=_not_run, output=Sent),
+    ),
+    handler=lambda conn, payload, ctx: None,
+)
+
+# Executions awaiting resolution, walked through the allowed transitions: PENDING, RUNNING (a take),
+# the checkpoints, then RECONCILIATION_REQUIRED. `tag` marks the batch in the correlation id.
+SEED_EXECUTIONS = """
+INSERT INTO core.executions (job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope)
+SELECT gen_random_uuid(), 'bench.ledger', 'bench.ledger', '00000000-0000-4000-8000-000000000001',
+       %(tag)s || '-' || n, jsonb_build_object('member_id', 'm-' || n, 'points', 10), 'loyalty'
+  FROM generate_series(1, %(count)s) AS n;
+UPDATE core.executions SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+       lease_expires_at = now() + interval '1 minute', takes = 1
+ WHERE status = 'PENDING' AND correlation_id LIKE %(tag)s || '-%%';
+INSERT INTO core.execution_checkpoints (execution_id, action, position, effect, status, attempts, result,
+                                        fencing_token, finished_at)
+SELECT e.id, c.action, c.position, c.effect, c.status, 1, c.result, e.fencing_token, now()
+  FROM core.executions AS e
+ CROSS JOIN (VALUES ('lookup', 0, 'READ_ONLY', 'SUCCEEDED', jsonb_build_object('member_id', 'm')),
+                    ('notify', 1, 'NON_IDEMPOTENT_WRITE', 'UNCERTAIN', NULL::jsonb))
+       AS c(action, position, effect, status, result)
+ WHERE e.status = 'RUNNING' AND e.correlation_id LIKE %(tag)s || '-%%';
+UPDATE core.executions SET status = 'RECONCILIATION_REQUIRED', lease_expires_at = NULL, leased_by = NULL,
+       reason = 'notify: the worker was lost while the request may have been sent', reason_action = 'notify'
+ WHERE status = 'RUNNING' AND correlation_id LIKE %(tag)s || '-%%'"""
+
+# What a long-lived deployment's ledger holds: past resolutions (of executions long completed).
+SEED_LEDGER = """
+INSERT INTO core.execution_resolutions
+       (execution_id, job_id, consumer, business_scope, idempotency_key, operator, command, command_body,
+        command_fingerprint, evidence_kind, evidence_reference, evidence_reason, checkpoints_before, fencing_token,
+        status_after, response_status, response_body)
+SELECT -n, gen_random_uuid(), 'bench.ledger', 'loyalty', 'old-' || n, 'ops:bench', 'RESUME', '{}', md5(n::text),
+       'RESULT_VERIFIED', 'CASE-' || n, 'bench', '[]', nextval('core.execution_fencing_seq'), 'PENDING', 200, '{}'
+  FROM generate_series(1, %(count)s) AS n"""
+
+# The worker's take and success: RUNNING with a new token, then deleted in the fence's transaction.
+COMPLETE = """
+UPDATE core.executions SET status = 'RUNNING', fencing_token = nextval('core.execution_fencing_seq'),
+       lease_expires_at = now() + interval '1 minute'
+ WHERE status = 'PENDING';
+DELETE FROM core.executions WHERE status = 'RUNNING'"""
+
+
+def run_statements(conn: psycopg.Connection, script: str, params: dict) -> None:
+    for statement in script.split(";"):
+        conn.execute(statement, params if "%(" in statement else None)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=400, help="per scenario")
+    parser.add_argument("--background", type=int, default=100_000, help="untouched executions and ledger rows")
+    parser.add_argument("--clients", type=int, default=bench_api.CLIENTS, help="concurrent operators (default 8)")
+    args = parser.parse_args()
+    bench_api.CLIENTS = args.clients
+    server = os.environ.get("API_BENCH_DATABASE_URL", bench_api.DEFAULT_SERVER)
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    n = args.requests + 40
+    with tempfile.TemporaryDirectory() as tmp, scratch_database(server, "core_jobs_bench_resolution") as url:
+        key_file = Path(tmp, "issuer.pem")
+        key_file.write_bytes(key.public_key().public_bytes(Encoding.PEM, PublicFormat.SubjectPublicKeyInfo))
+        migrate.upgrade(url)
+        started = time.perf_counter()
+        with psycopg.connect(url, autocommit=True) as conn:
+            run_statements(conn, SEED_EXECUTIONS, {"tag": "background", "count": args.background})
+            with conn.transaction():  # past rows of executions long gone: their event trigger set aside
+                conn.execute("SET LOCAL session_replication_role = replica")
+                conn.execute(SEED_LEDGER, {"count": args.background})
+            run_statements(conn, SEED_EXECUTIONS, {"tag": "target", "count": n})
+            conn.execute("ANALYZE")
+            targets = [
+                r[0] for r in conn.execute("SELECT id FROM core.executions WHERE correlation_id LIKE 'target-%'")
+            ]
+        print(
+            f"seeded {args.background:,} + {n} executions and {args.background:,} ledger rows in "
+            f"{time.perf_counter() - started:.1f} s"
+        )
+        token = jwt.encode(
+            {
+                "sub": "ops:bench",
+                "iss": bench_api.ISSUER,
+                "aud": bench_api.AUDIENCE,
+                "exp": int(time.time()) + 3600,
+                "roles": ["EXECUTION_OPERATOR"],
+                "business_scopes": ["loyalty"],
+            },
+            key,
+            algorithm="RS256",
+        )
+        admin = {
+            "CORE_JOBS_ADMIN_ENABLED": "true",
+            "CORE_JOBS_ADMIN_CONSUMERS": "resolution:consumer",
+            "CORE_JOBS_ADMIN_BUSINESS_SCOPES": "loyalty",
+            "PYTHONPATH": os.pathsep.join([str(BENCH.parent), str(BENCH)]),
+        }
+        process, api_url = bench_api.start_api(url, str(key_file), admin)
+        bench_api.API_PID.append(process.pid)
+        try:
+            body = {
+                "command": "RESUME",
+                "results": [{"action": "notify", "result": {"message_id": "msg-bench"}}],
+                "evidence": {"reference": "CASE-BENCH-1", "reason": "seen sent in the provider's console"},
+            }
+            requests = [
+                ("POST", f"/v1/core/executions/{i}/resolve", None, body, {"Idempotency-Key": f"bench-{i}"})
+                for i in targets
+            ]
+            resolve = bench_api.measure("resolve (RESUME, distinct executions)", "http", api_url, token, requests)
+            with psycopg.connect(url, autocommit=True) as conn:
+                run_statements(conn, COMPLETE, {})
+                left = conn.execute("SELECT count(*) FROM core.executions WHERE correlation_id LIKE 'target-%'")
+                assert left.fetchone()[0] == 0
+            replay = bench_api.measure("idempotent replay of a completed one", "http", api_url, token, requests)
+        finally:
+            process.terminate()
+            process.wait(30)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"\nresolutions under {bench_api.CLIENTS} concurrent operators, {args.requests} requests per scenario "
+        f"(ms; load average {load} on {os.cpu_count()} cores):"
+    )
+    print(
+        f"  {'scenario':<42} {'p50':>7} {'p95':>7} {'p99':>7}  {'server p95':>10}  {'req/s':>6}  {'API CPU/req':>11}  target p95 <= 50 ms"
+    )
+    for r in (resolve, replay):
+        print(
+            f"  {r['scenario']:<42} {r['p50']:7.2f} {r['p95']:7.2f} {r['p99']:7.2f}  {r['s95']:10.2f}"
+            f"  {r['rps']:6.0f}  {r['cpu_ms']:8.2f} ms  {'ok' if r['p95'] <= 50 else 'MISSED'}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,61 @@
+"""A resolution, then the worker: RESUME over HTTP, and the executor completes the job exactly once (issue 13, R-5).
+
+The example durable consumer (harness/examples/ledger_points.py) against the local loyalty
+ledger (maintenance/demo/ledger.py); the API in admin mode publishes that same definition.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from api_support import AdminClient, admin_settings, running_api
+from harness_support import fences, points, run_worker, scalar
+from ledger_support import checkpoints, deliver, execution
+
+from harness.queue import Duplicate, Held
+from maintenance.demo.ledger import Fault
+
+
+@pytest.fixture
+def example_admin_api(database_url, jwks, tokens):
+    """The API in admin mode publishing the example consumer itself; an operator's client of scope loyalty."""
+    settings = admin_settings(database_url, jwks.url, admin_consumers=["harness.examples.ledger_points:consumer"])
+    yield from running_api(settings, tokens, AdminClient)
+
+
+def test_resume_then_the_worker_completes_the_execution_exactly_once(
+    conn, database_url, ledger, ledger_consumer, example_admin_api
+):
+    """notify applied but its answer lost → RECONCILIATION_REQUIRED; RESUME with the ledger's notification id; the worker credits once and sends nothing again."""
+    ledger.fail("notify", Fault.hang(seconds=5, applied=True))  # applied, the answer times out
+    job_id = uuid.uuid4()
+    assert isinstance(deliver(conn, ledger_consumer, job_id), Held)
+    assert checkpoints(conn, job_id)["notify"] == ("UNCERTAIN", 1)
+    (sent,) = ledger.effects(endpoint="notify")  # what the operator finds at the provider
+    notification_id = len(ledger.effects(endpoint="notify"))
+    assert sent.body["member_id"] == "m-7"
+
+    execution_id = execution(conn, job_id)["id"]
+    body = {
+        "command": "RESUME",
+        "results": [{"action": "notify", "result": {"notification_id": notification_id}}],
+        "evidence": {"reference": "LEDGER-CASE-7", "reason": "the ledger lists notification 1 for m-7"},
+    }
+    response = example_admin_api.post(
+        f"/v1/core/executions/{execution_id}/resolve", json=body, headers={"Idempotency-Key": "resolve-7"}
+    )
+    assert response.status_code == 200, response.text
+
+    stats = run_worker(database_url, consumer=ledger_consumer)  # takes the re-queued job from core.queue_messages
+    assert (stats.processed, stats.held, stats.stale) == (1, 0, 0)
+    assert execution(conn, job_id) is None and fences(conn, job_id) == 1
+    assert points(conn, "m-7") == 25
+    assert [ledger.calls(e) for e in ("lookup", "credits", "notify")] == [1, 1, 1]  # nothing run again
+    assert len(ledger.effects(endpoint="credits")) == 1 and len(ledger.effects(endpoint="notify")) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+    assert isinstance(deliver(conn, ledger_consumer, job_id, attempt=2), Duplicate)  # a late redelivery: its fence
+    replay = example_admin_api.post(
+        f"/v1/core/executions/{execution_id}/resolve", json=body, headers={"Idempotency-Key": "resolve-7"}
+    )
+    assert replay.json() == response.json() and replay.headers["Idempotent-Replayed"] == "true"
