@@ -301,24 +301,36 @@ def add_execution(
     return execution_id
 
 
-# The state an operator's resolution leaves (RECONCILIATION_REQUIRED → PENDING for RESUME, → FAILED
-# for CLOSE_WITHOUT_TRANSITION, with a new fencing token), without the resolution itself: the guard
-# (migration 0012) refuses any way out of RECONCILIATION_REQUIRED but a resolution in the ledger, so
-# the test lifts it for this one statement — a test arranging what an operator did. The real
-# resolution is harness/reconciliation.py (tests/test_api_resolution.py, also with the alert feed).
-RESOLVE_EXECUTION = """
-ALTER TABLE core.executions DISABLE TRIGGER executions_guard;
-UPDATE core.executions
-   SET status = %(status)s, fencing_token = nextval('core.execution_fencing_seq'), status_changed_at = now(),
-       reason = CASE WHEN %(status)s = 'FAILED' THEN 'closed by an operator' END, run_at = now()
- WHERE id = %(id)s AND status = 'RECONCILIATION_REQUIRED';
-ALTER TABLE core.executions ENABLE TRIGGER executions_guard"""
-
-
 def resolve_execution(conn: psycopg.Connection, execution_id: int, status: str = "PENDING") -> None:
-    """An operator's resolution of a RECONCILIATION_REQUIRED execution: to ``PENDING`` (RESUME) or ``FAILED``."""
-    for statement in RESOLVE_EXECUTION.split(";"):
-        conn.execute(statement, {"status": status, "id": execution_id} if "%(" in statement else None)
+    """An operator's real resolution (harness/reconciliation.py) of a RECONCILIATION_REQUIRED execution of the
+    example ledger consumer: RESUME (→ ``PENDING``, re-queued) or CLOSE_WITHOUT_TRANSITION (→ ``FAILED``).
+
+    RESUME states no result: it suits executions arranged without UNCERTAIN checkpoints (the
+    resolution refuses to leave an uncertainty behind). Whatever the execution's consumer is named,
+    the example's actions are published as its definition.
+    """
+    from dataclasses import replace
+
+    from harness.examples.ledger_points import consumer as example
+    from harness.reconciliation import Close, Evidence, Resume, resolve
+
+    (name,) = conn.execute("SELECT consumer FROM core.executions WHERE id = %s", (execution_id,)).fetchone()
+    consumer = replace(example, name=name)
+
+    command = (
+        Resume(results=(), evidence=Evidence("RESULT_VERIFIED", "OPS-1", "checked at the ledger"))
+        if status == "PENDING"
+        else Close(evidence=Evidence("COMPENSATED_VERIFIED", "OPS-1", "reversed at the ledger"))
+    )
+    resolve(
+        conn,
+        execution_id=execution_id,
+        idempotency_key=f"factory-{execution_id}-{status}",
+        operator="factory-operator",
+        command=command,
+        consumers={consumer.name: consumer},
+        scopes=frozenset({"loyalty"}),
+    )
 
 
 def make_uncertain_again(conn: psycopg.Connection, execution_id: int) -> None:
