@@ -20,7 +20,8 @@
 * **Fencing.** ``fencing_token`` comes from ``core.execution_fencing_seq`` and is new at every
   take by a worker (and at every resolution): every write of a worker matches on its token and
   on an unexpired ``lease_expires_at``, so a stale worker changes nothing. The database refuses a
-  token that goes backwards, and a take-over (RUNNING → RUNNING) that keeps the old token.
+  token that goes backwards, and a take (PENDING / RETRY_WAIT → RUNNING) that keeps the old token;
+  RUNNING → RUNNING with the same token is its holder renewing the lease.
 * ``core.execution_checkpoints`` — one row per action that was started: its effect class (fixed
   once written), ``STARTED`` / ``SUCCEEDED`` / ``FAILED`` / ``UNCERTAIN``, attempts, the result
   (only and always when SUCCEEDED) and the last error. A SUCCEEDED checkpoint never changes.
