@@ -11,7 +11,8 @@ execution). All times are PostgreSQL's ``now()``; no worker sleeps.
    else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
    ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
-   again, any other delivery is the same failure (``DeadLettered``); else a new fencing token and
+   again, any other delivery is the same failure (``DeadLettered``) — or, closed by an operator's
+   ``CLOSE_WITHOUT_TRANSITION``, a ``Duplicate`` (no dead letter to replay what was closed); else a new fencing token and
    a lease ``now() + lease`` (``harness.execution.taken_over`` when it took a lost worker's lease).
 2. **Recover** the write checkpoints a lost worker left ``STARTED`` (or ``UNCERTAIN``): a
    ``NON_IDEMPOTENT_WRITE`` → ``RECONCILIATION_REQUIRED``; an ``IDEMPOTENT_WRITE`` is re-sent with
@@ -218,7 +219,7 @@ class _Run:
             if _one(self.conn, sql.FENCE_EXISTS, key)[0]:
                 raise _FenceFound()
             return RetryAfter(delay=_RACE_RETRY, error="the execution was being deleted: delivered again")
-        execution_id, status, reason, leased, lease_left, not_due, wait_left, fenced, final_retries = row
+        execution_id, status, reason, leased, lease_left, not_due, wait_left, fenced, closed, final_retries = row
         self.execution_id = execution_id
         if fenced:
             raise _FenceFound()
@@ -230,6 +231,9 @@ class _Run:
             return Held(execution_id=execution_id, reason=reason)
         if status == "FAILED":
             if envelope.replay_of is None:
+                if closed:  # an operator closed it: a dead letter's replay would redo what was closed
+                    self.metrics.duplicate(self.consumer.name)
+                    return Duplicate()
                 return self._dead_letter("permanent", reason, attempts=self.delivery.attempt)
             self.conn.execute(sql.RESTART_FAILED, {"id": execution_id})
             self.conn.execute(sql.FORGET_FAILED_CHECKPOINTS, {"id": execution_id})

@@ -62,6 +62,11 @@ SELECT e.id, e.status, e.reason,
        greatest(e.run_at - now(), interval '0') AS wait_left,
        EXISTS (SELECT 1 FROM core.processed_jobs AS f WHERE f.job_id = e.job_id AND f.consumer = e.consumer)
          AS fenced,
+       -- FAILED by an operator's CLOSE_WITHOUT_TRANSITION (its ledger row carries the execution's
+       -- token): the job is settled, another delivery of it is a duplicate, never a dead letter.
+       EXISTS (SELECT 1 FROM core.execution_resolutions AS r
+                WHERE r.execution_id = e.id AND r.fencing_token = e.fencing_token AND r.status_after = 'FAILED')
+         AS closed,
        -- Failed attempts of the final write so far, since its last FAILED (a replay starts again).
        (SELECT count(*) FROM core.execution_events AS v
          WHERE v.execution_id = e.id AND v.kind = 'RETRY_SCHEDULED' AND v.action IS NULL

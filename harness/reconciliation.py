@@ -135,11 +135,18 @@ REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id 
 
 # RESUME: the job published again, exactly as the execution keeps it (job id, queue, tenant, correlation
 # id, payload: harness.pgqueue.PUBLISH's columns), due now — copied from the locked row in one statement.
+# A dead letter's replay that was held in RECONCILIATION_REQUIRED is still outstanding (its delivery
+# was acked as Held): the re-queued message carries it (replay_of), so the execution's final outcome
+# — processed, duplicate or dead-lettered — ends that replay, as its own delivery would have.
 REQUEUE_JOB = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, run_at)
-SELECT queue, job_id, tenant_id, correlation_id, payload, now()
-  FROM core.executions
- WHERE id = %(id)s"""
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
+SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload,
+       (SELECT max(d.id) FROM core.dead_letters AS d
+         WHERE d.job_id = e.job_id AND (d.consumer IS NULL OR d.consumer = e.consumer)
+           AND d.status = 'replayed' AND d.replay_outcome IS NULL),
+       now()
+  FROM core.executions AS e
+ WHERE e.id = %(id)s"""
 
 
 # --- the command ---------------------------------------------------------------------------------

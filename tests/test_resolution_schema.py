@@ -192,3 +192,33 @@ def test_the_api_role_writes_executions_only_within_a_resolution(as_api_role, co
     execution_id = add_execution(conn, status=status, checkpoints=checkpoints, reason="credit: provider said no")
     with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"):
         as_api_role.execute(statement.format(id=execution_id))
+
+
+@pytest.mark.parametrize("to_status", ["FAILED", "STARTED"])
+def test_an_uncertain_write_cannot_be_turned_into_one_the_worker_sends_again(as_api_role, conn, to_status):
+    """Even within a ledger-backed release, an UNCERTAIN checkpoint may only become SUCCEEDED, never FAILED or STARTED (re-sent)."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN)
+    (token,) = conn.execute("SELECT nextval('core.execution_fencing_seq')").fetchone()
+    with pytest.raises(psycopg.errors.CheckViolation, match="UNCERTAIN"), as_api_role.transaction():
+        as_api_role.execute(INSERT_LEDGER_ROW, {"id": execution_id, "token": token})
+        as_api_role.execute(
+            "UPDATE core.execution_checkpoints SET status = %s, fencing_token = %s WHERE execution_id = %s",
+            (to_status, token, execution_id),
+        )
+        as_api_role.execute(
+            "UPDATE core.executions SET status = 'PENDING', fencing_token = %s WHERE id = %s", (token, execution_id)
+        )
+    assert conn.execute(
+        "SELECT status FROM core.execution_checkpoints WHERE execution_id = %s", (execution_id,)
+    ).fetchone() == ("UNCERTAIN",)
+
+
+def test_only_a_resolution_records_the_result_of_an_uncertain_write(conn):
+    """Without a ledger row of its new token, not even the owner may mark an UNCERTAIN checkpoint SUCCEEDED."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN)
+    with pytest.raises(psycopg.errors.CheckViolation, match="UNCERTAIN"):
+        conn.execute(
+            "UPDATE core.execution_checkpoints SET status = 'SUCCEEDED', result = '{}',"
+            " fencing_token = nextval('core.execution_fencing_seq') WHERE execution_id = %s",
+            (execution_id,),
+        )

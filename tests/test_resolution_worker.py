@@ -10,10 +10,12 @@ import uuid
 
 import pytest
 from api_support import AdminClient, admin_settings, running_api
-from harness_support import fences, points, run_worker, scalar
+from harness_support import fences, points, replay_state, run_worker, scalar
 from ledger_support import checkpoints, deliver, execution
 
-from harness.queue import Duplicate, Held
+from harness import reconciliation
+from harness.dead_letters import write_dead_letter
+from harness.queue import DeadLettered, Duplicate, Held
 from maintenance.demo.ledger import Fault
 
 
@@ -59,3 +61,53 @@ def test_resume_then_the_worker_completes_the_execution_exactly_once(
         f"/v1/core/executions/{execution_id}/resolve", json=body, headers={"Idempotency-Key": "resolve-7"}
     )
     assert replay.json() == response.json() and replay.headers["Idempotent-Replayed"] == "true"
+
+
+def resolve_in_code(conn, consumer, job_id, command):
+    """``command`` applied to the job's execution by operator ops:ana of scope loyalty, ``consumer`` published."""
+    reconciliation.resolve(
+        conn,
+        execution_id=execution(conn, job_id)["id"],
+        idempotency_key=f"resolve-{job_id}",
+        operator="ops:ana",
+        command=command,
+        consumers={consumer.name: consumer},
+        scopes=frozenset({"loyalty"}),
+    )
+
+
+def test_a_replay_held_for_reconciliation_is_ended_by_the_resumed_execution(
+    conn, database_url, ledger, ledger_consumer
+):
+    """A dead letter's replay reaching RECONCILIATION_REQUIRED stays outstanding until the resumed execution completes: then it is processed."""
+    ledger.fail("notify", Fault.refused())
+    job_id = uuid.uuid4()
+    failed = deliver(conn, ledger_consumer, job_id)
+    assert isinstance(failed, DeadLettered)
+    letter_id = write_dead_letter(conn, failed.letter)
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (letter_id,))
+    ledger.fail("notify", Fault.invalid())  # the replay's notify answers garbage: it may have been applied
+    assert isinstance(deliver(conn, ledger_consumer, job_id, replay_of=letter_id), Held)
+    assert replay_state(conn, letter_id) == (None, False)  # outstanding: the operator's resolution decides
+
+    resume = reconciliation.Resume(
+        results=(("notify", {"notification_id": 1}),),
+        evidence=reconciliation.Evidence("RESULT_VERIFIED", "LEDGER-CASE-9", "the ledger lists it"),
+    )
+    resolve_in_code(conn, ledger_consumer, job_id, resume)
+    stats = run_worker(database_url, consumer=ledger_consumer)
+    assert (stats.processed, stats.held) == (1, 0) and fences(conn, job_id) == 1
+    assert replay_state(conn, letter_id) == ("processed", True)
+
+
+def test_a_later_delivery_of_a_closed_execution_writes_no_dead_letter(conn, ledger, ledger_consumer):
+    """After CLOSE_WITHOUT_TRANSITION another delivery of the job is acked as a duplicate: no dead letter whose replay would redo what the operator closed, nothing sent."""
+    ledger.fail("credits", Fault.invalid())  # the credit answered garbage: it may have been applied
+    job_id = uuid.uuid4()
+    assert isinstance(deliver(conn, ledger_consumer, job_id), Held)
+    evidence = reconciliation.Evidence("COMPENSATED_VERIFIED", "LEDGER-CASE-4", "the credit was reversed")
+    resolve_in_code(conn, ledger_consumer, job_id, reconciliation.Close(evidence=evidence))
+    calls_before = [ledger.calls(e) for e in ("lookup", "credits", "notify")]
+    assert isinstance(deliver(conn, ledger_consumer, job_id, attempt=2), Duplicate)
+    assert [ledger.calls(e) for e in ("lookup", "credits", "notify")] == calls_before
+    assert execution(conn, job_id)["status"] == "FAILED" and fences(conn, job_id) == 0
