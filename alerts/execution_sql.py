@@ -41,9 +41,10 @@ SELECT e.consumer, array_agg(e.id ORDER BY e.id), min(e.status_changed_at), max(
 """
 
 # The most frequent reasons of a set of executions, first line only, prefixed by the action they
-# concern unless the reason already starts with it.
+# concern unless the reason already starts with it ("notify: …", or the executor's "notify (EFFECT): …").
 TOP_EXECUTION_REASONS = """
-SELECT left(CASE WHEN reason_action IS NULL OR starts_with(reason, reason_action || ':') THEN ''
+SELECT left(CASE WHEN reason_action IS NULL OR starts_with(reason, reason_action || ':')
+                      OR starts_with(reason, reason_action || ' (') THEN ''
                  ELSE reason_action || ': ' END || split_part(reason, E'\\n', 1), %(chars)s) AS error,
        count(*) AS n
   FROM core.executions

@@ -83,7 +83,7 @@ from harness.queue import (
 )
 from harness.retry import RetryPolicy, compute_delay
 
-__all__ = ["Decision", "OutputBroken", "decide", "run_execution"]
+__all__ = ["Decision", "OutputBroken", "WorkerLost", "decide", "run_execution"]
 
 log = structlog.get_logger()
 
@@ -274,7 +274,7 @@ class _Run:
             checkpoint = self.checkpoints.get(action.name)
             if checkpoint is None or not action.effect.writes or checkpoint.status not in ("STARTED", "UNCERTAIN"):
                 continue
-            lost = _WorkerLost(f"{action.name}: the worker was lost while the request may have been sent")
+            lost = WorkerLost("the worker was lost while the request may have been sent")
             if action.effect is Effect.NON_IDEMPOTENT_WRITE or checkpoint.status == "UNCERTAIN":
                 return self._reconcile(action, position, checkpoint.attempts, lost)
             if checkpoint.attempts >= action.policy.max_attempts:
@@ -295,7 +295,7 @@ class _Run:
         return self._finish()
 
     def _crash_looped(self) -> Outcome:
-        error = _WorkerLost(
+        error = WorkerLost(
             f"taken {self.takes} times, more than its {max_takes(self.consumer, self.policy)} attempts allow:"
             " every worker that took it was lost"
         )
@@ -545,7 +545,7 @@ class _Run:
         }
 
 
-class _WorkerLost(Exception):
+class WorkerLost(Exception):
     """What an interrupted attempt is recorded as: the worker running it was lost."""
 
 
