@@ -26,8 +26,16 @@ from uuid import UUID
 
 import psycopg
 from psycopg.types.json import Jsonb
+from pydantic import ValidationError
 
-__all__ = ["MAX_ERROR_CHARS", "DeadLetter", "describe_error", "mark_replay_handled", "write_dead_letter"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "DeadLetter",
+    "describe_error",
+    "mark_replay_handled",
+    "validation_problems",
+    "write_dead_letter",
+]
 
 MAX_ERROR_CHARS = 2000
 _ELLIPSIS = " …[truncated]"
@@ -65,6 +73,15 @@ def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     if len(text) <= limit:
         return text
     return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def validation_problems(exc: ValidationError, whole: str) -> list[str]:
+    """Each problem of a pydantic validation as ``where: what`` (``points: Input should be greater
+    than 0``); ``whole`` names the place when the problem is the value itself."""
+    return [
+        f"{'.'.join(str(p) for p in error.get('loc', ())) or whole}: {error.get('msg', 'invalid')}"
+        for error in exc.errors(include_url=False)
+    ]
 
 
 def _message(error: BaseException) -> str:

@@ -61,7 +61,7 @@ from pydantic import ValidationError
 from harness import execution_sql as sql
 from harness.actions import Action, ActionContext, Effect, idempotency_key
 from harness.consumer import Consumer, JobContext
-from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
+from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
 from harness.errors import NotSent, PermanentError, TransientError
 from harness.execution_window import max_takes
 from harness.fence import check_work_transaction
@@ -577,20 +577,14 @@ def _validated(action: Action, value: Any) -> Any:
         try:
             return action.output.model_validate(value)
         except ValidationError as exc:
-            raise OutputBroken(f"{action.name}: the answer breaks its output contract: {_first_problem(exc)}") from exc
+            problems = validation_problems(exc, "the answer")
+            first = f"{problems[0]} ({len(problems)} problem(s))" if problems else "invalid"
+            raise OutputBroken(f"{action.name}: the answer breaks its output contract: {first}") from exc
     try:
         check_payload(value)
     except InvalidPayload as exc:
         raise OutputBroken(f"{action.name}: the answer cannot be stored as JSON: {exc}") from exc
     return value
-
-
-def _first_problem(exc: ValidationError) -> str:
-    errors = exc.errors(include_url=False)
-    if not errors:
-        return "invalid"
-    where = ".".join(str(p) for p in errors[0].get("loc", ())) or "the answer"
-    return f"{where}: {errors[0].get('msg', 'invalid')} ({len(errors)} problem(s))"
 
 
 def run_execution(

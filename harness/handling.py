@@ -54,7 +54,7 @@ import psycopg
 from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
-from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled
+from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
 from harness.errors import PermanentError, PoisonMessage, TransientError
 from harness.execution import run_execution
 from harness.fence import INSERT_FENCE, check_work_transaction
@@ -96,7 +96,9 @@ def handle(
     except KeyboardInterrupt:
         raise
     except BaseException as exc:
-        why = _describe_validation(exc) if isinstance(exc, ValidationError) else describe_error(exc)
+        why = (
+            "; ".join(validation_problems(exc, "payload")) if isinstance(exc, ValidationError) else describe_error(exc)
+        )
         poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
     if consumer.durable:
@@ -223,12 +225,3 @@ def _dead_letter(
             replay_of=envelope.replay_of,
         ),
     )
-
-
-def _describe_validation(exc: ValidationError) -> str:
-    """``points: Input should be greater than 0; member_id: Field required`` — field and problem."""
-    parts = []
-    for error in exc.errors(include_url=False):
-        where = ".".join(str(p) for p in error.get("loc", ())) or "payload"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts)

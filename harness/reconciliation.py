@@ -57,6 +57,7 @@ from psycopg.types.json import Json, Jsonb
 from pydantic import ValidationError
 
 from harness.consumer import Consumer
+from harness.dead_letters import validation_problems
 from harness.queue import InvalidPayload, check_payload
 
 __all__ = [
@@ -330,7 +331,7 @@ def _resume_problems(
         except ValidationError as exc:
             problems.append(
                 f"results.{action_name}: breaks the action's output contract ({exc.error_count()} error(s): "
-                + "; ".join(f"{'.'.join(map(str, e['loc'])) or 'result'}: {e['msg']}" for e in exc.errors()[:5])
+                + "; ".join(validation_problems(exc, "result")[:5])
                 + ")"
             )
             continue
