@@ -106,7 +106,7 @@ import psycopg
 import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from alerts.groups import AlertGroup, DeadLetterGroup, PlannedIncident, human, when
+from alerts.groups import AlertGroup, DeadLetterGroup, PlannedIncident, human, reason_and_sample_lines, when
 from alerts.reconciliation import compose_executions
 from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
 from alerts.sql import (
@@ -725,15 +725,7 @@ def compose(group: AlertGroup, now: datetime, config: AlertFeedConfig, installat
             f"more than {age} after they were written ({span})."
         )
         action = "Nobody has reviewed these yet: replay or discard each, with a reason."
-    lines = [opening, ""]
-    if group.errors:
-        lines.append("Most frequent errors:")
-        lines += [f"  {count} × {error}" for error, count in group.errors]
-        lines.append("")
-    if group.samples:
-        lines.append("Samples (job_id / correlation_id):")
-        lines += [f"  {job_id} / {correlation_id or '-'}" for job_id, correlation_id in group.samples]
-        lines.append("")
+    lines = [opening, "", *reason_and_sample_lines(group, "Most frequent errors:")]
     if group.queues:
         lines.append("Queues:")
         for queue, count in group.queues:

@@ -50,6 +50,20 @@ class PlannedIncident:
     dead_letter_ids: tuple[int, ...]  # the covered rows' ids: dead letters or executions
 
 
+def reason_and_sample_lines(group: AlertGroup, reasons_title: str) -> list[str]:
+    """The description's shared middle: the most frequent reasons, then sample jobs, each a block."""
+    lines: list[str] = []
+    if group.errors:
+        lines.append(reasons_title)
+        lines += [f"  {count} × {error}" for error, count in group.errors]
+        lines.append("")
+    if group.samples:
+        lines.append("Samples (job_id / correlation_id):")
+        lines += [f"  {job_id} / {correlation_id or '-'}" for job_id, correlation_id in group.samples]
+        lines.append("")
+    return lines
+
+
 def when(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 

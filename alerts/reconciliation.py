@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from alerts.groups import AlertGroup, PlannedIncident, human, when
+from alerts.groups import AlertGroup, PlannedIncident, human, reason_and_sample_lines, when
 
 RESOLVE_HINT = (
     "Check each one at the provider, then resolve it: `core-jobs executions show ID` shows its checkpoints; "
@@ -50,15 +50,7 @@ def compose_executions(
             f"ESCALATION: {n} {executions} {'of consumer ' + where if group.queue else 'in ' + where} still "
             f"RECONCILIATION_REQUIRED more than {age} after {'it' if n == 1 else 'they'} became uncertain ({span})."
         )
-    lines = [opening, ""]
-    if group.errors:
-        lines.append("Most frequent reasons (action: reason):")
-        lines += [f"  {count} × {error}" for error, count in group.errors]
-        lines.append("")
-    if group.samples:
-        lines.append("Samples (job_id / correlation_id):")
-        lines += [f"  {job_id} / {correlation_id or '-'}" for job_id, correlation_id in group.samples]
-        lines.append("")
+    lines = [opening, "", *reason_and_sample_lines(group, "Most frequent reasons (action: reason):")]
     if group.queues:
         lines.append("Consumers:")
         lines += [f"  {count} of {consumer}" for consumer, count in group.queues]
