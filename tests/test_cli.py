@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
 import psycopg
 import pytest
+from factories import QUEUE, add_dead_letters
 
 from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
 
@@ -187,3 +190,36 @@ def test_a_command_that_never_migrates_or_schedules_imports_no_alembic_sqlalchem
     code, heavy = json.loads(done.stdout.splitlines()[-1])
     assert code == 0, done.stderr
     assert heavy == [], f"{argv} imported {heavy}"
+
+
+def _run_into_a_closed_pipe(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``core-jobs argv`` with its stdout a pipe whose reader has gone (``… | head`` after head exits)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "maintenance", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["check-config"], ["dead-letters", "list"], ["dead-letters", "list", "--json"], ["executions", "list", "--json"]],
+    ids=" ".join,
+)
+def test_a_reader_that_goes_away_ends_the_command_quietly_as_unix_tools_do(clean_env, database_url, conn, argv):
+    """With stdout's reader gone, every command exits 141 (128 + SIGPIPE) with nothing on stderr: no BrokenPipeError traceback."""
+    add_dead_letters(conn, QUEUE, 50)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")} | {
+        "CORE_JOBS_DATABASE_URL": database_url
+    }
+    done = _run_into_a_closed_pipe(argv, env)
+    assert done.stderr == "" and done.returncode == 128 + signal.SIGPIPE

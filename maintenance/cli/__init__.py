@@ -15,6 +15,7 @@ usage error, reported before any data is touched.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 from collections.abc import Callable, Sequence
@@ -277,5 +278,22 @@ def _report(message: str, settings: Settings) -> None:
     print(f"core-jobs: {text}", file=sys.stderr)
 
 
+# A shell's exit status for a process ended by SIGPIPE: what `yes | head -1` reports for `yes`.
+EXIT_BROKEN_PIPE = 128 + 13
+
+
 def run() -> None:
-    sys.exit(main())
+    """The console script: ``main``, and a reader that went away (``… | head``) ends it quietly.
+
+    Python ignores SIGPIPE (the long-running commands must survive a peer closing a socket), so a
+    write to a closed pipe raises BrokenPipeError instead of ending the process as it ends a Unix
+    tool. Every command ends here the way such a tool does: no traceback, status 128 + SIGPIPE.
+    stdout is pointed at /dev/null first, so the interpreter's last flush cannot fail again.
+    """
+    try:
+        code = main()
+        sys.stdout.flush()  # inside the try: a reader that left after the last write is noticed here
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_BROKEN_PIPE
+    sys.exit(code)
