@@ -16,6 +16,11 @@ if connection is None:  # pragma: no cover - only reachable through the bare ale
     raise RuntimeError("run migrations with `core-jobs migrate`, which supplies the connection")
 
 connection.execute(text("SELECT pg_advisory_xact_lock(hashtext(:name))"), {"name": MIGRATION_LOCK})
+# Bounded lock waits from here on (maintenance/runtime/migrate.py retries a timed-out attempt). Set after
+# the advisory lock: waiting for another migrator is waiting for its own bounded attempts.
+lock_timeout_ms = context.config.attributes.get("lock_timeout_ms")
+if lock_timeout_ms is not None:
+    connection.execute(text("SELECT set_config('lock_timeout', :value, true)"), {"value": f"{int(lock_timeout_ms)}ms"})
 connection.execute(text("CREATE SCHEMA IF NOT EXISTS core"))
 context.configure(connection=connection, version_table_schema="core", transactional_ddl=True)
 with context.begin_transaction():

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from datetime import timedelta
 from urllib.parse import quote
 
 import psycopg
@@ -10,6 +13,7 @@ import sqlalchemy.exc
 from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from maintenance.cli import EXIT_JOB_FAILED, main
 from maintenance.runtime import migrate
 
 
@@ -64,6 +68,51 @@ def test_migrators_take_turns_on_the_advisory_lock(empty_database_url):
         assert migrate.current_revision(empty_database_url) is None
     migrate.upgrade(impatient)  # the lock is free again
     assert migrate.current_revision(empty_database_url) == migrate.head_revision()
+
+
+@contextlib.contextmanager
+def version_table_locked(url: str) -> Iterator[psycopg.Connection]:
+    """An open transaction holding an ACCESS EXCLUSIVE lock on core.alembic_version (a forgotten BEGIN in psql)."""
+    with psycopg.connect(url) as blocker:
+        blocker.execute("LOCK TABLE core.alembic_version IN ACCESS EXCLUSIVE MODE")
+        yield blocker
+
+
+def test_a_migration_blocked_on_a_lock_gives_up_after_its_attempts_naming_the_holder(empty_database_url):
+    """Each bounded lock wait is rolled back and retried; after the last, MigrationBlocked names the holding session."""
+    migrate.upgrade(empty_database_url, "0012_execution_resolution")
+    pauses: list[float] = []
+    with version_table_locked(empty_database_url) as blocker:
+        holder = blocker.info.backend_pid
+        with pytest.raises(migrate.MigrationBlocked) as info:
+            migrate.upgrade(
+                empty_database_url, lock_timeout=timedelta(milliseconds=50), attempts=3, pause=pauses.append
+            )
+    assert pauses == [0.05, 0.05]
+    assert f"pid {holder} " in str(info.value) and "3 attempt(s)" in str(info.value)
+    assert migrate.current_revision(empty_database_url) == "0012_execution_resolution"
+
+
+def test_a_migration_goes_through_once_the_lock_is_released_between_attempts(empty_database_url):
+    """A lock held during the first attempt and released in the pause: the second attempt migrates to head."""
+    migrate.upgrade(empty_database_url, "0012_execution_resolution")
+    with version_table_locked(empty_database_url) as blocker:
+        migrate.upgrade(
+            empty_database_url, lock_timeout=timedelta(milliseconds=50), attempts=2, pause=lambda _: blocker.rollback()
+        )
+    assert migrate.current_revision(empty_database_url) == migrate.head_revision()
+
+
+def test_migrate_command_blocked_on_a_lock_exits_1_with_one_line(clean_env, empty_database_url, capsys):
+    """`core-jobs migrate` with every attempt timed out exits 1 with one line on stderr naming the settings to change."""
+    migrate.upgrade(empty_database_url, "0012_execution_resolution")
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
+    clean_env.setenv("CORE_JOBS_MIGRATE_LOCK_TIMEOUT", "0.05")
+    clean_env.setenv("CORE_JOBS_MIGRATE_LOCK_ATTEMPTS", "1")
+    with version_table_locked(empty_database_url):
+        assert main(["migrate"]) == EXIT_JOB_FAILED
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "CORE_JOBS_MIGRATE_LOCK_TIMEOUT" in err and "nothing was applied" in err
 
 
 def test_fresh_database_reports_no_revision(empty_database_url):

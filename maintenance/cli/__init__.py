@@ -36,14 +36,22 @@ SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then
 Handler = Callable[[argparse.Namespace, "Settings"], int]
 
 
+def _lock_bounds(settings: Settings) -> dict[str, Any]:
+    return {"lock_timeout": settings.migrate_lock_timeout, "attempts": settings.migrate_lock_attempts}
+
+
 def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.runtime import migrate
     from maintenance.runtime.logs import get_logger
 
     conninfo = settings.conninfo()
     log = get_logger()
-    before = migrate.current_revision(conninfo)
-    migrate.upgrade(conninfo, args.revision)
+    try:
+        before = migrate.current_revision(conninfo, lock_timeout=settings.migrate_lock_timeout)
+        migrate.upgrade(conninfo, args.revision, **_lock_bounds(settings))
+    except migrate.MigrationBlocked as exc:
+        _report(str(exc), settings)
+        return EXIT_JOB_FAILED
     after = migrate.current_revision(conninfo)
     log.info("maintenance.migrate.done", from_revision=before, to_revision=after, changed=before != after)
     return EXIT_OK
@@ -54,8 +62,12 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.runtime.logs import get_logger
 
     conninfo = settings.conninfo()
-    before = migrate.current_revision(conninfo)
-    migrate.downgrade(conninfo, args.revision)
+    try:
+        before = migrate.current_revision(conninfo, lock_timeout=settings.migrate_lock_timeout)
+        migrate.downgrade(conninfo, args.revision, **_lock_bounds(settings))
+    except migrate.MigrationBlocked as exc:
+        _report(str(exc), settings)
+        return EXIT_JOB_FAILED
     get_logger().info(
         "maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo)
     )

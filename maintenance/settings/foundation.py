@@ -31,6 +31,8 @@ DEFAULT_RETRY_MAX_DELAY = timedelta(hours=1)  # cap of one retry delay
 DEFAULT_RETRY_JITTER = 0.2  # fraction
 DEFAULT_RETRY_AFTER_MAX = timedelta(seconds=120)  # bound on an honoured Retry-After
 DEFAULT_BROKER_REDELIVERY_HORIZON = timedelta(0)  # no broker-side redelivery
+DEFAULT_MIGRATE_LOCK_TIMEOUT = timedelta(seconds=5)  # one lock wait of `core-jobs migrate`
+DEFAULT_MIGRATE_LOCK_ATTEMPTS = 5  # attempts of `core-jobs migrate`, the first included
 DEFAULT_LOG_FORMAT: Final = "auto"  # JSON lines unless stdout is a TTY
 DEFAULT_LOG_LEVEL: Final = "INFO"  # minimum level
 
@@ -82,6 +84,16 @@ class FoundationFields(BaseModel):
         default=DEFAULT_BROKER_REDELIVERY_HORIZON,
         description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
         "added to the retry window by the TTL guard.",
+    )
+    migrate_lock_timeout: PositiveDuration = Field(
+        default=DEFAULT_MIGRATE_LOCK_TIMEOUT,
+        description="`core-jobs migrate`: the longest one lock wait may last (lock_timeout). A wait that runs out "
+        "rolls the attempt back, so the queries queued behind the migration get through, and tries again.",
+    )
+    migrate_lock_attempts: int = Field(
+        default=DEFAULT_MIGRATE_LOCK_ATTEMPTS,
+        ge=1,
+        description="`core-jobs migrate`: attempts before it gives up (exit 1, naming the sessions holding locks).",
     )
     log_format: Literal["auto", "json", "console"] = Field(
         default=DEFAULT_LOG_FORMAT, description="auto: JSON lines when stdout is not a TTY, readable console on a TTY."
