@@ -36,42 +36,33 @@ SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then
 Handler = Callable[[argparse.Namespace, "Settings"], int]
 
 
-def _lock_bounds(settings: Settings) -> dict[str, Any]:
-    return {"lock_timeout": settings.migrate_lock_timeout, "attempts": settings.migrate_lock_attempts}
-
-
-def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+def _move_schema(args: argparse.Namespace, settings: Settings, *, down: bool) -> int:
+    """``migrate`` or ``downgrade`` to ``args.revision``, each lock wait bounded; one event with both revisions."""
     from maintenance.runtime import migrate
     from maintenance.runtime.logs import get_logger
 
     conninfo = settings.conninfo()
-    log = get_logger()
+    bounds = {"lock_timeout": settings.migrate_lock_timeout, "attempts": settings.migrate_lock_attempts}
     try:
         before = migrate.current_revision(conninfo, lock_timeout=settings.migrate_lock_timeout)
-        migrate.upgrade(conninfo, args.revision, **_lock_bounds(settings))
+        (migrate.downgrade if down else migrate.upgrade)(conninfo, args.revision, **bounds)
     except migrate.MigrationBlocked as exc:
         _report(str(exc), settings)
         return EXIT_JOB_FAILED
     after = migrate.current_revision(conninfo)
-    log.info("maintenance.migrate.done", from_revision=before, to_revision=after, changed=before != after)
+    if down:
+        get_logger().info("maintenance.migrate.downgraded", from_revision=before, to_revision=after)
+    else:
+        get_logger().info("maintenance.migrate.done", from_revision=before, to_revision=after, changed=before != after)
     return EXIT_OK
+
+
+def cmd_migrate(args: argparse.Namespace, settings: Settings) -> int:
+    return _move_schema(args, settings, down=False)
 
 
 def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.runtime import migrate
-    from maintenance.runtime.logs import get_logger
-
-    conninfo = settings.conninfo()
-    try:
-        before = migrate.current_revision(conninfo, lock_timeout=settings.migrate_lock_timeout)
-        migrate.downgrade(conninfo, args.revision, **_lock_bounds(settings))
-    except migrate.MigrationBlocked as exc:
-        _report(str(exc), settings)
-        return EXIT_JOB_FAILED
-    get_logger().info(
-        "maintenance.migrate.downgraded", from_revision=before, to_revision=migrate.current_revision(conninfo)
-    )
-    return EXIT_OK
+    return _move_schema(args, settings, down=True)
 
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
