@@ -42,10 +42,11 @@ def _move_schema(args: argparse.Namespace, settings: Settings, *, down: bool) ->
     from maintenance.runtime.logs import get_logger
 
     conninfo = settings.conninfo()
-    bounds = {"lock_timeout": settings.migrate_lock_timeout, "attempts": settings.migrate_lock_attempts}
+    timeout, attempts = settings.migrate_lock_timeout, settings.migrate_lock_attempts
     try:
-        before = migrate.current_revision(conninfo, lock_timeout=settings.migrate_lock_timeout)
-        (migrate.downgrade if down else migrate.upgrade)(conninfo, args.revision, **bounds)
+        before = migrate.current_revision(conninfo, lock_timeout=timeout)
+        move = migrate.downgrade if down else migrate.upgrade
+        move(conninfo, args.revision, lock_timeout=timeout, attempts=attempts)
     except migrate.MigrationBlocked as exc:
         _report(str(exc), settings)
         return EXIT_JOB_FAILED
