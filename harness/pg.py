@@ -30,7 +30,8 @@ settings (the server reports them) across its pooled server connections. The URL
 ``options`` still apply, except an ``off`` ``synchronous_commit``. (PostgreSQL does not report
 ``synchronous_commit``, so a pooler in *transaction* mode would not carry its pin from one
 transaction to the next: use session pooling, as the jobs' session advisory locks need anyway.) A connection handed to the harness from elsewhere (``PgQueue(conn)``,
-``list_dead_letters(conn)``) should be opened with :func:`connect` too.
+``list_dead_letters(conn)``) should be opened with :func:`connect` too, or pinned with
+:func:`pin_session` (the operations API's pool does so for each of its connections).
 
 Statement-level settings stay with the statements that need them (``SET LOCAL`` in the
 purge's batches, the asynchronous commit of claims, acks and takes, READ COMMITTED in the
