@@ -5,8 +5,8 @@ harness/execution_sql.py. :func:`harness.handling.handle` calls :func:`run_execu
 consumer that declares actions, after validating the payload (poison: a dead letter, no
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
-1. **Take** — one transaction (asynchronous commit: a forgotten take only makes this worker
-   stale): insert the execution if new and take it at once unless the job's fence exists (all
+1. **Take** — one transaction (asynchronous commit, for that transaction alone: a forgotten take
+   only makes this worker stale): insert the execution if new and take it at once unless the job's fence exists (all
    in one round trip, harness/pipelined.py: a fenced one is deleted again before the COMMIT);
    else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
@@ -21,8 +21,8 @@ execution). All times are PostgreSQL's ``now()``; no worker sleeps.
    actions' ``max_attempts`` and the queue policy's) has killed every worker that took it:
    ``FAILED`` (``exhausted``) — or ``RECONCILIATION_REQUIRED`` if a write is in doubt.
 4. **Run** each action not ``SUCCEEDED``, in order. A write first commits its ``STARTED``
-   checkpoint, synchronously and fenced — the durable proof that nothing was sent is the absence
-   of that row (a ``NON_IDEMPOTENT_WRITE``'s in an explicit transaction, so that only a live
+   checkpoint, synchronously (whatever the database's default: the session's pin, harness/pg.py)
+   and fenced — the durable proof that nothing was sent is the absence of that row (a ``NON_IDEMPOTENT_WRITE``'s in an explicit transaction, so that only a live
    worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
    recorded with the next commit. A failure goes by the contract's table (:func:`decide`):
    ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;

@@ -9,18 +9,33 @@ whatever the server, database or role defaults say (``ALTER DATABASE … SET Dat
 - ``IntervalStyle = postgres`` — psycopg parses ``interval`` results only in that style;
 - ``TimeZone = UTC`` — ``now() + interval '7 days'`` adds calendar days in the session's time
   zone, so across a summer-time change a fence TTL or retry delay would be an hour short or
-  long; in UTC a day is always 24 hours. Results are instants either way.
+  long; in UTC a day is always 24 hours. Results are instants either way;
+- ``synchronous_commit`` at least ``on`` — every commit waits for its WAL to reach the disk
+  unless its own transaction says otherwise. An inherited ``off`` (``ALTER DATABASE … SET
+  synchronous_commit = off``, a common tuning, or the role's, the server's, the URL's
+  ``options``) would make every commit asynchronous: it returns before its WAL is written, and
+  a server crash forgets it. The guarantees rest on commits: a NON_IDEMPOTENT_WRITE's STARTED
+  checkpoint (the proof that nothing was sent: forgotten, the next worker sends again), the
+  fence with the work, a dead letter, a resolution, an alert intent. ``off`` becomes ``on``;
+  ``local``, ``remote_write``, ``on`` and ``remote_apply`` all flush locally and are kept, so a
+  DBA's stronger choice (a synchronous standby's ``remote_apply``) is never weakened. The
+  commits that are cheap to lose (claims, acks, the execution's take, the purge's batches) turn
+  it off with ``set_config(…, true)``: for their own transaction only, the session's pin is back
+  at its end (docs/durable-actions.md, "Durable commits").
 
 They are set by one statement right after connecting (about 1 ms more per connection than a
 bare connect, measured), not by libpq ``options`` in the startup packet: PgBouncer before 1.20
 refuses an ``options`` startup parameter unless told to ignore it, while it carries these
 settings (the server reports them) across its pooled server connections. The URL's own
-``options`` still apply. A connection handed to the harness from elsewhere (``PgQueue(conn)``,
-``list_dead_letters(conn)``) should be opened with :func:`connect` too.
+``options`` still apply, except an ``off`` ``synchronous_commit``. (PostgreSQL does not report
+``synchronous_commit``, so a pooler in *transaction* mode would not carry its pin from one
+transaction to the next: use session pooling, as the jobs' session advisory locks need anyway.) A connection handed to the harness from elsewhere (``PgQueue(conn)``,
+``list_dead_letters(conn)``) should be opened with :func:`connect` too, or pinned with
+:func:`pin_session` (the operations API's pool does so for each of its connections).
 
 Statement-level settings stay with the statements that need them (``SET LOCAL`` in the
-purge's batches, ``synchronous_commit`` of claims and acks, READ COMMITTED in the metrics
-job); a ``statement_timeout`` or ``lock_timeout`` the database sets is the DBA's and applies.
+purge's batches, the asynchronous commit of claims, acks and takes, READ COMMITTED in the
+metrics job); a ``statement_timeout`` or ``lock_timeout`` the database sets is the DBA's and applies.
 
 Decisions about expiry, staleness and retry schedules use PostgreSQL's clock, never the
 worker's: read it once per run with :func:`server_now` and pass it down.
@@ -36,10 +51,16 @@ from typing import Any
 import psycopg
 
 # The session settings every connection pins (see the module docstring), in one round trip.
+# synchronous_commit: an inherited 'off' becomes 'on'; every other value already flushes locally
+# and is kept (current_setting gives the canonical name whatever the spelling: 'false', 'no', '0').
 PIN_SESSION_SETTINGS = """
 SELECT set_config('DateStyle', 'ISO', false),
        set_config('IntervalStyle', 'postgres', false),
-       set_config('TimeZone', 'UTC', false)
+       set_config('TimeZone', 'UTC', false),
+       set_config('synchronous_commit',
+                  CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on'
+                       ELSE current_setting('synchronous_commit') END,
+                  false)
 """
 
 
@@ -47,12 +68,20 @@ def connect(conninfo: str, *, autocommit: bool = False, **kwargs: Any) -> psycop
     """``psycopg.connect`` with the session settings pinned; idle, in the ``autocommit`` mode asked for."""
     conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
     try:
-        conn.execute(PIN_SESSION_SETTINGS)
+        pin_session(conn)
         conn.autocommit = autocommit
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def pin_session(conn: psycopg.Connection) -> None:
+    """Pin the session settings on ``conn`` (autocommit, idle), one round trip: what :func:`connect` does.
+
+    For a connection opened elsewhere, e.g. by a pool (the operations API's ``configure``).
+    """
+    conn.execute(PIN_SESSION_SETTINGS)
 
 
 def server_now(conn: psycopg.Connection) -> datetime:

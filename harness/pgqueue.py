@@ -28,7 +28,9 @@ Claims, acks and releases commit with ``synchronous_commit = off``: they are che
 server crash can forget only the last few of them (any later synchronous commit — a work
 transaction — flushes them too), and a forgotten claim or ack only means a redelivery, which
 the fence absorbs. It saves two disk flushes per batch. Publishing, retries and dead letters
-stay synchronous: losing those would lose a job or a failure record.
+stay synchronous — whatever the database's default, since every connection pins
+``synchronous_commit`` (harness/pg.py): losing those would lose a job or a failure record. The
+asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 """
 
 from __future__ import annotations

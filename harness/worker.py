@@ -256,7 +256,7 @@ class Worker:
             if conn.info.transaction_status == TransactionStatus.IDLE:
                 acked, released = queue.ack(done), queue.release(unstarted)
             else:  # closed or broken (a database outage, a terminated backend)
-                with psycopg.connect(
+                with connect(
                     self.conninfo,
                     autocommit=True,
                     application_name=self.application_name,

@@ -31,6 +31,7 @@ from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import ConnectionPool
 
+from harness.pg import pin_session
 from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
@@ -41,11 +42,14 @@ APPLICATION_NAME = "core-jobs-api"
 
 
 def session_setup(settings: Settings):
-    """What every API connection runs first: ``SET ROLE`` to the API role, a statement timeout."""
+    """What every API connection runs first: the session settings every core-jobs connection pins
+    (``harness.pg.pin_session``: a resolution's or an operation's commit is durable whatever the
+    database's ``synchronous_commit``), ``SET ROLE`` to the API role, a statement timeout."""
     role = settings.api_database_role
     timeout_ms = int(settings.api_statement_timeout.total_seconds() * 1000)
 
     def configure(conn: psycopg.Connection) -> None:
+        pin_session(conn)
         if role:
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))
