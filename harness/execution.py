@@ -299,7 +299,7 @@ class _Run:
     def _crash_looped(self) -> Outcome:
         error = WorkerLost(
             f"taken {self.takes} times, more than its {max_takes(self.consumer, self.policy)} attempts allow:"
-            " every worker that took it was lost"
+            " no take settled it (each worker that took it was lost, or failed to settle it: harness.worker.delivery_failed)"
         )
         for position, action in enumerate(self.consumer.actions):
             checkpoint = self.checkpoints.get(action.name)

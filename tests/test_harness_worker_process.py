@@ -230,11 +230,14 @@ def test_a_stored_result_a_deploy_no_longer_accepts_fails_its_execution_and_the_
     assert v2.process.wait(60) == 0, "".join(v2.output)
     assert points(conn, "m-new") == 7 and fences(conn, new) == 1
     assert points(conn, "m-old") == 0 and fences(conn, old) == 0
-    status, reason, reason_action = conn.execute(
-        "SELECT status, reason, reason_action FROM core.executions WHERE job_id = %s", (old,)
+    execution_id, status, reason, reason_action = conn.execute(
+        "SELECT id, status, reason, reason_action FROM core.executions WHERE job_id = %s", (old,)
     ).fetchone()
     assert (status, reason_action) == ("FAILED", "lookup")
-    assert "lookup: its stored result (SUCCEEDED) breaks today's output contract: tier: Field required" in reason
+    assert reason == (
+        "lookup: OutputBroken: lookup: its stored result (SUCCEEDED) breaks today's output contract:"
+        " tier: Field required (1 problem(s))"
+    )
     assert (
         conn.execute(
             "SELECT c.status, c.result FROM core.execution_checkpoints AS c JOIN core.executions AS e ON e.id = c.execution_id"
@@ -244,7 +247,7 @@ def test_a_stored_result_a_deploy_no_longer_accepts_fails_its_execution_and_the_
         == stored
     )
     (letter,) = conn.execute("SELECT job_id, last_error FROM core.dead_letters").fetchall()
-    assert letter[0] == old and reason in letter[1]
+    assert letter == (old, f"execution {execution_id} FAILED: {reason}")
     assert messages(conn) == {}
 
 
