@@ -285,9 +285,11 @@ class _Run:
             checkpoint = self.checkpoints.get(action.name)
             if checkpoint is not None and checkpoint.status == "SUCCEEDED":
                 try:
-                    self.results[action.name] = _validated(action, checkpoint.result)
+                    self.results[action.name] = _validated(action, checkpoint.result, "its stored result (SUCCEEDED)")
                 except OutputBroken as exc:
-                    return self._fail(action, position, checkpoint.attempts, exc, "permanent")
+                    # A deploy changed the contract. The action's success is certain and its checkpoint is
+                    # never rewritten (R-3): FAILED with it intact, for a consumer that accepts it to replay.
+                    return self._fail(action, None, checkpoint.attempts, exc, "permanent")
                 continue
             outcome = self._run_action(action, position, (checkpoint.attempts if checkpoint else 0) + 1)
             if outcome is not None:
@@ -297,7 +299,7 @@ class _Run:
     def _crash_looped(self) -> Outcome:
         error = WorkerLost(
             f"taken {self.takes} times, more than its {max_takes(self.consumer, self.policy)} attempts allow:"
-            " every worker that took it was lost"
+            " no take settled it (each worker that took it was lost, or failed to settle it: harness.worker.delivery_failed)"
         )
         for position, action in enumerate(self.consumer.actions):
             checkpoint = self.checkpoints.get(action.name)
@@ -571,19 +573,23 @@ def _check_held(renewed: psycopg.Cursor[Any]) -> None:
         raise _Stale()
 
 
-def _validated(action: Action, value: Any) -> Any:
-    """The result as the action's ``output`` model (or the JSON value itself), else :class:`OutputBroken`."""
+def _validated(action: Action, value: Any, what: str = "the answer") -> Any:
+    """The result as the action's ``output`` model (or the JSON value itself), else :class:`OutputBroken`.
+
+    ``what`` names the value in the error: the answer just received, or a checkpoint's stored result
+    (checked against today's ``output``, which a deploy may have changed since it was stored)."""
     if action.output is not None:
         try:
             return action.output.model_validate(value)
         except ValidationError as exc:
-            problems = validation_problems(exc, "the answer")
+            problems = validation_problems(exc, what)
             first = f"{problems[0]} ({len(problems)} problem(s))" if problems else "invalid"
-            raise OutputBroken(f"{action.name}: the answer breaks its output contract: {first}") from exc
+            contract = "today's output contract" if what != "the answer" else "its output contract"
+            raise OutputBroken(f"{action.name}: {what} breaks {contract}: {first}") from exc
     try:
         check_payload(value)
     except InvalidPayload as exc:
-        raise OutputBroken(f"{action.name}: the answer cannot be stored as JSON: {exc}") from exc
+        raise OutputBroken(f"{action.name}: {what} cannot be stored as JSON: {exc}") from exc
     return value
 
 

@@ -14,7 +14,14 @@ released at once without using an attempt.
 
 One bad message never stops the others: whatever its handler raises — an error that cannot be
 printed, ``SystemExit`` — or its payload's validation, is that message's retry or dead letter
-(harness/handling.py), recorded with its type name. The worker itself stops only when it cannot
+(harness/handling.py), recorded with its type name. Nor does any other error while one delivery
+is handled or settled — the database refusing a write of the harness itself (a constraint, a
+trigger: a bug, or a stored state today's code cannot settle), an error in the harness: on a
+connection that is still usable it ends that delivery only — retried after the policy's backoff
+(its attempt counted, the error its ``last_error``; if even that is refused, its lease's expiry
+redelivers it), logged ``harness.worker.delivery_failed`` with the error, counted ``num_failed``
+— and the batch goes on. A delivery that fails so every time runs out of attempts like any
+other (a dead letter; a durable execution's crash-loop bound). The worker itself stops only when it cannot
 go on: its database connection is lost, or a handler raised ``KeyboardInterrupt``. Then, too,
 the batch's successes are acked and its unstarted messages released — on a fresh connection if
 the worker's own is gone (``harness.worker.give_back_failed`` if that fails as well: they wait
@@ -37,7 +44,7 @@ settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` 
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
-``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
+``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
 (default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
 ``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
@@ -61,7 +68,7 @@ from harness.metrics import NO_METRICS, Metrics
 from harness.pg import connect
 from harness.pgqueue import PgQueue
 from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
-from harness.retry import RetryPolicy
+from harness.retry import RetryPolicy, compute_delay
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -99,6 +106,7 @@ class WorkerStats:
     released: int = 0
     held: int = 0  # durable executions parked RECONCILIATION_REQUIRED (acked)
     stale: int = 0  # durable executions this worker lost to another (nothing settled)
+    failed: int = 0  # deliveries ended by an unexpected error of their own (harness.worker.delivery_failed)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -115,6 +123,7 @@ class WorkerStats:
             "num_released": self.released,
             "num_held": self.held,
             "num_stale": self.stale,
+            "num_failed": self.failed,
         }
 
 
@@ -201,6 +210,22 @@ class Worker:
             self._end_batch(conn, queue, done, batch[started:])
 
     def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
+        fields = {
+            "consumer": self.consumer.name,
+            "job_id": str(delivery.envelope.job_id),
+            "attempt": delivery.attempt,
+            "correlation_id": delivery.envelope.correlation_id,
+        }
+        try:
+            self._handle_and_settle(conn, queue, delivery, done, fields)
+        except Exception as exc:
+            if not _usable(conn):
+                raise  # the worker itself is broken (its connection is lost): it stops, as designed
+            self._delivery_failed(queue, delivery, exc, fields)
+
+    def _handle_and_settle(
+        self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery], fields: dict
+    ) -> None:
         outcome = handle(
             conn,
             self.consumer,
@@ -214,12 +239,6 @@ class Worker:
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
             return
-        fields = {
-            "consumer": self.consumer.name,
-            "job_id": str(delivery.envelope.job_id),
-            "attempt": delivery.attempt,
-            "correlation_id": delivery.envelope.correlation_id,
-        }
         if isinstance(outcome, Held):  # acked with the batch's successes: the execution waits for an operator
             done.append(delivery)
             self.stats.add("held")
@@ -240,6 +259,26 @@ class Worker:
         elif isinstance(outcome, DeadLettered):
             self.stats.add("dead_lettered")
             log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason, error=outcome.letter.last_error)
+
+    def _delivery_failed(self, queue: PgQueue, delivery: Delivery, error: Exception, fields: dict) -> None:
+        """An unexpected error while handling or settling ``delivery`` on a usable connection: that delivery's
+        failure, not the worker's. It is retried after the policy's backoff (its attempt counted, the error its
+        ``last_error``); if even that is refused, it waits out its lease. The batch goes on."""
+        self.stats.add("failed")
+        detail = describe_error(error)
+        delay = compute_delay(self.policy, delivery.attempt)
+        try:
+            if queue.retry(delivery, delay, detail):
+                self.metrics.retry(self.consumer.name)
+            else:
+                self.stats.add("leases_lost")
+                log.warning("harness.job.lease_lost", **fields)
+        except Exception as exc:
+            if not _usable(queue.conn):
+                raise
+            delay = self.config.lease  # not even the retry could be recorded: the lease's expiry redelivers it
+            detail = f"{detail}; its retry was refused too: {describe_error(exc)}"
+        log.error("harness.worker.delivery_failed", **fields, delay_s=delay.total_seconds(), error=detail)
 
     def _end_batch(
         self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery], unstarted: list[Delivery]
@@ -277,3 +316,17 @@ class Worker:
         if acked < len(done):
             self.stats.add("leases_lost", len(done) - acked)
             log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
+
+
+def _usable(conn: psycopg.Connection) -> bool:
+    """Whether the worker's connection can go on after an error: open, and out of any transaction (one left
+    open is rolled back here; a rollback that fails means the connection is gone)."""
+    if conn.closed or conn.broken:
+        return False
+    if conn.info.transaction_status == TransactionStatus.IDLE:
+        return True
+    try:
+        conn.rollback()
+    except psycopg.Error:
+        return False
+    return conn.info.transaction_status == TransactionStatus.IDLE

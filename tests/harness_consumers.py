@@ -7,9 +7,9 @@ worker between its work and its commit, then kills or stops it.
 ``fragile`` is the points consumer with one way of misbehaving per member: a validator that
 raises TypeError (``m-typeerror``) or SystemExit (``m-exit-validating``), a handler error that
 cannot be printed (``m-unprintable``), one whose text holds a lone surrogate (``m-surrogate``),
-``SystemExit(3)`` (``m-exit``), ``KeyboardInterrupt`` (``m-interrupt``), and a handler that
-loses its database connection (``m-disconnect``: it terminates its own backend). Every other
-member is credited.
+``SystemExit(3)`` (``m-exit``), ``KeyboardInterrupt`` (``m-interrupt``), a ``PermanentError``
+(``m-permanent``: a dead letter at once), and a handler that loses its database connection
+(``m-disconnect``: it terminates its own backend). Every other member is credited.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pydantic import field_validator
 
 from harness.actions import Action, Effect
 from harness.consumer import Consumer, JobContext
-from harness.errors import TransientError
+from harness.errors import PermanentError, TransientError
 from harness.examples.points import CreditPoints
 from harness.examples.points import consumer as points
 from harness.retry import RetryPolicy
@@ -73,6 +73,7 @@ def _misbehave(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext)
         "m-surrogate": lambda: TransientError("ledger said \udcff"),
         "m-exit": lambda: SystemExit(3),
         "m-interrupt": KeyboardInterrupt,
+        "m-permanent": lambda: PermanentError("the ledger has no member m-permanent"),
     }
     if payload.member_id == "m-disconnect":
         conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")

@@ -38,12 +38,16 @@ class WorkerProcess:
     """``core-jobs worker --consumer harness_consumers:blocking`` (or ``consumer``) in a subprocess, its stdout read
     line by line."""
 
-    def __init__(self, database_url: str, *args: str, consumer: str = "harness_consumers:blocking") -> None:
+    def __init__(
+        self, database_url: str, *args: str, consumer: str = "harness_consumers:blocking", deploy: str | None = None
+    ) -> None:
+        """``deploy``: a folder of tests/deploys/ put first on PYTHONPATH (that version of its consumer modules)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
+        deployed = [str(ROOT / "tests" / "deploys" / deploy)] if deploy else []
         env |= {
             "CORE_JOBS_DATABASE_URL": database_url,
             "CORE_JOBS_LOG_FORMAT": "json",
-            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([*deployed, str(ROOT / "tests"), str(ROOT)]),
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "maintenance", "worker", "--consumer", consumer, *args],
@@ -202,3 +206,72 @@ def test_a_worker_that_must_stop_mid_batch_acks_what_it_did_gives_back_the_rest_
     assert messages(conn) == {member: (1, True, None), "m-ok-2": (0, False, None), "m-ok-3": (0, False, None)}
     (stopped,) = worker.events("harness.worker.error")
     assert stopped["error"].startswith(error)
+
+
+def test_a_stored_result_a_deploy_no_longer_accepts_fails_its_execution_and_the_worker_goes_on(database_url, conn):
+    """Deploy 1 stores lookup's result; deploy 2 requires a ``tier``: that job's execution is FAILED with a dead letter
+    naming lookup and the missing field, its SUCCEEDED checkpoint unchanged, the next job of the batch is credited, and
+    ``core-jobs worker --once`` exits 0."""
+    old = publish(conn, {"member_id": "m-old", "points": 5}, queue="points.quote")
+    v1 = WorkerProcess(database_url, "--once", consumer="quote_consumer:consumer", deploy="v1")
+    assert v1.process.wait(60) == 0, "".join(v1.output)
+    stored = conn.execute(
+        "SELECT c.status, c.result FROM core.execution_checkpoints AS c JOIN core.executions AS e ON e.id = c.execution_id"
+        " WHERE e.job_id = %s AND c.action = 'lookup'",
+        (old,),
+    ).fetchone()
+    assert stored == ("SUCCEEDED", {"member_id": "m-old"})
+    # Deploy 2; the old job's retry is due before a new job arrives, so both are in one batch, the old one first.
+    conn.execute("UPDATE core.executions SET run_at = now() WHERE job_id = %s", (old,))
+    conn.execute("UPDATE core.queue_messages SET run_at = now() - interval '1 minute' WHERE job_id = %s", (old,))
+    new = publish(conn, {"member_id": "m-new", "points": 7}, queue="points.quote")
+
+    v2 = WorkerProcess(database_url, "--once", "--batch-size", "2", consumer="quote_consumer:consumer", deploy="v2")
+    assert v2.process.wait(60) == 0, "".join(v2.output)
+    assert points(conn, "m-new") == 7 and fences(conn, new) == 1
+    assert points(conn, "m-old") == 0 and fences(conn, old) == 0
+    execution_id, status, reason, reason_action = conn.execute(
+        "SELECT id, status, reason, reason_action FROM core.executions WHERE job_id = %s", (old,)
+    ).fetchone()
+    assert (status, reason_action) == ("FAILED", "lookup")
+    assert reason == (
+        "lookup: OutputBroken: lookup: its stored result (SUCCEEDED) breaks today's output contract:"
+        " tier: Field required (1 problem(s))"
+    )
+    assert (
+        conn.execute(
+            "SELECT c.status, c.result FROM core.execution_checkpoints AS c JOIN core.executions AS e ON e.id = c.execution_id"
+            " WHERE e.job_id = %s AND c.action = 'lookup'",
+            (old,),
+        ).fetchone()
+        == stored
+    )
+    (letter,) = conn.execute("SELECT job_id, last_error FROM core.dead_letters").fetchall()
+    assert letter == (old, f"execution {execution_id} FAILED: {reason}")
+    assert messages(conn) == {}
+
+
+def test_a_delivery_the_database_refuses_to_settle_is_retried_with_backoff_and_the_worker_goes_on(database_url, conn):
+    """The database refuses one message's dead letter: that message is retried later (attempt counted, the refusal as its
+    last_error and in ``harness.worker.delivery_failed``), the rest of the batch is credited, and the worker exits 0."""
+    conn.execute(
+        "CREATE FUNCTION core.refuse_dead_letter() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN"
+        " RAISE EXCEPTION 'dead letters of % are refused', NEW.payload->>'member_id' USING ERRCODE = 'check_violation';"
+        " END $$"
+    )
+    conn.execute(
+        "CREATE TRIGGER refuse_dead_letter BEFORE INSERT ON core.dead_letters FOR EACH ROW"
+        " WHEN (NEW.payload->>'member_id' = 'm-permanent') EXECUTE FUNCTION core.refuse_dead_letter()"
+    )
+    for m in ("m-ok-1", "m-permanent", "m-ok-2"):
+        publish(conn, {"member_id": m, "points": 5})
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="harness_consumers:fragile")
+    assert worker.process.wait(60) == 0, "".join(worker.output)
+    assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
+    refusal = "CheckViolation: dead letters of m-permanent are refused"
+    (attempts, leased, last_error) = messages(conn)["m-permanent"]
+    assert (attempts, leased) == (1, False) and last_error.startswith(refusal)
+    assert scalar(conn, "SELECT run_at > now() FROM core.queue_messages")  # a backoff, not a hot loop
+    (failed,) = worker.events("harness.worker.delivery_failed")
+    assert failed["error"].startswith(refusal) and failed["attempt"] == 1 and failed["delay_s"] > 0
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0

@@ -242,8 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values())
     try:
         return args.handler(args, settings)
-    except ConfigError as exc:
-        print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
+    except ConfigError as exc:  # one line, secrets masked: it may quote a user's module (cli.harness.load_consumer)
+        _report(f"configuration error: {exc}", settings)
         return EXIT_CONFIG
     except Exception as exc:
         code = _known_failure(exc, args, settings)

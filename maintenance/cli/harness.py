@@ -19,9 +19,12 @@ from __future__ import annotations
 import argparse
 import getpass
 import importlib
+import importlib.util
 import json
+import os
 import sys
 import threading
+import traceback
 import uuid
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -38,8 +41,14 @@ STATUS_CHOICES = ("pending_review", "replayed", "discarded")
 
 
 def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
-    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong (after ``label``)."""
+    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong (after ``label``).
+
+    Whatever goes wrong in the user's module — an import it lacks, a syntax error, its own code
+    raising or calling ``sys.exit()`` at import, a declaration refused (an action's retry policy
+    without a justification) — is that ConfigError, naming the file and line of their code where it
+    failed: exit 2 and one line, never a traceback (docs/cli.md)."""
     from harness.consumer import Consumer
+    from harness.dead_letters import describe_error
     from maintenance.settings import ConfigError
 
     module_name, _, attribute = reference.partition(":")
@@ -49,11 +58,37 @@ def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ConfigError(f"{label} {reference!r}: cannot import {module_name}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed: a declaration refused, a typo, sys.exit()
+        where = _where_it_failed(exc, module_name)
+        raise ConfigError(
+            f"{label} {reference!r}: importing {module_name} failed{where}: {describe_error(exc)}"
+        ) from None
     if not hasattr(module, attribute):
         raise ConfigError(f"{label} {reference!r}: module {module_name} has no {attribute}")
     found = getattr(module, attribute)
     if not isinstance(found, Consumer):
         raise ConfigError(f"{label} {reference!r}: {module_name}.{attribute} is not a harness Consumer")
+    return found
+
+
+def _where_it_failed(exc: BaseException, module_name: str) -> str:
+    """`` (path, line N)``: the place in the user's own code where importing ``module_name`` failed — the
+    module's file or its package's — or ``""`` when no frame is theirs. A SyntaxError names its own place."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" ({exc.filename}, line {exc.lineno})"
+    spec = importlib.util.find_spec(module_name.partition(".")[0])
+    if spec is None or spec.origin is None:
+        return ""
+    theirs = (
+        [os.path.abspath(p) for p in spec.submodule_search_locations]
+        if spec.submodule_search_locations
+        else [os.path.abspath(spec.origin)]
+    )
+    found = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if any(path == p or path.startswith(p + os.sep) for p in theirs):
+            found = f" ({path}, line {line})"  # the deepest wins: where their code raised or called what did
     return found
 
 
