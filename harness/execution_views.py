@@ -17,6 +17,12 @@ docs/durable-actions.md).
   land behind the cursor — a worker's transactions last milliseconds. A row that leaves the
   state and comes back meanwhile is listed again, at the time it came back: a new stay.) Pages
   carry no payload; the detail has it.
+- **Business scopes**: both take the reader's ``scopes``. The API passes the token's
+  ``business_scopes`` claim: a reader sees only the executions of those scopes — another scope's
+  (or an unscoped one's, of a consumer declaring none) is absent from pages and its detail is
+  None, the same as a missing id, so a payload never crosses scopes and nobody learns what another
+  scope holds (as for a resolution, harness/reconciliation.py). The CLI passes None: it runs with
+  the database's credentials, which read every row anyway.
 - **Detail** (:func:`get_execution`): one execution with its payload, its checkpoints in
   action order (effect, status, attempts, result, last error, started/finished, and the
   external key the action sends, ``job_id:consumer:action``, to look the write up at the
@@ -26,6 +32,7 @@ docs/durable-actions.md).
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -158,6 +165,7 @@ SELECT {_COLUMNS}
    AND (%(consumer)s::text IS NULL OR consumer = %(consumer)s)
    AND (%(job_id)s::uuid IS NULL OR job_id = %(job_id)s)
    AND (%(business_scope)s::text IS NULL OR business_scope = %(business_scope)s)
+   AND (%(scopes)s::text[] IS NULL OR business_scope = ANY(%(scopes)s::text[]))
    AND (%(after_at)s::timestamptz IS NULL
         OR (status_changed_at, id) > (%(after_at)s, %(after_id)s::bigint))
  ORDER BY status_changed_at, id
@@ -165,7 +173,8 @@ SELECT {_COLUMNS}
 """
 
 # One execution, its payload, its checkpoints (action order) and its events (oldest first), in
-# one statement: one snapshot, however a worker writes meanwhile. No row: the id is unknown.
+# one statement: one snapshot, however a worker writes meanwhile. No row: the id is unknown, or
+# the execution is of a business scope outside the reader's (the same answer: nothing leaks).
 GET_DETAIL = f"""
 SELECT {_COLUMNS}, payload,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
@@ -181,6 +190,7 @@ SELECT {_COLUMNS}, payload,
                    FROM core.execution_events AS v WHERE v.execution_id = e.id), '[]') AS events
   FROM core.executions AS e
  WHERE e.id = %(id)s
+   AND (%(scopes)s::text[] IS NULL OR e.business_scope = ANY(%(scopes)s::text[]))
 """
 
 
@@ -189,14 +199,20 @@ def list_executions(
     where: ExecutionFilter = ExecutionFilter(),
     after: ExecutionPosition | None = None,
     limit: int = 50,
+    *,
+    scopes: Collection[str] | None = None,
 ) -> ExecutionPage:
-    """Up to ``limit`` executions matching ``where``, oldest in their state first, strictly after ``after``."""
+    """Up to ``limit`` executions matching ``where``, oldest in their state first, strictly after ``after``.
+
+    ``scopes``: only executions of these business scopes (an API reader's); None: every one (the CLI's).
+    """
     if where.status not in EXECUTION_STATUSES:
         raise OperationRefused([f"unknown execution status {where.status!r}; valid: {', '.join(EXECUTION_STATUSES)}"])
     if limit < 1:
         raise OperationRefused([f"limit must be at least 1, got {limit}"])
     params = {
         **where.__dict__,
+        "scopes": _scope_list(scopes),
         "after_at": after.status_changed_at if after else None,
         "after_id": after.id if after else None,
     }
@@ -205,10 +221,15 @@ def list_executions(
     return ExecutionPage(rows=rows, next=last)
 
 
-def get_execution(conn: psycopg.Connection, execution_id: int) -> ExecutionDetail | None:
-    """One execution with its payload, checkpoints and history; None when there is none with that id."""
+def get_execution(
+    conn: psycopg.Connection, execution_id: int, *, scopes: Collection[str] | None = None
+) -> ExecutionDetail | None:
+    """One execution with its payload, checkpoints and history; None when there is none with that id.
+
+    ``scopes``: None too when it is of a business scope outside these (an API reader's); None: any.
+    """
     with conn.cursor(row_factory=dict_row) as cur:
-        found = cur.execute(GET_DETAIL, {"id": execution_id}).fetchone()
+        found = cur.execute(GET_DETAIL, {"id": execution_id, "scopes": _scope_list(scopes)}).fetchone()
     if found is None:
         return None
     payload, checkpoints, events = found.pop("payload"), found.pop("checkpoints"), found.pop("events")
@@ -225,6 +246,10 @@ def get_execution(conn: psycopg.Connection, execution_id: int) -> ExecutionDetai
         ],
         events=[ExecutionEvent(**_with_times(v, "run_at", "at")) for v in events],
     )
+
+
+def _scope_list(scopes: Collection[str] | None) -> list[str] | None:
+    return None if scopes is None else sorted(scopes)
 
 
 def _with_times(item: dict[str, Any], *names: str) -> dict[str, Any]:

@@ -16,7 +16,10 @@
   later delivery could apply the work twice. A replay whose message still waits in the
   reference queue is refused (it will be handled).
 - Replay and discard act on ``pending_review`` dead letters (by ids, or every pending one of a
-  queue), release on outstanding replays; each acts on every id given or on none: an id that
+  queue — a **filter**, capped: one matching more than ``max_rows`` (:data:`DEFAULT_BULK_MAX`;
+  ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` for the CLI and the API) is refused with the count,
+  nothing changed, so a slip of the queue name cannot republish a whole backlog in one
+  transaction; act by ids, or raise the cap deliberately), release on outstanding replays; each acts on every id given or on none: an id that
   does not exist or is in the wrong state refuses the whole request (:class:`OperationRefused`,
   with the missing ids and the current statuses), nothing changed.
 - All three are written to ``core.dead_letter_actions``, the append-only audit ledger, by
@@ -47,6 +50,7 @@ from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
 
 __all__ = [
+    "DEFAULT_BULK_MAX",
     "Action",
     "DeadLetterDetail",
     "DeadLetterFilter",
@@ -64,23 +68,32 @@ __all__ = [
 ]
 
 STATUSES = ("pending_review", "replayed", "discarded")
+DEFAULT_BULK_MAX = 1000  # dead letters one bulk action by filter may touch
 
 
 class OperationRefused(Exception):
     """The request was refused as a whole; nothing changed. One problem per line.
 
     ``missing`` lists the ids that do not exist and ``not_pending`` maps the ids that are not
-    ``pending_review`` to their current status, for callers that answer each case differently
-    (the API: 404 and 409).
+    ``pending_review`` to their current status; ``matched`` (with ``max_rows``) is how many a
+    filter matched beyond the cap — for callers that answer each case differently (the API: 404,
+    409, 422).
     """
 
     def __init__(
-        self, problems: Sequence[str], *, missing: Sequence[int] = (), not_pending: dict[int, str] | None = None
+        self,
+        problems: Sequence[str],
+        *,
+        missing: Sequence[int] = (),
+        not_pending: dict[int, str] | None = None,
+        matched: int | None = None,
+        max_rows: int | None = None,
     ) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
         self.missing = list(missing)
         self.not_pending = dict(not_pending or {})
+        self.matched, self.max_rows = matched, max_rows
 
 
 @dataclass(frozen=True)
@@ -125,12 +138,16 @@ SELECT {_COLUMNS}
 # The rows an action targets, locked so that two operators cannot act on one letter at once —
 # both in id order, so that a replay by ids and one of a whole queue cannot deadlock.
 LOCK_BY_ID = f"SELECT {_COLUMNS} FROM core.dead_letters WHERE id = ANY(%(ids)s) ORDER BY id FOR UPDATE"
+# A filter's rows: one more than the cap at most, so a filter over the cap locks no backlog to learn it.
 LOCK_PENDING_OF_QUEUE = f"""
 SELECT {_COLUMNS} FROM core.dead_letters
  WHERE queue = %(queue)s AND status = 'pending_review'
  ORDER BY id
+ LIMIT %(limit)s
    FOR UPDATE
 """
+# How many a refused filter matched, for the refusal (dead_letters_queue_status_created_idx, 0009).
+COUNT_PENDING_OF_QUEUE = "SELECT count(*) FROM core.dead_letters WHERE queue = %(queue)s AND status = 'pending_review'"
 
 SET_ACTOR = (
     "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
@@ -168,13 +185,14 @@ def replay(
     queue: str | None = None,
     operator: str,
     reason: str | None = None,
+    max_rows: int = DEFAULT_BULK_MAX,
 ) -> list[DeadLetterRow]:
-    """Replay the given ids, or every pending dead letter of ``queue``; return the rows replayed."""
+    """Replay the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``); the rows replayed."""
     if bool(ids) == bool(queue):
         raise OperationRefused(["give dead-letter ids, or a queue to replay all its pending dead letters"])
     _check_operator(operator)
     with conn.transaction():
-        rows = _lock(conn, ids, queue, "replayed")
+        rows = _lock(conn, ids, queue, "replayed", max_rows)
         if rows:
             _set_actor(conn, operator, reason)
             PgQueue(conn).publish_many(  # one statement for the lot, not one per message
@@ -197,9 +215,15 @@ def replay(
 
 
 def discard(
-    conn: psycopg.Connection, ids: Sequence[int] = (), *, queue: str | None = None, operator: str, reason: str
+    conn: psycopg.Connection,
+    ids: Sequence[int] = (),
+    *,
+    queue: str | None = None,
+    operator: str,
+    reason: str,
+    max_rows: int = DEFAULT_BULK_MAX,
 ) -> list[DeadLetterRow]:
-    """Discard the given ids, or every pending dead letter of ``queue``, with ``reason`` (required, J-AC7)."""
+    """Discard the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``), with ``reason`` (J-AC7)."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
     if bool(ids) == bool(queue):
@@ -208,7 +232,7 @@ def discard(
         )
     _check_operator(operator)
     with conn.transaction():
-        rows = _lock(conn, ids, queue, "discarded")
+        rows = _lock(conn, ids, queue, "discarded", max_rows)
         _set_actor(conn, operator, reason.strip())
         conn.execute(MARK_DISCARDED, {"ids": [r.id for r in rows], "reason": reason.strip()})
     return rows
@@ -241,10 +265,24 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
     return rows
 
 
-def _lock(conn: psycopg.Connection, ids: Sequence[int], queue: str | None, action: str) -> list[DeadLetterRow]:
+def _lock(
+    conn: psycopg.Connection, ids: Sequence[int], queue: str | None, action: str, max_rows: int = DEFAULT_BULK_MAX
+) -> list[DeadLetterRow]:
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
         if queue is not None:
-            return cur.execute(LOCK_PENDING_OF_QUEUE, {"queue": queue}).fetchall()
+            rows = cur.execute(LOCK_PENDING_OF_QUEUE, {"queue": queue, "limit": max_rows + 1}).fetchall()
+            if len(rows) > max_rows:
+                (matched,) = conn.execute(COUNT_PENDING_OF_QUEUE, {"queue": queue}).fetchone()  # type: ignore[misc]
+                raise OperationRefused(
+                    [
+                        f"{matched} pending dead letters match the filter, more than the {max_rows} one bulk action "
+                        f"may touch (CORE_JOBS_DEAD_LETTERS_BULK_MAX): act by ids, or raise the cap deliberately",
+                        "nothing was changed",
+                    ],
+                    matched=matched,
+                    max_rows=max_rows,
+                )
+            return rows
         rows = cur.execute(LOCK_BY_ID, {"ids": sorted(set(ids))}).fetchall()
     found = {r.id: r for r in rows}
     missing = [i for i in sorted(set(ids)) if i not in found]

@@ -36,18 +36,17 @@ the key.
 
 Evidence: a ``reference`` to a verifiable case (a ticket, a provider's case number; at most
 :data:`MAX_REFERENCE_CHARS`) and a ``reason`` (at most :data:`MAX_REASON_CHARS`), both non-blank.
-Never personal documents, tokens or secrets: :func:`evidence_problems` refuses what looks like a
-JWT, a PEM key, a ``Bearer`` credential, a ``password=``/``token=`` pair or a long high-entropy
-string.
+Never personal documents, tokens or secrets: :func:`evidence_problems` refuses whatever the one
+credential detector (:mod:`harness.credentials`, the log redactor's too) recognises — a URL with a
+password (``postgresql://user:pw@host``), ``Authorization`` credentials (Basic, Bearer, Digest), a
+JWT, a PEM key, a provider key (AWS, GitHub, Slack, Stripe, Google), a ``password=``/``token=``
+pair — and a long high-entropy string; the refusal names the shape, never the value.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
-import re
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -57,6 +56,7 @@ from psycopg.types.json import Json, Jsonb
 from pydantic import ValidationError
 
 from harness.consumer import Consumer
+from harness.credentials import credential_kind
 from harness.dead_letters import validation_problems
 from harness.queue import InvalidPayload, check_payload
 
@@ -201,26 +201,6 @@ def fingerprint(body: dict[str, Any]) -> str:
 
 
 # --- evidence ------------------------------------------------------------------------------------
-_SECRET_SHAPES: tuple[tuple[re.Pattern[str], str], ...] = (
-    (re.compile(r"eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"), "a JWT"),
-    (re.compile(r"[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}\.[A-Za-z0-9_-]{16,}"), "a JWT (three base64url segments)"),
-    (re.compile(r"-----BEGIN|PRIVATE KEY", re.I), "a PEM key"),
-    (re.compile(r"\bbearer\s+\S{8,}", re.I), "a Bearer credential"),
-    (re.compile(r"\b(password|passwd|secret|api[_-]?key|token)\s*[:=]\s*\S", re.I), "a credential"),
-    (
-        re.compile(r"\b(sk|rk)_(live|test)_[A-Za-z0-9]{8,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bAKIA[0-9A-Z]{16}\b"),
-        "an API key",
-    ),
-)
-_LONG_RUN = re.compile(r"[A-Za-z0-9+/=_-]{32,}")
-HIGH_ENTROPY_BITS = 4.2  # per character; hex (a UUID, a digest) cannot exceed 4.09 with its dashes
-
-
-def _entropy(text: str) -> float:
-    counts = Counter(text)
-    return -sum(n / len(text) * math.log2(n / len(text)) for n in counts.values())
-
-
 def evidence_problems(field_name: str, value: str, limit: int) -> list[str]:
     """What is wrong with an evidence field (empty when nothing is); never quotes the value."""
     if not value.strip():
@@ -234,13 +214,9 @@ def evidence_problems(field_name: str, value: str, limit: int) -> list[str]:
         problems.append(f"{field_name} must be at most {limit} characters")
     if any(ord(c) < 32 and c not in "\n\t" for c in value) or (field_name == "reference" and "\n" in value):
         problems.append(f"{field_name} must not contain control characters")
-    for shape, name in _SECRET_SHAPES:
-        if shape.search(value):
-            problems.append(f"{field_name} looks like {name}: give a reference to a verifiable case, never a secret")
-            break
-    else:
-        if any(_entropy(run) > HIGH_ENTROPY_BITS for run in _LONG_RUN.findall(value)):
-            problems.append(f"{field_name} holds a long random-looking token: give a case reference, never a secret")
+    kind = credential_kind(value)
+    if kind is not None:
+        problems.append(f"{field_name} looks like {kind}: give a reference to a verifiable case, never a secret")
     return problems
 
 

@@ -37,6 +37,7 @@ AUDIENCE = "core-jobs-api"
 OPERATOR = "ops:ana@example.com"
 PROBLEM = "urn:core-jobs:problem:"
 ALL_PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
+READER_SCOPES = ("loyalty", "billing")  # the default token's business_scopes: the executions it may read
 
 
 @dataclass(frozen=True)
@@ -147,10 +148,11 @@ class ApiClient(httpx.Client):
     def __init__(self, base_url: str, minter: Minter, app: Any) -> None:
         super().__init__(base_url=base_url, timeout=30)
         self.minter, self.app = minter, app
-        self.headers["Authorization"] = f"Bearer {minter.token()}"
+        self.headers["Authorization"] = f"Bearer {minter.token(business_scopes=list(READER_SCOPES))}"
 
     def as_operator(self, sub: str = OPERATOR, permissions: tuple[str, ...] = ALL_PERMISSIONS, **claims: Any) -> dict:
-        """Headers with a token of ``sub`` granting ``permissions``."""
+        """Headers with a token of ``sub`` granting ``permissions`` (business scopes READER_SCOPES unless given)."""
+        claims = {"business_scopes": list(READER_SCOPES)} | claims
         return {"Authorization": f"Bearer {self.minter.token(sub=sub, permissions=permissions, **claims)}"}
 
 

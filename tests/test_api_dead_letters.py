@@ -8,7 +8,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from api_support import assert_problem
+from api_support import api_settings, assert_problem, running_api
 from factories import QUEUE, add_dead_letters
 from harness_support import scalar
 
@@ -261,6 +261,34 @@ def test_bulk_by_filter_acts_on_every_pending_dead_letter_of_the_queue(api, conn
     ).json()
     assert (body["count"], body["ids"]) == (3, sorted(mine))
     assert {status_of(conn, i) for i in other} == {"pending_review"}
+
+
+@pytest.fixture
+def capped_api(database_url, jwks, tokens):
+    """The API with CORE_JOBS_DEAD_LETTERS_BULK_MAX=3: a bulk action by filter touches at most 3 dead letters."""
+    yield from running_api(api_settings(database_url, jwks.url, dead_letters_bulk_max=3), tokens)
+
+
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_filter_matching_more_than_the_bulk_cap_is_refused_with_the_count(capped_api, conn, action):
+    """A filter matching 4 pending dead letters under a cap of 3 is 422 filter-too-broad with 4 and 3; nothing changed."""
+    ids = add_dead_letters(conn, "points.expire", 4)
+    body = {"filter": {"queue": "points.expire"}, "reason": "job retired"}
+    problem = assert_problem(capped_api.post(f"{BASE}/{action}", json=body), 422, "filter-too-broad")
+    assert (problem["matched"], problem["max"]) == (4, 3) and "4" in problem["detail"]
+    assert {status_of(conn, i) for i in ids} == {"pending_review"}
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letter_actions") == 0
+
+
+@pytest.mark.parametrize("action", ["replay", "discard"])
+def test_a_filter_matching_exactly_the_bulk_cap_acts_on_all(capped_api, conn, action):
+    """A filter matching 3 pending dead letters under a cap of 3 acts on all three."""
+    ids = add_dead_letters(conn, "points.expire", 3)
+    body = {"filter": {"queue": "points.expire"}, "reason": "job retired"}
+    response = capped_api.post(f"{BASE}/{action}", json=body)
+    assert response.status_code == 200, response.text
+    assert response.json()["ids"] == sorted(ids)
 
 
 @pytest.mark.parametrize(

@@ -175,3 +175,35 @@ def test_core_executions_read_alone_reads_executions_and_no_dead_letters(api, co
     assert ids_of(api.get(BASE, headers=only)) == [execution]
     assert api.get(f"{BASE}/{execution}", headers=only).status_code == 200
     assert_problem(api.get("/v1/core/dead-letters", headers=only), 403, "missing-permission")
+
+
+# --- business scopes: a reader sees only its own ------------------------------------------------
+def reader(api, *scopes: str) -> dict:
+    """Headers of a core.executions.read token whose business_scopes claim is ``scopes``."""
+    return api.as_operator("ops:reader", permissions=(EXECUTIONS_READ,), business_scopes=list(scopes))
+
+
+def test_a_reader_lists_only_the_executions_of_its_business_scopes(api, conn):
+    """A token lists the executions of the scopes its business_scopes claim carries, never another's nor an unscoped one."""
+    loyalty = add_execution(conn, business_scope="loyalty", age="2 minutes")
+    billing = add_execution(conn, consumer="billing.charge", queue="billing", business_scope="billing", age="1 minute")
+    add_execution(conn, consumer="legacy.sync", queue="legacy", business_scope=None)
+    assert ids_of(api.get(BASE, headers=reader(api, "loyalty"))) == [loyalty]
+    assert ids_of(api.get(BASE, headers=reader(api, "billing"))) == [billing]
+    assert ids_of(api.get(BASE, headers=reader(api, "loyalty", "billing"))) == [loyalty, billing]
+    assert ids_of(api.get(BASE, headers=reader(api))) == []
+    assert ids_of(api.get(BASE, params={"business_scope": "billing"}, headers=reader(api, "loyalty"))) == []
+
+
+def test_an_execution_of_another_business_scope_is_as_unknown_as_a_missing_one(api, conn):
+    """The detail of another scope's execution is the 404 of a missing id, its payload never sent; its own scope's is 200."""
+    billing = add_execution(
+        conn, consumer="billing.charge", queue="billing", business_scope="billing", payload={"card": "4242-secret"}
+    )
+    unscoped = add_execution(conn, consumer="legacy.sync", queue="legacy", business_scope=None)
+    for hidden in (billing, unscoped):
+        response = api.get(f"{BASE}/{hidden}", headers=reader(api, "loyalty"))
+        body = assert_problem(response, 404, "execution-not-found")
+        missing = assert_problem(api.get(f"{BASE}/4242", headers=reader(api, "loyalty")), 404, "execution-not-found")
+        assert body["detail"] == missing["detail"].replace("4242", str(hidden)) and "4242-secret" not in response.text
+    assert api.get(f"{BASE}/{billing}", headers=reader(api, "billing")).json()["payload"] == {"card": "4242-secret"}

@@ -8,6 +8,7 @@ import uuid
 import psycopg
 import pytest
 from api_support import OPERATOR, assert_problem
+from credential_corpus import CREDENTIALS, ORDINARY
 from factories import add_execution
 from harness_support import row_counts, scalar
 from waiting import wait_until
@@ -176,6 +177,53 @@ def test_a_case_reference_with_a_uuid_is_accepted(admin_api, conn):
     execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
     evidence = {**EVIDENCE, "reference": f"provider case {uuid.uuid4()}"}
     assert post(admin_api, execution_id, {**RESUME, "evidence": evidence}).status_code == 200
+
+
+# --- the evidence screening against the credential corpus (harness/credentials.py) ----------------
+_ONE_LINE = [c for c in CREDENTIALS if "\n" not in c[1]]
+
+
+def _nothing_recorded(conn, *texts):
+    """No ledger row, and no reference or reason holding any of ``texts``."""
+    rows = conn.execute("SELECT evidence_reference, evidence_reason FROM core.execution_resolutions").fetchall()
+    return rows == [] or not any(t in (ref or "") + (reason or "") for ref, reason in rows for t in texts)
+
+
+@pytest.mark.parametrize(("text", "secret"), [c[1:] for c in CREDENTIALS], ids=[c[0] for c in CREDENTIALS])
+def test_a_reason_holding_a_credential_is_refused_and_nothing_is_written(admin_api, conn, text, secret):
+    """Each credential of the corpus as the reason gets 422 problem+json that does not echo it, and nothing is written."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
+    before = everything(conn, execution_id)
+    response = post(admin_api, execution_id, {**RESUME, "evidence": {**EVIDENCE, "reason": text}})
+    assert_problem(response, 422, "invalid-request")
+    assert secret not in response.text
+    assert everything(conn, execution_id) == before
+    assert _nothing_recorded(conn, secret)
+
+
+@pytest.mark.parametrize(("text", "secret"), [c[1:] for c in _ONE_LINE], ids=[c[0] for c in _ONE_LINE])
+def test_a_reference_holding_a_credential_is_refused_and_nothing_is_written(admin_api, conn, text, secret):
+    """Each one-line credential of the corpus as the reference gets 422 problem+json, not echoed, nothing written."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
+    before = everything(conn, execution_id)
+    response = post(admin_api, execution_id, {**RESUME, "evidence": {**EVIDENCE, "reference": text[:200]}})
+    assert_problem(response, 422, "invalid-request")
+    assert secret not in response.text
+    assert everything(conn, execution_id) == before
+    assert _nothing_recorded(conn, secret)
+
+
+@pytest.mark.parametrize("text", [c[1] for c in ORDINARY], ids=[c[0] for c in ORDINARY])
+def test_ordinary_evidence_is_accepted_and_recorded_as_given(admin_api, conn, text):
+    """Ordinary evidence of the corpus, as reference and as reason, resolves the execution and is recorded as given."""
+    execution_id = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
+    response = post(admin_api, execution_id, {**RESUME, "evidence": {"reference": text, "reason": text}})
+    assert response.status_code == 200, response.text
+    recorded = conn.execute(
+        "SELECT evidence_reference, evidence_reason FROM core.execution_resolutions WHERE execution_id = %s",
+        (execution_id,),
+    ).fetchone()
+    assert recorded == (text, text)
 
 
 @pytest.mark.parametrize(

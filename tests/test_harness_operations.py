@@ -365,3 +365,18 @@ def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys,
     err = capsys.readouterr().err
     assert err.startswith("core-jobs: database error:") and err.count("\n") == 1, err
     assert "s3cret-pw" not in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("pending", [3, 4])
+def test_replay_of_all_pending_beyond_the_bulk_cap_is_refused_with_the_count(cli, conn, capsys, clean_env, pending):
+    """With CORE_JOBS_DEAD_LETTERS_BULK_MAX=3, --all-pending replays 3 matches; 4 exit 2 naming 4 and 3, nothing changed."""
+    clean_env.setenv("CORE_JOBS_DEAD_LETTERS_BULK_MAX", "3")
+    ids = [dead_letter(conn, {"member_id": f"m-{i}", "points": 1})[0] for i in range(pending)]
+    code = cli(["dead-letters", "replay", "--queue", QUEUE, "--all-pending", "--operator", "ana"])
+    statuses = {s for (s,) in conn.execute("SELECT status FROM core.dead_letters WHERE id = ANY(%s)", (ids,))}
+    if pending == 3:
+        assert code == EXIT_OK and statuses == {"replayed"}
+        return
+    assert code == EXIT_CONFIG and statuses == {"pending_review"}
+    assert "4 pending dead letters match" in capsys.readouterr().err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0 and ledger(conn) == []

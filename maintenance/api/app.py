@@ -72,6 +72,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from harness.operations import DEFAULT_BULK_MAX
 from maintenance.api import executions, resolution, routes
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
@@ -243,6 +244,7 @@ def create_app(
     metrics: ApiMetrics | None = None,
     title: str = "core-jobs operations API",
     admin: AdminConfig | None = None,
+    bulk_max: int = DEFAULT_BULK_MAX,
 ) -> FastAPI:
     """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan.
 
@@ -269,6 +271,7 @@ def create_app(
         " Errors are application/problem+json.",
     )
     app.state.pool, app.state.verifier, app.state.admin = pool, verifier, admin
+    app.state.bulk_max = bulk_max  # CORE_JOBS_DEAD_LETTERS_BULK_MAX: a bulk action by filter touches at most this
     app.state.metrics = metrics = metrics or ApiMetrics()
 
     app.add_exception_handler(Problem, lambda request, exc: exc.response())

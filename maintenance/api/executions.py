@@ -13,7 +13,14 @@ endpoint                       permission               what
                                                         404 ``execution-not-found``
 ============================== ======================== ==============================================
 
-Read-only, as ``core-jobs executions list|show``, which reads the same layer. The API role
+**Business scopes**: a token sees only the executions of the scopes its ``business_scopes``
+claim (a JSON array) names: another scope's execution, or one whose consumer declares no scope,
+is absent from the list and its detail is the same 404 as a missing id — the payload of one
+business area never reaches another's reader, as a resolution never does. A token without the
+claim sees none.
+
+Read-only, as ``core-jobs executions list|show``, which reads the same layer (without the scope
+filter: the CLI holds the database's credentials). The API role
 ``core_jobs_api`` may read the three execution tables (0010) and nothing of them more. The
 resolution of an execution (issue 13) belongs in this module, with its own permission.
 """
@@ -135,7 +142,7 @@ def list_executions(
     where = views.ExecutionFilter(status=status, consumer=consumer, job_id=job_id, business_scope=business_scope)
     after = views.ExecutionPosition(*pages.decode_position(cursor, where)) if cursor is not None else None
     with pool_of(request).connection() as conn:
-        page = views.list_executions(conn, where, after, limit)
+        page = views.list_executions(conn, where, after, limit, scopes=principal.business_scopes)
     next_cursor = pages.encode_position(page.next.status_changed_at, page.next.id, where) if page.next else None
     return pages.as_json(
         ExecutionPageOut(items=[ExecutionOut.of(r) for r in page.rows], limit=limit, next_cursor=next_cursor)
@@ -154,7 +161,7 @@ def get_execution(
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
 ) -> Response:
     with pool_of(request).connection() as conn:
-        detail = views.get_execution(conn, id)
+        detail = views.get_execution(conn, id, scopes=principal.business_scopes)
     if detail is None:
         raise Problem(
             404,

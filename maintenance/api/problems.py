@@ -29,6 +29,8 @@ status type slug                         when
 422    ``invalid-request``               well-formed but invalid: a blank or over-long reason, too
                                          many ids, a wrong field
 422    ``invalid-command``               resolve: the definition refuses the command (``problems``)
+422    ``filter-too-broad``              a bulk filter matches more than ``CORE_JOBS_DEAD_LETTERS_BULK_MAX``
+                                         dead letters (``matched``, ``max``); nothing changed
 500    ``internal-error``                a bug; the detail says nothing about it, the log does
 503    ``database-unavailable``          the database cannot be reached or no connection is free
 503    ``keys-unavailable``              the issuer's JWKS cannot be fetched (and none is cached)
@@ -58,6 +60,7 @@ TITLES = {
     "payload-too-large": "Request body too large",
     "unsupported-media-type": "Unsupported media type",
     "invalid-request": "Invalid request",
+    "filter-too-broad": "Bulk filter matches more than the cap",
     "internal-error": "Internal error",
     "database-unavailable": "Database unavailable",
     "keys-unavailable": "Token keys unavailable",

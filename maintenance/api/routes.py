@@ -194,6 +194,15 @@ def pool_of(request: Request) -> ConnectionPool:
 
 
 def _refusal(exc: OperationRefused) -> Problem:
+    if exc.matched is not None:
+        return Problem(
+            422,
+            "filter-too-broad",
+            f"the filter matches {exc.matched} pending dead letters, more than the {exc.max_rows} one bulk action "
+            "may touch (CORE_JOBS_DEAD_LETTERS_BULK_MAX); act by ids or narrow it; nothing was changed",
+            matched=exc.matched,
+            max=exc.max_rows,
+        )
     if exc.missing:
         return Problem(
             404,
@@ -345,6 +354,7 @@ def replay_many(
                 queue=body.filter.queue if body.filter else None,
                 operator=principal.subject,
                 reason=body.reason,
+                max_rows=request.app.state.bulk_max,
             )
         except OperationRefused as exc:
             raise _refusal(exc) from None
@@ -373,6 +383,7 @@ def discard_many(
                 queue=body.filter.queue if body.filter else None,
                 operator=principal.subject,
                 reason=body.reason,
+                max_rows=request.app.state.bulk_max,
             )
         except OperationRefused as exc:
             raise _refusal(exc) from None

@@ -119,6 +119,7 @@ def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMe
         max_body_bytes=settings.api_max_body_bytes,
         metrics=metrics,
         admin=admin,
+        bulk_max=settings.dead_letters_bulk_max,
     )
 
 

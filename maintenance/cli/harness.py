@@ -229,7 +229,12 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
     return _act(
         settings,
         lambda conn: replay(
-            conn, args.ids, queue=args.queue if args.all_pending else None, operator=args.operator, reason=args.reason
+            conn,
+            args.ids,
+            queue=args.queue if args.all_pending else None,
+            operator=args.operator,
+            reason=args.reason,
+            max_rows=settings.dead_letters_bulk_max,
         ),
         "replayed",
     )

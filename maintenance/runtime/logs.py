@@ -3,23 +3,22 @@
 Output is JSON lines on stdout when stdout is not a TTY (Kubernetes, Better Stack's log
 collector), a readable console on a TTY; ``CORE_JOBS_LOG_FORMAT`` forces either. Every string
 in every event — including formatted exceptions — passes through :class:`SecretRedactor`, which
-masks passwords in URLs (``maintenance/settings/urls.py``), ``Bearer`` tokens and every configured
-secret value, so a token never reaches a log line however it got there.
+masks every configured secret value and every credential the one detector recognises
+(``harness/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
+provider keys, ``password=``/``token=`` pairs — the shapes a resolution's evidence is refused
+for), so a token never reaches a log line however it got there.
 """
 
 from __future__ import annotations
 
 import logging
-import re
 import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any, TextIO
 
 import structlog
 
-from maintenance.settings.urls import MASK, mask_url_passwords
-
-_BEARER = re.compile(r"(?P<head>Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
+from harness.credentials import MASK, mask_credentials
 
 
 class SecretRedactor:
@@ -32,8 +31,7 @@ class SecretRedactor:
     def redact(self, text: str) -> str:
         for secret in self.secrets:
             text = text.replace(secret, MASK)
-        text = mask_url_passwords(text)
-        return _BEARER.sub(lambda m: m["head"] + MASK, text)
+        return mask_credentials(text)
 
     def _walk(self, value: Any) -> Any:
         if isinstance(value, str):

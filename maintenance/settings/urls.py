@@ -8,9 +8,9 @@
   httpx and urllib will use them — host, IPv6 brackets, port 1-65535, no credentials.
 - **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
   URL in a text by :data:`MASK`, up to the last ``@`` before the host, so a raw ``@`` in the
-  password (or the user name) leaves nothing of it visible; the log redactor
-  (``maintenance/runtime/logs.py``) applies it to every log string. :func:`redact_url` also masks
-  ``?password=``. :func:`url_passwords` lists a database URL's passwords so the redactor masks
+  password (or the user name) leaves nothing of it visible; :func:`redact_url` also masks
+  ``?password=``. Both are shapes of the one credential detector, ``harness/credentials.py``,
+  which the log redactor (``maintenance/runtime/logs.py``) applies whole to every log string. :func:`url_passwords` lists a database URL's passwords so the redactor masks
   them wherever they appear alone.
   :func:`shown_url` is the origin-only display (``https://host/…``) of a URL whose path is a
   secret (the heartbeat token), used in log events.
@@ -23,14 +23,9 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-MASK = "***"
+from harness.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
 
-# scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
-# last @ before the host (the first @ not followed by another one before the host ends).
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/\s]*:)[^\s]*?@(?=[^@\s/?#]*(?:[/?#\s]|$))", re.I)
-
-# A libpq ?password= (or &password=) query parameter.
-_QUERY_PASSWORD = re.compile(r"(?P<head>[?&]password=)[^&#\s]*", re.I)
+__all__ = ["MASK"]  # re-exported: the mask every redaction writes
 
 # Spellings of the scheme accepted besides libpq's own postgresql:// (SQLAlchemy's, Heroku's).
 DATABASE_URL_SCHEME_ALIASES = ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://")
@@ -89,12 +84,12 @@ def mask_url_passwords(text: str) -> str:
 
     The password ends at the last ``@`` before the host, so ``u:p@ss@host`` shows as ``u:***@host``.
     """
-    return _URL_PASSWORD.sub(lambda m: m["head"] + MASK + "@", text)
+    return mask_credentials(text, (URL_PASSWORD,))
 
 
 def redact_url(url: str) -> str:
     """The URL with any password (user part or ``?password=``) replaced by ``***``."""
-    return _QUERY_PASSWORD.sub(lambda m: m["head"] + MASK, mask_url_passwords(url))
+    return mask_credentials(url, (URL_PASSWORD, QUERY_PASSWORD))
 
 
 def shown_url(url: str) -> str:

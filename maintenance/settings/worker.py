@@ -1,4 +1,9 @@
-"""Worker settings (issue 6): lease, batch size, polling and threads of ``core-jobs worker``."""
+"""Worker settings (issue 6): lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
+
+``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` bounds the dead letters one bulk action by filter may touch
+(``core-jobs dead-letters replay --queue Q --all-pending`` and the API's ``filter`` bodies,
+:mod:`harness.operations`): a filter matching more is refused with the count, nothing changed.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,18 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 
+from harness.operations import DEFAULT_BULK_MAX
 from maintenance.settings.durations import PositiveDuration
 
 DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker may take it
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim
 DEFAULT_WORKER_POLL_INTERVAL = timedelta(seconds=1)  # idle wait
 DEFAULT_WORKER_CONCURRENCY = 1  # threads per process
+DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action by filter
 
 
 class WorkerFields(BaseModel):
-    """`core-jobs worker`: the fencing lease, batch size, polling, threads."""
+    """`core-jobs worker`: the fencing lease, batch size, polling, threads; the cap of a bulk action by filter."""
 
     worker_lease: PositiveDuration = Field(
         default=DEFAULT_WORKER_LEASE,
@@ -37,4 +44,11 @@ class WorkerFields(BaseModel):
         ge=1,
         le=64,
         description="Worker threads per `core-jobs worker` process, each with its own connection.",
+    )
+    dead_letters_bulk_max: int = Field(
+        default=DEFAULT_DEAD_LETTERS_BULK_MAX,
+        ge=1,
+        le=1_000_000,
+        description="The most dead letters one bulk replay or discard by filter may touch (the CLI's --all-pending, "
+        "the API's filter body); a filter matching more is refused with the count, nothing changed.",
     )
