@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import psycopg
@@ -24,7 +25,8 @@ from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
 from maintenance.jobs.purge.job import LOCK_NAME, Purger
-from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
+from maintenance.jobs.purge.paths import Estimates, choose, fetch_limited, sample_percent
+from maintenance.jobs.purge.sql import DELETE_FAILED_EXECUTIONS, INDEX_BATCH
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -780,3 +782,59 @@ def test_a_failed_execution_is_kept_a_window_after_its_replay_was_handled(db, co
     assert purger(db).run_once(handled + PROTECTED - SECOND).executions_deleted == 0
     assert purger(db).run_once(handled + PROTECTED + SECOND).executions_deleted == 1
     assert executions(conn) == {}
+
+
+# --- a table without statistics (after a restore, a bulk load, autovacuum behind) ----------------
+# Fences loaded in one statement and never analyzed: autovacuum is kept off the table, so the
+# planner has no row count (reltuples -1) and no histogram of expires_at.
+LOAD_UNANALYZED = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT gen_random_uuid(), 'points.credit', gen_random_uuid(),
+       %(now)s - interval '10 days' + g * interval '1 ms', %(now)s - interval '3 days' + g * interval '1 ms'
+  FROM generate_series(1, %(rows)s) AS g"""
+
+
+def load_unanalyzed_fences(conn: psycopg.Connection, now: datetime, rows: int) -> None:
+    """``rows`` expired fences in expiry order on a table PostgreSQL has never analyzed."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    conn.execute(LOAD_UNANALYZED, {"now": now, "rows": rows})
+    stats = conn.execute(
+        "SELECT c.reltuples, (SELECT count(*) FROM pg_stats WHERE schemaname = 'core' AND tablename = 'processed_jobs')"
+        "  FROM pg_class AS c WHERE c.oid = 'core.processed_jobs'::regclass"
+    ).fetchone()
+    assert stats == (-1, 0)  # never analyzed: no row count, no histogram
+
+
+def plan_nodes(plan: dict) -> Iterator[dict]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+def rows_read(conn: psycopg.Connection, statement: str, params: dict, table: str) -> tuple[int, set[str]]:
+    """Run ``statement`` as the purge sends it, under EXPLAIN ANALYZE: the rows its scans of ``table`` read (the TID scan of the DELETE aside), and the node types."""
+    (explained,) = fetch_limited(conn, "5s", f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
+    nodes = list(plan_nodes(explained[0]["Plan"]))
+    scans = [n for n in nodes if n.get("Relation Name") == table and n["Node Type"] not in ("Tid Scan", "ModifyTable")]
+    return sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans), {n["Node Type"] for n in nodes}
+
+
+@REPLAY_GUARDS
+def test_an_index_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now, hashed_pending_limit):
+    """Never analyzed, 20 000 expired fences: a 100-row index batch reads 100 rows along the expires_at index, no sort of every expired row."""
+    load_unanalyzed_fences(conn, now, 20_000)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cursor": "-infinity", "cutoff": now, "protected_from": now - PROTECTED, "batch_size": 100}
+    read, node_types = rows_read(conn, INDEX_BATCH[guard], params, "processed_jobs")
+    assert (read, "Sort" in node_types) == (100, False)
+
+
+def test_a_failed_executions_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now):
+    """Never analyzed, 300 old FAILED executions: a 10-row batch of DELETE_FAILED_EXECUTIONS reads 10 of them in order, no sort."""
+    conn.execute("ALTER TABLE core.executions SET (autovacuum_enabled = false)")
+    for _ in range(300):
+        add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days")
+    params = {"failed_before": now - TTL, "protected_from": now - PROTECTED, "batch_size": 10}
+    read, node_types = rows_read(conn, DELETE_FAILED_EXECUTIONS, params, "executions")
+    assert (read, "Sort" in node_types) == (10, False)
