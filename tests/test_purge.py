@@ -650,14 +650,30 @@ def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now,
     assert result.num_deleted == round(3000 * expired_share)
 
 
-def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events):
-    """Auto: with no statistics on expires_at yet it takes the index walk."""
-    add_old_expired_fences(conn, now, 30)  # below autovacuum's analyze threshold of 50 rows
+def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, events):
+    """Auto: never analyzed and empty, the sample has no correlation to give: it takes the index walk and deletes nothing."""
     result = purger(db, strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
-    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 30)
+    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 0)
     assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
-    assert chosen["reason"].startswith("no statistics")
+    assert chosen["reason"].startswith("no correlation")
+
+
+@pytest.mark.parametrize(
+    ("shuffled", "expired_share", "strategy"), [(True, 0.7, "sweep"), (False, 0.3, "index")], ids=["shuffled", "ordered"]
+)
+def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
+    db, conn, now, events, shuffled, expired_share, strategy
+):
+    """Auto, never analyzed: the sample's correlation of expires_at with the block number decides as pg_stats would (shuffled 70 % expired: sweep; in order 30 %: index)."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    layout = "random()" if shuffled else "t.processed_at"
+    conn.execute(LOAD_FENCES.format(layout=layout), {"rows": 3000, "expired_share": expired_share, "now": now})
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
+    assert abs(chosen["correlation"]) < 0.1 if shuffled else chosen["correlation"] > 0.9
+    assert chosen["reason"].endswith("(correlation from the sample: table never analyzed)")
 
 
 @pytest.mark.parametrize(

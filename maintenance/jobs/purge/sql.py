@@ -177,6 +177,17 @@ SAMPLE_EXPIRED = """
 SELECT count(*), count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s)
   FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)"""
 
+# auto's estimate of the physical order when the table was never analyzed (pg_stats is empty):
+# computed like ANALYZE's own, over a sample of whole pages — the correlation of the rows' ranks
+# in physical order with their ranks in expires_at order (a rank correlation, so a gap in the
+# values, such as a backlog expired days ago beside fresh rows, does not read as disorder).
+# NULL when the sample has fewer than two rows.
+SAMPLE_CORRELATION = """
+SELECT corr(physical, logical) FROM (
+    SELECT row_number() OVER (ORDER BY p.ctid) AS physical, row_number() OVER (ORDER BY p.expires_at) AS logical
+      FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)
+) AS ranked"""
+
 # auto's estimate of the physical order: +-1 when the heap is in expires_at order, ~0 when random.
 EXPIRES_AT_CORRELATION = """
 SELECT correlation FROM pg_stats
