@@ -22,6 +22,9 @@ from maintenance.jobs.purge.config import (
     DEFAULT_MIN_BATCH_SIZE as DEFAULT_PURGE_MIN_BATCH_SIZE,
 )
 from maintenance.jobs.purge.config import (
+    DEFAULT_PROGRESS_INTERVAL as DEFAULT_PURGE_PROGRESS_INTERVAL,
+)
+from maintenance.jobs.purge.config import (
     DEFAULT_STATEMENT_TIMEOUT as DEFAULT_PURGE_STATEMENT_TIMEOUT,
 )
 from maintenance.jobs.purge.config import (
@@ -77,4 +80,9 @@ class PurgeFields(BaseModel):
         default=DEFAULT_PURGE_STRATEGY,
         description="Access path of each run: index walks the expires_at index in expiry order; sweep walks "
         "the heap in block ranges; auto picks one per run from the expired fraction and the physical order.",
+    )
+    purge_progress_interval: PositiveDuration = Field(
+        default=DEFAULT_PURGE_PROGRESS_INTERVAL,
+        description="How often a long run logs maintenance.purge.progress at info (rows deleted, rate, "
+        "estimated rows and seconds left).",
     )

@@ -23,6 +23,7 @@ DEFAULT_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts before the 
 DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per batch DELETE (SET LOCAL)
 DEFAULT_BATCH_PAUSE = timedelta(0)  # between batches
 DEFAULT_MAX_RUNTIME = timedelta(minutes=5)  # time budget of one run
+DEFAULT_PROGRESS_INTERVAL = timedelta(seconds=5)  # between two progress events of a long run
 DEFAULT_STRATEGY: Final = "auto"  # access path: auto | index | sweep
 DEFAULT_SCHEDULE = "*/15 * * * *"  # crontab (UTC) under `core-jobs serve`
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
@@ -47,6 +48,7 @@ class PurgeConfig:
     batch_pause: timedelta = DEFAULT_BATCH_PAUSE
     max_runtime: timedelta = DEFAULT_MAX_RUNTIME
     strategy: str = DEFAULT_STRATEGY
+    progress_interval: timedelta = DEFAULT_PROGRESS_INTERVAL
     hashed_pending_limit: int = HASHED_PENDING_LIMIT
 
     @classmethod
@@ -61,4 +63,5 @@ class PurgeConfig:
             batch_pause=settings.purge_batch_pause,
             max_runtime=settings.purge_max_runtime,
             strategy=settings.purge_strategy,
+            progress_interval=settings.purge_progress_interval,
         )

@@ -117,6 +117,7 @@ class Purger:
             (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
             (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
             (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
+            (config.progress_interval > timedelta(0), "CORE_JOBS_PURGE_PROGRESS_INTERVAL must be positive"),
             (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
         )
         problems = [message for ok, message in checks if not ok]
@@ -190,6 +191,7 @@ class Purger:
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
         ceiling = cfg.batch_size
+        began = last_progress = self._monotonic()
         while True:
             if self._monotonic() >= deadline:
                 result.stopped_on_budget = 1
@@ -244,8 +246,28 @@ class Purger:
             result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
             if walk.done:
                 return
+            clock = self._monotonic()
+            if clock - last_progress >= cfg.progress_interval.total_seconds():
+                last_progress = clock
+                self._progress(walk, result, clock - began)
             if cfg.batch_pause > timedelta(0):
                 self._sleep(cfg.batch_pause.total_seconds())
+
+    def _progress(self, walk: IndexWalk | BlockSweep, result: PurgeResult, elapsed_s: float) -> None:
+        """Log how far a long run is: rows deleted, their rate, and an estimate of what is left."""
+        rate = result.num_deleted / elapsed_s if elapsed_s > 0 else 0.0
+        left = walk.rows_left_estimate(result.num_deleted)
+        self._log.info(
+            f"{EVENTS}.progress",
+            strategy=walk.name,
+            rows_deleted=result.num_deleted,
+            num_batches=result.num_batches,
+            batch_size=result.batch_size,
+            elapsed_s=round(elapsed_s, 1),
+            rate=round(rate, 1),
+            rows_left_estimate=left,
+            estimate_left_s=None if left is None or rate <= 0 else round(left / round(rate, 1), 1),
+        )
 
     def _choose_walk(
         self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
@@ -258,7 +280,7 @@ class Purger:
             estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
         except errors.QueryCanceled:  # the table is locked: the batches will tell (timeouts, gave_up)
             self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
-            return IndexWalk(guard), "the table was locked while estimating"
+            return IndexWalk(guard, None), "the table was locked while estimating"
         strategy, reason = choose(self.config.strategy, estimates)
         measured = estimates.expired_fraction is not None and estimates.correlation is not None
         index_s, sweep_s = estimates.seconds() if measured else (None, None)
@@ -278,7 +300,8 @@ class Purger:
             unfinished_executions=unfinished,
             estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
-        return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
+        walk = BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard, estimates.deletable_rows())
+        return walk, reason
 
     def _steer(self, batch_size: int, batch_ms: float, ceiling: int) -> int:
         """The next batch's size: toward the target duration, within [min batch size, ceiling].

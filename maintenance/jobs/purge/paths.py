@@ -95,6 +95,12 @@ class Estimates:
     correlation: float | None = None
     correlation_source: str | None = None  # "pg_stats" | "sample"
 
+    def deletable_rows(self) -> int | None:
+        """The rows the sample says are deletable, scaled to the table; None without a sample."""
+        if self.expired_fraction is None:
+            return None
+        return round(self.expired_fraction * self.rows_per_page * self.table_blocks)
+
     def seconds(self) -> tuple[float, float]:
         """Auto's estimated run time (index walk, sweep) from the per-row costs above."""
         rows = self.rows_per_page * self.table_blocks
@@ -156,10 +162,15 @@ class IndexWalk:
 
     name = "index"
 
-    def __init__(self, guard: str) -> None:
+    def __init__(self, guard: str, deletable: int | None) -> None:
         self._delete = INDEX_BATCH[guard]
+        self._deletable = deletable  # estimated at the start (auto's sample), for progress
         self.cursor: Any = "-infinity"
         self.done = False
+
+    def rows_left_estimate(self, deleted: int) -> int | None:
+        """Deletable rows left, for progress: the start's estimate less what was deleted (None unsampled)."""
+        return None if self._deletable is None else max(0, self._deletable - deleted)
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
         """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
@@ -186,6 +197,12 @@ class BlockSweep:
         self.end_block = estimates.table_blocks
         self.next_block = 0
         self.done = False
+
+    def rows_left_estimate(self, deleted: int) -> int | None:
+        """Deletable rows left, for progress: the rate so far per block, over the blocks not reached."""
+        if self.next_block <= 0:
+            return None
+        return round(deleted * max(0, self.end_block - self.next_block) / self.next_block)
 
     def blocks(self, batch_size: int) -> int:
         """Blocks per batch: about ``batch_size`` rows, at least one block."""
