@@ -881,3 +881,46 @@ def test_a_short_run_reports_no_progress(db, conn, now, logs):
     add_old_expired_fences(conn, now, 30)
     purger(db, batch_size=10, min_batch_size=10).run_once(now)
     assert logs.named("maintenance.purge.progress") == []
+
+
+# --- the operations API's idempotency keys (issue 17) --------------------------------------------
+ADD_IDEMPOTENCY_KEY = """
+INSERT INTO core.api_idempotency_keys (idempotency_key, operator, method, route, request_fingerprint,
+                                       response_status, response_body, created_at)
+VALUES (%(key)s, 'ops:ana@example.com', 'POST', '/v1/core/dead-letters/{id}/replay', 'f', 200, '{}', %(created_at)s)"""
+
+
+RESOLUTION_400_DAYS_AGO = """
+INSERT INTO core.execution_resolutions
+       (execution_id, job_id, consumer, business_scope, idempotency_key, operator, command, command_body,
+        command_fingerprint, evidence_kind, evidence_reference, evidence_reason, checkpoints_before, fencing_token,
+        status_after, response_status, response_body, resolved_at)
+SELECT id, job_id, consumer, business_scope, 'resolution-key', 'ops:test', 'RESUME', '{}', 'f', 'RESULT_VERIFIED',
+       'CASE-1', 'checked', '[]', 1, 'PENDING', 200, '{}', now() - interval '400 days'
+  FROM core.executions WHERE id = %(id)s"""
+
+
+def idempotency_keys(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT idempotency_key FROM core.api_idempotency_keys")}
+
+
+def test_deletes_idempotency_keys_older_than_the_retention_in_batches(db, conn, now):
+    """Keys recorded more than CORE_JOBS_IDEMPOTENCY_KEY_RETENTION before now (a second either side) go, in batches; resolutions stay."""
+    retention = timedelta(days=30)
+    for i in range(5):
+        conn.execute(ADD_IDEMPOTENCY_KEY, {"key": f"old-{i}", "created_at": now - retention - SECOND * (i + 1)})
+    conn.execute(ADD_IDEMPOTENCY_KEY, {"key": "young", "created_at": now - retention + SECOND})
+    uncertain = add_execution(conn, age="40 days")
+    conn.execute(RESOLUTION_400_DAYS_AGO, {"id": uncertain})  # in the append-only ledger: never expires
+    result = purger(db, batch_size=2, min_batch_size=1, idempotency_key_retention=retention).run_once(now)
+    assert (idempotency_keys(conn), result.idempotency_keys_deleted) == ({"young"}, 5)
+    assert conn.execute("SELECT idempotency_key FROM core.execution_resolutions").fetchall() == [("resolution-key",)]
+
+
+def test_refuses_an_idempotency_key_retention_shorter_than_a_day(clean_env):
+    """CORE_JOBS_IDEMPOTENCY_KEY_RETENTION under P1D is refused, naming the setting (a client's retry could run its action twice)."""
+    clean_env.setenv("CORE_JOBS_IDEMPOTENCY_KEY_RETENTION", "PT12H")
+    with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
+        load_settings()
+    with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
+        Purger(PurgeConfig(guard=GUARD, idempotency_key_retention=timedelta(hours=12)), None)

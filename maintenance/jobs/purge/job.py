@@ -18,7 +18,12 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
 from maintenance.jobs.base import JobSpec
-from maintenance.jobs.purge.config import DEFAULT_SCHEDULE, STRATEGIES, PurgeConfig
+from maintenance.jobs.purge.config import (
+    DEFAULT_SCHEDULE,
+    MIN_IDEMPOTENCY_KEY_RETENTION,
+    STRATEGIES,
+    PurgeConfig,
+)
 from maintenance.jobs.purge.paths import (
     BlockSweep,
     IndexWalk,
@@ -26,7 +31,7 @@ from maintenance.jobs.purge.paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_FAILED_EXECUTIONS
+from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_EXPIRED_IDEMPOTENCY_KEYS, DELETE_FAILED_EXECUTIONS
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.durations import format_duration
@@ -58,6 +63,7 @@ class PurgeResult:
         "batch_size",
         "used_sweep",
         "executions_deleted",
+        "idempotency_keys_deleted",
     )
 
     num_deleted: int = 0
@@ -72,6 +78,7 @@ class PurgeResult:
     batch_size: int = 0
     used_sweep: int = 0
     executions_deleted: int = 0
+    idempotency_keys_deleted: int = 0
     # Not event fields: the cutoffs this run used (cutoff - protected_from = margin x retry window).
     cutoff: datetime | None = None
     protected_from: datetime | None = None
@@ -118,6 +125,12 @@ class Purger:
             (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
             (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
             (config.progress_interval > timedelta(0), "CORE_JOBS_PURGE_PROGRESS_INTERVAL must be positive"),
+            (
+                config.idempotency_key_retention >= MIN_IDEMPOTENCY_KEY_RETENTION,
+                "CORE_JOBS_IDEMPOTENCY_KEY_RETENTION must be at least "
+                f"{format_duration(MIN_IDEMPOTENCY_KEY_RETENTION)}: a client retrying after its key was deleted "
+                "would run the action again",
+            ),
             (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
         )
         problems = [message for ok, message in checks if not ok]
@@ -149,6 +162,7 @@ class Purger:
                 self._delete_batches(conn, result, deadline)
                 if not (result.stopped_on_budget or result.stopped_on_signal or result.gave_up):
                     self._delete_failed_executions(conn, result, deadline)
+                    self._delete_expired_idempotency_keys(conn, result, deadline)
         return result
 
     def _statement_timeout(self) -> str:
@@ -180,6 +194,26 @@ class Purger:
             if deleted < cfg.batch_size:
                 if result.executions_deleted:
                     self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
+                return
+
+    def _delete_expired_idempotency_keys(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
+        """Delete the operations API's idempotency keys older than the retention, in batches of the batch size.
+
+        Operator actions are few, so no steering; a statement timeout ends this part of the run.
+        """
+        cfg = self.config
+        assert result.cutoff is not None  # set by run_once: PostgreSQL's clock
+        params = {"kept_from": result.cutoff - cfg.idempotency_key_retention, "batch_size": cfg.batch_size}
+        timeout = self._statement_timeout()
+        while self._monotonic() < deadline and not self._stop.is_set():
+            try:
+                (deleted,) = fetch_limited(conn, timeout, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params)
+            except errors.QueryCanceled:
+                result.num_timeouts += 1
+                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=cfg.batch_size, part="idempotency_keys")
+                return
+            result.idempotency_keys_deleted += deleted
+            if deleted < cfg.batch_size:
                 return
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:

@@ -221,6 +221,24 @@ WITH deleted AS (
 )
 SELECT count(*) FROM deleted"""
 
+# The operations API's idempotency keys recorded before :kept_from (cutoff - retention), up to
+# :batch_size per call, oldest first along api_idempotency_keys_created_idx; by ctid with the
+# re-check ``IS TRUE``, like the other batches, whatever the statistics. Only this ledger: the
+# resolution keys live in the append-only core.execution_resolutions and stay.
+DELETE_EXPIRED_IDEMPOTENCY_KEYS = """
+WITH deleted AS (
+    DELETE FROM core.api_idempotency_keys AS k
+     WHERE k.ctid = ANY (ARRAY(
+               SELECT k.ctid
+                 FROM core.api_idempotency_keys AS k
+                WHERE k.created_at < %(kept_from)s
+                ORDER BY k.created_at
+                LIMIT %(batch_size)s))
+       AND (k.created_at < %(kept_from)s) IS TRUE
+    RETURNING 1
+)
+SELECT count(*) FROM deleted"""
+
 # The batch statement of each walk, by spelling of the fence-hold rule.
 INDEX_BATCH = {"hashed": INDEX_BATCH_HASHED, "probed": INDEX_BATCH_PROBED}
 SWEEP_BATCH = {"hashed": SWEEP_BATCH_HASHED, "probed": SWEEP_BATCH_PROBED}
