@@ -660,7 +660,9 @@ def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, ev
 
 
 @pytest.mark.parametrize(
-    ("shuffled", "expired_share", "strategy"), [(True, 0.7, "sweep"), (False, 0.3, "index")], ids=["shuffled", "ordered"]
+    ("shuffled", "expired_share", "strategy"),
+    [(True, 0.7, "sweep"), (False, 0.3, "index")],
+    ids=["shuffled", "ordered"],
 )
 def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
     db, conn, now, events, shuffled, expired_share, strategy

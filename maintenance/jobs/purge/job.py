@@ -170,51 +170,52 @@ class Purger:
         return f"{max(1, round(self.config.statement_timeout.total_seconds() * 1000))}ms"
 
     def _delete_failed_executions(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
-        """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS), in batches.
-
-        They are few (failures, not successes), so the batch size is the configured one, without
-        steering; a statement timeout ends this part of the run, and the next run carries on.
-        """
+        """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS)."""
         cfg = self.config
         assert result.cutoff is not None and result.protected_from is not None  # set by run_once
-        params = {
-            "failed_before": result.cutoff - cfg.guard.ttl,
-            "protected_from": result.protected_from,
-            "batch_size": cfg.batch_size,
-        }
-        timeout = self._statement_timeout()
-        while self._monotonic() < deadline and not self._stop.is_set():
-            try:
-                (deleted,) = fetch_limited(conn, timeout, DELETE_FAILED_EXECUTIONS, params)
-            except errors.QueryCanceled:
-                result.num_timeouts += 1
-                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=cfg.batch_size, part="executions")
-                return
-            result.executions_deleted += deleted
-            if deleted < cfg.batch_size:
-                if result.executions_deleted:
-                    self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
-                return
+        params = {"failed_before": result.cutoff - cfg.guard.ttl, "protected_from": result.protected_from}
+        result.executions_deleted = self._delete_all(
+            conn, result, deadline, DELETE_FAILED_EXECUTIONS, params, "executions"
+        )
+        if result.executions_deleted:
+            self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
 
     def _delete_expired_idempotency_keys(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
-        """Delete the operations API's idempotency keys older than the retention, in batches of the batch size.
-
-        Operator actions are few, so no steering; a statement timeout ends this part of the run.
-        """
-        cfg = self.config
+        """Delete the operations API's idempotency keys older than the retention (sql.DELETE_EXPIRED_IDEMPOTENCY_KEYS)."""
         assert result.cutoff is not None  # set by run_once: PostgreSQL's clock
-        params = {"kept_from": result.cutoff - cfg.idempotency_key_retention, "batch_size": cfg.batch_size}
+        params = {"kept_from": result.cutoff - self.config.idempotency_key_retention}
+        result.idempotency_keys_deleted = self._delete_all(
+            conn, result, deadline, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params, "idempotency_keys"
+        )
+
+    def _delete_all(
+        self,
+        conn: psycopg.Connection,
+        result: PurgeResult,
+        deadline: float,
+        statement: str,
+        params: dict[str, Any],
+        part: str,
+    ) -> int:
+        """Run ``statement`` in batches of the batch size until one comes back short; the rows deleted.
+
+        Its rows are few (failures, operator actions), so the batch size is the configured one,
+        without steering; a statement timeout ends this part of the run, and the next run carries on.
+        """
+        batch_size = self.config.batch_size
         timeout = self._statement_timeout()
+        total = 0
         while self._monotonic() < deadline and not self._stop.is_set():
             try:
-                (deleted,) = fetch_limited(conn, timeout, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params)
+                (deleted,) = fetch_limited(conn, timeout, statement, params | {"batch_size": batch_size})
             except errors.QueryCanceled:
                 result.num_timeouts += 1
-                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=cfg.batch_size, part="idempotency_keys")
-                return
-            result.idempotency_keys_deleted += deleted
-            if deleted < cfg.batch_size:
-                return
+                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=batch_size, part=part)
+                break
+            total += deleted
+            if deleted < batch_size:
+                break
+        return total
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         cfg = self.config
