@@ -17,14 +17,14 @@ from maintenance.jobs.purge.config import (
     DEFAULT_BATCH_SIZE as DEFAULT_PURGE_BATCH_SIZE,
 )
 from maintenance.jobs.purge.config import (
+    DEFAULT_IDEMPOTENCY_KEY_RETENTION,
+    MIN_IDEMPOTENCY_KEY_RETENTION,
+)
+from maintenance.jobs.purge.config import (
     DEFAULT_MAX_RUNTIME as DEFAULT_PURGE_MAX_RUNTIME,
 )
 from maintenance.jobs.purge.config import (
     DEFAULT_MIN_BATCH_SIZE as DEFAULT_PURGE_MIN_BATCH_SIZE,
-)
-from maintenance.jobs.purge.config import (
-    DEFAULT_IDEMPOTENCY_KEY_RETENTION,
-    MIN_IDEMPOTENCY_KEY_RETENTION,
 )
 from maintenance.jobs.purge.config import (
     DEFAULT_PROGRESS_INTERVAL as DEFAULT_PURGE_PROGRESS_INTERVAL,
