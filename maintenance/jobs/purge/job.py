@@ -226,9 +226,14 @@ class Purger:
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
         ceiling = cfg.batch_size
-        began = last_progress = self._monotonic()
+        # Progress on the budget's clock, read once per batch with the deadline (no extra reading).
+        began = last_progress = deadline - cfg.max_runtime.total_seconds()
         while True:
-            if self._monotonic() >= deadline:
+            clock = self._monotonic()
+            if result.num_batches and clock - last_progress >= cfg.progress_interval.total_seconds():
+                last_progress = clock
+                self._progress(walk, result, clock - began)
+            if clock >= deadline:
                 result.stopped_on_budget = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(
@@ -281,10 +286,6 @@ class Purger:
             result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
             if walk.done:
                 return
-            clock = self._monotonic()
-            if clock - last_progress >= cfg.progress_interval.total_seconds():
-                last_progress = clock
-                self._progress(walk, result, clock - began)
             if cfg.batch_pause > timedelta(0):
                 self._sleep(cfg.batch_pause.total_seconds())
 
