@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import threading
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 import psycopg
@@ -24,7 +25,8 @@ from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
 from maintenance.jobs.purge.job import LOCK_NAME, Purger
-from maintenance.jobs.purge.paths import Estimates, choose, sample_percent
+from maintenance.jobs.purge.paths import Estimates, choose, fetch_limited, sample_percent
+from maintenance.jobs.purge.sql import DELETE_FAILED_EXECUTIONS, INDEX_BATCH
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -430,7 +432,7 @@ def test_demo_explains_what_was_deleted_and_kept(demo_output):
     assert "kept 8 expired fences still inside the retry window" in out
     assert "kept 4 expired fences whose job has a dead letter pending review" in out
     assert "kept 60 fences not expired yet" in out
-    assert "access path: walk of the expires_at index (" in out
+    assert "access path: sweep of the table in block ranges (" in out  # never analyzed, 77 % expired: sampled
     assert "core.processed_jobs: 312 -> 72" in out
 
 
@@ -648,14 +650,32 @@ def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now,
     assert result.num_deleted == round(3000 * expired_share)
 
 
-def test_auto_walks_the_index_before_the_table_is_analyzed(db, conn, now, events):
-    """Auto: with no statistics on expires_at yet it takes the index walk."""
-    add_old_expired_fences(conn, now, 30)  # below autovacuum's analyze threshold of 50 rows
+def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, events):
+    """Auto: never analyzed and empty, the sample has no correlation to give: it takes the index walk and deletes nothing."""
     result = purger(db, strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
-    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 30)
+    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 0)
     assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
-    assert chosen["reason"].startswith("no statistics")
+    assert chosen["reason"].startswith("no correlation")
+
+
+@pytest.mark.parametrize(
+    ("shuffled", "expired_share", "strategy"),
+    [(True, 0.7, "sweep"), (False, 0.3, "index")],
+    ids=["shuffled", "ordered"],
+)
+def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
+    db, conn, now, events, shuffled, expired_share, strategy
+):
+    """Auto, never analyzed: the sample's correlation of expires_at with the block number decides as pg_stats would (shuffled 70 % expired: sweep; in order 30 %: index)."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    layout = "random()" if shuffled else "t.processed_at"
+    conn.execute(LOAD_FENCES.format(layout=layout), {"rows": 3000, "expired_share": expired_share, "now": now})
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
+    assert abs(chosen["correlation"]) < 0.1 if shuffled else chosen["correlation"] > 0.9
+    assert chosen["reason"].endswith("(correlation from the sample: table never analyzed)")
 
 
 @pytest.mark.parametrize(
@@ -780,3 +800,129 @@ def test_a_failed_execution_is_kept_a_window_after_its_replay_was_handled(db, co
     assert purger(db).run_once(handled + PROTECTED - SECOND).executions_deleted == 0
     assert purger(db).run_once(handled + PROTECTED + SECOND).executions_deleted == 1
     assert executions(conn) == {}
+
+
+# --- a table without statistics (after a restore, a bulk load, autovacuum behind) ----------------
+# Fences loaded in one statement and never analyzed: autovacuum is kept off the table, so the
+# planner has no row count (reltuples -1) and no histogram of expires_at.
+LOAD_UNANALYZED = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT gen_random_uuid(), 'points.credit', gen_random_uuid(),
+       %(now)s - interval '10 days' + g * interval '1 ms', %(now)s - interval '3 days' + g * interval '1 ms'
+  FROM generate_series(1, %(rows)s) AS g"""
+
+
+def load_unanalyzed_fences(conn: psycopg.Connection, now: datetime, rows: int) -> None:
+    """``rows`` expired fences in expiry order on a table PostgreSQL has never analyzed."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    conn.execute(LOAD_UNANALYZED, {"now": now, "rows": rows})
+    stats = conn.execute(
+        "SELECT c.reltuples, (SELECT count(*) FROM pg_stats WHERE schemaname = 'core' AND tablename = 'processed_jobs')"
+        "  FROM pg_class AS c WHERE c.oid = 'core.processed_jobs'::regclass"
+    ).fetchone()
+    assert stats == (-1, 0)  # never analyzed: no row count, no histogram
+
+
+def plan_nodes(plan: dict) -> Iterator[dict]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", ()):
+        yield from plan_nodes(child)
+
+
+def rows_read(conn: psycopg.Connection, statement: str, params: dict, table: str) -> tuple[int, set[str]]:
+    """Run ``statement`` as the purge sends it, under EXPLAIN ANALYZE: the rows its scans of ``table`` read (the TID scan of the DELETE aside), and the node types."""
+    (explained,) = fetch_limited(conn, "5s", f"EXPLAIN (ANALYZE, FORMAT JSON) {statement}", params)
+    nodes = list(plan_nodes(explained[0]["Plan"]))
+    scans = [n for n in nodes if n.get("Relation Name") == table and n["Node Type"] not in ("Tid Scan", "ModifyTable")]
+    return sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans), {n["Node Type"] for n in nodes}
+
+
+@REPLAY_GUARDS
+def test_an_index_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now, hashed_pending_limit):
+    """Never analyzed, 20 000 expired fences: a 100-row index batch reads 100 rows along the expires_at index, no sort of every expired row."""
+    load_unanalyzed_fences(conn, now, 20_000)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cursor": "-infinity", "cutoff": now, "protected_from": now - PROTECTED, "batch_size": 100}
+    read, node_types = rows_read(conn, INDEX_BATCH[guard], params, "processed_jobs")
+    assert (read, "Sort" in node_types) == (100, False)
+
+
+def test_a_failed_executions_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now):
+    """Never analyzed, 300 old FAILED executions: a 10-row batch of DELETE_FAILED_EXECUTIONS reads 10 of them in order, no sort."""
+    conn.execute("ALTER TABLE core.executions SET (autovacuum_enabled = false)")
+    for _ in range(300):
+        add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days")
+    params = {"failed_before": now - TTL, "protected_from": now - PROTECTED, "batch_size": 10}
+    read, node_types = rows_read(conn, DELETE_FAILED_EXECUTIONS, params, "executions")
+    assert (read, "Sort" in node_types) == (10, False)
+
+
+# --- progress of a long run ----------------------------------------------------------------------
+@pytest.mark.parametrize("strategy", ["auto", "sweep"])
+def test_a_long_run_reports_progress_at_info_every_interval(db, conn, now, logs, strategy):
+    """A clock ticking 1 s per reading and a 3 s interval: progress at info with rows deleted, rate and estimate left, not after every batch."""
+    load_fences(conn, now, 1000, 0.5, shuffled=False)
+    ticks = itertools.count()
+    overrides = {"batch_size": 50, "min_batch_size": 50, "progress_interval": timedelta(seconds=3)}
+    config = purger(db, strategy=strategy, **overrides).config
+    result = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
+    progress = logs.named("maintenance.purge.progress")
+    assert 2 <= len(progress) < result.num_batches and result.num_deleted == 500
+    assert {e["level"] for e in progress} == {"info"}
+    deleted = [e["rows_deleted"] for e in progress]
+    assert deleted == sorted(deleted) and deleted[0] > 0
+    for event in progress:
+        assert event["rate"] == round(event["rows_deleted"] / event["elapsed_s"], 1)
+        assert 0 <= event["rows_left_estimate"] <= 1000
+        assert event["estimate_left_s"] == round(event["rows_left_estimate"] / event["rate"], 1)
+
+
+def test_a_short_run_reports_no_progress(db, conn, now, logs):
+    """A run that ends within the progress interval logs no progress event (its stop event says it all)."""
+    add_old_expired_fences(conn, now, 30)
+    purger(db, batch_size=10, min_batch_size=10).run_once(now)
+    assert logs.named("maintenance.purge.progress") == []
+
+
+# --- the operations API's idempotency keys (issue 17) --------------------------------------------
+ADD_IDEMPOTENCY_KEY = """
+INSERT INTO core.api_idempotency_keys (idempotency_key, operator, method, route, request_fingerprint,
+                                       response_status, response_body, created_at)
+VALUES (%(key)s, 'ops:ana@example.com', 'POST', '/v1/core/dead-letters/{id}/replay', 'f', 200, '{}', %(created_at)s)"""
+
+
+RESOLUTION_400_DAYS_AGO = """
+INSERT INTO core.execution_resolutions
+       (execution_id, job_id, consumer, business_scope, idempotency_key, operator, command, command_body,
+        command_fingerprint, evidence_kind, evidence_reference, evidence_reason, checkpoints_before, fencing_token,
+        status_after, response_status, response_body, resolved_at)
+SELECT id, job_id, consumer, business_scope, 'resolution-key', 'ops:test', 'RESUME', '{}', 'f', 'RESULT_VERIFIED',
+       'CASE-1', 'checked', '[]', 1, 'PENDING', 200, '{}', now() - interval '400 days'
+  FROM core.executions WHERE id = %(id)s"""
+
+
+def idempotency_keys(conn: psycopg.Connection) -> set[str]:
+    return {r[0] for r in conn.execute("SELECT idempotency_key FROM core.api_idempotency_keys")}
+
+
+def test_deletes_idempotency_keys_older_than_the_retention_in_batches(db, conn, now):
+    """Keys recorded more than CORE_JOBS_IDEMPOTENCY_KEY_RETENTION before now (a second either side) go, in batches; resolutions stay."""
+    retention = timedelta(days=30)
+    for i in range(5):
+        conn.execute(ADD_IDEMPOTENCY_KEY, {"key": f"old-{i}", "created_at": now - retention - SECOND * (i + 1)})
+    conn.execute(ADD_IDEMPOTENCY_KEY, {"key": "young", "created_at": now - retention + SECOND})
+    uncertain = add_execution(conn, age="40 days")
+    conn.execute(RESOLUTION_400_DAYS_AGO, {"id": uncertain})  # in the append-only ledger: never expires
+    result = purger(db, batch_size=2, min_batch_size=1, idempotency_key_retention=retention).run_once(now)
+    assert (idempotency_keys(conn), result.idempotency_keys_deleted) == ({"young"}, 5)
+    assert conn.execute("SELECT idempotency_key FROM core.execution_resolutions").fetchall() == [("resolution-key",)]
+
+
+def test_refuses_an_idempotency_key_retention_shorter_than_a_day(clean_env):
+    """CORE_JOBS_IDEMPOTENCY_KEY_RETENTION under P1D is refused, naming the setting (a client's retry could run its action twice)."""
+    clean_env.setenv("CORE_JOBS_IDEMPOTENCY_KEY_RETENTION", "PT12H")
+    with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
+        load_settings()
+    with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
+        Purger(PurgeConfig(guard=GUARD, idempotency_key_retention=timedelta(hours=12)), None)

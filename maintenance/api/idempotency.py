@@ -19,9 +19,11 @@ canonical form (validated, keys sorted) — and the response: status and body.
   recorded (the request can be fixed and sent again with the same key), nor is a failure of the
   database (nothing was committed; retry with the same key).
 
-Keys are kept until the owner deletes them (``DELETE FROM core.api_idempotency_keys WHERE
-created_at < now() - interval '30 days'``; the API role cannot); a key must not be reused for a
-new action meanwhile.
+Keys are kept for ``CORE_JOBS_IDEMPOTENCY_KEY_RETENTION`` (P30D by default, at least P1D, so
+that every retry of an action finds its key); then the purge deletes them
+(``maintenance/jobs/purge``, ``DELETE_EXPIRED_IDEMPOTENCY_KEYS``; the API role cannot). A key
+must not be reused for a new action meanwhile. Resolution keys are in the append-only
+``core.execution_resolutions`` and never expire.
 """
 
 from __future__ import annotations

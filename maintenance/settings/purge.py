@@ -5,9 +5,10 @@ The purge job itself is ``maintenance/jobs/purge/`` (its package docstring is th
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from maintenance.jobs.purge.config import (
     DEFAULT_BATCH_PAUSE as DEFAULT_PURGE_BATCH_PAUSE,
@@ -16,10 +17,17 @@ from maintenance.jobs.purge.config import (
     DEFAULT_BATCH_SIZE as DEFAULT_PURGE_BATCH_SIZE,
 )
 from maintenance.jobs.purge.config import (
+    DEFAULT_IDEMPOTENCY_KEY_RETENTION,
+    MIN_IDEMPOTENCY_KEY_RETENTION,
+)
+from maintenance.jobs.purge.config import (
     DEFAULT_MAX_RUNTIME as DEFAULT_PURGE_MAX_RUNTIME,
 )
 from maintenance.jobs.purge.config import (
     DEFAULT_MIN_BATCH_SIZE as DEFAULT_PURGE_MIN_BATCH_SIZE,
+)
+from maintenance.jobs.purge.config import (
+    DEFAULT_PROGRESS_INTERVAL as DEFAULT_PURGE_PROGRESS_INTERVAL,
 )
 from maintenance.jobs.purge.config import (
     DEFAULT_STATEMENT_TIMEOUT as DEFAULT_PURGE_STATEMENT_TIMEOUT,
@@ -33,7 +41,7 @@ from maintenance.jobs.purge.config import (
 from maintenance.jobs.purge.config import (
     DEFAULT_TIMEOUTS_BEFORE_SHRINK as DEFAULT_PURGE_TIMEOUTS_BEFORE_SHRINK,
 )
-from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
+from maintenance.settings.durations import NonNegativeDuration, PositiveDuration, format_duration
 
 
 class PurgeFields(BaseModel):
@@ -78,3 +86,23 @@ class PurgeFields(BaseModel):
         description="Access path of each run: index walks the expires_at index in expiry order; sweep walks "
         "the heap in block ranges; auto picks one per run from the expired fraction and the physical order.",
     )
+    purge_progress_interval: PositiveDuration = Field(
+        default=DEFAULT_PURGE_PROGRESS_INTERVAL,
+        description="How often a long run logs maintenance.purge.progress at info (rows deleted, rate, "
+        "estimated rows and seconds left).",
+    )
+    idempotency_key_retention: PositiveDuration = Field(
+        default=DEFAULT_IDEMPOTENCY_KEY_RETENTION,
+        description="How long the operations API replays a recorded answer to a retried Idempotency-Key; the purge "
+        "deletes keys older than this (at least P1D). Resolution keys (core.execution_resolutions) never expire.",
+    )
+
+    @field_validator("idempotency_key_retention")
+    @classmethod
+    def _retention_covers_retries(cls, value: timedelta) -> timedelta:
+        if value < MIN_IDEMPOTENCY_KEY_RETENTION:
+            raise ValueError(
+                f"must be at least {format_duration(MIN_IDEMPOTENCY_KEY_RETENTION)}: a client retrying after its "
+                "key was deleted would run the action again"
+            )
+        return value

@@ -70,8 +70,14 @@ With ``CORE_JOBS_PURGE_STRATEGY=auto`` (the default) the run samples ~1 % of the
 physical correlation of ``expires_at`` from ``pg_stats``, estimates each path's time from
 per-row costs measured with ``bench/purge.py``, and takes the sweep only when it is estimated at
 least 10 % faster: when many rows have expired and they lie scattered (in random order from ~3 %
-expired; in expiry order only past ~64 %). It walks the index when the table has never been
-analyzed. The decision is logged as ``maintenance.purge.strategy_chosen``.
+expired; in expiry order only past ~64 %). When the table has never been analyzed (no
+``pg_stats``) it ranks the sampled rows in physical and in expiry order for the correlation (as
+ANALYZE does). The decision is logged as ``maintenance.purge.strategy_chosen``.
+
+Without statistics (a restore, a bulk load, autovacuum behind) the plans stay the same: each
+batch runs with ``enable_sort`` off and re-checks its guards with ``(...) IS TRUE``, so it walks
+the index, stops after its rows and deletes by ``ctid`` (sql.SET_BATCH_LIMITS says why; before,
+300 000 fences never analyzed took 210 s). The purge does not ANALYZE: only the owner may.
 
 Batch size
 ----------
@@ -110,6 +116,13 @@ Options (environment variables; durations are ISO-8601 or seconds)
   after it, the run stops cleanly with ``stopped_on_budget=1`` and reports ``rows_left``.
 - ``CORE_JOBS_PURGE_STRATEGY``              ``auto`` | ``index`` | ``sweep``, default auto: the
   access path (above); ``index`` or ``sweep`` forces one and skips auto's sample.
+- ``CORE_JOBS_PURGE_PROGRESS_INTERVAL``     duration, default PT5S: a long run logs
+  ``maintenance.purge.progress`` at info this often (on the run's monotonic clock).
+- ``CORE_JOBS_IDEMPOTENCY_KEY_RETENTION``   duration, default P30D, at least P1D: the operations
+  API's idempotency keys (``core.api_idempotency_keys``) recorded longer than this before
+  ``cutoff`` are deleted, last, in batches of the batch size (a shorter retention would let a
+  client's retry run its action again). Resolution keys (append-only
+  ``core.execution_resolutions``) are never deleted.
 - ``CORE_JOBS_PROCESSED_JOBS_TTL``, ``CORE_JOBS_TTL_MARGIN``, ``CORE_JOBS_RETRY_*``,
   ``CORE_JOBS_BROKER_REDELIVERY_HORIZON``: the guard above.
 
@@ -135,14 +148,19 @@ numeric keys, all 0 on error; the metrics issue exports them:
 - ``batch_size``         the batch size at the end of the run, as steered after its last
                          batch (toward the target duration; halved by timeouts);
 - ``used_sweep``         1 when the run swept block ranges, 0 when it walked the index;
-- ``executions_deleted`` FAILED executions deleted (nothing needed them any more).
+- ``executions_deleted`` FAILED executions deleted (nothing needed them any more);
+- ``idempotency_keys_deleted`` operations-API idempotency keys older than the retention, deleted.
 
 Per run, info: ``maintenance.purge.strategy_chosen`` (``strategy``, ``setting``, ``reason``,
 ``expired_fraction``, ``sampled_rows``, ``correlation`` — null when not measured —,
 ``table_blocks``, ``rows_per_page``, ``estimated_index_s``, ``estimated_sweep_s``,
 ``pending_dead_letters`` — those holding a fence: pending, outstanding replays, replays handled
 within the window —, ``unfinished_executions`` — executions not FAILED, each holding its
-fence —, ``estimate_ms``). Per batch:
+fence —, ``estimate_ms``). Every ``CORE_JOBS_PURGE_PROGRESS_INTERVAL`` of a long run, info:
+``maintenance.purge.progress`` (``rows_deleted``, ``rate`` rows/s, ``rows_left_estimate`` and
+``estimate_left_s`` — index walk: auto's sampled estimate less the deleted, null when forced;
+sweep: rows per block so far over the blocks left —, ``elapsed_s``, ``num_batches``,
+``batch_size``, ``strategy``). Per batch:
 ``maintenance.purge.batch_deleted`` (debug; ``num_deleted``, ``batch_ms``, ``batch_size``,
 ``strategy``, and for the sweep ``from_block``, ``to_block``). Warnings:
 ``maintenance.purge.statement_timeout``, ``maintenance.purge.batch_shrunk``,

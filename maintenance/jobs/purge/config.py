@@ -23,6 +23,13 @@ DEFAULT_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts before the 
 DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per batch DELETE (SET LOCAL)
 DEFAULT_BATCH_PAUSE = timedelta(0)  # between batches
 DEFAULT_MAX_RUNTIME = timedelta(minutes=5)  # time budget of one run
+DEFAULT_PROGRESS_INTERVAL = timedelta(seconds=5)  # between two progress events of a long run
+# The operations API's Idempotency-Key ledger (core.api_idempotency_keys): a key's recorded answer
+# is replayed to a retry for this long after the action, then the purge deletes it.
+DEFAULT_IDEMPOTENCY_KEY_RETENTION = timedelta(days=30)
+# Never shorter: a client retrying an action (a timeout, a restart) does so within minutes or
+# hours; a key deleted before its last retry would let that retry run the action a second time.
+MIN_IDEMPOTENCY_KEY_RETENTION = timedelta(days=1)
 DEFAULT_STRATEGY: Final = "auto"  # access path: auto | index | sweep
 DEFAULT_SCHEDULE = "*/15 * * * *"  # crontab (UTC) under `core-jobs serve`
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
@@ -47,6 +54,8 @@ class PurgeConfig:
     batch_pause: timedelta = DEFAULT_BATCH_PAUSE
     max_runtime: timedelta = DEFAULT_MAX_RUNTIME
     strategy: str = DEFAULT_STRATEGY
+    progress_interval: timedelta = DEFAULT_PROGRESS_INTERVAL
+    idempotency_key_retention: timedelta = DEFAULT_IDEMPOTENCY_KEY_RETENTION
     hashed_pending_limit: int = HASHED_PENDING_LIMIT
 
     @classmethod
@@ -61,4 +70,6 @@ class PurgeConfig:
             batch_pause=settings.purge_batch_pause,
             max_runtime=settings.purge_max_runtime,
             strategy=settings.purge_strategy,
+            progress_interval=settings.purge_progress_interval,
+            idempotency_key_retention=settings.idempotency_key_retention,
         )

@@ -18,7 +18,12 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
 from maintenance.jobs.base import JobSpec
-from maintenance.jobs.purge.config import DEFAULT_SCHEDULE, STRATEGIES, PurgeConfig
+from maintenance.jobs.purge.config import (
+    DEFAULT_SCHEDULE,
+    MIN_IDEMPOTENCY_KEY_RETENTION,
+    STRATEGIES,
+    PurgeConfig,
+)
 from maintenance.jobs.purge.paths import (
     BlockSweep,
     IndexWalk,
@@ -26,7 +31,7 @@ from maintenance.jobs.purge.paths import (
     fetch_limited,
     read_estimates,
 )
-from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_FAILED_EXECUTIONS
+from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_EXPIRED_IDEMPOTENCY_KEYS, DELETE_FAILED_EXECUTIONS
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.durations import format_duration
@@ -58,6 +63,7 @@ class PurgeResult:
         "batch_size",
         "used_sweep",
         "executions_deleted",
+        "idempotency_keys_deleted",
     )
 
     num_deleted: int = 0
@@ -72,6 +78,7 @@ class PurgeResult:
     batch_size: int = 0
     used_sweep: int = 0
     executions_deleted: int = 0
+    idempotency_keys_deleted: int = 0
     # Not event fields: the cutoffs this run used (cutoff - protected_from = margin x retry window).
     cutoff: datetime | None = None
     protected_from: datetime | None = None
@@ -117,6 +124,13 @@ class Purger:
             (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
             (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
             (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
+            (config.progress_interval > timedelta(0), "CORE_JOBS_PURGE_PROGRESS_INTERVAL must be positive"),
+            (
+                config.idempotency_key_retention >= MIN_IDEMPOTENCY_KEY_RETENTION,
+                "CORE_JOBS_IDEMPOTENCY_KEY_RETENTION must be at least "
+                f"{format_duration(MIN_IDEMPOTENCY_KEY_RETENTION)}: a client retrying after its key was deleted "
+                "would run the action again",
+            ),
             (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
         )
         problems = [message for ok, message in checks if not ok]
@@ -148,6 +162,7 @@ class Purger:
                 self._delete_batches(conn, result, deadline)
                 if not (result.stopped_on_budget or result.stopped_on_signal or result.gave_up):
                     self._delete_failed_executions(conn, result, deadline)
+                    self._delete_expired_idempotency_keys(conn, result, deadline)
         return result
 
     def _statement_timeout(self) -> str:
@@ -155,31 +170,52 @@ class Purger:
         return f"{max(1, round(self.config.statement_timeout.total_seconds() * 1000))}ms"
 
     def _delete_failed_executions(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
-        """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS), in batches.
-
-        They are few (failures, not successes), so the batch size is the configured one, without
-        steering; a statement timeout ends this part of the run, and the next run carries on.
-        """
+        """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS)."""
         cfg = self.config
         assert result.cutoff is not None and result.protected_from is not None  # set by run_once
-        params = {
-            "failed_before": result.cutoff - cfg.guard.ttl,
-            "protected_from": result.protected_from,
-            "batch_size": cfg.batch_size,
-        }
+        params = {"failed_before": result.cutoff - cfg.guard.ttl, "protected_from": result.protected_from}
+        result.executions_deleted = self._delete_all(
+            conn, result, deadline, DELETE_FAILED_EXECUTIONS, params, "executions"
+        )
+        if result.executions_deleted:
+            self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
+
+    def _delete_expired_idempotency_keys(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
+        """Delete the operations API's idempotency keys older than the retention (sql.DELETE_EXPIRED_IDEMPOTENCY_KEYS)."""
+        assert result.cutoff is not None  # set by run_once: PostgreSQL's clock
+        params = {"kept_from": result.cutoff - self.config.idempotency_key_retention}
+        result.idempotency_keys_deleted = self._delete_all(
+            conn, result, deadline, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params, "idempotency_keys"
+        )
+
+    def _delete_all(
+        self,
+        conn: psycopg.Connection,
+        result: PurgeResult,
+        deadline: float,
+        statement: str,
+        params: dict[str, Any],
+        part: str,
+    ) -> int:
+        """Run ``statement`` in batches of the batch size until one comes back short; the rows deleted.
+
+        Its rows are few (failures, operator actions), so the batch size is the configured one,
+        without steering; a statement timeout ends this part of the run, and the next run carries on.
+        """
+        batch_size = self.config.batch_size
         timeout = self._statement_timeout()
+        total = 0
         while self._monotonic() < deadline and not self._stop.is_set():
             try:
-                (deleted,) = fetch_limited(conn, timeout, DELETE_FAILED_EXECUTIONS, params)
+                (deleted,) = fetch_limited(conn, timeout, statement, params | {"batch_size": batch_size})
             except errors.QueryCanceled:
                 result.num_timeouts += 1
-                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=cfg.batch_size, part="executions")
-                return
-            result.executions_deleted += deleted
-            if deleted < cfg.batch_size:
-                if result.executions_deleted:
-                    self._log.info(f"{EVENTS}.executions_deleted", num_deleted=result.executions_deleted)
-                return
+                self._log.warning(f"{EVENTS}.statement_timeout", batch_size=batch_size, part=part)
+                break
+            total += deleted
+            if deleted < batch_size:
+                break
+        return total
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         cfg = self.config
@@ -190,8 +226,14 @@ class Purger:
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
         ceiling = cfg.batch_size
+        # Progress on the budget's clock, read once per batch with the deadline (no extra reading).
+        began = last_progress = deadline - cfg.max_runtime.total_seconds()
         while True:
-            if self._monotonic() >= deadline:
+            clock = self._monotonic()
+            if result.num_batches and clock - last_progress >= cfg.progress_interval.total_seconds():
+                last_progress = clock
+                self._progress(walk, result, clock - began)
+            if clock >= deadline:
                 result.stopped_on_budget = 1
                 result.rows_left = self._rows_left(conn, walk, params, timeout)
                 self._log.warning(
@@ -247,6 +289,22 @@ class Purger:
             if cfg.batch_pause > timedelta(0):
                 self._sleep(cfg.batch_pause.total_seconds())
 
+    def _progress(self, walk: IndexWalk | BlockSweep, result: PurgeResult, elapsed_s: float) -> None:
+        """Log how far a long run is: rows deleted, their rate, and an estimate of what is left."""
+        rate = result.num_deleted / elapsed_s if elapsed_s > 0 else 0.0
+        left = walk.rows_left_estimate(result.num_deleted)
+        self._log.info(
+            f"{EVENTS}.progress",
+            strategy=walk.name,
+            rows_deleted=result.num_deleted,
+            num_batches=result.num_batches,
+            batch_size=result.batch_size,
+            elapsed_s=round(elapsed_s, 1),
+            rate=round(rate, 1),
+            rows_left_estimate=left,
+            estimate_left_s=None if left is None or rate <= 0 else round(left / round(rate, 1), 1),
+        )
+
     def _choose_walk(
         self, conn: psycopg.Connection, params: dict[str, Any], timeout: str
     ) -> tuple[IndexWalk | BlockSweep, str]:
@@ -258,7 +316,7 @@ class Purger:
             estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
         except errors.QueryCanceled:  # the table is locked: the batches will tell (timeouts, gave_up)
             self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
-            return IndexWalk(guard), "the table was locked while estimating"
+            return IndexWalk(guard, None), "the table was locked while estimating"
         strategy, reason = choose(self.config.strategy, estimates)
         measured = estimates.expired_fraction is not None and estimates.correlation is not None
         index_s, sweep_s = estimates.seconds() if measured else (None, None)
@@ -278,7 +336,8 @@ class Purger:
             unfinished_executions=unfinished,
             estimate_ms=round((time.perf_counter() - started) * 1000, 1),
         )
-        return (BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard)), reason
+        walk = BlockSweep(guard, estimates) if strategy == "sweep" else IndexWalk(guard, estimates.deletable_rows())
+        return walk, reason
 
     def _steer(self, batch_size: int, batch_ms: float, ceiling: int) -> int:
         """The next batch's size: toward the target duration, within [min batch size, ceiling].

@@ -15,7 +15,8 @@ rows: every batch statement applies the same guards (``sql.py``).
 
 ``auto`` decides once per run, before the first batch (``choose``), from two cheap estimates:
 the fraction of deletable rows in a ``TABLESAMPLE SYSTEM`` of ~1 % of the pages, and the
-physical correlation of ``expires_at`` (``pg_stats``; none before the first ANALYZE, then index).
+physical correlation of ``expires_at`` (``pg_stats``; before the first ANALYZE the same rank
+correlation computed over a page sample, so the choice needs no statistics).
 It estimates each path's time from measured per-row costs and takes the cheaper: the sweep
 when many rows have expired and the layout is not in expiry order.
 """
@@ -31,6 +32,7 @@ from maintenance.jobs.purge.sql import (
     EXPIRES_AT_CORRELATION,
     INDEX_BATCH,
     INDEX_ROWS_LEFT,
+    SAMPLE_CORRELATION,
     SAMPLE_EXPIRED,
     SET_BATCH_LIMITS,
     SWEEP_BATCH,
@@ -88,7 +90,16 @@ class Estimates:
     rows_per_page: float  # reltuples / relpages, or FALLBACK_ROWS_PER_PAGE
     expired_fraction: float | None = None  # deletable rows / rows in the sample (auto only)
     sampled_rows: int | None = None
-    correlation: float | None = None  # pg_stats.correlation of expires_at; None before ANALYZE
+    # pg_stats.correlation of expires_at; before the first ANALYZE the same rank correlation
+    # computed over a sample (None when the sample has fewer than two rows)
+    correlation: float | None = None
+    correlation_source: str | None = None  # "pg_stats" | "sample"
+
+    def deletable_rows(self) -> int | None:
+        """The rows the sample says are deletable, scaled to the table; None without a sample."""
+        if self.expired_fraction is None:
+            return None
+        return round(self.expired_fraction * self.rows_per_page * self.table_blocks)
 
     def seconds(self) -> tuple[float, float]:
         """Auto's estimated run time (index walk, sweep) from the per-row costs above."""
@@ -115,14 +126,19 @@ def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any
     estimates = Estimates(table_blocks=int(blocks), rows_per_page=rows_per_page)
     if not sample:
         return estimates
-    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | {"percent": sample_percent(blocks)})
-    correlation = conn.execute(EXPIRES_AT_CORRELATION).fetchone()
+    percent = {"percent": sample_percent(blocks)}
+    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | percent)
+    analyzed = conn.execute(EXPIRES_AT_CORRELATION).fetchone()
+    correlation, source = None if analyzed is None else analyzed[0], "pg_stats"
+    if correlation is None:  # never analyzed: ranked from a sample (None for fewer than two rows)
+        correlation, source = fetch_limited(conn, timeout, SAMPLE_CORRELATION, percent)[0], "sample"
     return Estimates(
         table_blocks=int(blocks),
         rows_per_page=rows_per_page,
         expired_fraction=expired / sampled if sampled else 0.0,
         sampled_rows=int(sampled),
-        correlation=None if correlation is None or correlation[0] is None else float(correlation[0]),
+        correlation=None if correlation is None else float(correlation),
+        correlation_source=None if correlation is None else source,
     )
 
 
@@ -131,10 +147,13 @@ def choose(setting: str, estimates: Estimates) -> tuple[str, str]:
     if setting != "auto":
         return setting, "set by CORE_JOBS_PURGE_STRATEGY"
     if estimates.correlation is None:
-        return "index", "no statistics on expires_at yet: table never analyzed"
+        return "index", "no correlation: table never analyzed and its sample too small"
     index_s, sweep_s = estimates.seconds()
     strategy = "sweep" if sweep_s < SWEEP_MARGIN * index_s else "index"
-    return strategy, f"{strategy} estimated cheaper: index {index_s:.3f} s, sweep {sweep_s:.3f} s"
+    reason = f"{strategy} estimated cheaper: index {index_s:.3f} s, sweep {sweep_s:.3f} s"
+    if estimates.correlation_source == "sample":
+        reason += " (correlation from the sample: table never analyzed)"
+    return strategy, reason
 
 
 # --- the walks ------------------------------------------------------------------------------------
@@ -143,10 +162,15 @@ class IndexWalk:
 
     name = "index"
 
-    def __init__(self, guard: str) -> None:
+    def __init__(self, guard: str, deletable: int | None) -> None:
         self._delete = INDEX_BATCH[guard]
+        self._deletable = deletable  # estimated at the start (auto's sample), for progress
         self.cursor: Any = "-infinity"
         self.done = False
+
+    def rows_left_estimate(self, deleted: int) -> int | None:
+        """Deletable rows left, for progress: the start's estimate less what was deleted (None unsampled)."""
+        return None if self._deletable is None else max(0, self._deletable - deleted)
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
         """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
@@ -173,6 +197,12 @@ class BlockSweep:
         self.end_block = estimates.table_blocks
         self.next_block = 0
         self.done = False
+
+    def rows_left_estimate(self, deleted: int) -> int | None:
+        """Deletable rows left, for progress: the rate so far per block, over the blocks not reached."""
+        if self.next_block <= 0:
+            return None
+        return round(deleted * max(0, self.end_block - self.next_block) / self.next_block)
 
     def blocks(self, batch_size: int) -> int:
         """Blocks per batch: about ``batch_size`` rows, at least one block."""

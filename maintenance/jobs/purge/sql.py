@@ -41,14 +41,27 @@ SELECT (SELECT count(*) FROM core.dead_letters AS d WHERE core.holds_fence(d, %(
 
 # Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
 # server crash may undo the last few batches, which the next run simply deletes again.
+# And no sort: a batch takes the first :batch_size rows in an index's order (expires_at; FAILED
+# executions by status_changed_at, id), and the only other plan, a bitmap scan of *every* row in
+# the range then a sort, is what the planner picks when it thinks the range holds few rows — on a
+# table never analyzed (after a restore or a bulk load: default selectivity 0.5 %) or analyzed
+# before a bulk load. Each batch then read all the expired rows: 300 000 fences took 210 s in
+# batches shrunk to 100 rows, against under a second analyzed. With sorting disabled the index
+# walk is the plan whatever the statistics say, and it stops after :batch_size rows (a statement
+# that has no index order to use still sorts: the setting only makes a sort the last resort).
 SET_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true)"""
+SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+       set_config('enable_sort', 'off', true)"""
 
 # index walk, one batch (hashed / probed). The inner SELECT walks processed_jobs_expires_at_idx
 # from the cursor in expiry order and picks the physical addresses (ctid) of up to :batch_size
 # deletable rows; the DELETE fetches exactly those tuples (a TID scan). It runs in the snapshot of
 # the SELECT, so the guards need no second check; the time guards are repeated only because a row
-# updated concurrently is re-checked against them (and then skipped: its ctid changed). The
+# updated concurrently is re-checked against them (and then skipped: its ctid changed; PostgreSQL
+# does not re-check the ctid itself). The re-check is written ``(…) IS TRUE`` — the same filter,
+# NULL being false either way — so that it is never an index condition: the rows are fetched by
+# ctid whatever the statistics (without them, a range estimated at a few rows made the planner
+# re-read every expired row along the index for each batch instead). The
 # largest expires_at deleted is the next batch's cursor (">=": rows tied with it may not all fit).
 INDEX_BATCH_HASHED = """
 WITH deleted AS (
@@ -65,8 +78,7 @@ WITH deleted AS (
                                                       WHERE e.status <> 'FAILED')
                 ORDER BY p.expires_at
                 LIMIT %(batch_size)s))
-       AND p.expires_at < %(cutoff)s
-       AND p.processed_at < %(protected_from)s
+       AND (p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s) IS TRUE
     RETURNING p.expires_at
 )
 SELECT count(*), max(expires_at) FROM deleted"""
@@ -86,8 +98,7 @@ WITH deleted AS (
                     WHERE e.job_id = p.job_id AND e.consumer = p.consumer AND e.status <> 'FAILED')
                 ORDER BY p.expires_at
                 LIMIT %(batch_size)s))
-       AND p.expires_at < %(cutoff)s
-       AND p.processed_at < %(protected_from)s
+       AND (p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s) IS TRUE
     RETURNING p.expires_at
 )
 SELECT count(*), max(expires_at) FROM deleted"""
@@ -166,6 +177,17 @@ SAMPLE_EXPIRED = """
 SELECT count(*), count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s)
   FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)"""
 
+# auto's estimate of the physical order when the table was never analyzed (pg_stats is empty):
+# computed like ANALYZE's own, over a sample of whole pages — the correlation of the rows' ranks
+# in physical order with their ranks in expires_at order (a rank correlation, so a gap in the
+# values, such as a backlog expired days ago beside fresh rows, does not read as disorder).
+# NULL when the sample has fewer than two rows.
+SAMPLE_CORRELATION = """
+SELECT corr(physical, logical) FROM (
+    SELECT row_number() OVER (ORDER BY p.ctid) AS physical, row_number() OVER (ORDER BY p.expires_at) AS logical
+      FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)
+) AS ranked"""
+
 # auto's estimate of the physical order: +-1 when the heap is in expires_at order, ~0 when random.
 EXPIRES_AT_CORRELATION = """
 SELECT correlation FROM pg_stats
@@ -178,11 +200,14 @@ SELECT correlation FROM pg_stats
 # review, no replay outstanding or handled within the window. The DELETE re-checks the state and
 # the age: a replay that moved the execution to PENDING meanwhile is skipped (and the database
 # refuses to delete anything but a FAILED or RUNNING execution). Checkpoints and history go with it.
+# By ctid, like the index walk, with the re-check ``IS TRUE`` (never an index condition): a TID
+# scan fetches exactly the chosen rows, where ``id = ANY`` and a plain re-check let a planner
+# without statistics re-read every FAILED execution along executions_status_idx for each batch.
 DELETE_FAILED_EXECUTIONS = """
 WITH deleted AS (
     DELETE FROM core.executions AS e
-     WHERE e.id = ANY (ARRAY(
-               SELECT e.id
+     WHERE e.ctid = ANY (ARRAY(
+               SELECT e.ctid
                  FROM core.executions AS e
                 WHERE e.status = 'FAILED'
                   AND e.status_changed_at < %(failed_before)s
@@ -191,8 +216,25 @@ WITH deleted AS (
                       AND core.holds_fence(d, %(protected_from)s))
                 ORDER BY e.status_changed_at, e.id
                 LIMIT %(batch_size)s))
-       AND e.status = 'FAILED'
-       AND e.status_changed_at < %(failed_before)s
+       AND (e.status = 'FAILED' AND e.status_changed_at < %(failed_before)s) IS TRUE
+    RETURNING 1
+)
+SELECT count(*) FROM deleted"""
+
+# The operations API's idempotency keys recorded before :kept_from (cutoff - retention), up to
+# :batch_size per call, oldest first along api_idempotency_keys_created_idx; by ctid with the
+# re-check ``IS TRUE``, like the other batches, whatever the statistics. Only this ledger: the
+# resolution keys live in the append-only core.execution_resolutions and stay.
+DELETE_EXPIRED_IDEMPOTENCY_KEYS = """
+WITH deleted AS (
+    DELETE FROM core.api_idempotency_keys AS k
+     WHERE k.ctid = ANY (ARRAY(
+               SELECT k.ctid
+                 FROM core.api_idempotency_keys AS k
+                WHERE k.created_at < %(kept_from)s
+                ORDER BY k.created_at
+                LIMIT %(batch_size)s))
+       AND (k.created_at < %(kept_from)s) IS TRUE
     RETURNING 1
 )
 SELECT count(*) FROM deleted"""
