@@ -107,10 +107,10 @@ import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from alerts.groups import AlertGroup, DeadLetterGroup, PlannedIncident, human, reason_and_sample_lines, when
+from alerts.identity import settle_identity
 from alerts.reconciliation import compose_executions
-from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
+from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, cancel_intent, source_of
 from alerts.sql import (
-    CANCEL_INTENT,
     MARK_OPEN,
     MARK_RESOLVED,
     PENDING_INTENTS,
@@ -269,7 +269,7 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        installation = read_installation(conn)
+        installation = settle_identity(conn, now, self.log)  # a copy of another database refuses here
         stale_cutoff = now - self.config.stale_after
         if self.dry_run:
             self._dry_run(conn, plan_incidents(conn, now, self.config, installation), result)
@@ -412,11 +412,7 @@ class AlertFeed:
         self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime, result: AlertFeedResult
     ) -> None:
         """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
-        source = source_of(intent.kind)
-        with conn.transaction():
-            conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
-            released = [row[0] for row in conn.execute(source.release_coverage, {"id": intent.id})]
-            conn.execute(source.cover_released_by_escalation, {"ids": released})
+        released = cancel_intent(conn, intent.id, intent.kind, reason, now)
         result.intents_cancelled += 1
         self.log.info(
             "alerts.feed.intent_cancelled",

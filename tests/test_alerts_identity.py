@@ -8,15 +8,21 @@ installation is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from alerts_support import alert_rows, handle, make_feed
+from conftest import create_database, drop_database
 from factories import add_dead_letters
 from fake_betterstack import Fault
 
 from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
+from alerts.identity import IdentityUnconfirmed
+from maintenance.cli import main as cli_main
 from harness.pg import server_now
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
@@ -95,3 +101,68 @@ def test_after_downgrade_base_and_migrate_old_incidents_are_never_adopted(db, da
     assert (result.incidents_posted, result.incidents_recovered, result.ok) == (1, 0, True)
     [new_incident] = [i for i in fake_bs.incidents if i != old_incident]
     assert alert_rows(conn)[0][2:4] == ("open", new_incident)
+
+
+@pytest.fixture
+def copy_database(pg_server_url: str) -> Iterator[Callable[[str], str]]:
+    """Copies a database with ``CREATE DATABASE … TEMPLATE`` (nobody may be connected to it); dropped afterwards."""
+    made: list[str] = []
+
+    def copy(origin_url: str) -> str:
+        name = f"core_jobs_copy_{os.getpid()}_{secrets.token_hex(4)}"
+        made.append(name)
+        return create_database(pg_server_url, name, template=urlsplit(origin_url).path.lstrip("/"))
+
+    yield copy
+    for name in made:
+        drop_database(pg_server_url, name)
+
+
+def test_a_template_copy_with_alerts_refuses_to_alert_until_an_operator_renews_it(
+    database_url, copy_database, fake_bs, clean_env
+):
+    """A copy (CREATE DATABASE … TEMPLATE) of a database with an open incident sends Better Stack nothing — no
+    post, lookup or resolve — and its run fails naming the copy, while the original keeps posting and resolving;
+    after `alerts identity renew` the copy posts its own incidents under a new identity and never resolves the
+    original's."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        ids = add_dead_letters(origin, "points.credit", 2)
+    make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+    [origin_incident] = list(fake_bs.incidents)
+    copy_url = copy_database(database_url)
+    copy_db = Database(copy_url)
+
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        handle(copy, ids)  # the copy's own review would resolve the origin's incident
+        [new_in_copy] = add_dead_letters(copy, "points.credit", 1)
+        sent_before = len(fake_bs.requests)
+        with pytest.raises(IdentityUnconfirmed, match="copy"):
+            make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert len(fake_bs.requests) == sent_before
+        assert fake_bs.incidents[origin_incident]["status"] == "Started"
+
+        with psycopg.connect(database_url, autocommit=True) as origin:
+            add_dead_letters(origin, "points.expire", 1)
+            posted = make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+            assert (posted.incidents_posted, posted.ok) == (1, True)
+            origin_identity = read_installation(origin)
+
+        clean_env.setenv("CORE_JOBS_DATABASE_URL", copy_url)
+        assert cli_main(["alerts", "identity", "renew", "--reason", "staging restored from prod"]) == 0
+        assert read_installation(copy) != origin_identity
+        renewed = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (renewed.incidents_posted, renewed.incidents_resolved, renewed.ok) == (1, 0, True)
+        assert fake_bs.incidents[origin_incident]["status"] == "Started"
+        copy_identity = read_installation(copy)
+        [copy_incident] = [
+            i for i in fake_bs.incidents if metadata_value(fake_bs, i, INSTALLATION_METADATA_KEY) == [copy_identity]
+        ]
+        assert metadata_value(fake_bs, copy_incident, METADATA_KEY)[0].startswith(f"core-jobs:{copy_identity}:new:")
+        assert alert_rows(copy)[1][2:5] == ("open", copy_incident, 1)
+        assert alert_rows(copy)[0][2:4] == ("resolved", origin_incident)
+
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        handle(origin, ids)
+        assert make_feed(origin_db, fake_bs).run_once(origin_db.server_now()).incidents_resolved == 1
+    assert fake_bs.incidents[origin_incident]["status"] == "Resolved"
