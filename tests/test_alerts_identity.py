@@ -18,12 +18,13 @@ import pytest
 from alerts_support import alert_rows, handle, make_feed
 from conftest import create_database, drop_database
 from factories import add_dead_letters
-from fake_betterstack import Fault
+from fake_betterstack import TOKEN, Fault
+from logcapture import events_in
 
 from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
-from alerts.identity import IdentityUnconfirmed
-from maintenance.cli import main as cli_main
+from alerts.identity import IdentityUnconfirmed, read_identity
 from harness.pg import server_now
+from maintenance.cli import main as cli_main
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 
@@ -135,7 +136,7 @@ def test_a_template_copy_with_alerts_refuses_to_alert_until_an_operator_renews_i
 
     with psycopg.connect(copy_url, autocommit=True) as copy:
         handle(copy, ids)  # the copy's own review would resolve the origin's incident
-        [new_in_copy] = add_dead_letters(copy, "points.credit", 1)
+        add_dead_letters(copy, "points.credit", 1)
         sent_before = len(fake_bs.requests)
         with pytest.raises(IdentityUnconfirmed, match="copy"):
             make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
@@ -166,3 +167,80 @@ def test_a_template_copy_with_alerts_refuses_to_alert_until_an_operator_renews_i
         handle(origin, ids)
         assert make_feed(origin_db, fake_bs).run_once(origin_db.server_now()).incidents_resolved == 1
     assert fake_bs.incidents[origin_incident]["status"] == "Resolved"
+
+
+def test_a_copy_that_never_alerted_takes_a_new_identity_by_itself(database_url, copy_database, fake_bs, logs):
+    """A copy of a database that recorded no alert gets a new identity on its first run, bound to the copy and
+    recorded as an automatic renew, and alerts; its origin keeps its own identity."""
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        origin_identity = read_installation(origin)
+    copy_url = copy_database(database_url)
+    copy_db = Database(copy_url)
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        add_dead_letters(copy, "points.credit", 1)
+        result = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (result.incidents_posted, result.ok) == (1, True)
+        renewed = read_installation(copy)
+        assert renewed != origin_identity
+        assert read_identity(copy).bound_here
+        assert copy.execute(
+            "SELECT previous_id::text, bound_how, bound_by FROM core.installation_history ORDER BY id DESC LIMIT 1"
+        ).fetchone() == (origin_identity, "renewed", "core-jobs alerts (automatic)")
+    assert '"event": "alerts.identity.renewed"' in logs.text
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        assert read_installation(origin) == origin_identity
+
+
+def test_a_moved_installation_adopted_by_an_operator_keeps_resolving_its_incidents(
+    database_url, copy_database, fake_bs, clean_env, capsys
+):
+    """`alerts identity show` exits 1 naming the refusal; after `adopt` (the same installation, moved) the
+    identity is kept and the moved database resolves the incident it opened before the move."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        ids = add_dead_letters(origin, "points.credit", 2)
+        make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+        identity = read_installation(origin)
+    [incident] = list(fake_bs.incidents)
+    moved_url = copy_database(database_url)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", moved_url)
+
+    assert cli_main(["alerts", "identity", "show"]) == 1
+    assert "state     unconfirmed: the alert feed refuses to alert" in capsys.readouterr().out
+    assert cli_main(["alerts", "identity", "adopt", "--reason", " "]) == 2
+    assert cli_main(["alerts", "identity", "adopt", "--reason", "pg_upgrade to PostgreSQL 16"]) == 0
+    assert cli_main(["alerts", "identity", "show"]) == 0
+    assert "state     bound_here" in capsys.readouterr().out
+    with psycopg.connect(moved_url, autocommit=True) as moved:
+        assert read_installation(moved) == identity
+        handle(moved, ids)
+        moved_db = Database(moved_url)
+        assert make_feed(moved_db, fake_bs).run_once(moved_db.server_now()).incidents_resolved == 1
+    assert fake_bs.incidents[incident]["status"] == "Resolved"
+
+
+def test_run_once_of_a_copy_with_alerts_exits_1_with_an_error_event_naming_both_places(
+    database_url, copy_database, fake_bs, clean_env, capsys
+):
+    """`core-jobs run-once alerts` on an unconfirmed copy exits 1; its alerts.identity.unconfirmed event names the
+    origin's and the copy's database, and alerts.feed.error says what to run."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        add_dead_letters(origin, "points.credit", 1)
+    make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+    copy_url = copy_database(database_url)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", copy_url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_URL", fake_bs.url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", TOKEN)
+    sent_before = len(fake_bs.requests)
+
+    assert cli_main(["run-once", "alerts"]) == 1
+    assert len(fake_bs.requests) == sent_before
+    printed = capsys.readouterr().out
+    [event] = events_in(printed, "alerts.identity.unconfirmed")
+    assert (event["bound_database"], event["database"]) == (
+        urlsplit(database_url).path.lstrip("/"),
+        urlsplit(copy_url).path.lstrip("/"),
+    )
+    [error] = events_in(printed, "alerts.feed.error")
+    assert "core-jobs alerts identity renew" in error["error"] and "adopt" in error["error"]
