@@ -93,16 +93,18 @@ def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
             print(f"installation {identity.id} is already bound to {identity.here}: nothing changed")
             return EXIT_OK
         done = rebind(conn, how, by=operator, reason=reason, now=server_now(conn))
-    get_logger(job="alerts").warning(
-        f"alerts.identity.{how}",
-        **done.previous.log_fields(),
-        renewed_to=done.installation,
-        automatic=False,
-        operator=operator,
-        reason=reason,
-        resolved_inherited=done.resolved_inherited,
-        cancelled_inherited=done.cancelled_inherited,
-    )
+    audit = {**done.previous.log_fields(), "operator": operator, "reason": reason}
+    if how == ADOPTED:
+        get_logger(job="alerts").warning("alerts.identity.adopted", **audit)
+    else:
+        get_logger(job="alerts").warning(
+            "alerts.identity.renewed",
+            **audit,
+            renewed_to=done.installation,
+            automatic=False,
+            resolved_inherited=done.resolved_inherited,
+            cancelled_inherited=done.cancelled_inherited,
+        )
     print(f"{how}: installation {done.previous.id} -> {done.installation}, bound to {done.previous.here}")
     if done.resolved_inherited or done.cancelled_inherited:
         print(
@@ -114,8 +116,8 @@ def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``alerts identity show|adopt|renew`` on the ``core-jobs`` parser."""
-    alerts = sub.add_parser("alerts", help="the alert feed's installation identity (a copied database)")
-    alerts_sub = alerts.add_subparsers(dest="area", required=True, metavar="AREA")
+    area = sub.add_parser("alerts", help="the alert feed's installation identity (a copied database)")
+    alerts_sub = area.add_subparsers(dest="area", required=True, metavar="AREA")
     identity = alerts_sub.add_parser("identity", help="show, adopt or renew this database's alert identity")
     identity_sub = identity.add_subparsers(dest="action", required=True, metavar="ACTION")
     p = identity_sub.add_parser("show", help="the identity, where it is bound, where the database is")
