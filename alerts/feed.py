@@ -45,9 +45,12 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
 
    **The installation** (``core.installation``, migration ``0006_alert_identity``) is one row
    with a random UUID made by the migration, read once per run; the database refuses to change
-   it. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the database's earlier
-   life (same ids) are never adopted. A copy of a database (restored backup, ``CREATE DATABASE
-   … TEMPLATE``) carries its origin's identity.
+   it but by a rebind. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the
+   database's earlier life (same ids) are never adopted. It is bound to where the database lives
+   (cluster system identifier, database oid; migration ``0016_installation_copies``): a copy
+   (restored dump, ``CREATE DATABASE … TEMPLATE``) that has alerts refuses to run until an
+   operator adopts or renews it; one that never alerted takes a new identity by itself
+   (alerts/identity.py).
 7. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
    resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``
    (``resolution='resolved'``). A ``404`` means someone deleted the incident there: once the
@@ -86,7 +89,8 @@ same three for RECONCILIATION_REQUIRED executions), ``post_failures`` (intents s
 ``skipped``, ``dry_run``, ``dry_run_incidents``. ``ok`` is false when anything could not be
 posted or resolved.
 
-Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
+Events: ``alerts.identity.unconfirmed`` (error: the run refuses), ``alerts.identity.renewed``
+(warning), ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
 (``reason``, ``released``), ``alerts.feed.incident_posted``, ``alerts.feed.escalation_posted``,
 ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``, ``alerts.feed.incident_resolved``,
 ``alerts.feed.incident_gone`` (warning), ``alerts.feed.resolve_failed``,

@@ -178,10 +178,10 @@ def rebind(conn: psycopg.Connection, how: str, *, by: str, reason: str, now: dat
         previous = read_identity(conn)
         resolved, cancelled = 0, 0
         if how == RENEWED:
-            for row in conn.execute(PENDING_INTENTS).fetchall():
-                cancel_intent(conn, row[0], row[2], INHERITED, now)
+            for intent in conn.execute(PENDING_INTENTS).fetchall():
+                cancel_intent(conn, intent[0], intent[2], INHERITED, now)
                 cancelled += 1
             resolved = len(conn.execute(RESOLVE_INHERITED, {"now": now}).fetchall())
-        row = conn.execute(REBIND_INSTALLATION, {"how": how, "by": by, "reason": reason}).fetchone()
-        assert row is not None  # the one row
-    return Rebound(previous, row[0], how, resolved, cancelled)
+        rebound = conn.execute(REBIND_INSTALLATION, {"how": how, "by": by, "reason": reason}).fetchone()
+        assert rebound is not None  # the one row
+    return Rebound(previous, rebound[0], how, resolved, cancelled)

@@ -22,7 +22,7 @@ from fake_betterstack import TOKEN, Fault
 from logcapture import events_in
 
 from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
-from alerts.identity import IdentityUnconfirmed, read_identity
+from alerts.identity import RENEWED, IdentityUnconfirmed, read_identity, rebind
 from harness.pg import server_now
 from maintenance.cli import main as cli_main
 from maintenance.runtime import migrate
@@ -244,3 +244,31 @@ def test_run_once_of_a_copy_with_alerts_exits_1_with_an_error_event_naming_both_
     )
     [error] = events_in(printed, "alerts.feed.error")
     assert "core-jobs alerts identity renew" in error["error"] and "adopt" in error["error"]
+
+
+def test_a_renewed_copy_cancels_the_origins_pending_intents_and_pages_their_dead_letters_as_its_own(
+    database_url, copy_database, fake_bs
+):
+    """An intent the origin left pending (Better Stack down) is cancelled 'inherited' by `renew`, never looked up or
+    posted under the origin's key; the copy pages its dead letters under its own identity, once."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        add_dead_letters(origin, "points.credit", 2)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert make_feed(origin_db, fake_bs).run_once(origin_db.server_now()).post_failures == 1
+    copy_url = copy_database(database_url)
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        origin_key = copy.execute("SELECT alert_key FROM core.dead_letter_alerts").fetchone()[0]
+        done = rebind(copy, RENEWED, by="ops", reason="staging restored from prod", now=server_now(copy))
+        assert (done.cancelled_inherited, done.resolved_inherited) == (1, 0)
+        copy_db = Database(copy_url)
+        sent_before = len(fake_bs.requests)
+        result = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (result.incidents_posted, result.dead_letters_alerted, result.ok) == (1, 2, True)
+        assert copy.execute("SELECT state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall() == [
+            ("cancelled", "inherited"),
+            ("open", None),
+        ]
+    [incident] = list(fake_bs.incidents)
+    assert metadata_value(fake_bs, incident, INSTALLATION_METADATA_KEY) == [done.installation]
+    assert not any(origin_key in str(r.args) or origin_key in str(r.body) for r in fake_bs.requests[sent_before:])

@@ -239,7 +239,7 @@ def test_the_installation_is_one_row_with_a_random_uuid(conn):
 def test_the_installation_changes_only_by_a_rebind(conn, statement):
     """A bare UPDATE, a DELETE and a TRUNCATE of the identity are refused, and it keeps its id."""
     before = conn.execute("SELECT id FROM core.installation").fetchone()
-    with pytest.raises(psycopg.errors.CheckViolation, match="changes only by a rebind|one row, never deleted"):
+    with pytest.raises(psycopg.errors.CheckViolation, match=r"changes only by a rebind|one row, never deleted"):
         conn.execute(statement)
     assert conn.execute("SELECT id FROM core.installation").fetchone() == before
 
