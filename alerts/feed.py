@@ -45,9 +45,12 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
 
    **The installation** (``core.installation``, migration ``0006_alert_identity``) is one row
    with a random UUID made by the migration, read once per run; the database refuses to change
-   it. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the database's earlier
-   life (same ids) are never adopted. A copy of a database (restored backup, ``CREATE DATABASE
-   … TEMPLATE``) carries its origin's identity.
+   it but by a rebind. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the
+   database's earlier life (same ids) are never adopted. It is bound to where the database lives
+   (cluster system identifier, database oid; migration ``0016_installation_copies``): a copy
+   (restored dump, ``CREATE DATABASE … TEMPLATE``) that has alerts refuses to run until an
+   operator adopts or renews it; one that never alerted takes a new identity by itself
+   (alerts/identity.py).
 7. **Auto-resolve**: an ``open`` incident none of whose dead letters is still pending review is
    resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``
    (``resolution='resolved'``). A ``404`` means someone deleted the incident there: once the
@@ -86,7 +89,8 @@ same three for RECONCILIATION_REQUIRED executions), ``post_failures`` (intents s
 ``skipped``, ``dry_run``, ``dry_run_incidents``. ``ok`` is false when anything could not be
 posted or resolved.
 
-Events: ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
+Events: ``alerts.identity.unconfirmed`` (error: the run refuses), ``alerts.identity.renewed``
+(warning), ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
 (``reason``, ``released``), ``alerts.feed.incident_posted``, ``alerts.feed.escalation_posted``,
 ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``, ``alerts.feed.incident_resolved``,
 ``alerts.feed.incident_gone`` (warning), ``alerts.feed.resolve_failed``,
@@ -107,10 +111,10 @@ import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from alerts.groups import AlertGroup, DeadLetterGroup, PlannedIncident, human, reason_and_sample_lines, when
+from alerts.identity import settle_identity
 from alerts.reconciliation import compose_executions
-from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
+from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, cancel_intent, source_of
 from alerts.sql import (
-    CANCEL_INTENT,
     MARK_OPEN,
     MARK_RESOLVED,
     PENDING_INTENTS,
@@ -269,7 +273,7 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        installation = read_installation(conn)
+        installation = settle_identity(conn, now, self.log)  # a copy of another database refuses here
         stale_cutoff = now - self.config.stale_after
         if self.dry_run:
             self._dry_run(conn, plan_incidents(conn, now, self.config, installation), result)
@@ -412,11 +416,7 @@ class AlertFeed:
         self, conn: psycopg.Connection, intent: _Intent, reason: str, now: datetime, result: AlertFeedResult
     ) -> None:
         """Cancel an intent that never reached Better Stack, releasing its dead letters still pending."""
-        source = source_of(intent.kind)
-        with conn.transaction():
-            conn.execute(CANCEL_INTENT, {"id": intent.id, "reason": reason, "now": now})
-            released = [row[0] for row in conn.execute(source.release_coverage, {"id": intent.id})]
-            conn.execute(source.cover_released_by_escalation, {"ids": released})
+        released = cancel_intent(conn, intent.id, intent.kind, reason, now)
         result.intents_cancelled += 1
         self.log.info(
             "alerts.feed.intent_cancelled",

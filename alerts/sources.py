@@ -8,6 +8,9 @@ is what differs — its alert kinds, its named SQL, and the words of its inciden
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
 
 from alerts import execution_sql as ex
 from alerts import sql as dl
@@ -94,3 +97,15 @@ def source_of(kind: str) -> AlertSource:
         if kind in source.kinds:
             return source
     raise ValueError(f"unknown alert kind {kind!r}")
+
+
+def cancel_intent(conn: psycopg.Connection, alert_id: int, kind: str, reason: str, now: datetime) -> list[int]:
+    """Cancel an intent that never reached Better Stack (or, ``inherited``, was its origin's), in one
+    transaction: its rows still pending are released for the next scan, those an escalation already
+    covers are covered by it as new. Returns the released ids (dead letters or executions)."""
+    source = source_of(kind)
+    with conn.transaction():
+        conn.execute(dl.CANCEL_INTENT, {"id": alert_id, "reason": reason, "now": now})
+        released = [row[0] for row in conn.execute(source.release_coverage, {"id": alert_id})]
+        conn.execute(source.cover_released_by_escalation, {"ids": released})
+    return released

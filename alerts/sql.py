@@ -6,6 +6,36 @@ from __future__ import annotations
 # This installation's identity (migration 0006_alert_identity): one row, never changed.
 READ_INSTALLATION = "SELECT id::text FROM core.installation"
 
+# The identity with its binding and where the database is now (migration 0016_installation_copies),
+# and whether this database ever recorded an alert: a copy that never did can take a new identity
+# by itself (alerts/identity.py).
+READ_IDENTITY = """
+SELECT i.id::text, i.system_identifier, i.database_oid::bigint, i.database_name,
+       i.bound_at, i.bound_how, i.bound_by, i.bound_reason,
+       l.system_identifier, l.database_oid::bigint, l.database_name,
+       EXISTS (SELECT 1 FROM core.dead_letter_alerts) AS has_alerts
+  FROM core.installation AS i CROSS JOIN core.installation_location() AS l
+"""
+
+# Bind the identity to where the database is now: keep the id (adopted) or take a new one
+# (renewed). The database checks the rest (where, when, no unfinished alert for a renew).
+REBIND_INSTALLATION = """
+UPDATE core.installation AS i
+   SET id = CASE WHEN %(how)s = 'renewed' THEN gen_random_uuid() ELSE i.id END,
+       (system_identifier, database_oid, database_name) = (l.system_identifier, l.database_oid, l.database_name),
+       bound_at = now(), bound_how = %(how)s, bound_by = %(by)s, bound_reason = %(reason)s
+  FROM core.installation_location() AS l
+RETURNING i.id::text
+"""
+
+# A renew: the origin's open incidents are its own, not this copy's to resolve; recorded resolved
+# with resolution 'inherited', nothing sent to Better Stack.
+RESOLVE_INHERITED = """
+UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = %(now)s, resolution = 'inherited'
+ WHERE state = 'open'
+RETURNING id
+"""
+
 # New: pending, younger than the stale cutoff, not covered by a 'new' alert. Walks the partial
 # index of pending dead letters only, so its cost follows the backlog, not the table's history.
 SCAN_NEW = """

@@ -8,16 +8,23 @@ installation is.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import secrets
+from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from alerts_support import alert_rows, handle, make_feed
+from conftest import create_database, drop_database
 from factories import add_dead_letters
-from fake_betterstack import Fault
+from fake_betterstack import TOKEN, Fault
+from logcapture import events_in
 
 from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
+from alerts.identity import RENEWED, IdentityUnconfirmed, read_identity, rebind
 from harness.pg import server_now
+from maintenance.cli import main as cli_main
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 
@@ -95,3 +102,173 @@ def test_after_downgrade_base_and_migrate_old_incidents_are_never_adopted(db, da
     assert (result.incidents_posted, result.incidents_recovered, result.ok) == (1, 0, True)
     [new_incident] = [i for i in fake_bs.incidents if i != old_incident]
     assert alert_rows(conn)[0][2:4] == ("open", new_incident)
+
+
+@pytest.fixture
+def copy_database(pg_server_url: str) -> Iterator[Callable[[str], str]]:
+    """Copies a database with ``CREATE DATABASE … TEMPLATE`` (nobody may be connected to it); dropped afterwards."""
+    made: list[str] = []
+
+    def copy(origin_url: str) -> str:
+        name = f"core_jobs_copy_{os.getpid()}_{secrets.token_hex(4)}"
+        made.append(name)
+        return create_database(pg_server_url, name, template=urlsplit(origin_url).path.lstrip("/"))
+
+    yield copy
+    for name in made:
+        drop_database(pg_server_url, name)
+
+
+def test_a_template_copy_with_alerts_refuses_to_alert_until_an_operator_renews_it(
+    database_url, copy_database, fake_bs, clean_env
+):
+    """A copy (CREATE DATABASE … TEMPLATE) of a database with an open incident sends Better Stack nothing — no
+    post, lookup or resolve — and its run fails naming the copy, while the original keeps posting and resolving;
+    after `alerts identity renew` the copy posts its own incidents under a new identity and never resolves the
+    original's."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        ids = add_dead_letters(origin, "points.credit", 2)
+    make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+    [origin_incident] = list(fake_bs.incidents)
+    copy_url = copy_database(database_url)
+    copy_db = Database(copy_url)
+
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        handle(copy, ids)  # the copy's own review would resolve the origin's incident
+        add_dead_letters(copy, "points.credit", 1)
+        sent_before = len(fake_bs.requests)
+        with pytest.raises(IdentityUnconfirmed, match="copy"):
+            make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert len(fake_bs.requests) == sent_before
+        assert fake_bs.incidents[origin_incident]["status"] == "Started"
+
+        with psycopg.connect(database_url, autocommit=True) as origin:
+            add_dead_letters(origin, "points.expire", 1)
+            posted = make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+            assert (posted.incidents_posted, posted.ok) == (1, True)
+            origin_identity = read_installation(origin)
+
+        clean_env.setenv("CORE_JOBS_DATABASE_URL", copy_url)
+        assert cli_main(["alerts", "identity", "renew", "--reason", "staging restored from prod"]) == 0
+        assert read_installation(copy) != origin_identity
+        renewed = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (renewed.incidents_posted, renewed.incidents_resolved, renewed.ok) == (1, 0, True)
+        assert fake_bs.incidents[origin_incident]["status"] == "Started"
+        copy_identity = read_installation(copy)
+        [copy_incident] = [
+            i for i in fake_bs.incidents if metadata_value(fake_bs, i, INSTALLATION_METADATA_KEY) == [copy_identity]
+        ]
+        assert metadata_value(fake_bs, copy_incident, METADATA_KEY)[0].startswith(f"core-jobs:{copy_identity}:new:")
+        assert alert_rows(copy)[1][2:5] == ("open", copy_incident, 1)
+        assert alert_rows(copy)[0][2:4] == ("resolved", origin_incident)
+
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        handle(origin, ids)
+        assert make_feed(origin_db, fake_bs).run_once(origin_db.server_now()).incidents_resolved == 1
+    assert fake_bs.incidents[origin_incident]["status"] == "Resolved"
+
+
+def test_a_copy_that_never_alerted_takes_a_new_identity_by_itself(database_url, copy_database, fake_bs, logs):
+    """A copy of a database that recorded no alert gets a new identity on its first run, bound to the copy and
+    recorded as an automatic renew, and alerts; its origin keeps its own identity."""
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        origin_identity = read_installation(origin)
+    copy_url = copy_database(database_url)
+    copy_db = Database(copy_url)
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        add_dead_letters(copy, "points.credit", 1)
+        result = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (result.incidents_posted, result.ok) == (1, True)
+        renewed = read_installation(copy)
+        assert renewed != origin_identity
+        assert read_identity(copy).bound_here
+        assert copy.execute(
+            "SELECT previous_id::text, bound_how, bound_by FROM core.installation_history ORDER BY id DESC LIMIT 1"
+        ).fetchone() == (origin_identity, "renewed", "core-jobs alerts (automatic)")
+    assert '"event": "alerts.identity.renewed"' in logs.text
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        assert read_installation(origin) == origin_identity
+
+
+def test_a_moved_installation_adopted_by_an_operator_keeps_resolving_its_incidents(
+    database_url, copy_database, fake_bs, clean_env, capsys
+):
+    """`alerts identity show` exits 1 naming the refusal; after `adopt` (the same installation, moved) the
+    identity is kept and the moved database resolves the incident it opened before the move."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        ids = add_dead_letters(origin, "points.credit", 2)
+        make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+        identity = read_installation(origin)
+    [incident] = list(fake_bs.incidents)
+    moved_url = copy_database(database_url)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", moved_url)
+
+    assert cli_main(["alerts", "identity", "show"]) == 1
+    assert "state     unconfirmed: the alert feed refuses to alert" in capsys.readouterr().out
+    assert cli_main(["alerts", "identity", "adopt", "--reason", " "]) == 2
+    assert cli_main(["alerts", "identity", "adopt", "--reason", "pg_upgrade to PostgreSQL 16"]) == 0
+    assert cli_main(["alerts", "identity", "show"]) == 0
+    assert "state     bound_here" in capsys.readouterr().out
+    with psycopg.connect(moved_url, autocommit=True) as moved:
+        assert read_installation(moved) == identity
+        handle(moved, ids)
+        moved_db = Database(moved_url)
+        assert make_feed(moved_db, fake_bs).run_once(moved_db.server_now()).incidents_resolved == 1
+    assert fake_bs.incidents[incident]["status"] == "Resolved"
+
+
+def test_run_once_of_a_copy_with_alerts_exits_1_with_an_error_event_naming_both_places(
+    database_url, copy_database, fake_bs, clean_env, capsys
+):
+    """`core-jobs run-once alerts` on an unconfirmed copy exits 1; its alerts.identity.unconfirmed event names the
+    origin's and the copy's database, and alerts.feed.error says what to run."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        add_dead_letters(origin, "points.credit", 1)
+    make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+    copy_url = copy_database(database_url)
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", copy_url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_URL", fake_bs.url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", TOKEN)
+    sent_before = len(fake_bs.requests)
+
+    assert cli_main(["run-once", "alerts"]) == 1
+    assert len(fake_bs.requests) == sent_before
+    printed = capsys.readouterr().out
+    [event] = events_in(printed, "alerts.identity.unconfirmed")
+    assert (event["bound_database"], event["database"]) == (
+        urlsplit(database_url).path.lstrip("/"),
+        urlsplit(copy_url).path.lstrip("/"),
+    )
+    [error] = events_in(printed, "alerts.feed.error")
+    assert "core-jobs alerts identity renew" in error["error"] and "adopt" in error["error"]
+
+
+def test_a_renewed_copy_cancels_the_origins_pending_intents_and_pages_their_dead_letters_as_its_own(
+    database_url, copy_database, fake_bs
+):
+    """An intent the origin left pending (Better Stack down) is cancelled 'inherited' by `renew`, never looked up or
+    posted under the origin's key; the copy pages its dead letters under its own identity, once."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        add_dead_letters(origin, "points.credit", 2)
+    fake_bs.fail_next("create", *[Fault(status=503)] * 4)
+    assert make_feed(origin_db, fake_bs).run_once(origin_db.server_now()).post_failures == 1
+    copy_url = copy_database(database_url)
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        origin_key = copy.execute("SELECT alert_key FROM core.dead_letter_alerts").fetchone()[0]
+        done = rebind(copy, RENEWED, by="ops", reason="staging restored from prod", now=server_now(copy))
+        assert (done.cancelled_inherited, done.resolved_inherited) == (1, 0)
+        copy_db = Database(copy_url)
+        sent_before = len(fake_bs.requests)
+        result = make_feed(copy_db, fake_bs).run_once(copy_db.server_now())
+        assert (result.incidents_posted, result.dead_letters_alerted, result.ok) == (1, 2, True)
+        assert copy.execute("SELECT state, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall() == [
+            ("cancelled", "inherited"),
+            ("open", None),
+        ]
+    [incident] = list(fake_bs.incidents)
+    assert metadata_value(fake_bs, incident, INSTALLATION_METADATA_KEY) == [done.installation]
+    assert not any(origin_key in str(r.args) or origin_key in str(r.body) for r in fake_bs.requests[sent_before:])

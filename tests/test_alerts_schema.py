@@ -1,4 +1,4 @@
-"""The alert state's invariants live in the database (migrations 0002_alerts and 0006_alert_identity)."""
+"""The alert state's invariants live in the database (migrations 0002_alerts, 0006_alert_identity and 0016_installation_copies)."""
 
 from __future__ import annotations
 
@@ -202,14 +202,30 @@ def test_downgrade_removes_everything_the_alerts_migration_created(database_url)
     assert (left, functions) == (0, 0)
 
 
+# A complete row of core.installation, bound where the database is: only the single-row rules refuse it.
+SECOND_INSTALLATION = """
+INSERT INTO core.installation (singleton, system_identifier, database_oid, database_name, bound_at, bound_how, bound_by)
+SELECT %s, l.system_identifier, l.database_oid, l.database_name, now(), 'migrated', 'test'
+  FROM core.installation_location() AS l
+"""
+
+# A rebind as the CLI does it (alerts.sql.REBIND_INSTALLATION), with each part overridable.
+REBIND = """
+UPDATE core.installation AS i
+   SET id = {id}, system_identifier = {sysid}, database_oid = l.database_oid, database_name = l.database_name,
+       bound_at = now(), bound_how = %s, bound_by = 'ops'
+  FROM core.installation_location() AS l
+"""
+
+
 def test_the_installation_is_one_row_with_a_random_uuid(conn):
     """The migration writes exactly one identity, a UUID; a second row is refused."""
     rows = conn.execute("SELECT id FROM core.installation").fetchall()
     assert len(rows) == 1 and isinstance(rows[0][0], uuid.UUID)
     with pytest.raises(psycopg.errors.UniqueViolation, match="installation_single_row"):
-        conn.execute("INSERT INTO core.installation DEFAULT VALUES")
+        conn.execute(SECOND_INSTALLATION, (True,))
     with pytest.raises(psycopg.errors.CheckViolation, match="installation_singleton_true"):
-        conn.execute("INSERT INTO core.installation (singleton) VALUES (false)")
+        conn.execute(SECOND_INSTALLATION, (False,))
 
 
 @pytest.mark.parametrize(
@@ -220,12 +236,49 @@ def test_the_installation_is_one_row_with_a_random_uuid(conn):
         "TRUNCATE core.installation",
     ],
 )
-def test_the_installation_can_never_change(conn, statement):
-    """UPDATE, DELETE and TRUNCATE of the identity are refused, and it keeps its id."""
+def test_the_installation_changes_only_by_a_rebind(conn, statement):
+    """A bare UPDATE, a DELETE and a TRUNCATE of the identity are refused, and it keeps its id."""
     before = conn.execute("SELECT id FROM core.installation").fetchone()
-    with pytest.raises(psycopg.errors.CheckViolation, match="written once"):
+    with pytest.raises(psycopg.errors.CheckViolation, match=r"changes only by a rebind|one row, never deleted"):
         conn.execute(statement)
     assert conn.execute("SELECT id FROM core.installation").fetchone() == before
+
+
+def test_the_installation_is_bound_only_to_where_the_database_is(conn):
+    """A rebind to another cluster's system identifier is refused."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="to where this database is now"):
+        conn.execute(REBIND.format(id="i.id", sysid="l.system_identifier + 1"), ("adopted",))
+
+
+@pytest.mark.parametrize(("new_id", "how"), [("gen_random_uuid()", "adopted"), ("i.id", "renewed")])
+def test_an_adopt_keeps_the_identity_and_a_renew_takes_another(conn, new_id, how):
+    """An adopt that changes the id, and a renew that keeps it, are refused."""
+    with pytest.raises(psycopg.errors.CheckViolation, match="an adopt keeps the identity"):
+        conn.execute(REBIND.format(id=new_id, sysid="l.system_identifier"), (how,))
+
+
+@pytest.mark.parametrize("state", ["pending", "open"])
+def test_a_new_identity_inherits_no_unfinished_alert(conn, alert_id, state):
+    """A renew while an alert is pending or open is refused: the origin's alerts are finished first."""
+    if state == "open":
+        open_alert(conn, alert_id)
+    with pytest.raises(psycopg.errors.CheckViolation, match="inherits no unfinished alert"):
+        conn.execute(REBIND.format(id="gen_random_uuid()", sysid="l.system_identifier"), ("renewed",))
+
+
+def test_every_binding_is_in_the_append_only_history(conn):
+    """The migration's binding and each rebind are history rows (with the id before); the history refuses changes."""
+    before = conn.execute("SELECT id FROM core.installation").fetchone()[0]
+    conn.execute(REBIND.format(id="gen_random_uuid()", sysid="l.system_identifier"), ("renewed",))
+    after = conn.execute("SELECT id FROM core.installation").fetchone()[0]
+    rows = conn.execute(
+        "SELECT installation_id, previous_id, bound_how, bound_by FROM core.installation_history ORDER BY id"
+    ).fetchall()
+    assert [row[2] for row in rows] == ["migrated", "renewed"]
+    assert rows[1][:2] == (after, before) and rows[1][3] == "ops" and rows[0][0] == before
+    for statement in ("UPDATE core.installation_history SET bound_by = 'x'", "DELETE FROM core.installation_history"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="append-only"):
+            conn.execute(statement)
 
 
 def test_downgrade_of_the_identity_migration_restores_the_old_lifecycle(database_url):
@@ -249,3 +302,32 @@ def test_downgrade_of_the_identity_migration_restores_the_old_lifecycle(database
             conn.execute("DELETE FROM core.dead_letter_alert_coverage")
         migrate.upgrade(database_url)
         assert conn.execute("SELECT count(*) FROM core.installation").fetchone()[0] == 1
+
+
+def test_downgrade_of_the_copies_migration_keeps_inherited_alerts_final(database_url):
+    """Down to 0013: an inherited resolved alert becomes 'gone', an inherited cancelled one 'handled', the binding and
+    its history go, the identity is kept and never changes again; up again binds it where it is."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        resolved, cancelled = (conn.execute(INSERT_ALERT, (key,)).fetchone()[0] for key in ("k-1", "k-2"))
+        open_alert(conn, resolved)
+        conn.execute(
+            "UPDATE core.dead_letter_alerts SET state = 'resolved', resolved_at = now(), resolution = 'inherited'"
+            " WHERE id = %s",
+            (resolved,),
+        )
+        cancel(conn, cancelled, "inherited")
+        identity = conn.execute("SELECT id FROM core.installation").fetchone()
+        migrate.downgrade(database_url, "0013_uncertain_checkpoints")
+        assert conn.execute("SELECT resolution, cancel_reason FROM core.dead_letter_alerts ORDER BY id").fetchall() == [
+            ("gone", None),
+            (None, "handled"),
+        ]
+        assert conn.execute("SELECT to_regclass('core.installation_history')").fetchone()[0] is None
+        assert conn.execute("SELECT * FROM core.installation").fetchone()[0] == identity[0]
+        with pytest.raises(psycopg.errors.CheckViolation, match="written once"):
+            conn.execute("UPDATE core.installation SET id = gen_random_uuid()")
+        migrate.upgrade(database_url)
+        assert conn.execute(
+            "SELECT i.id, i.bound_how, i.database_oid = l.database_oid"
+            " FROM core.installation AS i, core.installation_location() AS l"
+        ).fetchone() == (identity[0], "migrated", True)

@@ -21,6 +21,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from maintenance.cli import alerts as alerts_cli
 from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
 
@@ -221,6 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     harness_cli.add_commands(sub)
     # Durable-action executions, read-only (issue 12).
     executions_cli.add_commands(sub)
+    # The alert identity of a database that may be a copy (issue 17).
+    alerts_cli.add_commands(sub)
 
     return parser
 
