@@ -42,6 +42,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import class_row
 
+from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.keyset import fetch_page
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
@@ -63,7 +64,7 @@ __all__ = [
     "replay",
 ]
 
-STATUSES = ("pending_review", "replayed", "discarded")
+STATUSES = DEAD_LETTER_STATUSES  # harness/enumerations.py
 
 
 class OperationRefused(Exception):
