@@ -72,7 +72,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from maintenance.api import executions, resolution, routes
+from maintenance.api import bodies, executions, resolution, routes
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
@@ -118,8 +118,12 @@ class _BodyTooLarge(Exception):
     pass
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 class Guard:
-    """Outermost ASGI middleware: body size limit (413), catch-all 500, metrics and the request log."""
+    """Outermost ASGI middleware: body size limit (413), storable JSON (422, :mod:`maintenance.api.bodies`),
+    catch-all 500, metrics and the request log."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ApiMetrics) -> None:
         self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
@@ -142,7 +146,8 @@ class Guard:
             state["too_large"] = False
             await problem.response()(scope, receive, sending)
 
-        declared = dict(scope.get("headers") or {}).get(b"content-length")
+        headers = dict(scope.get("headers") or {})
+        declared = headers.get(b"content-length")
         try:
             if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
                 raise _BodyTooLarge
@@ -158,7 +163,15 @@ class Guard:
                         raise _BodyTooLarge
                 return message
 
-            await self.app(scope, receiving, sending)
+            app_receive: Receive = receiving
+            if scope["method"] in BODY_METHODS and bodies.is_json(headers.get(b"content-type")):
+                body = await _read_all(receiving)  # bounded: receiving raises past the limit
+                problems = bodies.body_problems(body)
+                if problems:
+                    await answer(_unstorable(problems))
+                    return
+                app_receive = _replaying(body, receiving)
+            await self.app(scope, app_receive, sending)
             if state["too_large"]:
                 raise _BodyTooLarge
         except _BodyTooLarge:
@@ -198,6 +211,42 @@ class Guard:
                     duration_ms=ms,
                     subject=subject,
                 )
+
+
+async def _read_all(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: what came is all there is
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the app the body already read, whole, then what the client sends next (disconnect)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _unstorable(problems: list[tuple[list[str], str]]) -> Problem:
+    described = [f"{'.'.join(location)}: {message}" for location, message in problems]
+    return Problem(
+        422,
+        "invalid-request",
+        "; ".join(described)[:1000],
+        errors=[{"location": location, "message": message} for location, message in problems],
+    )
 
 
 def _validation_problem(request: Request, exc: RequestValidationError) -> JSONResponse:
