@@ -43,7 +43,9 @@ endpoint                                  permission                    what
   ``sub`` by the database's trigger. Two replays of one letter at once: one wins, the other
   waits for its row lock and gets 409.
 - **Errors** are ``application/problem+json`` with stable types (:mod:`maintenance.api.problems`).
-  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole.
+  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole; a JSON body
+  that UTF-8 or PostgreSQL cannot hold gets 422 before any route (:mod:`maintenance.api.bodies`);
+  request heads over 32 KiB or 100 fields get 431 from the server (:mod:`maintenance.api.server`).
 - **Database**: a ``psycopg_pool`` pool (``CORE_JOBS_API_POOL_*``); every connection switches
   to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0009) and has a
   ``statement_timeout``. An unreachable database or an exhausted pool → 503.
