@@ -42,6 +42,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from harness.actions import idempotency_key
+from harness.enumerations import EXECUTION_STATUSES
 from harness.keyset import fetch_page
 from harness.operations import OperationRefused
 
@@ -58,8 +59,6 @@ __all__ = [
     "list_executions",
 ]
 
-# The five stored states (0010's executions_status_valid); SUCCEEDED is never stored.
-EXECUTION_STATUSES = ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED")
 DEFAULT_STATUS = "RECONCILIATION_REQUIRED"
 
 

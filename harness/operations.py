@@ -45,6 +45,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import class_row
 
+from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.keyset import fetch_page
 from harness.pgqueue import PgQueue
 from harness.queue import NO_TENANT, Envelope
@@ -67,7 +68,7 @@ __all__ = [
     "replay",
 ]
 
-STATUSES = ("pending_review", "replayed", "discarded")
+STATUSES = DEAD_LETTER_STATUSES  # harness/enumerations.py
 DEFAULT_BULK_MAX = 1000  # dead letters one bulk action by filter may touch
 
 

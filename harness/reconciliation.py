@@ -58,6 +58,7 @@ from pydantic import ValidationError
 from harness.consumer import Consumer
 from harness.credentials import credential_kind
 from harness.dead_letters import validation_problems
+from harness.enumerations import EvidenceKind
 from harness.queue import InvalidPayload, check_payload
 
 __all__ = [
@@ -155,7 +156,7 @@ SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload,
 class Evidence:
     """The operator's statement: what was verified (kind), where (a case reference) and why."""
 
-    kind: Literal["RESULT_VERIFIED", "ABSENT_VERIFIED", "COMPENSATED_VERIFIED"]
+    kind: EvidenceKind
     reference: str
     reason: str
 

@@ -301,11 +301,13 @@ def add_execution(
     return execution_id
 
 
-def resolve_execution(conn: psycopg.Connection, execution_id: int, status: str = "PENDING") -> None:
+def resolve_execution(
+    conn: psycopg.Connection, execution_id: int, status: str = "PENDING", *, evidence: str = "COMPENSATED_VERIFIED"
+) -> None:
     """An operator's real resolution (harness/reconciliation.py) of a RECONCILIATION_REQUIRED execution of the
     example ledger consumer: RESUME (→ ``PENDING``, re-queued) or CLOSE_WITHOUT_TRANSITION (→ ``FAILED``).
 
-    RESUME states no result: it suits executions arranged without UNCERTAIN checkpoints (the
+    ``evidence`` is a CLOSE's kind (ABSENT_VERIFIED or COMPENSATED_VERIFIED). RESUME states no result: it suits executions arranged without UNCERTAIN checkpoints (the
     resolution refuses to leave an uncertainty behind). Whatever the execution's consumer is named,
     the example's actions are published as its definition.
     """
@@ -320,12 +322,12 @@ def resolve_execution(conn: psycopg.Connection, execution_id: int, status: str =
     command = (
         Resume(results=(), evidence=Evidence("RESULT_VERIFIED", "OPS-1", "checked at the ledger"))
         if status == "PENDING"
-        else Close(evidence=Evidence("COMPENSATED_VERIFIED", "OPS-1", "reversed at the ledger"))
+        else Close(evidence=Evidence(evidence, "OPS-1", "reversed at the ledger"))  # type: ignore[arg-type]
     )
     resolve(
         conn,
         execution_id=execution_id,
-        idempotency_key=f"factory-{execution_id}-{status}",
+        idempotency_key=f"factory-{execution_id}-{status}-{evidence}",
         operator="factory-operator",
         command=command,
         consumers={consumer.name: consumer},

@@ -7,6 +7,12 @@ resolve operation of admin mode (issue 13) with an operator's token and a few ex
 response must be documented (status code, media type, schema) and none may be a server error. The number of examples is bounded
 (``EXAMPLES`` per operation) so that the suite stays quick.
 
+Two runs over every operation, each with schemathesis's examples, coverage and fuzzing phases:
+**positive** (requests the document allows) and **negative** (requests it does not: wrong types,
+missing and extra fields, out-of-range values — issue 17, item 7), both generating text of any
+code point, lone surrogates and NUL included (``codec=None``, ``allow_x00``). No request content
+may get a 5xx.
+
 One check is left out: ``positive_data_acceptance`` (every schema-valid request gets 2xx or
 404/409). The API rightly refuses some requests the schema cannot describe — an opaque cursor
 it did not issue, a reason that is blank once trimmed, a NUL that PostgreSQL text cannot
@@ -19,6 +25,7 @@ import pytest
 import schemathesis
 from factories import QUEUE, add_dead_letters, add_execution
 from hypothesis import HealthCheck, settings
+from schemathesis import GenerationMode
 
 EXAMPLES = 25
 
@@ -34,12 +41,25 @@ def _document(*, admin: bool = False) -> dict:
     return create_app(pool=ConnectionPool("", open=False), verifier=None, admin=mode).openapi()
 
 
-schema = schemathesis.openapi.from_dict(_document())
-# Admin mode (issue 13): the operation that exists only there.
-admin_schema = schemathesis.openapi.from_dict(_document(admin=True)).include(path_regex="/resolve$")
+def _schemas(mode: GenerationMode) -> tuple:
+    """The document's operations and admin mode's resolve operation (issue 13), generating ``mode`` data only,
+    its text of any code point (lone surrogates, NUL): what a client's JSON may carry."""
+    pair = (
+        schemathesis.openapi.from_dict(_document()),
+        schemathesis.openapi.from_dict(_document(admin=True)).include(path_regex="/resolve$"),
+    )
+    for generated in pair:
+        generated.config.generation.update(modes=[mode], codec=None, allow_x00=True)
+    return pair
+
+
+schema, admin_schema = _schemas(GenerationMode.POSITIVE)
+negative_schema, negative_admin_schema = _schemas(GenerationMode.NEGATIVE)
 PLACEHOLDER = "Bearer operator-token"  # cases are built at collection, before a token can be minted
 
 
+@negative_admin_schema.auth()
+@negative_schema.auth()
 @admin_schema.auth()
 @schema.auth()
 class OperatorToken:
@@ -107,6 +127,20 @@ def test_every_operation_answers_as_its_openapi_document_says(case, seeded_api):
 @BOUNDED
 def test_the_resolve_operation_answers_as_its_openapi_document_says(case, seeded_admin_api):
     """In admin mode, generated resolutions get documented statuses, media types and bodies, and never a 5xx."""
+    call_and_validate(case, seeded_admin_api)
+
+
+@negative_schema.parametrize()
+@BOUNDED
+def test_every_operation_refuses_invalid_data_without_a_server_error(case, seeded_api):
+    """Requests the document does not allow (any text, surrogates and NUL included) get documented 4xx, never a 5xx."""
+    call_and_validate(case, seeded_api)
+
+
+@negative_admin_schema.parametrize()
+@BOUNDED
+def test_the_resolve_operation_refuses_invalid_data_without_a_server_error(case, seeded_admin_api):
+    """In admin mode, resolutions the document does not allow get documented 4xx, never a 5xx."""
     call_and_validate(case, seeded_admin_api)
 
 

@@ -43,7 +43,9 @@ endpoint                                  permission                    what
   ``sub`` by the database's trigger. Two replays of one letter at once: one wins, the other
   waits for its row lock and gets 409.
 - **Errors** are ``application/problem+json`` with stable types (:mod:`maintenance.api.problems`).
-  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole.
+  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole; a JSON body
+  that UTF-8 or PostgreSQL cannot hold gets 422 before any route (:mod:`maintenance.api.bodies`);
+  request heads over 32 KiB or 100 fields get 431 from the server (:mod:`maintenance.api.server`).
 - **Database**: a ``psycopg_pool`` pool (``CORE_JOBS_API_POOL_*``); every connection switches
   to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0009) and has a
   ``statement_timeout``. An unreachable database or an exhausted pool → 503.
@@ -73,7 +75,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harness.operations import DEFAULT_BULK_MAX
-from maintenance.api import executions, resolution, routes
+from maintenance.api import bodies, executions, resolution, routes
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
@@ -119,8 +121,12 @@ class _BodyTooLarge(Exception):
     pass
 
 
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+
+
 class Guard:
-    """Outermost ASGI middleware: body size limit (413), catch-all 500, metrics and the request log."""
+    """Outermost ASGI middleware: body size limit (413), storable JSON (422, :mod:`maintenance.api.bodies`),
+    catch-all 500, metrics and the request log."""
 
     def __init__(self, app: ASGIApp, *, max_body_bytes: int, metrics: ApiMetrics) -> None:
         self.app, self.max_body_bytes, self.metrics = app, max_body_bytes, metrics
@@ -143,7 +149,8 @@ class Guard:
             state["too_large"] = False
             await problem.response()(scope, receive, sending)
 
-        declared = dict(scope.get("headers") or {}).get(b"content-length")
+        headers = dict(scope.get("headers") or {})
+        declared = headers.get(b"content-length")
         try:
             if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
                 raise _BodyTooLarge
@@ -159,7 +166,15 @@ class Guard:
                         raise _BodyTooLarge
                 return message
 
-            await self.app(scope, receiving, sending)
+            app_receive: Receive = receiving
+            if scope["method"] in BODY_METHODS and bodies.is_json(headers.get(b"content-type")):
+                body = await _read_all(receiving)  # bounded: receiving raises past the limit
+                problems = bodies.body_problems(body)
+                if problems:
+                    await answer(_unstorable(problems))
+                    return
+                app_receive = _replaying(body, receiving)
+            await self.app(scope, app_receive, sending)
             if state["too_large"]:
                 raise _BodyTooLarge
         except _BodyTooLarge:
@@ -199,6 +214,42 @@ class Guard:
                     duration_ms=ms,
                     subject=subject,
                 )
+
+
+async def _read_all(receive: Receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":  # the client went away: what came is all there is
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A receive that gives the app the body already read, whole, then what the client sends next (disconnect)."""
+    given = False
+
+    async def replay() -> Message:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _unstorable(problems: list[tuple[list[str], str]]) -> Problem:
+    described = [f"{'.'.join(location)}: {message}" for location, message in problems]
+    return Problem(
+        422,
+        "invalid-request",
+        "; ".join(described)[:1000],
+        errors=[{"location": location, "message": message} for location, message in problems],
+    )
 
 
 def _validation_problem(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -23,6 +23,10 @@ business scopes instead of a permission: the ``roles`` array must contain
 401 answers carry ``WWW-Authenticate: Bearer realm="core-jobs"`` (with
 ``error="invalid_token"`` and a fixed description when a token was sent, RFC 6750), 403
 answers ``error="insufficient_scope"``. The token itself is never logged or echoed.
+
+A token longer than :data:`MAX_TOKEN_CHARS` (8 192 characters; a token of a few dozen
+permissions is 1-2 KB) is refused with 401 before PyJWT sees it: nothing is decoded or cached
+for it (issue 17). The server bounds the headers as a whole (:mod:`maintenance.api.server`, 431).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ EXECUTIONS_READ = "core.executions.read"  # the durable-action executions (issue
 PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
 
 REALM = "core-jobs"
+MAX_TOKEN_CHARS = 8192
 
 
 class InvalidToken(Exception):
@@ -140,6 +145,8 @@ class TokenVerifier:
         self._lock = threading.Lock()
 
     def verify(self, token: str) -> Principal:
+        if len(token) > MAX_TOKEN_CHARS:  # before the cache and PyJWT: nothing is decoded
+            raise InvalidToken(f"the token is longer than {MAX_TOKEN_CHARS} characters")
         now = self.clock()
         with self._lock:
             cached = self._verified.get(token)

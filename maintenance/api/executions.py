@@ -28,7 +28,7 @@ resolution of an execution (issue 13) belongs in this module, with its own permi
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from uuid import UUID
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -36,15 +36,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from harness import execution_views as views
+from harness.enumerations import CheckpointStatus, EffectName, EventKind, ExecutionStatus
 from maintenance.api import pages
 from maintenance.api.auth import EXECUTIONS_READ, Principal, require
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.api.routes import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
 
 LIST_PARAMETERS = frozenset({"status", "consumer", "job_id", "business_scope", "cursor", "limit"})
-
-ExecutionStatus = Literal["PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED"]
-Effect = Literal["READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE"]
 
 
 # --- response bodies --------------------------------------------------------------------------
@@ -80,8 +78,8 @@ class CheckpointOut(BaseModel):
 
     action: str
     position: int
-    effect: Effect
-    status: Literal["STARTED", "SUCCEEDED", "FAILED", "UNCERTAIN"]
+    effect: EffectName
+    status: CheckpointStatus
     attempts: int
     result: Any = Field(description="The action's result; only and always when SUCCEEDED.")
     last_error: str | None
@@ -98,7 +96,7 @@ class ExecutionEventOut(BaseModel):
     """One entry of the execution's history."""
 
     id: int
-    kind: Literal["RETRY_SCHEDULED", "FAILED", "RECONCILIATION_REQUIRED", "TAKEN_OVER"]
+    kind: EventKind
     action: str | None
     attempt: int | None
     fencing_token: int

@@ -31,6 +31,8 @@ status type slug                         when
 422    ``invalid-command``               resolve: the definition refuses the command (``problems``)
 422    ``filter-too-broad``              a bulk filter matches more than ``CORE_JOBS_DEAD_LETTERS_BULK_MAX``
                                          dead letters (``matched``, ``max``); nothing changed
+431    ``request-headers-too-large``     more than 32 KB or 100 fields of headers (the server
+                                         answers before the app runs; :mod:`maintenance.api.server`)
 500    ``internal-error``                a bug; the detail says nothing about it, the log does
 503    ``database-unavailable``          the database cannot be reached or no connection is free
 503    ``keys-unavailable``              the issuer's JWKS cannot be fetched (and none is cached)
@@ -58,6 +60,7 @@ TITLES = {
     "not-pending-review": "Dead letter is not pending review",
     "idempotency-key-reused": "Idempotency key reused for another request",
     "payload-too-large": "Request body too large",
+    "request-headers-too-large": "Request headers too large",
     "unsupported-media-type": "Unsupported media type",
     "invalid-request": "Invalid request",
     "filter-too-broad": "Bulk filter matches more than the cap",

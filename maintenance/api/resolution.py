@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints
 
 from harness import reconciliation
+from harness.enumerations import EvidenceKind, ResolutionCommand, ResolvedStatus
 from harness.reconciliation import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
 from maintenance.api import idempotency
 from maintenance.api.admin import AdminConfig
@@ -136,9 +137,9 @@ class ResolutionOut(BaseModel):
     job_id: str
     consumer: str
     business_scope: str
-    command: Literal["RESUME", "CLOSE_WITHOUT_TRANSITION"]
-    evidence_kind: Literal["RESULT_VERIFIED", "ABSENT_VERIFIED", "COMPENSATED_VERIFIED"]
-    status: Literal["PENDING", "FAILED"] = Field(description="The execution's state after the resolution.")
+    command: ResolutionCommand
+    evidence_kind: EvidenceKind
+    status: ResolvedStatus = Field(description="The execution's state after the resolution.")
     fencing_token: int = Field(description="The new fencing token: a worker holding an older one changes nothing.")
     operator: str = Field(description="The token's sub.")
     resolved_at: str

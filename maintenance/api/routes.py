@@ -29,6 +29,7 @@ from pydantic import (
 )
 
 from harness import operations
+from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
 from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
 from maintenance.api import idempotency, pages
 from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
@@ -79,7 +80,7 @@ Reason = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS), AfterValidator(_storable)
 ]
 DeadLetterId = Annotated[int, Field(ge=1, le=MAX_ID)]
-Status = Literal["pending_review", "replayed", "discarded"]
+Status = DeadLetterStatus
 
 
 # --- response bodies --------------------------------------------------------------------------
@@ -98,7 +99,7 @@ class DeadLetterOut(BaseModel):
     discard_reason: str | None
     created_at: datetime
     status_changed_at: datetime | None
-    replay_outcome: str | None = Field(
+    replay_outcome: ReplayOutcome | None = Field(
         description="Set once the replayed delivery was handled (or released); "
         "null on a replayed dead letter means its replay is outstanding."
     )
@@ -113,7 +114,7 @@ class DeadLetterOut(BaseModel):
 class ActionOut(BaseModel):
     """One entry of the audit ledger: who replayed, discarded or released it, when, why."""
 
-    action: Literal["replayed", "discarded", "released"]
+    action: DeadLetterAction
     operator: str
     reason: str | None
     acted_at: datetime
@@ -131,7 +132,7 @@ class PageOut(BaseModel):
 
 
 class BulkOut(BaseModel):
-    action: Literal["replayed", "discarded", "released"]
+    action: DeadLetterAction
     count: int
     ids: list[int]
 

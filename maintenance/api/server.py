@@ -13,6 +13,16 @@ Stop: on SIGTERM (or SIGINT) ``maintenance.api.stopping`` is logged, the server 
 connections, lets the requests in flight finish — each is one transaction, so none is cut in
 half — for up to ``CORE_JOBS_API_SHUTDOWN_GRACE``, closes the pool, logs
 ``maintenance.api.stopped`` and exits 0.
+
+Request heads are bounded (issue 17): one request's request line and headers may hold at most
+:data:`MAX_HEADER_BYTES` bytes and :data:`MAX_HEADERS` header fields. Past either, the server
+answers **431** ``request-headers-too-large`` (problem+json, ``Connection: close``) as soon as the
+bound is crossed — without reading the rest, without running the app — discards what the client
+still sends for at most :data:`LINGER_SECONDS` (so the client can read the answer) and closes.
+Unbounded, one unauthenticated request with a 64 MB ``Authorization`` header kept the event loop
+busy for ~10 s and a ``/healthz`` probe meanwhile took 7.2 s. The parser is pinned
+(:class:`BoundedHttpToolsProtocol`, uvicorn's httptools protocol with the bounds), so the bound
+does not depend on which parser happens to be installed.
 """
 
 from __future__ import annotations
@@ -30,15 +40,81 @@ import uvicorn
 from fastapi import FastAPI
 from psycopg import sql
 from psycopg_pool import ConnectionPool
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from harness.pg import pin_session
 from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
+from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings
 
 APPLICATION_NAME = "core-jobs-api"
+MAX_HEADER_BYTES = 32 * 1024  # request line and headers of one request
+MAX_HEADERS = 100
+LINGER_SECONDS = 1.0
+
+
+class _HeadTooLarge(Exception):
+    pass
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol that answers 431 to a request head past :data:`MAX_HEADER_BYTES` or
+    :data:`MAX_HEADERS` fields, before the app runs and before the rest is read."""
+
+    head_bytes = 0  # bytes received while the current request's head is incomplete
+    in_head = True
+    too_large: str | None = None
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.in_head, self.head_bytes = True, 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        if len(self.headers) > MAX_HEADERS:
+            self.too_large = f"a request may have at most {MAX_HEADERS} header fields"
+            raise _HeadTooLarge  # out of feed_data as a parser error: send_400_response answers 431
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)
+        if size > MAX_HEADER_BYTES:  # a head that arrived in one read: refused before the app starts
+            self.too_large = f"the request's headers exceed {MAX_HEADER_BYTES} bytes"
+            raise _HeadTooLarge
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        if self.too_large is not None:  # answered: what the client still sends is discarded
+            return
+        super().data_received(data)
+        if self.too_large is None and self.in_head:
+            self.head_bytes += len(data)
+            if self.head_bytes > MAX_HEADER_BYTES:
+                self.too_large = f"the request's headers exceed {MAX_HEADER_BYTES} bytes"
+                self.send_400_response("")
+
+    def send_400_response(self, msg: str) -> None:
+        if self.too_large is None:  # a malformed request: uvicorn's own 400
+            super().send_400_response(msg)
+            return
+        body = Problem(431, "request-headers-too-large", self.too_large).response().body
+        head = (
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            + b"content-type: "
+            + PROBLEM_MEDIA_TYPE.encode()
+            + b"\r\n"
+            + b"content-length: "
+            + str(len(body)).encode()
+            + b"\r\n"
+            + b"connection: close\r\n\r\n"
+        )
+        self.transport.write(head + body)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()  # the answer, then end of stream: the client reads it
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)  # and may send for a moment more
 
 
 def session_setup(settings: Settings):
@@ -170,6 +246,7 @@ def make_server(app: FastAPI, settings: Settings) -> Server:
         access_log=False,
         lifespan="on",
         server_header=False,
+        http=BoundedHttpToolsProtocol,
         timeout_graceful_shutdown=int(settings.api_shutdown_grace.total_seconds()) or 1,
     )
     return Server(config)

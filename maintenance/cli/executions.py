@@ -24,13 +24,14 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from harness.enumerations import EXECUTION_STATUSES
 from maintenance.cli.harness import EXIT_OK, EXIT_USAGE, _bounded_int, _one_line, add_limit_option
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
     from maintenance.settings import Settings
 
-# The parser's copy of harness.execution_views.EXECUTION_STATUSES (importing it would load psycopg for --help).
-STATUS_CHOICES = ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED")
+# harness.enumerations imports nothing but typing: --help stays free of psycopg.
+STATUS_CHOICES = EXECUTION_STATUSES
 DEFAULT_STATUS = "RECONCILIATION_REQUIRED"
 
 

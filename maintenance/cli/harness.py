@@ -29,6 +29,8 @@ import uuid
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
+from harness.enumerations import DEAD_LETTER_STATUSES
+
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
     from harness.consumer import Consumer
     from harness.operations import DeadLetterRow
@@ -36,8 +38,8 @@ if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
-# The parser's copy of harness.operations.STATUSES (importing it would load psycopg for --help).
-STATUS_CHOICES = ("pending_review", "replayed", "discarded")
+# harness.enumerations imports nothing but typing: --help stays free of psycopg.
+STATUS_CHOICES = DEAD_LETTER_STATUSES
 
 
 def load_consumer(reference: str, label: str = "--consumer") -> Consumer:

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from psycopg.types.json import Jsonb
 
+from harness.enumerations import EXECUTION_STATUSES
 from maintenance.errors import ConfigError
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE, MetricsConfig
@@ -41,7 +42,7 @@ NEVER = datetime.min.replace(tzinfo=UTC)
 # Every state a stored execution can be in (migration 0010; SUCCEEDED is never stored): each is
 # exported for every consumer that has executions, 0 included, so a count that falls to zero
 # shows 0 instead of a series that vanishes.
-EXECUTION_STATES = ("PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED")
+EXECUTION_STATES = EXECUTION_STATUSES  # harness/enumerations.py
 UNCERTAIN = "RECONCILIATION_REQUIRED"
 
 
