@@ -255,9 +255,15 @@ class AdminClient(ApiClient):
 
 
 @pytest.fixture
-def admin_api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
-    """The API in admin mode on this test's database, over real HTTP; a client with an operator's token."""
-    yield from running_api(admin_settings(database_url, jwks.url), tokens, AdminClient)
+def restricted_login_url(login_role: Any) -> str:
+    """A URL of this test's database logging in as a new login granted core_jobs_api and nothing else."""
+    return login_role("IN ROLE core_jobs_api")
+
+
+@pytest.fixture
+def admin_api(restricted_login_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API in admin mode on this test's database as a restricted login, over real HTTP; an operator's client."""
+    yield from running_api(admin_settings(restricted_login_url, jwks.url), tokens, AdminClient)
 
 
 def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
