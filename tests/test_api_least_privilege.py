@@ -166,12 +166,13 @@ COPY_OF_LETTER = """
 INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of)
 SELECT {queue}, {job_id}, coalesce(tenant_id, '00000000-0000-0000-0000-000000000000'), correlation_id, {payload},
        {replay_of}
-  FROM core.dead_letters WHERE id = {letter}"""
+  FROM core.dead_letters WHERE id = {{letter}}"""
 AS_REPLAYED = {"queue": "queue", "job_id": "job_id", "payload": "payload", "replay_of": "id"}
 
 
 def copy_of_letter(**changes: str) -> str:
-    return COPY_OF_LETTER.replace("{letter}", "{source}").format(**(AS_REPLAYED | changes), source="{letter}")
+    """The replay's message of letter ``{letter}`` with ``changes`` (column: SQL expression)."""
+    return COPY_OF_LETTER.format(**(AS_REPLAYED | changes))
 
 
 @pytest.mark.parametrize(
@@ -256,6 +257,8 @@ def test_the_api_role_publishes_only_what_a_resolution_in_the_same_transaction_r
 def test_a_login_that_inherits_the_api_role_is_bound_like_the_role(login_role, conn, statement):
     """Without SET ROLE a login granted core_jobs_api uses its grants as itself: the database's guards bind it too."""
     execution = add_execution(conn, checkpoints=(("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),))
-    with psycopg.connect(login_role("IN ROLE core_jobs_api"), autocommit=True) as login:
-        with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"):
-            login.execute(statement.format(execution=execution))
+    with (
+        psycopg.connect(login_role("IN ROLE core_jobs_api"), autocommit=True) as login,
+        pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"),
+    ):
+        login.execute(statement.format(execution=execution))
