@@ -47,7 +47,7 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
    with a random UUID made by the migration, read once per run; the database refuses to change
    it but by a rebind. ``downgrade base`` + ``migrate`` makes a new one, so incidents of the
    database's earlier life (same ids) are never adopted. It is bound to where the database lives
-   (cluster system identifier, database oid; migration ``0016_installation_copies``): a copy
+   (cluster system identifier, database oid; migration ``0015_installation_copies``): a copy
    (restored dump, ``CREATE DATABASE … TEMPLATE``) that has alerts refuses to run until an
    operator adopts or renews it; one that never alerted takes a new identity by itself
    (alerts/identity.py).

@@ -5,7 +5,7 @@ lookup. It is stored data, so a database restored from a backup or made with ``C
 … TEMPLATE`` carries its origin's — and, without more, its feed would post, adopt and resolve
 the origin's incidents under the origin's keys (it resolves an open alert by the incident id in
 its rows). So the identity is **bound to where it lives** (migration
-``0016_installation_copies``): the cluster's ``system_identifier`` (``pg_control_system()``)
+``0015_installation_copies``): the cluster's ``system_identifier`` (``pg_control_system()``)
 and the database's oid; the name is kept for people, not compared (a rename keeps the oid).
 Every feed run, under its lock, compares the binding with ``core.installation_location()``:
 
@@ -45,7 +45,7 @@ a promoted streaming replica, PITR — keeps the system identifier and the oid: 
 the origin (a promoted replica, the same installation failing over, must keep its identity, and
 a timeline change is the same for both). After restoring a physical backup as another
 environment, run ``renew`` on it before it gets a Better Stack token (docs/runbook.md). A copy
-made before 0016 that was migrated where it is now is bound there: ``renew`` it too.
+made before 0015 that was migrated where it is now is bound there: ``renew`` it too.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 # This installation's identity (migration 0006_alert_identity): one row, never changed.
 READ_INSTALLATION = "SELECT id::text FROM core.installation"
 
-# The identity with its binding and where the database is now (migration 0016_installation_copies),
+# The identity with its binding and where the database is now (migration 0015_installation_copies),
 # and whether this database ever recorded an alert: a copy that never did can take a new identity
 # by itself (alerts/identity.py).
 READ_IDENTITY = """

@@ -196,6 +196,9 @@ def replay(
         rows = _lock(conn, ids, queue, "replayed", max_rows)
         if rows:
             _set_actor(conn, operator, reason)
+            # Marked first: the API role may publish only the replay of a letter whose audit row
+            # this transaction wrote (migration 0014's guard of core.queue_messages).
+            conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
             PgQueue(conn).publish_many(  # one statement for the lot, not one per message
                 [
                     (
@@ -211,7 +214,6 @@ def replay(
                     for row in rows
                 ]
             )
-            conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
     return rows
 
 

@@ -140,6 +140,8 @@ REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id 
 # A dead letter's replay that was held in RECONCILIATION_REQUIRED is still outstanding (its delivery
 # was acked as Held): the re-queued message carries it (replay_of), so the execution's final outcome
 # — processed, duplicate or dead-lettered — ends that replay, as its own delivery would have.
+# Migration 0014's core.queue_messages_api_role_guard holds the API role to exactly this message
+# (the same replay_of rule): change both together.
 REQUEUE_JOB = """
 INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
 SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload,

@@ -7,6 +7,9 @@
 - ``tokens``: mints real RS256/ES256 tokens (:class:`Minter`) — any claims, expired, foreign,
   ``alg=none``, HS256.
 - ``as_api_role``: a connection of the test's database as the API role ``core_jobs_api``.
+- ``login_role``: makes LOGIN roles for the test (``login_role("IN ROLE core_jobs_api")``) and
+  gives a URL of this test's database that logs in as each; dropped after the test (roles are
+  cluster-wide: each name is random).
 - ``api``: the app built from the settings like ``core-jobs api`` builds it, served by uvicorn on
   a free port of 127.0.0.1 in a thread, against this test's database; an :class:`ApiClient`
   (httpx) with ``as_operator(...)`` to send a token; ``admin_api`` the same in admin mode
@@ -186,6 +189,31 @@ def as_api_role(database_url: str) -> Iterator[Any]:
         yield connection
 
 
+@pytest.fixture
+def login_role(database_url: str) -> Iterator[Any]:
+    """``make(options)``: a new LOGIN role created ``WITH LOGIN <options>``; a URL of this test's database as it."""
+    import secrets
+    from urllib.parse import urlsplit
+
+    import psycopg
+    from psycopg import sql
+
+    made: list[str] = []
+
+    def make(options: str = "") -> str:
+        name = f"core_jobs_login_{secrets.token_hex(4)}"
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE ROLE {} WITH LOGIN ").format(sql.Identifier(name)) + sql.SQL(options))
+        made.append(name)
+        url = urlsplit(database_url)
+        return url._replace(netloc=f"{name}@{url.hostname}:{url.port or 5432}").geturl()
+
+    yield make
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for name in made:
+            conn.execute(sql.SQL("DROP OWNED BY {0}; DROP ROLE {0}").format(sql.Identifier(name)))
+
+
 def running_api(settings: Any, tokens: Minter, client_class: type[ApiClient] = ApiClient) -> Iterator[ApiClient]:
     """The app ``core-jobs api`` builds from ``settings``, served for the test; a ``client_class`` of it."""
     from maintenance.api.server import build_app
@@ -229,9 +257,15 @@ class AdminClient(ApiClient):
 
 
 @pytest.fixture
-def admin_api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
-    """The API in admin mode on this test's database, over real HTTP; a client with an operator's token."""
-    yield from running_api(admin_settings(database_url, jwks.url), tokens, AdminClient)
+def restricted_login_url(login_role: Any) -> str:
+    """A URL of this test's database logging in as a new login granted core_jobs_api and nothing else."""
+    return login_role("IN ROLE core_jobs_api")
+
+
+@pytest.fixture
+def admin_api(restricted_login_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
+    """The API in admin mode on this test's database as a restricted login, over real HTTP; an operator's client."""
+    yield from running_api(admin_settings(restricted_login_url, jwks.url), tokens, AdminClient)
 
 
 def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:

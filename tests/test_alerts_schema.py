@@ -1,4 +1,4 @@
-"""The alert state's invariants live in the database (migrations 0002_alerts, 0006_alert_identity and 0016_installation_copies)."""
+"""The alert state's invariants live in the database (migrations 0002_alerts, 0006_alert_identity and 0015_installation_copies)."""
 
 from __future__ import annotations
 

@@ -157,3 +157,108 @@ def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, co
     assert detail is not None
     assert [c.action for c in detail.checkpoints] == ["notify"]
     assert [e.kind for e in detail.events] == ["RECONCILIATION_REQUIRED"]
+
+
+# What a replay publishes, copied from the dead letter (harness.operations.replay); each forgery
+# below changes one thing of it, or publishes without marking the letter replayed first.
+MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = {letter}"
+COPY_OF_LETTER = """
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of)
+SELECT {queue}, {job_id}, coalesce(tenant_id, '00000000-0000-0000-0000-000000000000'), correlation_id, {payload},
+       {replay_of}
+  FROM core.dead_letters WHERE id = {{letter}}"""
+AS_REPLAYED = {"queue": "queue", "job_id": "job_id", "payload": "payload", "replay_of": "id"}
+
+
+def copy_of_letter(**changes: str) -> str:
+    """The replay's message of letter ``{letter}`` with ``changes`` (column: SQL expression)."""
+    return COPY_OF_LETTER.format(**(AS_REPLAYED | changes))
+
+
+@pytest.mark.parametrize(
+    "statements",
+    [
+        [
+            "INSERT INTO core.queue_messages (queue, job_id, tenant_id, payload)"
+            " VALUES ('points.credit', gen_random_uuid(), gen_random_uuid(), '{{\"points\": 1000000}}')"
+        ],
+        [MARK_REPLAYED, copy_of_letter(payload="'{{\"points\": 1000000}}'")],
+        [MARK_REPLAYED, copy_of_letter(queue="'points.bonus'")],
+        [MARK_REPLAYED, copy_of_letter(job_id="gen_random_uuid()")],
+        [MARK_REPLAYED, copy_of_letter(replay_of="{other}")],
+        [MARK_REPLAYED, copy_of_letter(replay_of="NULL")],
+        [copy_of_letter()],
+        [MARK_REPLAYED, copy_of_letter(), copy_of_letter()],
+        [copy_of_letter().replace("{letter}", "{other}")],
+    ],
+    ids=[
+        "new-job",
+        "other-payload",
+        "other-queue",
+        "other-job-id",
+        "replay-of-unrelated-letter",
+        "no-replay-of",
+        "letter-not-marked",
+        "twice-for-one-letter",
+        "letter-replayed-earlier",
+    ],
+)
+def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as_api_role, conn, statements):
+    """Each forged message — a new job, another payload, queue or job id, a replay_of of another letter, a copy — is refused."""
+    from harness import operations
+
+    letter, other = add_dead_letters(conn, QUEUE, 2, payload={"points": 1})
+    operations.replay(conn, [other], operator="ops:earlier")
+    with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"), as_api_role.transaction():
+        for statement in statements:
+            as_api_role.execute(statement.format(letter=letter, other=other))
+    assert conn.execute("SELECT replay_of, payload->>'points' FROM core.queue_messages").fetchall() == [(other, "1")]
+
+
+def test_the_api_role_replays_one_letter_or_a_whole_queue(as_api_role, conn):
+    """A replay by ids and a bulk replay of a queue, each inside an outer transaction as the API runs them, publish."""
+    from harness import operations
+
+    by_id, *of_queue = add_dead_letters(conn, QUEUE, 4)
+    with as_api_role.transaction():
+        operations.replay(as_api_role, [by_id], operator="ops:ana")
+    with as_api_role.transaction():
+        operations.replay(as_api_role, queue=QUEUE, operator="ops:ana")
+    assert [r[0] for r in conn.execute("SELECT replay_of FROM core.queue_messages ORDER BY replay_of")] == [
+        by_id,
+        *of_queue,
+    ]
+
+
+def test_the_api_role_publishes_only_what_a_resolution_in_the_same_transaction_requeues(as_api_role, conn):
+    """A copy of a resumed execution's job outside its resolution, or with another payload, is refused."""
+    from factories import resolve_execution
+
+    execution = add_execution(conn)
+    resolve_execution(conn, execution)  # RESUME, by the owner: PENDING with its message queued
+    copy = """
+    INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload)
+    SELECT queue, job_id, tenant_id, correlation_id, {payload} FROM core.executions WHERE id = %s"""
+    for payload in ("payload", "'{\"points\": 1000000}'"):
+        with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"):
+            as_api_role.execute(copy.format(payload=payload), (execution,))
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO core.queue_messages (queue, job_id, tenant_id, payload)"
+        " VALUES ('points.credit', gen_random_uuid(), gen_random_uuid(), '{{\"points\": 1000000}}')",
+        "UPDATE core.executions SET run_at = now() + interval '1 day' WHERE id = {execution}",
+    ],
+    ids=["publish-new-job", "reschedule-uncertain-execution"],
+)
+def test_a_login_that_inherits_the_api_role_is_bound_like_the_role(login_role, conn, statement):
+    """Without SET ROLE a login granted core_jobs_api uses its grants as itself: the database's guards bind it too."""
+    execution = add_execution(conn, checkpoints=(("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),))
+    with (
+        psycopg.connect(login_role("IN ROLE core_jobs_api"), autocommit=True) as login,
+        pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"),
+    ):
+        login.execute(statement.format(execution=execution))

@@ -20,9 +20,11 @@ from maintenance.demo.ledger import Fault
 
 
 @pytest.fixture
-def example_admin_api(database_url, jwks, tokens):
+def example_admin_api(restricted_login_url, jwks, tokens):
     """The API in admin mode publishing the example consumer itself; an operator's client of scope loyalty."""
-    settings = admin_settings(database_url, jwks.url, admin_consumers=["harness.examples.ledger_points:consumer"])
+    settings = admin_settings(
+        restricted_login_url, jwks.url, admin_consumers=["harness.examples.ledger_points:consumer"]
+    )
     yield from running_api(settings, tokens, AdminClient)
 
 

@@ -31,8 +31,8 @@ and ``cancel_reason 'inherited'`` to ``'handled'`` (paged nothing), drops the bi
 history and the location function, and restores 0006's never-changed row; the id stays the one
 the row has then.
 
-Revision ID: 0016_installation_copies
-Revises: 0013_uncertain_checkpoints
+Revision ID: 0015_installation_copies
+Revises: 0014_api_publish_guard
 Create Date: 2026-12-01
 """
 
@@ -40,8 +40,8 @@ from importlib import import_module
 
 from alembic import op
 
-revision = "0016_installation_copies"
-down_revision = "0013_uncertain_checkpoints"
+revision = "0015_installation_copies"
+down_revision = "0014_api_publish_guard"
 branch_labels = None
 depends_on = None
 
@@ -72,7 +72,7 @@ ALTER TABLE core.installation
 UPDATE core.installation AS i
    SET (system_identifier, database_oid, database_name) = (l.system_identifier, l.database_oid, l.database_name),
        bound_at = now(), bound_how = 'migrated', bound_by = current_user,
-       bound_reason = 'bound where migration 0016_installation_copies ran'
+       bound_reason = 'bound where migration 0015_installation_copies ran'
   FROM core.installation_location() AS l;
 ALTER TABLE core.installation
     ALTER COLUMN system_identifier SET NOT NULL,
