@@ -6,7 +6,7 @@ Both pages are written from the code, never by hand, so they cannot drift from i
   (from the field's type), its default and its description;
 - **events** — every structured log event: the start/stop/error events of each scheduled job
   with the job's result fields (from the job's spec), and every other event found in the source
-  of ``maintenance/``, ``alerts/`` and ``harness/`` (a logger call whose first argument is a
+  of ``maintenance/`` and ``harness/`` (a logger call whose first argument is a
   dotted name), with the keyword fields it is logged with, and where.
 
 Regenerate after changing a setting or an event::
@@ -34,7 +34,7 @@ from pydantic import SecretStr
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = ROOT / "docs" / "reference" / "settings.md"
 EVENTS_PAGE = ROOT / "docs" / "reference" / "events.md"
-SCANNED_PACKAGES = ("maintenance", "alerts", "harness")
+SCANNED_PACKAGES = ("maintenance", "harness")
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "exception", "critical"})
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")

@@ -64,7 +64,7 @@ def a_result_of(job: str):
         return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="settle", now=NEVER)
     module, name = {
         "purge": ("maintenance.jobs.purge.job", "PurgeResult"),
-        "alerts": ("alerts.feed", "AlertFeedResult"),
+        "alerts": ("maintenance.jobs.alerts.job", "AlertFeedResult"),
     }[job]
     return getattr(importlib.import_module(module), name)()
 
@@ -81,7 +81,7 @@ def test_each_jobs_error_event_has_the_stop_events_result_keys(spec):
     ("result_class", "not_event_fields"),
     [
         ("maintenance.jobs.purge.job:PurgeResult", {"cutoff", "protected_from"}),
-        ("alerts.feed:AlertFeedResult", {"planned"}),
+        ("maintenance.jobs.alerts.job:AlertFeedResult", {"planned"}),
     ],
 )
 def test_result_names_every_counter_as_an_event_field(result_class, not_event_fields):

@@ -9,7 +9,7 @@ touched. The generated table of all settings (variable, unit, default, meaning) 
 Where each topic lives (one module each; import everything from ``maintenance.settings``):
 
 - ``foundation.py`` — database URL, fence TTL, default retry policy and overrides, logging;
-- ``purge.py`` — the purge job; ``alerts.py`` — Better Stack, the heartbeat, the escalation;
+- ``purge.py`` — the purge job; ``settings/alerts.py`` — Better Stack, the heartbeat, the escalation;
   ``metrics.py`` — the Pushgateway and success counting; ``scheduler.py`` — `serve`'s crontabs
   and HTTP server; ``worker.py`` — `core-jobs worker`.
   Each is a pydantic mixin (``<Topic>Fields``) with its fields, their validators and, at the top,

@@ -1,6 +1,6 @@
 """Alert settings (issue 4): the Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
 
-The feed itself is ``alerts/`` (run by ``maintenance/jobs/alerts/__init__.py``). Secrets: the API token and
+The feed itself is the job ``maintenance/jobs/alerts/``; the client and the heartbeat are ``maintenance/integrations/betterstack/``. Secrets: the API token and
 the heartbeat URL (its path is a token) are ``SecretStr``; URLs are checked by
 :func:`~maintenance.settings.urls.check_http_url`.
 """
