@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
+from maintenance.fields.crontab import check_crontab
 from maintenance.jobs.catalog import JOBS, by_name
 from maintenance.settings import Settings
-from maintenance.settings.crontab import check_crontab
 
 pytestmark = pytest.mark.pure
 
@@ -47,6 +47,15 @@ def test_each_job_package_has_its_manual_config_and_job_modules(spec):
     assert spec.schedule == config.DEFAULT_SCHEDULE
     job = importlib.import_module(f"maintenance.jobs.{spec.name}.job")
     assert job.SPEC is spec
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_job_declares_its_settings_once_in_its_package_and_settings_composes_them(spec):
+    """The spec's settings mixin is maintenance/jobs/<job>/settings.py's, declares schedule_<job>, and every field of it is a Settings field with the same default."""
+    assert spec.settings is not None and spec.settings.__module__ == f"maintenance.jobs.{spec.name}.settings"
+    assert f"schedule_{spec.name}" in spec.settings.model_fields
+    for name, info in spec.settings.model_fields.items():
+        assert Settings.model_fields[name].default == info.default, name
 
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)

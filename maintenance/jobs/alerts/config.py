@@ -12,20 +12,23 @@ from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from maintenance.errors import ConfigError
+from maintenance.fields import default_of
+from maintenance.fields.environment import ENV_PREFIX
+from maintenance.jobs.alerts.settings import AlertsFields
 
 if TYPE_CHECKING:
     from maintenance.integrations.betterstack.client import BetterStackClient
     from maintenance.settings import Settings
 
-DEFAULT_SCHEDULE = "*/5 * * * *"  # crontab (UTC) under `core-jobs serve`
+DEFAULT_SCHEDULE: str = default_of(AlertsFields, "schedule_alerts")  # crontab (UTC) under `core-jobs serve`
 
 
 @dataclass(frozen=True)
 class AlertFeedConfig:
-    """The feed's options; the package docstring gives each one's unit and default."""
+    """The feed's options; the settings (``settings.py``) declare the defaults of those that are settings."""
 
-    stale_after: timedelta = timedelta(days=3)
-    max_incidents_per_run: int = 20
+    stale_after: timedelta = default_of(AlertsFields, "dead_letter_stale_after")
+    max_incidents_per_run: int = default_of(AlertsFields, "alerts_max_incidents_per_run")
     policy_id: str | None = None
     escalation_policy_id: str | None = None
     requester_email: str | None = None
@@ -48,8 +51,6 @@ class AlertFeedConfig:
 
 
 def feed_config(settings: Settings) -> AlertFeedConfig:
-    from maintenance.settings.environment import ENV_PREFIX  # the settings import this module
-
     try:
         return AlertFeedConfig(
             stale_after=settings.dead_letter_stale_after,

@@ -17,6 +17,7 @@ from maintenance.jobs.alerts.config import DEFAULT_SCHEDULE, AlertFeedConfig, be
 from maintenance.jobs.alerts.groups import PlannedIncident
 from maintenance.jobs.alerts.identity import settle_identity
 from maintenance.jobs.alerts.incidents import plan_incidents
+from maintenance.jobs.alerts.settings import AlertsFields
 from maintenance.jobs.alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, cancel_intent, source_of
 from maintenance.jobs.alerts.sql import (
     MARK_OPEN,
@@ -507,6 +508,7 @@ SPEC = JobSpec(
     name="alerts",
     summary="Better Stack incidents for new dead letters and RECONCILIATION_REQUIRED executions, escalations, auto-resolve",
     build=build,
+    settings=AlertsFields,
     zero_fields=AlertFeedResult.zero_fields,
     event_prefix="alerts.feed",
 )
