@@ -30,10 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alerts.feed import AlertFeed, AlertFeedConfig, scan
-from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from harness.pg import connect, server_now
 from maintenance.demo import scratch_database
+from maintenance.jobs.alerts.config import AlertFeedConfig
+from maintenance.jobs.alerts.incidents import scan
+from maintenance.jobs.alerts.job import AlertFeed
+from maintenance.jobs.alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from maintenance.runtime import migrate
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000
@@ -133,8 +135,8 @@ def run(url: str) -> None:
         new_groups = [g for g in groups if g.kind == "new"]
         stale_groups = [g for g in groups if g.kind == "stale"]
         print(
-            f"scan found {sum(len(g.ids) for g in new_groups):,} new in {len(new_groups)} incidents, "
-            f"{sum(len(g.ids) for g in stale_groups):,} stale in {len(stale_groups)} escalations; "
+            f"scan found {sum(len(g.items) for g in new_groups):,} new in {len(new_groups)} incidents, "
+            f"{sum(len(g.items) for g in stale_groups):,} stale in {len(stale_groups)} escalations; "
             f"unalerted={unalerted[0]:,} unescalated={unalerted[1]:,}; due for resolve: {len(due)}"
         )
         print(f"baseline: seq count(*) of {counts[0]:,} rows   {baseline_ms:8.1f} ms")

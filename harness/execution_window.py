@@ -18,7 +18,7 @@ attempt of some action or of the final write, so the executor (harness/execution
 more. Each of those takes may be lost, and the next one waits for its lease to expire: at most
 one lease each (the last one included: its loss is seen one lease later). The time the handlers
 themselves run is not counted, as for a plain consumer. The caller adds the broker's own
-redelivery horizon, as for every other window (maintenance/settings/retry.py).
+redelivery horizon, as for every other window (maintenance/fields/retry.py).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ from typing import Any
 import psycopg
 from fake_betterstack import TOKEN, FakeBetterStack, make_client
 
-from alerts.feed import AlertFeed, AlertFeedConfig
+from maintenance.jobs.alerts.config import AlertFeedConfig
+from maintenance.jobs.alerts.job import AlertFeed
 from maintenance.runtime.db import Database
 
 CONFIG = AlertFeedConfig(

@@ -14,8 +14,8 @@ from alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashi
 from factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
 from fake_betterstack import Fault
 
-from alerts.feed import METADATA_KEY, read_installation
 from harness.pg import server_now
+from maintenance.jobs.alerts.job import METADATA_KEY, read_installation
 from maintenance.runtime import migrate
 
 

@@ -11,8 +11,8 @@ from alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
 from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
 
-from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
+from maintenance.jobs.alerts.job import METADATA_KEY, AlertFeedResult, read_installation
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):

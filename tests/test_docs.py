@@ -114,11 +114,7 @@ MADE_UP = ("maintenance.backlog", "maintenance.jobs.backlog")
 
 def prose_files() -> list[Path]:
     """Where the code is named for people: README, docs/, the code's docstrings and comments, bench/, packaging."""
-    code = [
-        p
-        for package in ("maintenance", "alerts", "harness", "migrations", "bench")
-        for p in (ROOT / package).rglob("*.py")
-    ]
+    code = [p for package in ("maintenance", "harness", "migrations", "bench") for p in (ROOT / package).rglob("*.py")]
     return [
         *documents(),
         *sorted(code),

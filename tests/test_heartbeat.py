@@ -8,7 +8,7 @@ from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
 
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
-from maintenance.runtime.heartbeat import send_heartbeat
+from maintenance.integrations.betterstack.heartbeat import send_heartbeat
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
 

@@ -8,9 +8,9 @@ import inspect
 
 import pytest
 
+from maintenance.fields.crontab import check_crontab
 from maintenance.jobs.catalog import JOBS, by_name
 from maintenance.settings import Settings
-from maintenance.settings.crontab import check_crontab
 
 pytestmark = pytest.mark.pure
 
@@ -50,6 +50,15 @@ def test_each_job_package_has_its_manual_config_and_job_modules(spec):
 
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_job_declares_its_settings_once_in_its_package_and_settings_composes_them(spec):
+    """The spec's settings mixin is maintenance/jobs/<job>/settings.py's, declares schedule_<job>, and every field of it is a Settings field with the same default."""
+    assert spec.settings is not None and spec.settings.__module__ == f"maintenance.jobs.{spec.name}.settings"
+    assert f"schedule_{spec.name}" in spec.settings.model_fields
+    for name, info in spec.settings.model_fields.items():
+        assert Settings.model_fields[name].default == info.default, name
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_jobs_default_schedule_is_the_settings_default(spec):
     """The spec carries the default schedule, which CORE_JOBS_SCHEDULE_<JOB> defaults to."""
     assert check_crontab(spec.schedule) == spec.schedule
@@ -64,7 +73,7 @@ def a_result_of(job: str):
         return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="settle", now=NEVER)
     module, name = {
         "purge": ("maintenance.jobs.purge.job", "PurgeResult"),
-        "alerts": ("alerts.feed", "AlertFeedResult"),
+        "alerts": ("maintenance.jobs.alerts.job", "AlertFeedResult"),
     }[job]
     return getattr(importlib.import_module(module), name)()
 
@@ -81,7 +90,7 @@ def test_each_jobs_error_event_has_the_stop_events_result_keys(spec):
     ("result_class", "not_event_fields"),
     [
         ("maintenance.jobs.purge.job:PurgeResult", {"cutoff", "protected_from"}),
-        ("alerts.feed:AlertFeedResult", {"planned"}),
+        ("maintenance.jobs.alerts.job:AlertFeedResult", {"planned"}),
     ],
 )
 def test_result_names_every_counter_as_an_event_field(result_class, not_event_fields):

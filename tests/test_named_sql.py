@@ -1,7 +1,7 @@
 """Every named SQL statement of the code is valid against the migrated schema, as it stands.
 
 A named statement is a module-level UPPER_CASE string constant, defined in a module of
-maintenance/, alerts/ or harness/, whose text starts with an SQL keyword. Each is EXPLAINed
+maintenance/ or harness/, whose text starts with an SQL keyword. Each is EXPLAINed
 (planned, not run) on a database at the newest revision, with every parameter as NULL, so a
 renamed column, a missing index-backed function or a broken fragment fails here, not in
 production. Nothing is assembled at run time: what is EXPLAINed is what is sent.
@@ -18,7 +18,7 @@ import psycopg
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("maintenance", "alerts", "harness")
+PACKAGES = ("maintenance", "harness")
 STARTS_AS_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.I)
 PARAMETER = re.compile(r"%\((\w+)\)s|%s")
 
@@ -59,7 +59,11 @@ def as_planned(text: str) -> str:
 def test_finds_the_statements_of_every_package():
     """The collector sees named SQL of each package, the purge's batch statements among them."""
     names = {name for name, _ in STATEMENTS}
-    assert {"maintenance.jobs.purge.sql.INDEX_BATCH_HASHED", "alerts.sql.SCAN_NEW", "harness.pgqueue.CLAIM"} <= names
+    assert {
+        "maintenance.jobs.purge.sql.INDEX_BATCH_HASHED",
+        "maintenance.jobs.alerts.sql.SCAN_NEW",
+        "harness.pgqueue.CLAIM",
+    } <= names
     assert not any("{" in text and "}" in text and re.search(r"\{\w+\}", text) for _, text in STATEMENTS), (
         "a named statement still has a .format placeholder: write it out whole"
     )

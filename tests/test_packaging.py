@@ -31,7 +31,6 @@ NOT_IN_A_CONSUMER = (
     "httpx",
     "pydantic_settings",
     "maintenance",
-    "alerts",
     "migrations",
 )
 
@@ -144,9 +143,9 @@ def test_the_harness_declares_only_psycopg_pydantic_structlog_and_a_metrics_extr
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):
-    """core-jobs's wheel has maintenance, alerts and migrations but not harness/, which it requires with metrics."""
+    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics."""
     wheel = wheel_in(dists, "core_jobs")
-    assert top_level(wheel) == {"maintenance", "alerts", "migrations"}
+    assert top_level(wheel) == {"maintenance", "migrations"}
     assert "core-jobs-harness[metrics]" in metadata(wheel)["Requires-Dist"]
 
 

@@ -15,8 +15,8 @@ from typing import Annotated
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode
 
-from maintenance.settings.durations import NonNegativeDuration as _Duration
-from maintenance.settings.durations import PositiveDuration as _PositiveDuration
+from maintenance.fields.durations import NonNegativeDuration as _Duration
+from maintenance.fields.durations import PositiveDuration as _PositiveDuration
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 

@@ -127,8 +127,8 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
 
 
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
     from maintenance.runtime.db import Database
-    from maintenance.runtime.heartbeat import ping_heartbeat
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.runner import build_jobs, run_jobs
     from maintenance.runtime.signals import on_signals

@@ -1,7 +1,7 @@
 """``core-jobs alerts identity show|adopt|renew``: the alert identity of a database that may be a copy (issue 17).
 
 The alert feed refuses to alert when the database is not where its identity was bound and it
-has alerts (alerts/identity.py says why, and what is and is not detected). An operator then says
+has alerts (maintenance/jobs/alerts/identity.py says why, and what is and is not detected). An operator then says
 which it is:
 
 * ``adopt --reason R`` — the same installation, moved (``pg_upgrade``, a dump and restore as the
@@ -45,7 +45,7 @@ NEXT_RUN = {
 
 
 def cmd_identity_show(args: argparse.Namespace, settings: Settings) -> int:
-    from alerts.identity import read_identity
+    from maintenance.jobs.alerts.identity import read_identity
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
@@ -62,21 +62,21 @@ def cmd_identity_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_identity_adopt(args: argparse.Namespace, settings: Settings) -> int:
-    from alerts.identity import ADOPTED
+    from maintenance.jobs.alerts.identity import ADOPTED
 
     return _rebind(args, settings, ADOPTED)
 
 
 def cmd_identity_renew(args: argparse.Namespace, settings: Settings) -> int:
-    from alerts.identity import RENEWED
+    from maintenance.jobs.alerts.identity import RENEWED
 
     return _rebind(args, settings, RENEWED)
 
 
 def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
-    from alerts.feed import LOCK_NAME
-    from alerts.identity import ADOPTED, read_identity, rebind
     from harness.pg import advisory_lock, server_now
+    from maintenance.jobs.alerts.identity import ADOPTED, read_identity, rebind
+    from maintenance.jobs.alerts.job import LOCK_NAME
     from maintenance.runtime.db import Database
     from maintenance.runtime.logs import get_logger
 

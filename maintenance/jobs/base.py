@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
+from pydantic import BaseModel
+
 if TYPE_CHECKING:
     from maintenance.runtime.db import Database
     from maintenance.settings import Settings
@@ -40,6 +42,8 @@ class JobSpec:
     event_prefix: str = ""
     # The default crontab (UTC) under `core-jobs serve`; the setting CORE_JOBS_SCHEDULE_<JOB> overrides it.
     schedule: str = ""
+    # The job's settings mixin (its settings.py): Settings composes it, the manuals list it.
+    settings: type[BaseModel] | None = None
 
     @property
     def events(self) -> str:

@@ -40,9 +40,9 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.db import Database
-from maintenance.runtime.heartbeat import ping_heartbeat
 from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import SecretRedactor, get_logger
 from maintenance.runtime.runner import build_jobs, run_job

@@ -6,23 +6,24 @@ every problem as :class:`ConfigError` (exit code 2) naming the variable, before 
 touched. The generated table of all settings (variable, unit, default, meaning) is
 ``docs/reference/settings.md``; each field's description is its row there.
 
-Where each topic lives (one module each; import everything from ``maintenance.settings``):
+Where each setting is declared (import everything from ``maintenance.settings``):
 
+- each job's own, its schedule included, beside its config: ``maintenance/jobs/<job>/settings.py``
+  (a pydantic mixin ``<Job>Fields``: default, bounds, unit, description, written once), which
+  the job's ``SPEC`` names; :class:`Settings` composes them from the job catalog;
 - ``foundation.py`` — database URL, fence TTL, default retry policy and overrides, logging;
-- ``purge.py`` — the purge job; ``alerts.py`` — Better Stack, the heartbeat, the escalation;
-  ``metrics.py`` — the Pushgateway and success counting; ``scheduler.py`` — `serve`'s crontabs
-  and HTTP server; ``worker.py`` — `core-jobs worker`.
-  Each is a pydantic mixin (``<Topic>Fields``) with its fields, their validators and, at the top,
-  its defaults as named constants (``DEFAULT_<SETTING>``, unit in the comment);
-- ``durations.py`` — how durations are written and shown; ``urls.py`` — checking URLs and
-  masking what is secret in them; ``crontab.py`` — crontab checks; ``retry.py`` — per-queue
-  overrides, policy derivation and the TTL guard (J-B7); ``environment.py`` — the prefix,
-  unknown-variable detection, error messages.
+  ``telemetry.py`` — the Pushgateway; ``scheduler.py`` — `serve`'s misfires and HTTP server;
+  ``worker.py`` — `core-jobs worker`; the operations API's ``maintenance/api/settings.py``;
+- what they are made of, in ``maintenance/fields/`` (imported by the jobs and the settings
+  alike, importing neither): ``durations.py`` — how durations are written and shown;
+  ``urls.py`` — checking URLs and masking what is secret in them; ``crontab.py`` — crontab
+  checks; ``retry.py`` — per-queue overrides, policy derivation and the TTL guard (J-B7);
+  ``environment.py`` — the prefix, unknown-variable detection, error messages.
 
 :class:`Settings` composes the mixins. pydantic lists fields in reverse base order, so the
-bases are written last topic first and the variables keep their order (foundation first). A new
-topic is one more mixin, placed first among the bases (e.g. the operations API's
-``ApiSettings`` from ``maintenance/api/settings.py``), plus its names in ``__all__`` if public.
+bases are written last topic first and the variables keep their order (foundation, then each
+job in catalog order, then the runtime's). A new job needs nothing here; a new topic is one more
+mixin, placed first among the bases, plus its names in ``__all__`` if public.
 
 Durations are ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``) or a number of seconds (``30``,
 ``0.5``); months and years are refused. They are shown back as compact ISO-8601, exact to the
@@ -52,9 +53,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 from harness.retry import RetryPolicyError
 from maintenance.api.settings import ApiSettings
 from maintenance.errors import ConfigError
-from maintenance.settings.alerts import AlertsFields
-from maintenance.settings.crontab import check_crontab
-from maintenance.settings.durations import (
+from maintenance.fields.crontab import check_crontab
+from maintenance.fields.durations import (
     Duration,
     NonNegativeDuration,
     PositiveDuration,
@@ -62,19 +62,15 @@ from maintenance.settings.durations import (
     format_factor,
     parse_duration,
 )
-from maintenance.settings.environment import (
+from maintenance.fields.environment import (
     ENV_PREFIX,
     FOREIGN_VARIABLES,
     check_unknown_variables,
     describe_error,
     variable_names,
 )
-from maintenance.settings.foundation import FoundationFields
-from maintenance.settings.metrics import MetricsFields
-from maintenance.settings.purge import PurgeFields
-from maintenance.settings.retry import RetryOverride, TtlGuard
-from maintenance.settings.scheduler import SchedulerFields
-from maintenance.settings.urls import (
+from maintenance.fields.retry import RetryOverride, TtlGuard
+from maintenance.fields.urls import (
     DATABASE_URL_SCHEME_ALIASES,
     MASK,
     check_http_url,
@@ -84,6 +80,10 @@ from maintenance.settings.urls import (
     shown_url,
     url_passwords,
 )
+from maintenance.jobs.catalog import JOBS
+from maintenance.settings.foundation import FoundationFields
+from maintenance.settings.scheduler import SchedulerFields
+from maintenance.settings.telemetry import TelemetryFields
 from maintenance.settings.worker import WorkerFields
 
 __all__ = [
@@ -91,17 +91,15 @@ __all__ = [
     "ENV_PREFIX",
     "FOREIGN_VARIABLES",
     "MASK",
-    "AlertsFields",
     "ConfigError",
     "Duration",
     "FoundationFields",
-    "MetricsFields",
     "NonNegativeDuration",
     "PositiveDuration",
-    "PurgeFields",
     "RetryOverride",
     "SchedulerFields",
     "Settings",
+    "TelemetryFields",
     "TtlGuard",
     "WorkerFields",
     "check_crontab",
@@ -119,10 +117,20 @@ __all__ = [
 ]
 
 
-class Settings(
-    ApiSettings, WorkerFields, SchedulerFields, MetricsFields, AlertsFields, PurgeFields, FoundationFields, BaseSettings
+# Each job's settings mixin, in catalog order (the job declares them in its settings.py).
+JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(spec.settings for spec in JOBS if spec.settings is not None)
+
+
+class Settings(  # the jobs' bases come from the catalog, so mypy sees their fields as Any
+    ApiSettings,
+    WorkerFields,
+    SchedulerFields,
+    TelemetryFields,
+    *reversed(JOB_FIELDS),  # type: ignore[misc]
+    FoundationFields,
+    BaseSettings,
 ):
-    """All settings: the topic mixins, last topic first (see the module docstring)."""
+    """All settings: the topic mixins and the jobs', last first (see the module docstring)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
 

@@ -1,7 +1,7 @@
 """Foundation settings: the database URL, the fence TTL and its guard, the default retry policy, logging.
 
-``CORE_JOBS_DATABASE_URL`` is checked by :func:`~maintenance.settings.urls.normalize_database_url`;
-the retry policies and the TTL guard they feed are derived in :mod:`maintenance.settings.retry`.
+``CORE_JOBS_DATABASE_URL`` is checked by :func:`~maintenance.fields.urls.normalize_database_url`;
+the retry policies and the TTL guard they feed are derived in :mod:`maintenance.fields.retry`.
 """
 
 from __future__ import annotations
@@ -13,15 +13,15 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from harness.retry import RetryPolicy
 from maintenance.errors import ConfigError
-from maintenance.settings.durations import NonNegativeDuration, PositiveDuration
-from maintenance.settings.environment import ENV_PREFIX
-from maintenance.settings.retry import (
+from maintenance.fields.durations import NonNegativeDuration, PositiveDuration
+from maintenance.fields.environment import ENV_PREFIX
+from maintenance.fields.retry import (
     RetryOverride,
     TtlGuard,
     policy_with_override,
     worst_retry_window,
 )
-from maintenance.settings.urls import normalize_database_url
+from maintenance.fields.urls import normalize_database_url
 
 DEFAULT_PROCESSED_JOBS_TTL = timedelta(days=7)  # fence lifetime (J-B7)
 DEFAULT_TTL_MARGIN = 2.0  # factor over the max retry window

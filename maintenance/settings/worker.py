@@ -12,7 +12,7 @@ from datetime import timedelta
 from pydantic import BaseModel, Field
 
 from harness.operations import DEFAULT_BULK_MAX
-from maintenance.settings.durations import PositiveDuration
+from maintenance.fields.durations import PositiveDuration
 
 DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker may take it
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim

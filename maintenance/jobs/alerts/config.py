@@ -1,29 +1,56 @@
-"""The alerts job's configuration: the feed's config and the Better Stack client, built from the settings.
+"""The alerts job's configuration: :class:`AlertFeedConfig`, and the feed's config and Better Stack client built from the settings.
 
-The feed itself lives in the ``alerts`` package: ``alerts/feed.py`` (the run), ``alerts/sql.py`` (its
-named SQL), ``alerts/betterstack.py`` (the client); this module maps ``CORE_JOBS_*`` settings onto them in one place.
+This module maps ``CORE_JOBS_*`` settings onto them in one place; the client itself is the
+Better Stack integration (``maintenance/integrations/betterstack/client.py``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
+from urllib.parse import quote
 
 from maintenance.errors import ConfigError
-from maintenance.settings.environment import ENV_PREFIX
+from maintenance.fields import default_of
+from maintenance.fields.environment import ENV_PREFIX
+from maintenance.jobs.alerts.settings import AlertsFields
 
 if TYPE_CHECKING:
-    from alerts.betterstack import BetterStackClient
-    from alerts.feed import AlertFeedConfig
+    from maintenance.integrations.betterstack.client import BetterStackClient
     from maintenance.settings import Settings
 
-DEFAULT_SCHEDULE = "*/5 * * * *"  # crontab (UTC) under `core-jobs serve`
+DEFAULT_SCHEDULE: str = default_of(AlertsFields, "schedule_alerts")  # crontab (UTC) under `core-jobs serve`
+
+
+@dataclass(frozen=True)
+class AlertFeedConfig:
+    """The feed's options; the settings (``settings.py``) declare the defaults of those that are settings."""
+
+    stale_after: timedelta = default_of(AlertsFields, "dead_letter_stale_after")
+    max_incidents_per_run: int = default_of(AlertsFields, "alerts_max_incidents_per_run")
+    policy_id: str | None = None
+    escalation_policy_id: str | None = None
+    requester_email: str | None = None
+    ops_url_template: str | None = None
+    top_errors: int = 3
+    samples: int = 3
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stale_after, timedelta) or self.stale_after <= timedelta(0):
+            raise ValueError(f"stale_after must be a positive duration, got {self.stale_after!r}")
+        for name in ("max_incidents_per_run", "top_errors", "samples"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer ≥ 1, got {value!r}")
+        if self.ops_url_template is not None and "{queue}" not in self.ops_url_template:
+            raise ValueError("ops_url_template must contain the placeholder {queue}")
+
+    def ops_url(self, queue: str) -> str | None:
+        return self.ops_url_template.format(queue=quote(queue, safe="")) if self.ops_url_template else None
 
 
 def feed_config(settings: Settings) -> AlertFeedConfig:
-    from alerts.feed import AlertFeedConfig
-
     try:
         return AlertFeedConfig(
             stale_after=settings.dead_letter_stale_after,
@@ -39,7 +66,7 @@ def feed_config(settings: Settings) -> AlertFeedConfig:
 
 def betterstack_client(settings: Settings) -> BetterStackClient | None:
     """The Better Stack client, or None (dry run) when no token is configured."""
-    from alerts.betterstack import DEFAULT_RETRY_POLICY, BetterStackClient
+    from maintenance.integrations.betterstack.client import DEFAULT_RETRY_POLICY, BetterStackClient
     from maintenance.runtime.logs import get_logger
 
     if settings.betterstack_api_token is None:

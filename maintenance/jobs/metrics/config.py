@@ -1,7 +1,4 @@
-"""The metrics job's configuration: named defaults with their units, and :class:`MetricsConfig`.
-
-The settings (``maintenance/settings/metrics.py``) take their defaults from here.
-"""
+"""The metrics job's configuration: :class:`MetricsConfig`, whose defaults are the settings' (``settings.py``)."""
 
 from __future__ import annotations
 
@@ -9,18 +6,21 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
+from maintenance.fields import default_of
+from maintenance.jobs.metrics.settings import MetricsFields
+
 if TYPE_CHECKING:
     from maintenance.settings import Settings
 
-DEFAULT_MAX_TRANSACTION = timedelta(minutes=5)  # the longest a consumer's work transaction stays open
-DEFAULT_TENANT_LABEL = False  # no tenant label on core_jobs_successes_total
-DEFAULT_TENANT_TOP_N = 10  # named tenants per consumer when the label is on
-DEFAULT_SCHEDULE = "* * * * *"  # crontab (UTC) under `core-jobs serve`
+DEFAULT_MAX_TRANSACTION: timedelta = default_of(MetricsFields, "metrics_max_transaction")
+DEFAULT_TENANT_LABEL: bool = default_of(MetricsFields, "metrics_tenant_label")
+DEFAULT_TENANT_TOP_N: int = default_of(MetricsFields, "metrics_tenant_top_n")
+DEFAULT_SCHEDULE: str = default_of(MetricsFields, "schedule_metrics")
 
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """What the metrics job needs; the defaults are the named constants above."""
+    """What the metrics job needs; the defaults are the settings' (above)."""
 
     max_transaction: timedelta = DEFAULT_MAX_TRANSACTION
     tenant_label: bool = DEFAULT_TENANT_LABEL

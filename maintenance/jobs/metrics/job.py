@@ -16,6 +16,7 @@ from harness.enumerations import EXECUTION_STATUSES
 from maintenance.errors import ConfigError
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE, MetricsConfig
+from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.jobs.metrics.sql import (
     ADVANCE_WATERMARK,
     COUNT_SUCCESSES,
@@ -326,4 +327,5 @@ SPEC = JobSpec(
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
     build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),
     zero_fields=zero_fields,
+    settings=MetricsFields,
 )

@@ -1,7 +1,7 @@
 """The purge: deletes expired ``core.processed_jobs`` fences in short batches (issue 3).
 
 Run it with ``core-jobs run-once purge`` (or on the scheduler). A fence is deleted only when
-all three hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start of the run:
+all four hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start of the run:
 
 1. ``expires_at < cutoff`` — its TTL has passed;
 2. ``processed_at < cutoff - TTL_MARGIN x max retry window`` — no retry or broker redelivery

@@ -1,37 +1,36 @@
-"""The purge's configuration: its named defaults (with their units) and :class:`PurgeConfig`.
+"""The purge's configuration: :class:`PurgeConfig`, its defaults, and the constants that are not settings.
 
-The settings (``maintenance/settings/purge.py``) take their defaults from here; a
-:class:`PurgeConfig` is built from the settings in one place, :meth:`PurgeConfig.from_settings`,
-and validated once, by :class:`~maintenance.jobs.purge.job.Purger`'s constructor.
+The defaults are the settings' (declared once, in ``settings.py``); a :class:`PurgeConfig` is
+built from the settings in one place, :meth:`PurgeConfig.from_settings`, and validated once, by
+:class:`~maintenance.jobs.purge.job.Purger`'s constructor.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING
 
-from maintenance.settings.retry import TtlGuard
+from maintenance.fields import default_of
+from maintenance.fields.retry import TtlGuard
+from maintenance.jobs.purge.settings import MIN_IDEMPOTENCY_KEY_RETENTION, PurgeFields
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
 
-DEFAULT_BATCH_SIZE = 10_000  # rows: the largest batch
-DEFAULT_MIN_BATCH_SIZE = 100  # rows: the batch never shrinks below this
-DEFAULT_TARGET_BATCH_DURATION = timedelta(milliseconds=10)  # wall time each batch aims at
-DEFAULT_TIMEOUTS_BEFORE_SHRINK = 2  # consecutive statement timeouts before the batch halves
-DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)  # per batch DELETE (SET LOCAL)
-DEFAULT_BATCH_PAUSE = timedelta(0)  # between batches
-DEFAULT_MAX_RUNTIME = timedelta(minutes=5)  # time budget of one run
-DEFAULT_PROGRESS_INTERVAL = timedelta(seconds=5)  # between two progress events of a long run
+DEFAULT_BATCH_SIZE: int = default_of(PurgeFields, "purge_batch_size")
+DEFAULT_MIN_BATCH_SIZE: int = default_of(PurgeFields, "purge_min_batch_size")
+DEFAULT_TARGET_BATCH_DURATION: timedelta = default_of(PurgeFields, "purge_target_batch_duration")
+DEFAULT_TIMEOUTS_BEFORE_SHRINK: int = default_of(PurgeFields, "purge_timeouts_before_shrink")
+DEFAULT_STATEMENT_TIMEOUT: timedelta = default_of(PurgeFields, "purge_statement_timeout")
+DEFAULT_BATCH_PAUSE: timedelta = default_of(PurgeFields, "purge_batch_pause")
+DEFAULT_MAX_RUNTIME: timedelta = default_of(PurgeFields, "purge_max_runtime")
+DEFAULT_PROGRESS_INTERVAL: timedelta = default_of(PurgeFields, "purge_progress_interval")
 # The operations API's Idempotency-Key ledger (core.api_idempotency_keys): a key's recorded answer
 # is replayed to a retry for this long after the action, then the purge deletes it.
-DEFAULT_IDEMPOTENCY_KEY_RETENTION = timedelta(days=30)
-# Never shorter: a client retrying an action (a timeout, a restart) does so within minutes or
-# hours; a key deleted before its last retry would let that retry run the action a second time.
-MIN_IDEMPOTENCY_KEY_RETENTION = timedelta(days=1)
-DEFAULT_STRATEGY: Final = "auto"  # access path: auto | index | sweep
-DEFAULT_SCHEDULE = "*/15 * * * *"  # crontab (UTC) under `core-jobs serve`
+DEFAULT_IDEMPOTENCY_KEY_RETENTION: timedelta = default_of(PurgeFields, "idempotency_key_retention")
+DEFAULT_STRATEGY: str = default_of(PurgeFields, "purge_strategy")
+DEFAULT_SCHEDULE: str = default_of(PurgeFields, "schedule_purge")
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
 # the target batch duration (see "Batch size" in the package docstring).
 SLOW_START_BATCH_SIZE = 1_000  # rows
@@ -39,10 +38,12 @@ SLOW_START_BATCH_SIZE = 1_000  # rows
 HASHED_PENDING_LIMIT = 50_000  # dead letters
 STRATEGIES = ("auto", "index", "sweep")
 
+__all__ = ["MIN_IDEMPOTENCY_KEY_RETENTION", "STRATEGIES", "PurgeConfig"]
+
 
 @dataclass(frozen=True)
 class PurgeConfig:
-    """What one purge run does; the defaults are the named constants above."""
+    """What one purge run does; the defaults are the settings' (above)."""
 
     guard: TtlGuard  # TTL, margin and the max retry window (J-B7)
     batch_size: int = DEFAULT_BATCH_SIZE

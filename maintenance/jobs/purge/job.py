@@ -17,6 +17,7 @@ from psycopg import errors
 
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
+from maintenance.fields.durations import format_duration
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.purge.config import (
     DEFAULT_SCHEDULE,
@@ -31,10 +32,10 @@ from maintenance.jobs.purge.paths import (
     fetch_limited,
     read_estimates,
 )
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_EXPIRED_IDEMPOTENCY_KEYS, DELETE_FAILED_EXECUTIONS
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.settings.durations import format_duration
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
@@ -390,6 +391,7 @@ SPEC = JobSpec(
     name="purge",
     summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
     build=build,
+    settings=PurgeFields,
     zero_fields=zero_fields,
     event_prefix=EVENTS,
     schedule=DEFAULT_SCHEDULE,

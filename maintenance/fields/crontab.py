@@ -6,6 +6,9 @@ APScheduler is imported only when an expression is checked, so importing the set
 from __future__ import annotations
 
 from datetime import UTC
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 
 def check_crontab(expr: str) -> str:
@@ -33,3 +36,7 @@ def check_crontab(expr: str) -> str:
     except ValueError as exc:
         raise ValueError(f"not a valid crontab expression: {exc}") from None
     return text
+
+
+# A ``CORE_JOBS_SCHEDULE_<JOB>`` field: each job declares its own with this type.
+Crontab = Annotated[str, AfterValidator(check_crontab)]

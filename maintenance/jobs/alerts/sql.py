@@ -8,7 +8,7 @@ READ_INSTALLATION = "SELECT id::text FROM core.installation"
 
 # The identity with its binding and where the database is now (migration 0015_installation_copies),
 # and whether this database ever recorded an alert: a copy that never did can take a new identity
-# by itself (alerts/identity.py).
+# by itself (identity.py).
 READ_IDENTITY = """
 SELECT i.id::text, i.system_identifier, i.database_oid::bigint, i.database_name,
        i.bound_at, i.bound_how, i.bound_by, i.bound_reason,
@@ -104,6 +104,8 @@ SELECT u.id, 'new', %(alert_id)s FROM unnest(%(ids)s::bigint[]) AS u(id)
  WHERE NOT EXISTS (SELECT 1 FROM core.dead_letter_alert_coverage AS c WHERE c.dead_letter_id = u.id AND c.kind = 'new')
 """
 
+# An alert row names its group's key ``queue`` and its number of items ``num_dead_letters``, for
+# either source: the schema's names, older than the execution source (migration 0002_alerts).
 PENDING_INTENTS = """
 SELECT id, alert_key, kind, queue, name, summary, description, num_dead_letters
   FROM core.dead_letter_alerts WHERE state = 'pending' ORDER BY id
@@ -151,7 +153,7 @@ UPDATE core.dead_letter_alerts SET state = 'open', incident_id = %(incident_id)s
 """
 
 # Open dead-letter incidents none of whose dead letters is still pending review: due for
-# auto-resolve. (The execution incidents have their own rule: alerts/execution_sql.py.)
+# auto-resolve. (The execution incidents have their own rule: execution_sql.py.)
 HANDLED_OPEN_ALERTS = """
 SELECT a.id, a.incident_id, a.alert_key, a.kind, a.queue
   FROM core.dead_letter_alerts AS a

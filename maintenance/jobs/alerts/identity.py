@@ -1,4 +1,4 @@
-"""This installation's alert identity, and how a copy of the database notices it is one (issue 17, item 12).
+"""This installation's alert identity, and how a copy of the database notices it is one.
 
 The identity (``core.installation``, a random UUID) scopes every alert key and Better Stack
 lookup. It is stored data, so a database restored from a backup or made with ``CREATE DATABASE
@@ -27,7 +27,7 @@ Every feed run, under its lock, compares the binding with ``core.installation_lo
   - ``core-jobs alerts identity renew --reason …`` — *a copy* (staging restored from prod): a new
     identity; the origin's open alerts are recorded ``resolved`` with ``resolution = inherited``
     and its pending intents ``cancelled`` (``inherited``) — nothing is sent to Better Stack, the
-    origin's incidents stay the origin's. A cancelled intent releases its rows still pending, and
+    origin's incidents stay the origin's. A cancelled intent releases its items still pending, and
     the copy pages them under its own identity; rows an origin's open incident covered are not
     paged again as new (they escalate, once, if still pending past ``stale_after``).
 
@@ -56,8 +56,8 @@ from typing import Any
 
 import psycopg
 
-from alerts.sources import cancel_intent
-from alerts.sql import PENDING_INTENTS, READ_IDENTITY, REBIND_INSTALLATION, RESOLVE_INHERITED
+from maintenance.jobs.alerts.sources import cancel_intent
+from maintenance.jobs.alerts.sql import PENDING_INTENTS, READ_IDENTITY, REBIND_INSTALLATION, RESOLVE_INHERITED
 
 ADOPTED, RENEWED = "adopted", "renewed"
 AUTOMATIC = "core-jobs alerts (automatic)"

@@ -1,8 +1,16 @@
-"""What the alert feed pages about: dead letters pending review, and RECONCILIATION_REQUIRED executions.
+"""What the alert feed pages about: its two sources of *items*, each grouped by a *key*.
 
-Both go through the same machinery (alerts/feed.py: intents, keys with the installation id,
-lookup before posting, cancel and release, escalation, auto-resolve); an :class:`AlertSource`
-is what differs — its alert kinds, its named SQL, and the words of its incidents' metadata.
+=============  ==========================================  =========  =============================
+source         an item                                     its key    alert kinds (new, escalation)
+=============  ==========================================  =========  =============================
+dead letters   a dead letter ``pending_review``            queue      ``new``, ``stale``
+executions     one episode of an execution left            consumer   ``reconciliation``,
+               RECONCILIATION_REQUIRED (execution_sql.py)             ``reconciliation_stale``
+=============  ==========================================  =========  =============================
+
+Both go through the same machinery (job.py: intents, keys with the installation id, lookup
+before posting, cancel and release, escalation, auto-resolve); an :class:`AlertSource` is what
+differs — its alert kinds, its named SQL, and the words of its incidents' metadata.
 """
 
 from __future__ import annotations
@@ -12,13 +20,13 @@ from datetime import datetime
 
 import psycopg
 
-from alerts import execution_sql as ex
-from alerts import sql as dl
+from maintenance.jobs.alerts import execution_sql as ex
+from maintenance.jobs.alerts import sql as dl
 
 
 @dataclass(frozen=True)
 class AlertSource:
-    """One kind of row the feed pages about; every statement takes the same parameters as the dead letters'."""
+    """One kind of item the feed pages about; its statements take the same parameters as the other source's."""
 
     name: str
     new_kind: str
@@ -34,12 +42,12 @@ class AlertSource:
     release_coverage: str
     cover_released_by_escalation: str
     resolved_open_alerts: str
-    # The incident's metadata: core_jobs_kind of a first page and of an escalation, and the keys
-    # of the group and of the count.
+    # The incident's metadata: core_jobs_kind of a first page and of an escalation, and the names
+    # under which it carries the group's key and its number of items.
     metadata_new: str
     metadata_stale: str
-    group_key: str
-    count_key: str
+    key_name: str
+    count_name: str
 
     @property
     def kinds(self) -> tuple[str, str]:
@@ -63,8 +71,8 @@ DEAD_LETTERS = AlertSource(
     resolved_open_alerts=dl.HANDLED_OPEN_ALERTS,
     metadata_new="new_dead_letters",
     metadata_stale="escalation",
-    group_key="queue",
-    count_key="dead_letters",
+    key_name="queue",
+    count_name="dead_letters",
 )
 
 EXECUTIONS = AlertSource(
@@ -84,8 +92,8 @@ EXECUTIONS = AlertSource(
     resolved_open_alerts=ex.RESOLVED_OPEN_EXECUTION_ALERTS,
     metadata_new="reconciliation_required",
     metadata_stale="reconciliation_escalation",
-    group_key="consumer",
-    count_key="executions",
+    key_name="consumer",
+    count_name="executions",
 )
 
 SOURCES = (DEAD_LETTERS, EXECUTIONS)
@@ -101,8 +109,8 @@ def source_of(kind: str) -> AlertSource:
 
 def cancel_intent(conn: psycopg.Connection, alert_id: int, kind: str, reason: str, now: datetime) -> list[int]:
     """Cancel an intent that never reached Better Stack (or, ``inherited``, was its origin's), in one
-    transaction: its rows still pending are released for the next scan, those an escalation already
-    covers are covered by it as new. Returns the released ids (dead letters or executions)."""
+    transaction: its items still pending are released for the next scan, those an escalation already
+    covers are covered by it as new. Returns the released items' ids."""
     source = source_of(kind)
     with conn.transaction():
         conn.execute(dl.CANCEL_INTENT, {"id": alert_id, "reason": reason, "now": now})

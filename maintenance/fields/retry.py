@@ -20,8 +20,8 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from harness.retry import RetryPolicy, max_retry_window
-from maintenance.settings.durations import Duration, format_duration, format_factor
-from maintenance.settings.environment import ENV_PREFIX
+from maintenance.fields.durations import Duration, format_duration, format_factor
+from maintenance.fields.environment import ENV_PREFIX
 
 
 class RetryOverride(BaseModel):

@@ -1,6 +1,6 @@
 """The alert feed's SQL for RECONCILIATION_REQUIRED executions (migrations 0010_durable_actions, 0011_execution_alerts).
 
-The same statements as the dead letters' (alerts/sql.py), with the same parameters, over
+The same statements as the dead letters' (sql.py), with the same parameters, over
 ``core.executions`` and ``core.execution_alert_coverage``. What is paged is an **episode**: one
 stay of an execution in RECONCILIATION_REQUIRED, ``(id, status_changed_at)`` — the database
 sets ``status_changed_at`` when the state changes and never while it stays. Coverage rows name

@@ -1,8 +1,13 @@
-"""Alert settings (issue 4): the Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
+"""The alerts job's settings, declared once: each field's default, bounds, unit (its type) and description.
 
-The feed itself is ``alerts/`` (run by ``maintenance/jobs/alerts/__init__.py``). Secrets: the API token and
-the heartbeat URL (its path is a token) are ``SecretStr``; URLs are checked by
-:func:`~maintenance.settings.urls.check_http_url`.
+The Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
+:class:`maintenance.settings.Settings` composes this mixin from the job catalog; the option
+list of ``docs/alerts.md`` and ``docs/reference/settings.md`` are generated from it
+(``uv run python -m maintenance.reference``). Secrets: the API token and the heartbeat URL (its
+path is a token) are ``SecretStr``; URLs are checked by
+:func:`~maintenance.fields.urls.check_http_url`. The heartbeat and the client are the Better
+Stack integration's (``maintenance/integrations/betterstack/``); their settings stay here, with
+the only job that talks to Better Stack.
 """
 
 from __future__ import annotations
@@ -13,22 +18,17 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from maintenance.settings.durations import PositiveDuration
-from maintenance.settings.urls import check_http_url
-
-DEFAULT_BETTERSTACK_API_URL = "https://uptime.betterstack.com"  # Better Stack Uptime API
-DEFAULT_BETTERSTACK_TIMEOUT = timedelta(seconds=10)  # per HTTP request
-DEFAULT_BETTERSTACK_MAX_RETRIES = 3  # retries per request
-DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND = 8.0  # requests/s (the Terraform provider's limit)
-DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN = 20  # incidents per run and kind
-DEFAULT_DEAD_LETTER_STALE_AFTER = timedelta(days=3)  # pending review before escalation
+from maintenance.fields.crontab import Crontab
+from maintenance.fields.durations import PositiveDuration
+from maintenance.fields.urls import check_http_url
 
 
 class AlertsFields(BaseModel):
     """Better Stack: API, routing, heartbeat, limits; the ops link; the stale-dead-letter escalation."""
 
+    schedule_alerts: Crontab = Field(default="*/5 * * * *", description="`serve`: crontab (UTC) of the alerts job.")
     betterstack_api_url: str = Field(
-        default=DEFAULT_BETTERSTACK_API_URL,
+        default="https://uptime.betterstack.com",
         description="Base URL of the Better Stack Uptime API (http:// or https://).",
     )
     betterstack_api_token: SecretStr | None = Field(
@@ -57,18 +57,18 @@ class AlertsFields(BaseModel):
         "Secret: its path is a token.",
     )
     betterstack_timeout: PositiveDuration = Field(
-        default=DEFAULT_BETTERSTACK_TIMEOUT,
+        default=timedelta(seconds=10),
         description="Timeout of one HTTP request to Better Stack (connect, read, write).",
     )
     betterstack_max_retries: int = Field(
-        default=DEFAULT_BETTERSTACK_MAX_RETRIES,
+        default=3,
         ge=0,
         le=10,
         description="Retries of one request after a connection error, timeout, 429 or 5xx (backoff 1 s doubling, cap 30 s, "
         "Retry-After honoured up to RETRY_AFTER_MAX).",
     )
     betterstack_max_requests_per_second: float = Field(
-        default=DEFAULT_BETTERSTACK_MAX_REQUESTS_PER_SECOND,
+        default=8.0,
         gt=0,
         le=100,
         description="Client-side rate limit towards Better Stack (the official Terraform provider keeps to 8).",
@@ -79,14 +79,14 @@ class AlertsFields(BaseModel):
         "e.g. https://ops.example/dead-letters?queue={queue}.",
     )
     alerts_max_incidents_per_run: int = Field(
-        default=DEFAULT_ALERTS_MAX_INCIDENTS_PER_RUN,
+        default=20,
         ge=1,
         le=1000,
         description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
         "summary incident, never dropped.",
     )
     dead_letter_stale_after: PositiveDuration = Field(
-        default=DEFAULT_DEAD_LETTER_STALE_AFTER,
+        default=timedelta(days=3),
         description="A dead letter still pending review this long after it was written escalates (PostgreSQL's clock).",
     )
 

@@ -1,4 +1,10 @@
-"""What one incident of the alert feed covers and says: a group of dead letters or executions, and its text's helpers."""
+"""What one incident of the alert feed covers: a group of *items* (dead letters or executions) under one *key*.
+
+An item is one row a source pages about (sources.py): a dead letter pending review, or one
+episode of an execution left RECONCILIATION_REQUIRED. Items are grouped by their source's key —
+the queue of a dead letter, the consumer of an execution — and each group becomes one incident,
+unless a storm folds the smallest groups into one (``key`` None, ``folded`` says which).
+"""
 
 from __future__ import annotations
 
@@ -9,45 +15,42 @@ from datetime import UTC, datetime, timedelta
 
 @dataclass(frozen=True)
 class AlertGroup:
-    """Rows one incident will cover: one queue's dead letters, one consumer's executions, or
-    (``queue`` None) a folded storm. ``queue`` is the group: a queue, or a consumer."""
+    """The items one incident will cover: one key's, or (``key`` None) a folded storm's."""
 
     kind: str
-    queue: str | None
-    ids: tuple[int, ...]
-    first_created: datetime
-    last_created: datetime
-    errors: tuple[tuple[str, int], ...] = ()
-    samples: tuple[tuple[str, str | None], ...] = ()
-    queues: tuple[tuple[str, int], ...] = ()  # the folded groups and their counts
-    # Executions only: when each entered RECONCILIATION_REQUIRED (its episode), in ids' order.
+    key: str | None
+    items: tuple[int, ...]  # the items' ids, ascending
+    first_at: datetime  # when the oldest item became due (written, or became uncertain)
+    last_at: datetime  # when the newest did
+    errors: tuple[tuple[str, int], ...] = ()  # the most frequent reasons, with counts
+    samples: tuple[tuple[str, str | None], ...] = ()  # (job_id, correlation_id) of the first items
+    folded: tuple[tuple[str, int], ...] = ()  # a folded storm: each key and its count
+    # Executions only: when each entered RECONCILIATION_REQUIRED (its episode), in the items' order.
     episodes: tuple[datetime, ...] = ()
 
     def alert_key(self, installation: str) -> str:
-        """Deterministic within one installation: the same kind and rows (and, for executions,
+        """Deterministic within one installation: the same kind and items (and, for executions,
         episodes) always give the same key; another installation (another database, or this one
         after ``downgrade base``) gives another key for the same ids."""
-        ids = ",".join(map(str, self.ids))
+        ids = ",".join(map(str, self.items))
         covered = f"{installation}|{self.kind}|{ids}"
         if self.episodes:  # an execution uncertain again is another episode: another key
             covered += "|" + ",".join(moment.astimezone(UTC).isoformat() for moment in self.episodes)
         digest = hashlib.sha256(covered.encode()).hexdigest()[:16]
-        return f"core-jobs:{installation}:{self.kind}:{self.ids[0]}-{self.ids[-1]}:{len(self.ids)}:{digest}"
-
-
-# The name the dead-letter feed gave it first.
-DeadLetterGroup = AlertGroup
+        return f"core-jobs:{installation}:{self.kind}:{self.items[0]}-{self.items[-1]}:{len(self.items)}:{digest}"
 
 
 @dataclass(frozen=True)
 class PlannedIncident:
+    """An incident composed from a group, before its intent is recorded."""
+
     kind: str
-    queue: str | None
+    key: str | None
     alert_key: str
     name: str
     summary: str
     description: str
-    dead_letter_ids: tuple[int, ...]  # the covered rows' ids: dead letters or executions
+    items: tuple[int, ...]
 
 
 def reason_and_sample_lines(group: AlertGroup, reasons_title: str) -> list[str]:
