@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 from api_support import assert_problem
-from factories import add_execution
+from factories import add_dead_letters, add_execution
 
 from harness.execution_views import EXECUTION_STATUSES
 from maintenance.api.auth import EXECUTIONS_READ, READ
@@ -207,3 +207,17 @@ def test_an_execution_of_another_business_scope_is_as_unknown_as_a_missing_one(a
         missing = assert_problem(api.get(f"{BASE}/4242", headers=reader(api, "loyalty")), 404, "execution-not-found")
         assert body["detail"] == missing["detail"].replace("4242", str(hidden)) and "4242-secret" not in response.text
     assert api.get(f"{BASE}/{billing}", headers=reader(api, "billing")).json()["payload"] == {"card": "4242-secret"}
+
+
+def test_dead_letters_are_queue_wide_so_a_scoped_executions_letter_is_read_with_dead_letter_permission(api, conn):
+    """Business scopes bound executions only: a core.dead_letters.read token reads the dead letter of a scoped execution's job, as docs/api.md says."""
+    billing = add_execution(
+        conn, consumer="billing.charge", queue="billing", business_scope="billing", payload={"card": "4242-secret"}
+    )
+    job_id = conn.execute("SELECT job_id FROM core.executions WHERE id = %s", (billing,)).fetchone()[0]
+    [letter] = add_dead_letters(conn, "billing", 1, job_id=job_id, payload={"card": "4242-secret"})
+    dead_letter_reader = api.as_operator("ops:queues", permissions=("core.dead_letters.read",), business_scopes=[])
+    assert api.get(f"/v1/core/dead-letters/{letter}", headers=dead_letter_reader).json()["payload"] == {
+        "card": "4242-secret"
+    }
+    assert_problem(api.get(f"{BASE}/{billing}", headers=dead_letter_reader), 403, "missing-permission")
