@@ -77,7 +77,7 @@ BEGIN
                   HINT = 'core-jobs alerts identity adopt | renew (docs/runbook.md)';
     END IF;
     IF (NEW.bound_how = 'renewed') = (NEW.id = OLD.id) THEN
-        RAISE EXCEPTION 'an adopt or a declaration keeps the identity %, a renew takes another one', OLD.id
+        RAISE EXCEPTION 'an adopt keeps the identity %, as a declaration does; a renew takes another one', OLD.id
             USING ERRCODE = 'check_violation';
     END IF;
     IF NEW.bound_how = 'renewed'
