@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from alerts_support import alert_rows, handle, make_feed
+from alerts_support import CONFIG, alert_rows, handle, make_feed
 from conftest import create_database, drop_database
 from factories import add_dead_letters
 from fake_betterstack import TOKEN, Fault
@@ -23,7 +24,7 @@ from logcapture import events_in
 
 from harness.pg import server_now
 from maintenance.cli import main as cli_main
-from maintenance.jobs.alerts.identity import RENEWED, IdentityUnconfirmed, read_identity, rebind
+from maintenance.jobs.alerts.identity import ADOPTED, RENEWED, IdentityUnconfirmed, read_identity, rebind
 from maintenance.jobs.alerts.job import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
@@ -182,7 +183,7 @@ def test_a_copy_that_never_alerted_takes_a_new_identity_by_itself(database_url, 
         assert (result.incidents_posted, result.ok) == (1, True)
         renewed = read_installation(copy)
         assert renewed != origin_identity
-        assert read_identity(copy).bound_here
+        assert read_identity(copy, configured=None).state == "bound_here"
         assert copy.execute(
             "SELECT previous_id::text, bound_how, bound_by FROM core.installation_history ORDER BY id DESC LIMIT 1"
         ).fetchone() == (origin_identity, "renewed", "core-jobs alerts (automatic)")
@@ -259,7 +260,9 @@ def test_a_renewed_copy_cancels_the_origins_pending_intents_and_pages_their_dead
     copy_url = copy_database(database_url)
     with psycopg.connect(copy_url, autocommit=True) as copy:
         origin_key = copy.execute("SELECT alert_key FROM core.dead_letter_alerts").fetchone()[0]
-        done = rebind(copy, RENEWED, by="ops", reason="staging restored from prod", now=server_now(copy))
+        done = rebind(
+            copy, RENEWED, by="ops", reason="staging restored from prod", now=server_now(copy), environment=None
+        )
         assert (done.cancelled_inherited, done.resolved_inherited) == (1, 0)
         copy_db = Database(copy_url)
         sent_before = len(fake_bs.requests)
@@ -272,3 +275,153 @@ def test_a_renewed_copy_cancels_the_origins_pending_intents_and_pages_their_dead
     [incident] = list(fake_bs.incidents)
     assert metadata_value(fake_bs, incident, INSTALLATION_METADATA_KEY) == [done.installation]
     assert not any(origin_key in str(r.args) or origin_key in str(r.body) for r in fake_bs.requests[sent_before:])
+
+
+PRODUCTION = replace(CONFIG, environment="production")
+STAGING = replace(CONFIG, environment="staging-eu")
+
+
+def physical_copy(copy_database: Callable[[str], str], origin_url: str) -> str:
+    """A copy that keeps its origin's identity *and* binding, as a base backup or a disk snapshot does: a TEMPLATE
+    copy (its own oid) rebound to itself with the identity and the environment kept — from inside, the origin."""
+    copy_url = copy_database(origin_url)
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        environment = read_identity(copy, configured=None).environment
+        rebind(
+            copy,
+            ADOPTED,
+            by="test",
+            reason="what a physical copy looks like",
+            now=server_now(copy),
+            environment=environment,
+        )
+        assert read_identity(copy, configured=environment).state == "bound_here"
+    return copy_url
+
+
+def test_a_physical_copy_started_with_another_environment_refuses_to_alert_until_an_operator_renews_it(
+    database_url, copy_database, fake_bs, clean_env
+):
+    """Production's physical copy (same identity, bound where it is, environment production) run with staging's
+    configuration sends Better Stack nothing and fails; the original with production's keeps posting; after `alerts
+    identity renew` (which records staging-eu) the copy posts under a new identity and leaves production's incident
+    alone."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        ids = add_dead_letters(origin, "points.credit", 2)
+    make_feed(origin_db, fake_bs, PRODUCTION).run_once(origin_db.server_now())
+    [origin_incident] = list(fake_bs.incidents)
+    copy_url = physical_copy(copy_database, database_url)
+    copy_db = Database(copy_url)
+
+    with psycopg.connect(copy_url, autocommit=True) as copy:
+        handle(copy, ids)
+        add_dead_letters(copy, "points.credit", 1)
+        sent_before = len(fake_bs.requests)
+        with pytest.raises(IdentityUnconfirmed, match="staging-eu"):
+            make_feed(copy_db, fake_bs, STAGING).run_once(copy_db.server_now())
+        assert len(fake_bs.requests) == sent_before
+        assert fake_bs.incidents[origin_incident]["status"] == "Started"
+
+        with psycopg.connect(database_url, autocommit=True) as origin:
+            add_dead_letters(origin, "points.expire", 1)
+            posted = make_feed(origin_db, fake_bs, PRODUCTION).run_once(origin_db.server_now())
+            assert (posted.incidents_posted, posted.ok) == (1, True)
+            origin_identity = read_installation(origin)
+
+        clean_env.setenv("CORE_JOBS_DATABASE_URL", copy_url)
+        clean_env.setenv("CORE_JOBS_ALERTS_ENVIRONMENT", "staging-eu")
+        assert cli_main(["alerts", "identity", "renew", "--reason", "staging restored from a prod snapshot"]) == 0
+        renewed_identity = read_identity(copy, configured="staging-eu")
+        assert (renewed_identity.environment, renewed_identity.state) == ("staging-eu", "bound_here")
+        assert renewed_identity.id != origin_identity
+        renewed = make_feed(copy_db, fake_bs, STAGING).run_once(copy_db.server_now())
+        assert (renewed.incidents_posted, renewed.incidents_resolved, renewed.ok) == (1, 0, True)
+        [copy_incident] = [
+            i
+            for i in fake_bs.incidents
+            if metadata_value(fake_bs, i, INSTALLATION_METADATA_KEY) == [renewed_identity.id]
+        ]
+        assert alert_rows(copy)[1][2:4] == ("open", copy_incident)
+        assert alert_rows(copy)[0][2:4] == ("resolved", origin_incident)
+    assert fake_bs.incidents[origin_incident]["status"] == "Started"
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        handle(origin, ids)
+        assert make_feed(origin_db, fake_bs, PRODUCTION).run_once(origin_db.server_now()).incidents_resolved == 1
+    assert fake_bs.incidents[origin_incident]["status"] == "Resolved"
+
+
+def test_run_once_under_another_environment_exits_1_with_an_error_event_naming_both_environments(
+    database_url, fake_bs, clean_env, capsys
+):
+    """`core-jobs run-once alerts` on production's database configured as staging-eu (what a physical copy is)
+    exits 1 without a request to Better Stack; alerts.identity.unconfirmed names both environments."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as origin:
+        add_dead_letters(origin, "points.credit", 1)
+    make_feed(origin_db, fake_bs, PRODUCTION).run_once(origin_db.server_now())
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_URL", fake_bs.url)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", TOKEN)
+    clean_env.setenv("CORE_JOBS_ALERTS_ENVIRONMENT", "staging-eu")
+    sent_before = len(fake_bs.requests)
+
+    assert cli_main(["run-once", "alerts"]) == 1
+    assert len(fake_bs.requests) == sent_before
+    printed = capsys.readouterr().out
+    [event] = events_in(printed, "alerts.identity.unconfirmed")
+    assert (event["bound_environment"], event["environment"]) == ("production", "staging-eu")
+    [error] = events_in(printed, "alerts.feed.error")
+    assert "CORE_JOBS_ALERTS_ENVIRONMENT" in error["error"] and "renew" in error["error"]
+    assert cli_main(["alerts", "identity", "show"]) == 1
+    assert "unconfirmed" in capsys.readouterr().out
+
+
+def test_an_installation_with_no_recorded_environment_records_the_first_one_and_keeps_alerting(
+    database_url, fake_bs, logs
+):
+    """An installation that alerted before it declared an environment (the upgrade of an existing production)
+    records the first one it is given — an automatic `declared` binding, a warning — and resolves its own incident
+    in that same run; a later run with no environment configured then refuses."""
+    origin_db = Database(database_url)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        ids = add_dead_letters(conn, "points.credit", 1)
+        make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+        [incident] = list(fake_bs.incidents)
+        identity = read_installation(conn)
+        handle(conn, ids)
+
+        result = make_feed(origin_db, fake_bs, PRODUCTION).run_once(origin_db.server_now())
+
+        assert (result.incidents_resolved, result.ok) == (1, True)
+        assert fake_bs.incidents[incident]["status"] == "Resolved"
+        assert read_installation(conn) == identity
+        assert conn.execute(
+            "SELECT installation_id::text, environment, bound_how, bound_by FROM core.installation_history"
+            " ORDER BY id DESC LIMIT 1"
+        ).fetchone() == (identity, "production", "declared", "core-jobs alerts (automatic)")
+        [declared] = events_in(logs.text, "alerts.identity.declared")
+        assert (declared["installation"], declared["environment"]) == (identity, "production")
+        sent_before = len(fake_bs.requests)
+        with pytest.raises(IdentityUnconfirmed, match="none"):
+            make_feed(origin_db, fake_bs).run_once(origin_db.server_now())
+        assert len(fake_bs.requests) == sent_before
+
+
+def test_the_database_refuses_an_environment_changed_other_than_by_a_rebind_or_a_first_declaration(conn):
+    """core.installation's environment changes only by adopt/renew, or from none by a `declared` binding that
+    keeps the id and the place; a second declaration, a blank name or a bare UPDATE is refused."""
+    rebind(conn, ADOPTED, by="test", reason="this test database bound here", now=server_now(conn), environment=None)
+    declare = (
+        "UPDATE core.installation SET environment = %s, bound_how = 'declared', bound_at = now(), bound_by = 'ops'"
+    )
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE core.installation SET environment = 'production'")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(declare, (" production",))
+    conn.execute(declare, ("production",))
+    with pytest.raises(psycopg.errors.CheckViolation, match="declared"):
+        conn.execute(declare, ("staging-eu",))
+    with pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute("UPDATE core.installation SET environment = NULL, bound_how = 'declared', bound_at = now()")
+    assert conn.execute("SELECT environment FROM core.installation").fetchone() == ("production",)

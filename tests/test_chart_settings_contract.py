@@ -21,7 +21,7 @@ from typing import Any
 import helm_python
 import pytest
 from helm_support import CHART_DIR
-from test_helm_chart import API_ON, SECRET_SETTINGS, pod_templates, render_objects, with_secret
+from test_helm_chart import API_ON, ENVIRONMENT, SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -164,12 +164,18 @@ def test_the_scheduler_pod_waits_for_the_run_in_hand_before_sigkill(chart, clean
     assert grace > longest_run.total_seconds(), where
 
 
+def test_every_container_runs_as_the_declared_environment(rendered):
+    """Each container's CORE_JOBS_ALERTS_ENVIRONMENT is the values' `environment` (the alert identity is bound to it)."""
+    for where, env in container_environments(rendered):
+        assert env.get("CORE_JOBS_ALERTS_ENVIRONMENT") == ENVIRONMENT, where
+
+
 def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
     """settings: accepts every real non-secret setting the chart does not manage itself, and nothing else."""
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     allowed = set(schema["definitions"]["knownSetting"]["enum"])
     chart_managed = re.compile(
-        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
+        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|ALERTS_ENVIRONMENT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
     )
     expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
     assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"

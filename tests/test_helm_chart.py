@@ -25,6 +25,7 @@ from kubernetes_validate.utils import all_versions, major_minor
 RELEASE = "ops"
 NAMESPACE = "jobs"
 SECRET = "core-jobs-secrets"
+ENVIRONMENT = "production-eu"
 JOBS = ("purge", "alerts", "metrics")
 SECRET_SETTINGS = (
     "CORE_JOBS_DATABASE_URL",
@@ -119,9 +120,10 @@ SUPPORTED_KUBE_VERSIONS = [v for v in SHIPPED_KUBE_VERSIONS if kube_minor(v) >= 
 
 
 def with_secret(overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Values with the required existingSecret, plus overrides."""
+    """Values with the required existingSecret and environment, plus overrides."""
     values = copy.deepcopy(overrides or {})
     values.setdefault("secrets", {}).setdefault("existingSecret", SECRET)
+    values.setdefault("environment", ENVIRONMENT)
     return values
 
 
@@ -509,7 +511,21 @@ def test_an_existing_service_account_and_image_digest_are_used_everywhere(chart)
 def test_rendering_without_existing_secret_fails_with_a_clear_message(chart):
     """Without secrets.existingSecret the chart refuses to render and says what to set."""
     with pytest.raises(helm_python.HelmRenderError, match=r"secrets\.existingSecret is required"):
-        chart.render({}, name=RELEASE, namespace=NAMESPACE)
+        chart.render({"environment": ENVIRONMENT}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_rendering_without_an_environment_fails_with_a_clear_message(chart):
+    """Without `environment` the chart refuses to render and says why: the alert identity is bound to it."""
+    with pytest.raises(helm_python.HelmRenderError, match=r"environment is required.*physical copy"):
+        chart.render({"secrets": {"existingSecret": SECRET}}, name=RELEASE, namespace=NAMESPACE)
+
+
+def test_the_schema_refuses_an_environment_with_a_space_and_the_setting_under_settings(chart):
+    """`environment` is a name compared exactly (no space), and only `environment` sets it, never `settings:`."""
+    with pytest.raises(helm_python.HelmValuesError, match="environment"):
+        chart.validate_schema(with_secret({"environment": "staging eu"}))
+    with pytest.raises(helm_python.HelmValuesError, match="CORE_JOBS_ALERTS_ENVIRONMENT"):
+        chart.validate_schema(with_secret({"settings": {"CORE_JOBS_ALERTS_ENVIRONMENT": "staging"}}))
 
 
 # --- the values schema ---------------------------------------------------------------------

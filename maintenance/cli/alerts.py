@@ -1,17 +1,21 @@
 """``core-jobs alerts identity show|adopt|renew``: the alert identity of a database that may be a copy (issue 17).
 
-The alert feed refuses to alert when the database is not where its identity was bound and it
-has alerts (maintenance/jobs/alerts/identity.py says why, and what is and is not detected). An operator then says
-which it is:
+The alert feed refuses to alert when the database is not where its identity was bound, or runs as
+another environment (``CORE_JOBS_ALERTS_ENVIRONMENT``) than the one it was bound under, and it has
+alerts (maintenance/jobs/alerts/identity.py says why, and what is and is not detected). An
+operator then says which it is:
 
 * ``adopt --reason R`` — the same installation, moved (``pg_upgrade``, a dump and restore as the
-  upgrade path): the identity is kept and bound here; its incidents stay its own. Already bound
-  here: nothing changes.
-* ``renew --reason R`` — a copy (staging restored from prod): a new identity, bound here; the
-  origin's open alerts are recorded ``resolved`` (``inherited``), its pending intents
-  ``cancelled`` (``inherited``); nothing is sent to Better Stack. Allowed while bound here too:
-  a physical copy (base backup, snapshot) cannot be told from its origin, so after restoring
-  one as another environment, renew it.
+  upgrade path) or its deployment renamed: the identity is kept and bound here, under the
+  environment; its incidents stay its own. Already bound here under it: nothing changes.
+* ``renew --reason R`` — a copy (staging restored from prod, a snapshot included): a new
+  identity, bound here under the environment; the origin's open alerts are recorded ``resolved``
+  (``inherited``), its pending intents ``cancelled`` (``inherited``); nothing is sent to Better
+  Stack. Allowed while bound here too (a copy run with its origin's configuration cannot be told
+  from it).
+
+Both record ``--environment`` (default: the configured ``CORE_JOBS_ALERTS_ENVIRONMENT``, so run
+them where the feed runs, e.g. ``kubectl exec``; ``--environment ''`` records none).
 * ``show`` — the identity, its binding, where the database is now, and what the next feed run
   will do.
 
@@ -37,10 +41,11 @@ if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser
 
 NEXT_RUN = {
     "bound_here": "the alert feed alerts under this identity",
+    "declares": "the next feed run records the configured environment (the first one) and alerts under this identity",
     "renews_itself": "bound elsewhere, and this database never recorded an alert: the next feed run takes a new"
     " identity by itself",
     "unconfirmed": "the alert feed refuses to alert (it sends Better Stack nothing) until an operator runs"
-    " `core-jobs alerts identity adopt` (the same installation, moved) or `renew` (a copy)",
+    " `core-jobs alerts identity adopt` (the same installation, moved or renamed) or `renew` (a copy)",
 }
 
 
@@ -49,14 +54,14 @@ def cmd_identity_show(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
-        identity = read_identity(conn)
+        identity = read_identity(conn, configured=settings.alerts_environment)
     print(f"installation {identity.id}")
-    print(f"  bound to  {identity.bound}")
+    print(f"  bound to  {identity.bound}, environment {identity.environment or '(none)'}")
     print(
         f"            {identity.bound_how} by {identity.bound_by} at {identity.bound_at.isoformat()}"
         + (f": {identity.bound_reason}" if identity.bound_reason else "")
     )
-    print(f"  here      {identity.here}")
+    print(f"  here      {identity.here}, environment {identity.configured or '(none)'}")
     print(f"  state     {identity.state}: {NEXT_RUN[identity.state]}")
     return EXIT_FAILED if identity.state == "unconfirmed" else EXIT_OK
 
@@ -81,6 +86,17 @@ def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
     from maintenance.runtime.logs import get_logger
 
     reason, operator = (args.reason or "").strip(), (args.operator or "").strip()
+    environment = settings.alerts_environment
+    if args.environment is not None:
+        from pydantic import ValidationError
+
+        from maintenance.jobs.alerts.settings import AlertsFields
+
+        try:
+            environment = AlertsFields(alerts_environment=args.environment).alerts_environment
+        except ValidationError as exc:
+            print(f"core-jobs: refused: --environment {exc.errors()[0]['msg']}", file=sys.stderr)
+            return EXIT_USAGE
     if not reason or not operator:
         print("core-jobs: refused: --reason and --operator must not be blank (the binding's audit)", file=sys.stderr)
         return EXIT_USAGE
@@ -88,11 +104,13 @@ def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
         if not acquired:
             print(f"core-jobs: an alert feed run holds {LOCK_NAME}; try again when it is done", file=sys.stderr)
             return EXIT_FAILED
-        identity = read_identity(conn)
-        if how == ADOPTED and identity.bound_here:
-            print(f"installation {identity.id} is already bound to {identity.here}: nothing changed")
+        identity = read_identity(conn, configured=environment)
+        if how == ADOPTED and identity.bound_here and identity.environment == environment:
+            print(
+                f"installation {identity.id} is already bound to {identity.here}, environment {environment}: nothing changed"
+            )
             return EXIT_OK
-        done = rebind(conn, how, by=operator, reason=reason, now=server_now(conn))
+        done = rebind(conn, how, by=operator, reason=reason, now=server_now(conn), environment=environment)
     audit = {**done.previous.log_fields(), "operator": operator, "reason": reason}
     if how == ADOPTED:
         get_logger(job="alerts").warning("alerts.identity.adopted", **audit)
@@ -105,7 +123,10 @@ def _rebind(args: argparse.Namespace, settings: Settings, how: str) -> int:
             resolved_inherited=done.resolved_inherited,
             cancelled_inherited=done.cancelled_inherited,
         )
-    print(f"{how}: installation {done.previous.id} -> {done.installation}, bound to {done.previous.here}")
+    print(
+        f"{how}: installation {done.previous.id} -> {done.installation}, bound to {done.previous.here},"
+        f" environment {environment or '(none)'}"
+    )
     if done.resolved_inherited or done.cancelled_inherited:
         print(
             f"  the origin's alerts, left to it at Better Stack: {done.resolved_inherited} open recorded resolved"
@@ -129,4 +150,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         p = identity_sub.add_parser(name, help=help_)
         p.add_argument("--reason", required=True, help="why, for core.installation_history (required, non-blank)")
         p.add_argument("--operator", default=_default_operator(), help="who acts (default: $USER)")
+        p.add_argument(
+            "--environment",
+            default=None,
+            help="the environment to bind it under (default: CORE_JOBS_ALERTS_ENVIRONMENT; '' records none)",
+        )
         p.set_defaults(handler=handler)

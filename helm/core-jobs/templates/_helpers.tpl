@@ -68,7 +68,8 @@ app.kubernetes.io/part-of: {{ .ctx.Values.partOf | default .ctx.Chart.Name }}
 
 {{/*
 Every setting the ConfigMap carries: the values' `settings` plus the schedules (so the scheduler
-reads the same schedules the CronJobs use) and, in mode scheduler, the HTTP port. The schema
+reads the same schedules the CronJobs use), the required `environment` (the alert identity is
+bound to it) and, in mode scheduler, the HTTP port. The schema
 keeps secret names out of `settings`.
 */}}
 {{- define "core-jobs.settings" -}}
@@ -86,6 +87,7 @@ keeps secret names out of `settings`.
 {{- if eq .Values.mode "scheduler" }}
 {{- $_ := set $settings "CORE_JOBS_HTTP_PORT" (toString .Values.scheduler.port) }}
 {{- end }}
+{{- $_ := set $settings "CORE_JOBS_ALERTS_ENVIRONMENT" (required "environment is required: name this deployment (production, staging-eu…), e.g. --set environment=production; the alert identity is bound to it, so a physical copy of another deployment's database refuses to alert (docs/alerts.md)" .Values.environment) }}
 {{- toYaml $settings }}
 {{- end }}
 

@@ -58,7 +58,10 @@ What one run does (``run_once(now)``; ``now`` is PostgreSQL's clock, read once b
    database's earlier life (same ids) are never adopted. It is bound to where the database lives
    (cluster system identifier, database oid; migration ``0015_installation_copies``): a copy
    (restored dump, ``CREATE DATABASE … TEMPLATE``) that has alerts refuses to run until an
-   operator adopts or renews it; one that never alerted takes a new identity by itself
+   operator adopts or renews it; one that never alerted takes a new identity by itself. It is
+   bound to the deployment's environment too (``CORE_JOBS_ALERTS_ENVIRONMENT``, migration
+   ``0016_installation_environment``): a physical copy run as another environment is treated the
+   same way; the first environment given to an installation with none is recorded by itself
    (identity.py).
 7. **Auto-resolve**: an ``open`` incident none of whose items is still pending is
    resolved at Better Stack (``409`` already resolved counts as done) and marked ``resolved``
@@ -101,7 +104,7 @@ posted or resolved.
 
 Events (an item's key is their field ``queue``, its count ``num_dead_letters``, for both
 sources, as in the alert table's columns): ``alerts.identity.unconfirmed`` (error: the run refuses), ``alerts.identity.renewed``
-(warning), ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
+(warning), ``alerts.identity.declared`` (warning: the first environment recorded), ``alerts.feed.skipped``, ``alerts.feed.intent_recorded``, ``alerts.feed.intent_cancelled``
 (``reason``, ``released``), ``alerts.feed.incident_posted``, ``alerts.feed.escalation_posted``,
 ``alerts.feed.incident_recovered``, ``alerts.feed.post_failed``, ``alerts.feed.incident_resolved``,
 ``alerts.feed.incident_gone`` (warning), ``alerts.feed.resolve_failed``,

@@ -33,6 +33,7 @@ class AlertFeedConfig:
     escalation_policy_id: str | None = None
     requester_email: str | None = None
     ops_url_template: str | None = None
+    environment: str | None = None  # the deployment the identity is bound to (identity.py)
     top_errors: int = 3
     samples: int = 3
 
@@ -59,6 +60,7 @@ def feed_config(settings: Settings) -> AlertFeedConfig:
             escalation_policy_id=settings.betterstack_escalation_policy_id,
             requester_email=settings.betterstack_requester_email,
             ops_url_template=settings.ops_url_template,
+            environment=settings.alerts_environment,
         )
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}ALERTS_* / BETTERSTACK_*: {exc}") from None

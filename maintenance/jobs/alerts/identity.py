@@ -40,12 +40,30 @@ pending intent again; adopting a real copy by itself is the defect this closes. 
 told from inside the database, and a failed job is loud (exit 1, heartbeat ``/fail``), while a
 wrong guess is silent.
 
-What is **not** detected: a *physical* copy — a base backup or disk snapshot restored elsewhere,
-a promoted streaming replica, PITR — keeps the system identifier and the oid: inside, it *is*
-the origin (a promoted replica, the same installation failing over, must keep its identity, and
-a timeline change is the same for both). After restoring a physical backup as another
-environment, run ``renew`` on it before it gets a Better Stack token (docs/runbook.md). A copy
-made before 0015 that was migrated where it is now is bound there: ``renew`` it too.
+**Bound to an environment too** (migration ``0016_installation_environment``). A *physical*
+copy — a base backup or a disk snapshot restored elsewhere (RDS and Cloud SQL snapshot restores
+are physical), a promoted streaming replica, PITR — keeps the system identifier and the oid:
+inside, it *is* the origin (a promoted replica, the same installation failing over, must keep
+its identity). What tells staging restored from production's snapshot from production is only
+what its deployment says it is: ``CORE_JOBS_ALERTS_ENVIRONMENT`` (the Helm chart sets it from
+its required ``environment`` value). The identity records the environment it was bound under,
+and each run compares it with the configured one too:
+
+* **The same** → the run goes on.
+* **None recorded, one configured** → recorded by itself (``bound_how = declared``, warning
+  ``alerts.identity.declared``), and the run goes on: an existing production that sets it for
+  the first time neither pages again nor stops alerting. Only the first one: a declaration never
+  replaces another.
+* **Another one, or none configured while one is recorded** → as a copy elsewhere: a new
+  identity by itself if this database never recorded an alert, else the run **refuses**
+  (``alerts.identity.unconfirmed`` naming both environments) until ``renew`` (a copy: staging
+  restored from production's snapshot) or ``adopt`` (the deployment was renamed) — each records
+  the environment it is given (``--environment``, by default the configured one).
+
+So a physical copy is detected when it runs with its own deployment's configuration, which is
+the only way it reaches its own Better Stack; a copy run with the origin's configuration
+(environment and token) is the origin, by every means available. A copy made before 0015 that
+was migrated where it is now, under the same environment, is bound there: ``renew`` it.
 """
 
 from __future__ import annotations
@@ -59,9 +77,10 @@ import psycopg
 from maintenance.jobs.alerts.sources import cancel_intent
 from maintenance.jobs.alerts.sql import PENDING_INTENTS, READ_IDENTITY, REBIND_INSTALLATION, RESOLVE_INHERITED
 
-ADOPTED, RENEWED = "adopted", "renewed"
+ADOPTED, RENEWED, DECLARED = "adopted", "renewed", "declared"
 AUTOMATIC = "core-jobs alerts (automatic)"
 AUTOMATIC_REASON = "bound elsewhere, and this database never recorded an alert: a new identity loses nothing"
+DECLARED_REASON = "the first environment declared for this installation (CORE_JOBS_ALERTS_ENVIRONMENT)"
 INHERITED = "inherited"
 
 
@@ -79,7 +98,8 @@ class Location:
 
 @dataclass(frozen=True)
 class Identity:
-    """The identity, where it was bound (and how), and where the database is now."""
+    """The identity, where and under which environment it was bound (and how), and where and as what the database
+    runs now (``configured``: the environment this process was given)."""
 
     id: str
     bound: Location
@@ -89,6 +109,8 @@ class Identity:
     bound_reason: str | None
     here: Location
     has_alerts: bool
+    environment: str | None
+    configured: str | None
 
     @property
     def bound_here(self) -> bool:
@@ -99,22 +121,38 @@ class Identity:
         )
 
     @property
+    def same_environment(self) -> bool:
+        """The configured environment is the recorded one, or none was recorded yet (the first is declared)."""
+        return self.environment is None or self.environment == self.configured
+
+    @property
     def state(self) -> str:
-        """``bound_here``, ``renews_itself`` (elsewhere, no alert ever) or ``unconfirmed`` (the feed refuses)."""
-        if self.bound_here:
-            return "bound_here"
+        """``bound_here``, ``declares`` (bound here, the first environment to record), ``renews_itself``
+        (elsewhere or another environment, no alert ever) or ``unconfirmed`` (the feed refuses)."""
+        if self.bound_here and self.same_environment:
+            return "declares" if self.environment is None and self.configured is not None else "bound_here"
         return "unconfirmed" if self.has_alerts else "renews_itself"
 
     def explain(self) -> str:
-        """One paragraph for the operator: where it was bound, where it is, what to run."""
-        what = "another cluster" if self.bound.system_identifier != self.here.system_identifier else "another database"
+        """One paragraph for the operator: where and as what it was bound, where and as what it runs, what to run."""
+        bound = f"{self.bound} as environment {self.environment or '(none)'}"
+        if not self.bound_here:
+            what = (
+                "another cluster" if self.bound.system_identifier != self.here.system_identifier else "another database"
+            )
+            here = f"this is {self.here} ({what}): a copy (a restored backup, CREATE DATABASE … TEMPLATE) or the same installation moved (pg_upgrade, dump and restore)"
+        else:
+            here = (
+                f"this deployment is configured as environment {self.configured or '(none)'} "
+                "(CORE_JOBS_ALERTS_ENVIRONMENT): a physical copy (a snapshot or a base backup restored as another "
+                "deployment), a deployment renamed, or a configuration that lost its environment"
+            )
         return (
-            f"the alert identity {self.id} was bound to {self.bound} ({self.bound_how} by {self.bound_by}, "
-            f"{self.bound_at.isoformat()}), but this is {self.here} ({what}): a copy (a restored backup, CREATE "
-            "DATABASE … TEMPLATE) or the same installation moved (pg_upgrade, dump and restore). The alert feed sends "
-            "Better Stack nothing until an operator says which: `core-jobs alerts identity renew --reason …` (a copy: "
-            "a new identity, the origin's incidents left alone) or `core-jobs alerts identity adopt --reason …` "
-            "(moved: keep it)"
+            f"the alert identity {self.id} was bound to {bound} ({self.bound_how} by {self.bound_by}, "
+            f"{self.bound_at.isoformat()}), but {here}. The alert feed sends Better Stack nothing until an operator "
+            "says which: `core-jobs alerts identity renew --reason …` (a copy: a new identity, the origin's incidents "
+            "left alone) or `core-jobs alerts identity adopt --reason …` (the same installation, moved or renamed: "
+            "keep it); both record the configured environment"
         )
 
     def log_fields(self) -> dict[str, Any]:
@@ -126,6 +164,8 @@ class Identity:
             "system_identifier": str(self.here.system_identifier),
             "database_oid": self.here.database_oid,
             "database": self.here.database_name,
+            "bound_environment": self.environment,
+            "environment": self.configured,
         }
 
 
@@ -148,40 +188,61 @@ class Rebound:
     cancelled_inherited: int = 0
 
 
-def read_identity(conn: psycopg.Connection) -> Identity:
+def read_identity(conn: psycopg.Connection, *, configured: str | None) -> Identity:
+    """The identity as recorded, and where the database is; ``configured``: the environment this process runs as."""
     row = conn.execute(READ_IDENTITY).fetchone()
     if row is None:
         raise RuntimeError("core.installation has no row: the alert feed has no identity; run `core-jobs migrate`")
-    (id_, sysid, oid, name, at, how, by, reason, here_sysid, here_oid, here_name, has_alerts) = row
+    (id_, sysid, oid, name, at, how, by, reason, here_sysid, here_oid, here_name, has_alerts, environment) = row
     return Identity(
-        id_, Location(sysid, oid, name), at, how, by, reason, Location(here_sysid, here_oid, here_name), has_alerts
+        id_,
+        Location(sysid, oid, name),
+        at,
+        how,
+        by,
+        reason,
+        Location(here_sysid, here_oid, here_name),
+        has_alerts,
+        environment,
+        configured,
     )
 
 
-def settle_identity(conn: psycopg.Connection, now: datetime, log: Any) -> str:
-    """The identity this feed run may alert under (the caller holds the feed's lock), or IdentityUnconfirmed."""
-    identity = read_identity(conn)
-    if identity.bound_here:
+def settle_identity(conn: psycopg.Connection, now: datetime, log: Any, environment: str | None) -> str:
+    """The identity this feed run, configured as ``environment``, may alert under (the caller holds the feed's
+    lock), or IdentityUnconfirmed."""
+    identity = read_identity(conn, configured=environment)
+    state = identity.state
+    if state == "bound_here":
         return identity.id
-    if identity.has_alerts:
+    if state == "unconfirmed":
         log.error("alerts.identity.unconfirmed", **identity.log_fields())
         raise IdentityUnconfirmed(identity)
-    rebound = rebind(conn, RENEWED, by=AUTOMATIC, reason=AUTOMATIC_REASON, now=now)
+    if state == "declares":
+        rebind(conn, DECLARED, by=AUTOMATIC, reason=DECLARED_REASON, now=now, environment=environment)
+        log.warning("alerts.identity.declared", **identity.log_fields())
+        return identity.id
+    rebound = rebind(conn, RENEWED, by=AUTOMATIC, reason=AUTOMATIC_REASON, now=now, environment=environment)
     log.warning("alerts.identity.renewed", **identity.log_fields(), renewed_to=rebound.installation, automatic=True)
     return rebound.installation
 
 
-def rebind(conn: psycopg.Connection, how: str, *, by: str, reason: str, now: datetime) -> Rebound:
-    """Adopt (keep the identity) or renew (a new one, the origin's unfinished alerts finished as
-    ``inherited``) and bind it here, in one transaction; ``now`` stamps the inherited alerts."""
+def rebind(
+    conn: psycopg.Connection, how: str, *, by: str, reason: str, now: datetime, environment: str | None
+) -> Rebound:
+    """Adopt (keep the identity), declare (keep it, record its first environment) or renew (a new one, the
+    origin's unfinished alerts finished as ``inherited``) and bind it here under ``environment``, in one
+    transaction; ``now`` stamps the inherited alerts."""
     with conn.transaction():
-        previous = read_identity(conn)
+        previous = read_identity(conn, configured=environment)
         resolved, cancelled = 0, 0
         if how == RENEWED:
             for intent in conn.execute(PENDING_INTENTS).fetchall():
                 cancel_intent(conn, intent[0], intent[2], INHERITED, now)
                 cancelled += 1
             resolved = len(conn.execute(RESOLVE_INHERITED, {"now": now}).fetchall())
-        rebound = conn.execute(REBIND_INSTALLATION, {"how": how, "by": by, "reason": reason}).fetchone()
+        rebound = conn.execute(
+            REBIND_INSTALLATION, {"how": how, "by": by, "reason": reason, "environment": environment}
+        ).fetchone()
         assert rebound is not None  # the one row
     return Rebound(previous, rebound[0], how, resolved, cancelled)

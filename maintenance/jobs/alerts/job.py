@@ -156,7 +156,7 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        installation = settle_identity(conn, now, self.log)  # a copy of another database refuses here
+        installation = settle_identity(conn, now, self.log, self.config.environment)  # a copy refuses here
         stale_cutoff = now - self.config.stale_after
         if self.dry_run:
             self._dry_run(conn, plan_incidents(conn, now, self.config, installation), result)

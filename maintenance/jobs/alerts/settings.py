@@ -27,6 +27,13 @@ class AlertsFields(BaseModel):
     """Better Stack: API, routing, heartbeat, limits; the ops link; the stale-dead-letter escalation."""
 
     schedule_alerts: Crontab = Field(default="*/5 * * * *", description="`serve`: crontab (UTC) of the alerts job.")
+    alerts_environment: str | None = Field(
+        default=None,
+        description="Which deployment this is (production, staging-eu…): the alert identity is bound to it, so a "
+        "physical copy of the database (a snapshot, a base backup) started as another environment refuses to alert "
+        "until `core-jobs alerts identity renew` (docs/alerts.md). The Helm chart sets it from `environment`. "
+        "Unset: none declared; the first one given is recorded by itself. Up to 63 visible characters.",
+    )
     betterstack_api_url: str = Field(
         default="https://uptime.betterstack.com",
         description="Base URL of the Better Stack Uptime API (http:// or https://).",
@@ -89,6 +96,17 @@ class AlertsFields(BaseModel):
         default=timedelta(days=3),
         description="A dead letter still pending review this long after it was written escalates (PostgreSQL's clock).",
     )
+
+    @field_validator("alerts_environment", mode="before")
+    @classmethod
+    def _environment(cls, value: Any) -> Any:
+        """Blank is unset; a name is compared exactly, so no space or control character that a
+        copy-paste could add or drop."""
+        if value is None or str(value).strip() == "":
+            return None
+        if len(str(value)) > 63 or not all("!" <= c <= "~" for c in str(value)):
+            raise ValueError("must be at most 63 visible ASCII characters (no space), e.g. production or staging-eu")
+        return value
 
     @field_validator("betterstack_api_url")
     @classmethod

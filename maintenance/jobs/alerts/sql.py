@@ -6,24 +6,26 @@ from __future__ import annotations
 # This installation's identity (migration 0006_alert_identity): one row, never changed.
 READ_INSTALLATION = "SELECT id::text FROM core.installation"
 
-# The identity with its binding and where the database is now (migration 0015_installation_copies),
-# and whether this database ever recorded an alert: a copy that never did can take a new identity
+# The identity with its binding (place: migration 0015_installation_copies; environment:
+# 0016_installation_environment) and where the database is now, and whether this database ever recorded an alert: a copy that never did can take a new identity
 # by itself (identity.py).
 READ_IDENTITY = """
 SELECT i.id::text, i.system_identifier, i.database_oid::bigint, i.database_name,
        i.bound_at, i.bound_how, i.bound_by, i.bound_reason,
        l.system_identifier, l.database_oid::bigint, l.database_name,
-       EXISTS (SELECT 1 FROM core.dead_letter_alerts) AS has_alerts
+       EXISTS (SELECT 1 FROM core.dead_letter_alerts) AS has_alerts, i.environment
   FROM core.installation AS i CROSS JOIN core.installation_location() AS l
 """
 
-# Bind the identity to where the database is now: keep the id (adopted) or take a new one
-# (renewed). The database checks the rest (where, when, no unfinished alert for a renew).
+# Bind the identity to where the database is now and to an environment: keep the id (adopted, or
+# declared: the first environment of an installation that had none) or take a new one (renewed).
+# The database checks the rest (where, when, no unfinished alert for a renew, declared from none).
 REBIND_INSTALLATION = """
 UPDATE core.installation AS i
    SET id = CASE WHEN %(how)s = 'renewed' THEN gen_random_uuid() ELSE i.id END,
        (system_identifier, database_oid, database_name) = (l.system_identifier, l.database_oid, l.database_name),
-       bound_at = now(), bound_how = %(how)s, bound_by = %(by)s, bound_reason = %(reason)s
+       bound_at = now(), bound_how = %(how)s, bound_by = %(by)s, bound_reason = %(reason)s,
+       environment = %(environment)s
   FROM core.installation_location() AS l
 RETURNING i.id::text
 """
