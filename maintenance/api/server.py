@@ -58,6 +58,7 @@ MAX_HEADER_BYTES = 32 * 1024  # request line and headers of one request
 MAX_HEADERS = 100
 MAX_FRAMING_BYTES = 32 * 1024  # chunk-size lines, chunk extensions, CRLFs and trailer fields of one request
 LINGER_SECONDS = 1.0
+MAX_LINGER_BYTES = 1024 * 1024  # discarded after an answer, before the server stops reading
 
 
 class _Refused(Exception):
@@ -89,6 +90,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         False  # the last chunk header had no data after it: the last chunk's trailers (or a chunk's data) follow
     )
     deadline: asyncio.TimerHandle | None = None
+    lingered = 0  # bytes discarded since the refusal
 
     @classmethod
     def configured(cls, settings: Settings) -> type[BoundedHttpToolsProtocol]:
@@ -177,7 +179,10 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     # -- each read: parsed, then its non-body bytes counted against the bounds
     def data_received(self, data: bytes) -> None:
-        if self.refusal is not None:  # answered: what the client still sends is discarded
+        if self.refusal is not None:  # answered: what the client still sends is discarded, a bounded amount
+            self.lingered += len(data)
+            if self.lingered > MAX_LINGER_BYTES and not self.transport.is_closing():
+                self.transport.pause_reading()  # the client's sends block until the close
             return
         self._arm()  # any byte starts the clock of the request it belongs to
         self.fed_body = 0
@@ -205,7 +210,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, problem: Problem) -> None:
         """Answer ``problem`` (Connection: close) unless this request's response has begun or one before it is in
-        flight — then only close —, discard what the client still sends for :data:`LINGER_SECONDS`, and close."""
+        flight — then only close —, discard what the client still sends (at most :data:`MAX_LINGER_BYTES`) for :data:`LINGER_SECONDS`, and close."""
         self.refusal = problem
         self._disarm()
         current = None if self.in_head else self.cycle
