@@ -14,15 +14,28 @@ connections, lets the requests in flight finish — each is one transaction, so 
 half — for up to ``CORE_JOBS_API_SHUTDOWN_GRACE``, closes the pool, logs
 ``maintenance.api.stopped`` and exits 0.
 
-Request heads are bounded (issue 17): one request's request line and headers may hold at most
-:data:`MAX_HEADER_BYTES` bytes and :data:`MAX_HEADERS` header fields. Past either, the server
-answers **431** ``request-headers-too-large`` (problem+json, ``Connection: close``) as soon as the
-bound is crossed — without reading the rest, without running the app — discards what the client
-still sends for at most :data:`LINGER_SECONDS` (so the client can read the answer) and closes.
+Every byte a request holds outside its counted body is bounded, and so is the time to send it
+(issue 17, item 5; :class:`BoundedHttpToolsProtocol`, uvicorn's httptools protocol, pinned so the
+bounds do not depend on which parser happens to be installed). The answer is problem+json with
+``Connection: close``, written as soon as a bound is crossed — without reading the rest, the app
+stopped waiting (it sees a disconnect) — then at most :data:`MAX_LINGER_BYTES` more are discarded
+for :data:`LINGER_SECONDS` (so the client can read the answer) and the connection is closed:
+
+- the head (request line and headers) past :data:`MAX_HEADER_BYTES` or :data:`MAX_HEADERS`
+  fields: **431** ``request-headers-too-large``;
+- a chunked body's framing (chunk-size lines, extensions, CRLFs) and trailer fields past
+  :data:`MAX_FRAMING_BYTES`: **431** in the trailers, **413** ``payload-too-large`` in the framing
+  (so a body of tiny chunks is refused too). Trailer fields are discarded, never merged into the
+  headers the app sees;
+- a body past ``CORE_JOBS_API_MAX_BODY_BYTES``, even one the app answered without reading (e.g.
+  a 401, or a 413 on its Content-Length): **413**, or only the close once the answer is out;
+- a request not read whole within ``CORE_JOBS_API_READ_TIMEOUT`` (10 s) from the connection's
+  opening or its first byte: **408** ``request-timeout``. An idle keep-alive connection is closed
+  after uvicorn's ``timeout_keep_alive`` (5 s).
+
 Unbounded, one unauthenticated request with a 64 MB ``Authorization`` header kept the event loop
-busy for ~10 s and a ``/healthz`` probe meanwhile took 7.2 s. The parser is pinned
-(:class:`BoundedHttpToolsProtocol`, uvicorn's httptools protocol with the bounds), so the bound
-does not depend on which parser happens to be installed.
+busy for ~10 s and a ``/healthz`` probe meanwhile took 7.2 s; the same 64 MB as a trailer field,
+5.1 s; and a head sent one header a second was held open as long as the client liked.
 """
 
 from __future__ import annotations
