@@ -61,6 +61,7 @@ TITLES = {
     "idempotency-key-reused": "Idempotency key reused for another request",
     "payload-too-large": "Request body too large",
     "request-headers-too-large": "Request headers too large",
+    "request-timeout": "Request not received in time",
     "unsupported-media-type": "Unsupported media type",
     "invalid-request": "Invalid request",
     "filter-too-broad": "Bulk filter matches more than the cap",

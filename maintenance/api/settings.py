@@ -37,6 +37,7 @@ DEFAULT_API_DATABASE_ROLE = "core_jobs_api"  # migration 0009
 DEFAULT_API_POOL_MAX_SIZE = 8  # connections
 DEFAULT_API_MAX_BODY_BYTES = 256 * 1024  # bytes
 DEFAULT_API_SHUTDOWN_GRACE = timedelta(seconds=20)  # in-flight requests on SIGTERM
+DEFAULT_API_READ_TIMEOUT = timedelta(seconds=10)  # to send one request whole
 
 
 class ApiSettings(BaseModel):
@@ -98,6 +99,12 @@ class ApiSettings(BaseModel):
         ge=1024,
         le=16 * 1024 * 1024,
         description="Largest request body; a larger one gets 413 before it is parsed (1 000 ids fit in ~20 kB).",
+    )
+    api_read_timeout: _PositiveDuration = Field(
+        default=DEFAULT_API_READ_TIMEOUT,
+        description="How long a client may take to send one request whole (request line, headers, body, trailers), "
+        "from the connection's opening or the request's first byte; past it 408 and the connection is closed. "
+        "Raise it with API_MAX_BODY_BYTES for slow clients.",
     )
     api_shutdown_grace: _PositiveDuration = Field(
         default=DEFAULT_API_SHUTDOWN_GRACE,
