@@ -1,7 +1,7 @@
 """The fence's statement and the health check of its transaction, shared by plain and durable consumers.
 
 :data:`INSERT_FENCE` is the first write of the work transaction (J-B1; harness/handling.py for a
-plain consumer, the final transaction of harness/execution.py for a durable one), and
+plain consumer, the final transaction of harness/durable/executor.py for a durable one), and
 :func:`check_work_transaction` is what must hold before that transaction commits.
 """
 

@@ -37,7 +37,7 @@
    the purge keeps the job's fences through every retry of a fence processed long ago.
 
 6. A consumer that declares actions (seed 002) runs as a durable execution instead of steps 2-5:
-   after step 1, :func:`harness.execution.run_execution` takes over (docs/durable-actions.md).
+   after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
 
 Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
@@ -55,8 +55,8 @@ from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
+from harness.durable.executor import run_execution
 from harness.errors import PermanentError, PoisonMessage, TransientError
-from harness.execution import run_execution
 from harness.fence import INSERT_FENCE, check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
@@ -86,7 +86,7 @@ def handle(
 ) -> Outcome:
     """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring.
 
-    ``lease`` is the worker's lease, which a durable consumer's execution takes (harness/execution.py).
+    ``lease`` is the worker's lease, which a durable consumer's execution takes (harness/durable/executor.py).
     """
     if fence_ttl <= timedelta(0):
         raise ValueError(f"fence_ttl must be positive, got {fence_ttl}")

@@ -1,7 +1,7 @@
 """Seed 002's per-action retry policy (R-2) and the failure table of docs/durable-actions.md, as pure logic.
 
 tests/test_harness_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
-defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.execution.decide` makes of each failure.
+defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.durable.executor.decide` makes of each failure.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from email.utils import format_datetime
 
 import pytest
 
-from harness.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.durable.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.durable.executor import Decision, OutputBroken, decide
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.execution import Decision, OutputBroken, decide
 from harness.retry import RetryPolicy, compute_delay, max_retry_window
 
 pytestmark = pytest.mark.pure

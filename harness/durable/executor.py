@@ -1,13 +1,13 @@
 """Running one delivery of a durable consumer: executions, checkpoints, retries and reconciliation.
 
 The contract is docs/durable-actions.md (its tables are the rules); the SQL is
-harness/execution_sql.py. :func:`harness.handling.handle` calls :func:`run_execution` for a
+harness/durable/sql.py. :func:`harness.handling.handle` calls :func:`run_execution` for a
 consumer that declares actions, after validating the payload (poison: a dead letter, no
 execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
 1. **Take** — one transaction (asynchronous commit, for that transaction alone: a forgotten take
    only makes this worker stale): insert the execution if new and take it at once unless the job's fence exists (all
-   in one round trip, harness/pipelined.py: a fenced one is deleted again before the COMMIT);
+   in one round trip, harness/durable/pipelined.py: a fenced one is deleted again before the COMMIT);
    else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
    ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
@@ -58,17 +58,17 @@ import structlog
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from harness import execution_sql as sql
-from harness.actions import Action, ActionContext, Effect, idempotency_key
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
+from harness.durable import sql
+from harness.durable.actions import Action, ActionContext, Effect, idempotency_key
+from harness.durable.pipelined import Statement, transaction_begun_with, transaction_in_one_round_trip
+from harness.durable.window import max_takes
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.execution_window import max_takes
 from harness.fence import check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.pgqueue import ASYNC_COMMIT
-from harness.pipelined import Statement, transaction_begun_with, transaction_in_one_round_trip
 from harness.queue import (
     Acked,
     DeadLettered,

@@ -1,0 +1,13 @@
+"""Durable execution: a consumer's external calls as actions, each checkpointed by its effect class.
+
+The contract is docs/durable-actions.md. The parts, in the order a delivery meets them:
+
+- :mod:`harness.durable.actions` — what a consumer declares: ``Action``, its ``ActionContext``, ``Effect``;
+- :mod:`harness.durable.executor` — one delivery of a durable consumer, phase by phase;
+- :mod:`harness.durable.sql` — its statements, written out whole;
+- :mod:`harness.durable.window` — the crash-loop bound and the fence's window (J-B7);
+- :mod:`harness.durable.pipelined` — transactions whose BEGIN travels with their first statements.
+
+Nothing is imported here: :mod:`harness.consumer` imports the actions, and the executor imports
+the consumer.
+"""
