@@ -16,8 +16,8 @@ actions; its ``handler`` stays the final local write, in the fence's transaction
         handler=record_credit,   # handler(conn, payload, ctx); ctx.results["credit"] is a Receipt
     )
 
-Effect classes
---------------
+Effect classes (harness/durable/effects.py: each one's rules, one entry of a table)
+--------------------------------------------------------------------------------
 - ``READ_ONLY`` — changes nothing at the provider: safe to run again at any time.
 - ``IDEMPOTENT_WRITE`` — changes something, and the provider deduplicates on the key we send
   (:attr:`ActionContext.idempotency_key`, ``job_id:consumer:action``, the same on every attempt,
@@ -49,12 +49,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
 
+from harness.durable.effects import Effect
 from harness.retry import RetryPolicy
 
 __all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
@@ -69,18 +69,6 @@ ACTION_RETRY_POLICY = RetryPolicy(
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-class Effect(StrEnum):
-    """What an action does to the provider; decides what happens when it fails or is interrupted."""
-
-    READ_ONLY = "READ_ONLY"
-    IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
-    NON_IDEMPOTENT_WRITE = "NON_IDEMPOTENT_WRITE"
-
-    @property
-    def writes(self) -> bool:
-        return self is not Effect.READ_ONLY
 
 
 class ActionError(ValueError):
