@@ -59,8 +59,8 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from harness.actions import Action, ActionContext, idempotency_key
 from harness.consumer import Consumer, JobContext
+from harness.durable.actions import Action, ActionContext, idempotency_key
 from harness.examples.ledger_points import make_consumer
 from harness.handling import INSERT_FENCE, handle
 from harness.metrics import HarnessMetrics

@@ -7,7 +7,7 @@
 On one connection, jobs alternate between (a) a **plain** consumer — ``handle()``: validation,
 the fence and a no-op handler in one transaction — and (b) a **durable** consumer with the same
 handler and three no-op actions, ``READ_ONLY``, ``IDEMPOTENT_WRITE`` and ``NON_IDEMPOTENT_WRITE``
-(``harness/execution.py``: the take, the two writes' ``STARTED`` checkpoints, the final
+(``harness/durable/executor.py``: the take, the two writes' ``STARTED`` checkpoints, the final
 transaction). The actions do nothing, so no HTTP is measured: only our own cost. Prints each
 median and p95 per job, the durable overhead (target ≤ 1.5 ms median, issue 12) and the round
 trips per job, counted from libpq's protocol trace of one traced job of each (a round trip is a
@@ -49,8 +49,8 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel
 
 from bench.harness import DEFAULT_SERVER, TENANT, TTL, percentile
-from harness.actions import Action, ActionContext, Effect
 from harness.consumer import Consumer, JobContext
+from harness.durable.actions import Action, ActionContext, Effect
 from harness.handling import handle
 from harness.pg import connect
 from harness.queue import Acked, Delivery, Envelope

@@ -41,7 +41,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
-from harness.actions import idempotency_key
+from harness.durable.actions import idempotency_key
 from harness.enumerations import EXECUTION_STATUSES
 from harness.keyset import fetch_page
 from harness.operations import OperationRefused

@@ -1,18 +1,42 @@
-"""The fence's statement and the health check of its transaction, shared by plain and durable consumers.
+"""The work under the fence, one function for plain and durable consumers, and the run-wide values it runs with.
 
-:data:`INSERT_FENCE` is the first write of the work transaction (J-B1; harness/handling.py for a
-plain consumer, the final transaction of harness/execution.py for a durable one), and
-:func:`check_work_transaction` is what must hold before that transaction commits.
+:func:`work_under_fence` is the one transaction in which a job's work commits (J-B1): its first
+statement writes the job's fence (:data:`INSERT_FENCE` for a plain consumer, harness/handling.py;
+the fenced delete of the execution with the fence in its place for a durable one,
+harness/durable/finish.py), then the handler runs on the same connection, the transaction's health
+is checked (:func:`check_work_transaction`) and a replay is marked handled — all of it committed
+together, or none of it. A fence already there is a duplicate: no handler, the replay marked
+``duplicate``. Any exception rolls all of it back and is raised for the caller's failure path.
+
+:class:`Runtime` holds what every delivery a worker handles shares — the queue's retry policy,
+the fence's TTL, the lease, the metrics and the random source of the retry jitter — as one
+object from :func:`harness.handling.handle` down to each phase of a durable execution.
 """
 
 from __future__ import annotations
 
+import random as _random
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from harness.consumer import Consumer, JobContext
+from harness.dead_letters import mark_replay_handled
+from harness.durable.pipelined import Statement, transaction_begun_with
 from harness.errors import PermanentError, TransientError
+from harness.metrics import NO_METRICS, Metrics
+from harness.queue import Acked, Duplicate
+from harness.retry import RetryPolicy
 
-__all__ = ["INSERT_FENCE", "check_work_transaction"]
+__all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "Runtime", "check_work_transaction", "work_under_fence"]
+
+# A durable execution's lease when the caller gives none: the worker's default (harness/worker.py).
+DEFAULT_LEASE = timedelta(seconds=30)
 
 # The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.
 INSERT_FENCE = """
@@ -21,6 +45,79 @@ VALUES (%(job_id)s, %(consumer)s, %(tenant_id)s, now() + %(ttl)s)
 ON CONFLICT DO NOTHING
 RETURNING 1
 """
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The run-wide values of every delivery a worker handles (module docstring).
+
+    ``policy`` is the queue's retry policy (a consumer's own, if it declares one, wins:
+    ``Consumer.policy``); ``lease`` the worker's, which a durable execution takes; ``random`` the
+    retry jitter's source, in [0, 1).
+    """
+
+    policy: RetryPolicy
+    fence_ttl: timedelta
+    lease: timedelta = DEFAULT_LEASE
+    metrics: Metrics = NO_METRICS
+    random: Callable[[], float] = field(default=_random.random)
+
+    def __post_init__(self) -> None:
+        if self.fence_ttl <= timedelta(0):
+            raise ValueError(f"fence_ttl must be positive, got {self.fence_ttl}")
+
+
+def work_under_fence(
+    conn: psycopg.Connection,
+    consumer: Consumer,
+    payload: Any,
+    context: JobContext,
+    *,
+    fence: Statement,
+    fenced: Callable[[psycopg.Cursor[Any]], bool],
+    replay_of: int | None,
+    runtime: Runtime,
+    pipelined: bool,
+) -> Acked | Duplicate:
+    """Write the fence and do the job's work in one transaction on ``conn`` (autocommit, idle); see the module docstring.
+
+    ``fence`` is the transaction's first statement; ``fenced`` reads its cursor: True when this
+    transaction wrote the fence, False when it was there already (a duplicate), or raises (the
+    transaction is rolled back). ``pipelined``: BEGIN travels with ``fence`` in one round trip
+    (harness/durable/pipelined.py), else BEGIN is sent alone first. Counted in
+    ``runtime.metrics`` once committed.
+    """
+    duplicate = False
+    with _begun(conn, fence, pipelined=pipelined) as cursor:
+        if not fenced(cursor):
+            duplicate = True  # done before: no handler
+        else:
+            try:
+                consumer.handler(conn, payload, context)
+            except psycopg.Rollback as exc:  # it would end the block quietly: nothing committed, yet acked
+                raise TransientError(
+                    "the handler raised psycopg.Rollback: its work and the fence were rolled"
+                    " back, so nothing was committed"
+                ) from exc
+            check_work_transaction(conn)
+        if replay_of is not None:
+            mark_replay_handled(conn, replay_of, "duplicate" if duplicate else "processed")
+    if duplicate:
+        runtime.metrics.duplicate(consumer.name)
+        return Duplicate()
+    runtime.metrics.processed(consumer.name)
+    return Acked()
+
+
+@contextmanager
+def _begun(conn: psycopg.Connection, first: Statement, *, pipelined: bool) -> Iterator[psycopg.Cursor[Any]]:
+    """A transaction opened by ``first``, its cursor yielded; committed at the end of the block, rolled back on an exception."""
+    if pipelined:
+        with transaction_begun_with(conn, first) as (cursor,):
+            yield cursor
+    else:
+        with conn.transaction():
+            yield conn.execute(*first)
 
 
 def check_work_transaction(conn: psycopg.Connection) -> None:

@@ -9,9 +9,10 @@
        INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
        VALUES (…, now() + fence_ttl) ON CONFLICT DO NOTHING RETURNING 1
 
-   No row back: the job was already done — roll back, outcome ``Duplicate`` (an ack and a
-   metric, no error, no row; J-B2). A row back: run the handler on the same connection and
-   commit. A parallel delivery of the same job blocks on the fence's primary key until this
+   No row back: the job was already done — no handler, nothing written, outcome ``Duplicate``
+   (an ack and a metric, no error, no row; J-B2). A row back: run the handler on the same
+   connection and commit. That transaction is :func:`harness.fence.work_under_fence`, the one
+   a durable consumer's success commits in too. A parallel delivery of the same job blocks on the fence's primary key until this
    transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
    the work nor the fence (J-AC2). Before the commit the transaction must still be open and
    healthy: a handler that swallowed a database error (transaction aborted, nothing would
@@ -36,8 +37,8 @@
    ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
    the purge keeps the job's fences through every retry of a fence processed long ago.
 
-6. A consumer that declares actions (seed 002) runs as a durable execution instead of steps 2-5:
-   after step 1, :func:`harness.execution.run_execution` takes over (docs/durable-actions.md).
+6. A consumer that declares actions runs as a durable execution instead of steps 2-5:
+   after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
 
 Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
@@ -55,18 +56,15 @@ from pydantic import ValidationError
 
 from harness.consumer import Consumer, JobContext
 from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
+from harness.durable.executor import run_execution
 from harness.errors import PermanentError, PoisonMessage, TransientError
-from harness.execution import run_execution
-from harness.fence import INSERT_FENCE, check_work_transaction
+from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
+from harness.queue import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
 from harness.retry import RetryPolicy, compute_delay
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
-
-# A durable execution's lease when the caller gives none: the worker's default (harness/worker.py).
-DEFAULT_LEASE = timedelta(seconds=30)
 
 
 class DeliveriesExhausted(Exception):
@@ -86,10 +84,11 @@ def handle(
 ) -> Outcome:
     """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring.
 
-    ``lease`` is the worker's lease, which a durable consumer's execution takes (harness/execution.py).
+    The keywords are the run-wide values (:class:`harness.fence.Runtime`), which travel on as one
+    object. ``lease`` is the worker's lease, which a durable consumer's execution takes
+    (harness/durable/executor.py).
     """
-    if fence_ttl <= timedelta(0):
-        raise ValueError(f"fence_ttl must be positive, got {fence_ttl}")
+    runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
     envelope = delivery.envelope
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
@@ -102,17 +101,7 @@ def handle(
         poison = PoisonMessage(f"payload failed schema validation: {why}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
     if consumer.durable:
-        return run_execution(
-            conn,
-            consumer,
-            delivery,
-            payload,
-            policy=policy,
-            fence_ttl=fence_ttl,
-            lease=lease,
-            metrics=metrics,
-            random=random,
-        )
+        return run_execution(conn, consumer, delivery, payload, runtime)
 
     context = JobContext(
         job_id=envelope.job_id,
@@ -124,51 +113,31 @@ def handle(
     )
     fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
     if delivery.attempt > policy.max_attempts:
-        return _past_the_budget(conn, consumer, delivery, fence, policy, metrics)
-    duplicate = False
+        return _past_the_budget(conn, consumer, delivery, fence, runtime)
     try:
-        with conn.transaction():
-            if conn.execute(INSERT_FENCE, fence).fetchone() is None:
-                duplicate = True
-                if envelope.replay_of is None:
-                    raise psycopg.Rollback()  # nothing was written
-                mark_replay_handled(conn, envelope.replay_of, "duplicate")
-            else:
-                try:
-                    consumer.handler(conn, payload, context)
-                except psycopg.Rollback as exc:  # it would end this block quietly: nothing committed, yet acked
-                    raise TransientError(
-                        "the handler raised psycopg.Rollback: its work and the fence were rolled"
-                        " back, so nothing was committed"
-                    ) from exc
-                check_work_transaction(conn)
-                if envelope.replay_of is not None:
-                    mark_replay_handled(conn, envelope.replay_of, "processed")
+        # BEGIN alone, then the fence: the plain path's round trips as they have always been.
+        return work_under_fence(
+            conn,
+            consumer,
+            payload,
+            context,
+            fence=(INSERT_FENCE, fence),
+            fenced=lambda inserted: inserted.fetchone() is not None,
+            replay_of=envelope.replay_of,
+            runtime=runtime,
+            pipelined=False,
+        )
     except KeyboardInterrupt:
         raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
     except BaseException as exc:
-        return failure_outcome(conn, consumer, delivery, exc, policy=policy, metrics=metrics, random=random)
-    if duplicate:
-        metrics.duplicate(consumer.name)
-        return Duplicate()
-    metrics.processed(consumer.name)
-    return Acked()
+        return failure_outcome(conn, consumer, delivery, exc, runtime)
 
 
 def failure_outcome(
-    conn: psycopg.Connection,
-    consumer: Consumer,
-    delivery: Delivery,
-    error: BaseException,
-    *,
-    policy: RetryPolicy,
-    metrics: Metrics = NO_METRICS,
-    random: Callable[[], float] = _random.random,
+    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, error: BaseException, runtime: Runtime
 ) -> Outcome:
-    """Retry or dead letter after a failed (rolled back) attempt.
-
-    This is where seed 002's effect class would decide too (see harness/consumer.py).
-    """
+    """Retry or dead letter after a failed (rolled back) attempt of a plain consumer (its queue's policy)."""
+    policy, metrics = runtime.policy, runtime.metrics
     if isinstance(error, PermanentError):
         return _dead_letter(consumer, delivery, "permanent", error, metrics)
     if delivery.attempt >= policy.max_attempts:
@@ -176,13 +145,13 @@ def failure_outcome(
     retry_after = error.retry_after if isinstance(error, TransientError) else None
     # An HTTP-date Retry-After is measured against PostgreSQL's clock, like the schedule itself.
     now = server_now(conn) if isinstance(retry_after, str) else None
-    delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=random)
+    delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=runtime.random)
     metrics.retry(consumer.name)
     return RetryAfter(delay=delay, error=describe_error(error))
 
 
 def _past_the_budget(
-    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict, policy: RetryPolicy, metrics: Metrics
+    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict, runtime: Runtime
 ) -> Outcome:
     """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
 
@@ -197,13 +166,13 @@ def _past_the_budget(
             raise psycopg.Rollback()  # this delivery writes no fence
         mark_replay_handled(conn, replay_of, "duplicate")  # the probe inserted nothing: commit the mark alone
     if done:
-        metrics.duplicate(consumer.name)
+        runtime.metrics.duplicate(consumer.name)
         return Duplicate()
     error = DeliveriesExhausted(
-        f"delivery {delivery.attempt} of a job allowed {policy.max_attempts} attempts: the earlier deliveries"
+        f"delivery {delivery.attempt} of a job allowed {runtime.policy.max_attempts} attempts: the earlier deliveries"
         " never settled (the worker died or lost its lease each time), so the handler is not run again"
     )
-    return _dead_letter(consumer, delivery, "exhausted", error, metrics)
+    return _dead_letter(consumer, delivery, "exhausted", error, runtime.metrics)
 
 
 def _dead_letter(

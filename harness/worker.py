@@ -37,7 +37,7 @@ handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
-A durable consumer's delivery (harness/execution.py) takes its execution under the worker's
+A durable consumer's delivery (harness/durable/executor.py) takes its execution under the worker's
 ``lease`` too. ``Held`` (the execution is RECONCILIATION_REQUIRED) is acked with the batch's
 successes and logged ``harness.execution.held``; ``Stale`` (another worker took the execution)
 settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.

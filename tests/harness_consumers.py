@@ -17,8 +17,8 @@ from __future__ import annotations
 import psycopg
 from pydantic import field_validator
 
-from harness.actions import Action, Effect
 from harness.consumer import Consumer, JobContext
+from harness.durable.actions import Action, Effect
 from harness.errors import PermanentError, TransientError
 from harness.examples.points import CreditPoints
 from harness.examples.points import consumer as points
@@ -86,7 +86,7 @@ fragile = Consumer(name=points.name, queue=points.queue, payload_schema=PickyCre
 
 
 # A durable consumer (seed 002) with one action of each effect class, on seed 002's default
-# action policy; for the TTL guard's execution window (harness/execution_window.py). Its calls
+# action policy; for the TTL guard's execution window (harness/durable/window.py). Its calls
 # are never made by these tests.
 def _never_called(payload: CreditPoints, ctx: object) -> None:
     raise AssertionError("the window tests never run an action")

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.actions import Action, Effect
 from harness.consumer import Consumer
+from harness.durable.actions import Action, Effect
 from harness.examples.points import CreditPoints
 
 

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = "postgresql://app:pw-never-used-7@127.0.0.1:1/core"  # a mistake is reported before any connection
 
 HEADER = """\
-from harness.actions import Action, Effect
+from harness.durable.actions import Action, Effect
 from harness.consumer import Consumer
 from harness.examples.points import CreditPoints
 from harness.retry import RetryPolicy

@@ -23,10 +23,10 @@ from ledger_support import (
     make_execution_due,
 )
 
-from harness.actions import idempotency_key
 from harness.consumer import Consumer
 from harness.dead_letters import write_dead_letter
-from harness.execution_window import max_takes
+from harness.durable.actions import idempotency_key
+from harness.durable.window import max_takes
 from harness.queue import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
 from harness.retry import RetryPolicy
 from maintenance.demo.ledger import Fault

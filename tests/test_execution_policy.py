@@ -1,19 +1,22 @@
 """Seed 002's per-action retry policy (R-2) and the failure table of docs/durable-actions.md, as pure logic.
 
 tests/test_harness_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
-defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.execution.decide` makes of each failure.
+defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.durable.decide.decide` makes of each failure.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
+from pathlib import Path
 
 import pytest
 
-from harness.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.durable.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.durable.decide import Decision, OutputBroken, decide
+from harness.durable.effects import RULES, EffectRules
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.execution import Decision, OutputBroken, decide
 from harness.retry import RetryPolicy, compute_delay, max_retry_window
 
 pytestmark = pytest.mark.pure
@@ -113,3 +116,32 @@ PERMANENT, EXHAUSTED = Decision("failed", "permanent"), Decision("failed", "exha
 def test_each_failure_goes_where_the_contract_table_says(effect, error, attempt, expected):
     """docs/durable-actions.md's table, with 3 attempts allowed."""
     assert decide(effect, error, attempt, 3) == expected
+
+
+# How docs/durable-actions.md words each value of a rule, in its table "Effect classes: one table of rules".
+_WORDS = {
+    True: "yes",
+    False: "no",
+    "failed": "`FAILED`",
+    "reconcile": "`RECONCILIATION_REQUIRED`",
+    "none": "no",
+    "autocommit": "one autocommit statement",
+    "transaction": "an explicit transaction (only a live worker commits it)",
+    "retry": "re-send with its key while attempts remain",
+}
+
+
+def test_the_manual_states_each_effect_class_rule_the_executor_consults():
+    """docs/durable-actions.md's rules table has one row per rule of EffectRules and says in each cell what RULES holds."""
+    manual = (Path(__file__).resolve().parents[1] / "docs" / "durable-actions.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in manual.split("## Effect classes: one table of rules", 1)[1].splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if line.startswith("| `") and len(cells) == 5:
+            rows[cells[0].split("`")[1]] = cells[1:4]
+    assert set(rows) == {f.name for f in fields(EffectRules)}
+    for rule, cells in rows.items():
+        for effect, cell in zip(Effect, cells, strict=True):
+            value = getattr(RULES[effect], rule)
+            expected = "—" if rule == "lost_while_started" and RULES[effect].started == "none" else _WORDS[value]
+            assert cell == expected, f"{rule} of {effect}"

@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 from harness_consumers import durable_ledger
 
-from harness.actions import ACTION_RETRY_POLICY
+from harness.durable.actions import ACTION_RETRY_POLICY
+from harness.durable.window import max_execution_window, max_takes
 from harness.examples.points import consumer as points
-from harness.execution_window import max_execution_window, max_takes
 from harness.retry import RetryPolicy, max_retry_window
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 

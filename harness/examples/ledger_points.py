@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from pydantic import BaseModel, ConfigDict
 
-from harness.actions import Action, ActionContext, Effect
 from harness.consumer import Consumer, JobContext
+from harness.durable.actions import Action, ActionContext, Effect
 from harness.errors import NotSent, PermanentError, TransientError
 from harness.examples.points import CREDIT_POINTS, CreditPoints
 

@@ -99,8 +99,8 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
 
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
     """check-config --consumer: each consumer's own window (a durable one's execution window,
-    harness/execution_window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
-    from harness.execution_window import max_execution_window, max_takes
+    harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
+    from harness.durable.window import max_execution_window, max_takes
     from maintenance.settings import format_duration
 
     ok = True

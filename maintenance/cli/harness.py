@@ -97,9 +97,9 @@ def _where_it_failed(exc: BaseException, module_name: str) -> str:
 def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
     """The TTL guard (J-B7) of one consumer: its window is the longest of the configured policies'
     and its own — a policy fixed in its code, or a durable consumer's execution window
-    (harness/execution_window.py: its actions' retries and its take-overs) — plus the broker horizon.
+    (harness/durable/window.py: its actions' retries and its take-overs) — plus the broker horizon.
     A fence shorter than that would let a late retry apply twice."""
-    from harness.execution_window import max_execution_window
+    from harness.durable.window import max_execution_window
     from maintenance.settings import TtlGuard
 
     own = max_execution_window(consumer, settings.retry_policy(consumer.queue), settings.worker_lease)

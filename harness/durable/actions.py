@@ -1,4 +1,4 @@
-"""Declaring durable actions: the external calls of a consumer, each with its effect class (seed 002).
+"""Declaring durable actions: the external calls of a consumer, each with its effect class.
 
 A consumer whose work calls providers over the network declares that work as ordered, named
 actions; its ``handler`` stays the final local write, in the fence's transaction::
@@ -7,7 +7,7 @@ actions; its ``handler`` stays the final local write, in the fence's transaction
         name="points.credit.ledger",
         queue="points.credit.ledger",
         payload_schema=CreditPoints,
-        business_scope="loyalty",                       # who may resolve it (issue 13)
+        business_scope="loyalty",                       # who may resolve it (R-6)
         actions=(
             Action(name="lookup", effect=Effect.READ_ONLY, call=lookup, output=Member),
             Action(name="credit", effect=Effect.IDEMPOTENT_WRITE, call=credit, output=Receipt),
@@ -16,8 +16,8 @@ actions; its ``handler`` stays the final local write, in the fence's transaction
         handler=record_credit,   # handler(conn, payload, ctx); ctx.results["credit"] is a Receipt
     )
 
-Effect classes
---------------
+Effect classes (harness/durable/effects.py: each one's rules, one entry of a table)
+--------------------------------------------------------------------------------
 - ``READ_ONLY`` — changes nothing at the provider: safe to run again at any time.
 - ``IDEMPOTENT_WRITE`` — changes something, and the provider deduplicates on the key we send
   (:attr:`ActionContext.idempotency_key`, ``job_id:consumer:action``, the same on every attempt,
@@ -34,13 +34,13 @@ in ``ctx.results`` — as an instance of ``output`` when one is declared. A resu
 contract is not retried: an invalid answer will not become valid (docs/durable-actions.md says
 what then happens to the execution).
 
-Retry policy (R-2): each action retries on :data:`ACTION_RETRY_POLICY` — seed 002's published
+Retry policy (R-2): each action retries on :data:`ACTION_RETRY_POLICY` — the published
 defaults: 3 attempts in total, 2 s doubling, jitter 80–120 %, at most 60 s, a ``Retry-After`` up
 to 120 s honoured (the larger of the two wins). Another policy needs a written
 ``retry_justification`` (as J-B3 for queues).
 
 ``verified_only`` marks an action whose result an operator may not state by hand when resolving
-an execution (seed 002's REGISTER_DOCUMENT: its result must come from the verification itself).
+an execution (a document's registration: its result must come from the verification itself).
 """
 
 from __future__ import annotations
@@ -49,12 +49,12 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from enum import StrEnum
 from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel
 
+from harness.durable.effects import Effect
 from harness.retry import RetryPolicy
 
 __all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
@@ -69,18 +69,6 @@ ACTION_RETRY_POLICY = RetryPolicy(
 )
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
-
-class Effect(StrEnum):
-    """What an action does to the provider; decides what happens when it fails or is interrupted."""
-
-    READ_ONLY = "READ_ONLY"
-    IDEMPOTENT_WRITE = "IDEMPOTENT_WRITE"
-    NON_IDEMPOTENT_WRITE = "NON_IDEMPOTENT_WRITE"
-
-    @property
-    def writes(self) -> bool:
-        return self is not Effect.READ_ONLY
 
 
 class ActionError(ValueError):

@@ -1,8 +1,8 @@
-"""The TTL guard's window of a durable consumer (J-B7 with seed 002's actions): pure arithmetic.
+"""The TTL guard's window of a durable consumer (J-B7 with its actions): pure arithmetic.
 
 A fence must outlive every delivery that can still arrive for its job, or a late one would run
 the work again. For a plain consumer that is its queue policy's retry window. A durable consumer
-(one with ``actions``, harness/actions.py) can take longer from its first delivery to its last
+(one with ``actions``, harness/durable/actions.py) can take longer from its first delivery to its last
 retry, because each action retries on its own policy inside the job, and a worker lost mid-job
 is taken over only once its lease has expired::
 
@@ -13,7 +13,7 @@ is taken over only once its lease has expired::
     max_takes = Σ action.policy.max_attempts + final write's policy.max_attempts
 
 ``max_takes`` is the crash-loop bound: every take of the execution by a worker uses up an
-attempt of some action or of the final write, so the executor (harness/execution.py) caps
+attempt of some action or of the final write, so the executor (harness/durable/run.py) caps
 ``core.executions.takes`` at this number and settles the execution instead of taking it once
 more. Each of those takes may be lost, and the next one waits for its lease to expire: at most
 one lease each (the last one included: its loss is seen one lease later). The time the handlers

@@ -1,4 +1,4 @@
-"""The SQL of durable executions (harness/execution.py), written out whole, one statement each.
+"""The SQL of durable executions (harness/durable/executor.py), written out whole, one statement each.
 
 Fencing: every write of a worker after its take matches ``id``, its ``fencing_token`` and
 ``lease_expires_at > now()`` (PostgreSQL's clock), and the first statement of each of its
