@@ -176,28 +176,21 @@ SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::
   FROM pg_class AS c
  WHERE c.oid = 'core.processed_jobs'::regclass"""
 
-# auto's estimate of the deletable fraction: the time guards counted over a random sample of
-# whole pages (SYSTEM sampling reads only the chosen pages). The fence holders are left out:
-# they are too few to change the choice.
-SAMPLE_EXPIRED = """
-SELECT count(*), count(*) FILTER (WHERE p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s)
-  FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)"""
-
-# auto's estimate of the physical order when the table was never analyzed (pg_stats is empty):
-# computed like ANALYZE's own, over a sample of whole pages — the correlation of the rows' ranks
-# in physical order with their ranks in expires_at order (a rank correlation, so a gap in the
-# values, such as a backlog expired days ago beside fresh rows, does not read as disorder).
-# NULL when the sample has fewer than two rows.
-SAMPLE_CORRELATION = """
-SELECT corr(physical, logical) FROM (
-    SELECT row_number() OVER (ORDER BY p.ctid) AS physical, row_number() OVER (ORDER BY p.expires_at) AS logical
+# auto's estimates, read from a random sample of whole pages (SYSTEM sampling reads only the chosen
+# pages), in one pass: the rows sampled, the deletable ones among them (the time guards; the fence
+# holders are left out, too few to change the choice), and the physical order of expires_at —
+# computed like ANALYZE's correlation, the correlation of the rows' ranks in physical order with
+# their ranks in expires_at order (a rank correlation, so a gap in the values, such as a backlog
+# expired days ago beside fresh rows, does not read as disorder); NULL for fewer than two rows.
+# Always from the sample, never from pg_stats: statistics may be missing (never analyzed) or
+# describe another table (analyzed before a bulk load, a reshuffle, a mass delete), and a stale
+# correlation picked the wrong path (0.01 from pg_stats for a table whose sample gives 0.95).
+SAMPLE_ESTIMATES = """
+SELECT count(*), count(*) FILTER (WHERE deletable), corr(physical, logical) FROM (
+    SELECT p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s AS deletable,
+           row_number() OVER (ORDER BY p.ctid) AS physical, row_number() OVER (ORDER BY p.expires_at) AS logical
       FROM core.processed_jobs AS p TABLESAMPLE SYSTEM (%(percent)s::real)
 ) AS ranked"""
-
-# auto's estimate of the physical order: +-1 when the heap is in expires_at order, ~0 when random.
-EXPIRES_AT_CORRELATION = """
-SELECT correlation FROM pg_stats
- WHERE schemaname = 'core' AND tablename = 'processed_jobs' AND attname = 'expires_at'"""
 
 # FAILED executions nothing needs any more, up to :batch_size per call (oldest first, along
 # executions_status_idx): failed before :failed_before (cutoff - PROCESSED_JOBS_TTL, the time a
