@@ -26,7 +26,12 @@ from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
 from maintenance.jobs.purge.job import LOCK_NAME, Purger
 from maintenance.jobs.purge.paths import Estimates, choose, fetch_limited, sample_percent
-from maintenance.jobs.purge.sql import DELETE_FAILED_EXECUTIONS, INDEX_BATCH
+from maintenance.jobs.purge.sql import (
+    DELETE_EXPIRED_IDEMPOTENCY_KEYS,
+    DELETE_FAILED_EXECUTIONS,
+    INDEX_BATCH,
+    SWEEP_BATCH,
+)
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 WINDOW = timedelta(minutes=10)
@@ -667,7 +672,7 @@ def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, ev
 def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
     db, conn, now, events, shuffled, expired_share, strategy
 ):
-    """Auto, never analyzed: the sample's correlation of expires_at with the block number decides as pg_stats would (shuffled 70 % expired: sweep; in order 30 %: index)."""
+    """Auto, never analyzed: the sample's rank correlation of expires_at with the physical order decides as pg_stats would (shuffled 70 % expired: sweep; in order 30 %: index)."""
     conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
     layout = "random()" if shuffled else "t.processed_at"
     conn.execute(LOAD_FENCES.format(layout=layout), {"rows": 3000, "expired_share": expired_share, "now": now})
@@ -675,7 +680,6 @@ def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
     assert abs(chosen["correlation"]) < 0.1 if shuffled else chosen["correlation"] > 0.9
-    assert chosen["reason"].endswith("(correlation from the sample: table never analyzed)")
 
 
 @pytest.mark.parametrize(
@@ -690,7 +694,7 @@ def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
         (1.0, 0.30, "index"),
         (1.0, 0.60, "index"),  # measured even (0.95-1.05x): a tie goes to the index walk
         (-1.0, 0.30, "index"),  # reverse expiry order is as clustered
-        (None, 0.60, "index"),  # never analyzed: no correlation to go by
+        (None, 0.60, "index"),  # a sample of fewer than two rows: no correlation to go by
     ],
 )
 def test_auto_takes_the_path_measured_faster(correlation, expired_fraction, strategy):
@@ -802,25 +806,41 @@ def test_a_failed_execution_is_kept_a_window_after_its_replay_was_handled(db, co
     assert executions(conn) == {}
 
 
-# --- a table without statistics (after a restore, a bulk load, autovacuum behind) ----------------
-# Fences loaded in one statement and never analyzed: autovacuum is kept off the table, so the
-# planner has no row count (reltuples -1) and no histogram of expires_at.
+# --- a table without statistics, or with stale ones (a restore, a bulk load, autovacuum behind) ---
+# Fences loaded in one statement with autovacuum kept off the table. Never analyzed: the planner
+# has no row count (reltuples -1) and no histogram. Stale: analyzed while it held 2 000 fresh
+# fences (processed now, expiring within a week), then the expired ones bulk loaded — the
+# histograms say no row is old enough to delete, so an index on the time guards looks free.
 LOAD_UNANALYZED = """
 INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
 SELECT gen_random_uuid(), 'points.credit', gen_random_uuid(),
        %(now)s - interval '10 days' + g * interval '1 ms', %(now)s - interval '3 days' + g * interval '1 ms'
   FROM generate_series(1, %(rows)s) AS g"""
+LOAD_FRESH = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, processed_at, expires_at)
+SELECT gen_random_uuid(), 'points.credit', gen_random_uuid(), %(now)s, %(now)s + random() * interval '7 days'
+  FROM generate_series(1, 2000)"""
+STATISTICS = pytest.mark.parametrize("statistics", ["never", "stale"], ids=["never-analyzed", "stale"])
 
 
-def load_unanalyzed_fences(conn: psycopg.Connection, now: datetime, rows: int) -> None:
-    """``rows`` expired fences in expiry order on a table PostgreSQL has never analyzed."""
-    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
-    conn.execute(LOAD_UNANALYZED, {"now": now, "rows": rows})
-    stats = conn.execute(
-        "SELECT c.reltuples, (SELECT count(*) FROM pg_stats WHERE schemaname = 'core' AND tablename = 'processed_jobs')"
-        "  FROM pg_class AS c WHERE c.oid = 'core.processed_jobs'::regclass"
+def planner_statistics(conn: psycopg.Connection, table: str) -> tuple[float, int]:
+    """The planner's row count of ``core.<table>`` and how many of its columns pg_stats describes."""
+    return conn.execute(
+        "SELECT c.reltuples, (SELECT count(*) FROM pg_stats WHERE schemaname = 'core' AND tablename = %(t)s)"
+        "  FROM pg_class AS c WHERE c.oid = ('core.' || %(t)s)::regclass",
+        {"t": table},
     ).fetchone()
-    assert stats == (-1, 0)  # never analyzed: no row count, no histogram
+
+
+def load_unanalyzed_fences(conn: psycopg.Connection, now: datetime, rows: int, statistics: str = "never") -> None:
+    """``rows`` expired fences in expiry order, on a table never analyzed or analyzed before the load (``statistics``)."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    if statistics == "stale":
+        conn.execute(LOAD_FRESH, {"now": now})
+        conn.execute("ANALYZE core.processed_jobs")
+    conn.execute(LOAD_UNANALYZED, {"now": now, "rows": rows})
+    reltuples, described = planner_statistics(conn, "processed_jobs")
+    assert (reltuples, described == 0) == ((-1, True) if statistics == "never" else (2000, False))
 
 
 def plan_nodes(plan: dict) -> Iterator[dict]:
@@ -838,24 +858,92 @@ def rows_read(conn: psycopg.Connection, statement: str, params: dict, table: str
     return sum(n["Actual Rows"] + n.get("Rows Removed by Filter", 0) for n in scans), {n["Node Type"] for n in nodes}
 
 
+@STATISTICS
 @REPLAY_GUARDS
-def test_an_index_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now, hashed_pending_limit):
-    """Never analyzed, 20 000 expired fences: a 100-row index batch reads 100 rows along the expires_at index, no sort of every expired row."""
-    load_unanalyzed_fences(conn, now, 20_000)
+def test_an_index_batch_reads_only_its_rows_without_current_statistics(conn, now, hashed_pending_limit, statistics):
+    """Never analyzed, or analyzed before 20 000 expired fences were loaded: a 100-row index batch reads 100 rows along the expires_at index, no sort of every expired row."""
+    load_unanalyzed_fences(conn, now, 20_000, statistics)
     guard = "hashed" if hashed_pending_limit else "probed"
     params = {"cursor": "-infinity", "cutoff": now, "protected_from": now - PROTECTED, "batch_size": 100}
     read, node_types = rows_read(conn, INDEX_BATCH[guard], params, "processed_jobs")
     assert (read, "Sort" in node_types) == (100, False)
 
 
-def test_a_failed_executions_batch_reads_only_its_rows_on_a_table_never_analyzed(conn, now):
-    """Never analyzed, 300 old FAILED executions: a 10-row batch of DELETE_FAILED_EXECUTIONS reads 10 of them in order, no sort."""
+@STATISTICS
+@REPLAY_GUARDS
+def test_a_sweep_batch_reads_only_its_blocks_without_current_statistics(conn, now, hashed_pending_limit, statistics):
+    """Never analyzed, or analyzed before 20 000 expired fences were loaded: a sweep batch of blocks [40, 50) (~900 rows) reads only those blocks' rows, by a TID range scan."""
+    load_unanalyzed_fences(conn, now, 20_000, statistics)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cutoff": now, "protected_from": now - PROTECTED, "from_block": 40, "to_block": 50}
+    in_blocks = conn.execute(
+        "SELECT count(*) FROM core.processed_jobs WHERE ctid >= '(40,0)'::tid AND ctid < '(50,0)'::tid"
+    ).fetchone()[0]
+    read, node_types = rows_read(conn, SWEEP_BATCH[guard], params, "processed_jobs")
+    assert (read, "Tid Range Scan" in node_types) == (in_blocks, True)
+    assert in_blocks > 100
+
+
+@STATISTICS
+def test_a_failed_executions_batch_reads_only_its_rows_without_current_statistics(conn, now, statistics):
+    """Never analyzed, or analyzed while it held only 300 live executions: a 10-row batch of DELETE_FAILED_EXECUTIONS among 300 old FAILED ones reads 10 of them in order, no sort."""
     conn.execute("ALTER TABLE core.executions SET (autovacuum_enabled = false)")
+    if statistics == "stale":
+        for _ in range(300):
+            add_execution(conn, status="RUNNING")
+        conn.execute("ANALYZE core.executions")
     for _ in range(300):
         add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days")
+    assert (planner_statistics(conn, "executions")[0] == -1) == (statistics == "never")
     params = {"failed_before": now - TTL, "protected_from": now - PROTECTED, "batch_size": 10}
     read, node_types = rows_read(conn, DELETE_FAILED_EXECUTIONS, params, "executions")
     assert (read, "Sort" in node_types) == (10, False)
+
+
+@STATISTICS
+def test_an_idempotency_keys_batch_reads_only_its_rows_without_current_statistics(conn, now, statistics):
+    """Never analyzed, or analyzed while it held only 300 recent keys: a 10-row batch of DELETE_EXPIRED_IDEMPOTENCY_KEYS among 5 000 old keys reads 10 rows, no sort."""
+    conn.execute("ALTER TABLE core.api_idempotency_keys SET (autovacuum_enabled = false)")
+    add_keys = (
+        "INSERT INTO core.api_idempotency_keys (idempotency_key, operator, method, route, request_fingerprint,"
+        " response_status, response_body, created_at)"
+        " SELECT %(prefix)s || g, 'ops:ana@example.com', 'POST', '/v1/core/dead-letters/{id}/replay', 'f', 200, '{}',"
+        "        %(created_at)s + g * interval '1 second' FROM generate_series(1, %(rows)s) AS g"
+    )
+    if statistics == "stale":
+        conn.execute(add_keys, {"prefix": "recent-", "created_at": now - timedelta(days=1), "rows": 300})
+        conn.execute("ANALYZE core.api_idempotency_keys")
+    conn.execute(add_keys, {"prefix": "old-", "created_at": now - timedelta(days=100), "rows": 5000})
+    assert (planner_statistics(conn, "api_idempotency_keys")[0] == -1) == (statistics == "never")
+    params = {"kept_from": now - timedelta(days=30), "batch_size": 10}
+    read, node_types = rows_read(conn, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params, "api_idempotency_keys")
+    assert (read, "Sort" in node_types) == (10, False)
+
+
+@pytest.mark.parametrize(
+    ("analyzed_shuffled", "expired_share", "strategy"),
+    [(True, 0.3, "index"), (False, 0.7, "sweep")],
+    ids=["analyzed-shuffled-now-ordered", "analyzed-ordered-now-shuffled"],
+)
+def test_auto_chooses_from_the_sample_when_the_statistics_are_stale(
+    db, conn, now, events, analyzed_shuffled, expired_share, strategy
+):
+    """Auto, analyzed in one layout then reloaded in the other: the correlation comes from the sample of the rows there now, not from pg_stats (in order 30 % expired: index; shuffled 70 %: sweep)."""
+    conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
+    analyzed_layout, layout = ("random()", "t.processed_at") if analyzed_shuffled else ("t.processed_at", "random()")
+    conn.execute(LOAD_FENCES.format(layout=analyzed_layout), {"rows": 2000, "expired_share": 0.5, "now": now})
+    conn.execute("ANALYZE core.processed_jobs")
+    conn.execute("DELETE FROM core.processed_jobs")
+    conn.execute(LOAD_FENCES.format(layout=layout), {"rows": 3000, "expired_share": expired_share, "now": now})
+    stale = conn.execute(
+        "SELECT correlation FROM pg_stats WHERE schemaname = 'core' AND tablename = 'processed_jobs'"
+        " AND attname = 'expires_at'"
+    ).fetchone()[0]
+    assert abs(stale) < 0.1 if analyzed_shuffled else stale > 0.9
+    result = purger(db, strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
+    assert chosen["correlation"] > 0.9 if analyzed_shuffled else abs(chosen["correlation"]) < 0.1
 
 
 # --- progress of a long run ----------------------------------------------------------------------

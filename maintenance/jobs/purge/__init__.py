@@ -66,18 +66,21 @@ the same guards, so they delete the same rows):
   start (rows inserted later are not expired). It reads every page once, whatever the layout.
 
 With ``CORE_JOBS_PURGE_STRATEGY=auto`` (the default) the run samples ~1 % of the pages
-(``TABLESAMPLE SYSTEM``, at least 200, at most 2 000) for the fraction of deletable rows and reads the
-physical correlation of ``expires_at`` from ``pg_stats``, estimates each path's time from
+(``TABLESAMPLE SYSTEM``, at least 200, at most 2 000) for the fraction of deletable rows and the
+physical correlation of ``expires_at`` (the sampled rows ranked in physical and in expiry order,
+as ANALYZE computes it; never ``pg_stats``, which may be missing or stale), estimates each path's time from
 per-row costs measured with ``bench/purge.py``, and takes the sweep only when it is estimated at
 least 10 % faster: when many rows have expired and they lie scattered (in random order from ~3 %
-expired; in expiry order only past ~64 %). When the table has never been analyzed (no
-``pg_stats``) it ranks the sampled rows in physical and in expiry order for the correlation (as
-ANALYZE does). The decision is logged as ``maintenance.purge.strategy_chosen``.
+expired; in expiry order only past ~64 %). The decision is logged as
+``maintenance.purge.strategy_chosen``.
 
-Without statistics (a restore, a bulk load, autovacuum behind) the plans stay the same: each
-batch runs with ``enable_sort`` off and re-checks its guards with ``(...) IS TRUE``, so it walks
-the index, stops after its rows and deletes by ``ctid`` (sql.SET_BATCH_LIMITS says why; before,
-300 000 fences never analyzed took 210 s). The purge does not ANALYZE: only the owner may.
+Without current statistics — none (a restore, a bulk load before autovacuum) or stale (analyzed
+before a bulk load) — the plans stay the same: each batch runs with ``enable_sort`` off and
+writes its time guards ``(...) IS TRUE`` wherever an index could serve them, so the index walk
+follows the expires_at index, stops after its rows and deletes by ``ctid``, and the sweep reads
+only its block range (sql.SET_BATCH_LIMITS, sql.SWEEP_BATCH_HASHED say why; before, 300 000
+fences took 210 s never analyzed, 25 s with stale statistics). The purge does not ANALYZE: only
+the owner may.
 
 Batch size
 ----------

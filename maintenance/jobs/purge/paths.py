@@ -15,8 +15,11 @@ rows: every batch statement applies the same guards (``sql.py``).
 
 ``auto`` decides once per run, before the first batch (``choose``), from two cheap estimates:
 the fraction of deletable rows in a ``TABLESAMPLE SYSTEM`` of ~1 % of the pages, and the
-physical correlation of ``expires_at`` (``pg_stats``; before the first ANALYZE the same rank
-correlation computed over a page sample, so the choice needs no statistics).
+physical correlation of ``expires_at`` ranked over the same sample, as ANALYZE computes it. Never
+from ``pg_stats``: missing before the first ANALYZE, and stale after a bulk load, a reshuffle or
+a mass delete (analyzed small then bulk loaded, pg_stats said 0.01 where the rows were in order,
+0.95). The choice needs no statistics: ``rows_per_page`` (``pg_class``) scales both estimated
+times alike, so it sizes the sweep's block range and the progress estimate, never the choice.
 It estimates each path's time from measured per-row costs and takes the cheaper: the sweep
 when many rows have expired and the layout is not in expiry order.
 """
@@ -29,11 +32,9 @@ from typing import Any
 import psycopg
 
 from maintenance.jobs.purge.sql import (
-    EXPIRES_AT_CORRELATION,
     INDEX_BATCH,
     INDEX_ROWS_LEFT,
-    SAMPLE_CORRELATION,
-    SAMPLE_EXPIRED,
+    SAMPLE_ESTIMATES,
     SET_BATCH_LIMITS,
     SWEEP_BATCH,
     SWEEP_ROWS_LEFT,
@@ -90,10 +91,9 @@ class Estimates:
     rows_per_page: float  # reltuples / relpages, or FALLBACK_ROWS_PER_PAGE
     expired_fraction: float | None = None  # deletable rows / rows in the sample (auto only)
     sampled_rows: int | None = None
-    # pg_stats.correlation of expires_at; before the first ANALYZE the same rank correlation
-    # computed over a sample (None when the sample has fewer than two rows)
+    # the rank correlation of expires_at with the physical order over the sample, as ANALYZE
+    # computes it (None when the sample has fewer than two rows)
     correlation: float | None = None
-    correlation_source: str | None = None  # "pg_stats" | "sample"
 
     def deletable_rows(self) -> int | None:
         """The rows the sample says are deletable, scaled to the table; None without a sample."""
@@ -127,18 +127,13 @@ def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any
     if not sample:
         return estimates
     percent = {"percent": sample_percent(blocks)}
-    sampled, expired = fetch_limited(conn, timeout, SAMPLE_EXPIRED, params | percent)
-    analyzed = conn.execute(EXPIRES_AT_CORRELATION).fetchone()
-    correlation, source = None if analyzed is None else analyzed[0], "pg_stats"
-    if correlation is None:  # never analyzed: ranked from a sample (None for fewer than two rows)
-        correlation, source = fetch_limited(conn, timeout, SAMPLE_CORRELATION, percent)[0], "sample"
+    sampled, expired, correlation = fetch_limited(conn, timeout, SAMPLE_ESTIMATES, params | percent)
     return Estimates(
         table_blocks=int(blocks),
         rows_per_page=rows_per_page,
         expired_fraction=expired / sampled if sampled else 0.0,
         sampled_rows=int(sampled),
         correlation=None if correlation is None else float(correlation),
-        correlation_source=None if correlation is None else source,
     )
 
 
@@ -147,13 +142,10 @@ def choose(setting: str, estimates: Estimates) -> tuple[str, str]:
     if setting != "auto":
         return setting, "set by CORE_JOBS_PURGE_STRATEGY"
     if estimates.correlation is None:
-        return "index", "no correlation: table never analyzed and its sample too small"
+        return "index", "no correlation: the sample has fewer than two rows"
     index_s, sweep_s = estimates.seconds()
     strategy = "sweep" if sweep_s < SWEEP_MARGIN * index_s else "index"
-    reason = f"{strategy} estimated cheaper: index {index_s:.3f} s, sweep {sweep_s:.3f} s"
-    if estimates.correlation_source == "sample":
-        reason += " (correlation from the sample: table never analyzed)"
-    return strategy, reason
+    return strategy, f"{strategy} estimated cheaper: index {index_s:.3f} s, sweep {sweep_s:.3f} s"
 
 
 # --- the walks ------------------------------------------------------------------------------------
