@@ -26,7 +26,7 @@ execution). All times are PostgreSQL's ``now()``; no worker sleeps.
    worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
    recorded with the next commit. A failure goes by the contract's table (:func:`decide`):
    ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;
-   delay from :func:`harness.retry.compute_delay` on the action's policy with the error's
+   delay from :func:`harness.runtime.retry.compute_delay` on the action's policy with the error's
    ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
    ``RECONCILIATION_REQUIRED`` (→ ``Held``).
 5. **Finish** — one transaction: the fenced delete of the execution with the fence in its place
@@ -60,16 +60,13 @@ from pydantic import ValidationError
 
 from harness import execution_sql as sql
 from harness.actions import Action, ActionContext, Effect, idempotency_key
-from harness.consumer import Consumer, JobContext
-from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
-from harness.errors import NotSent, PermanentError, TransientError
+from harness.errors import NotSent, PermanentError, TransientError, describe_error, validation_problems
 from harness.execution_window import max_takes
 from harness.fence import check_work_transaction
-from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.pgqueue import ASYNC_COMMIT
 from harness.pipelined import Statement, transaction_begun_with, transaction_in_one_round_trip
-from harness.queue import (
+from harness.queue.pgqueue import ASYNC_COMMIT
+from harness.queue.port import (
     Acked,
     DeadLettered,
     Delivery,
@@ -81,7 +78,10 @@ from harness.queue import (
     Stale,
     check_payload,
 )
-from harness.retry import RetryPolicy, compute_delay
+from harness.runtime.consumer import Consumer, JobContext
+from harness.runtime.dead_letters import DeadLetter, mark_replay_handled
+from harness.runtime.metrics import NO_METRICS, Metrics
+from harness.runtime.retry import RetryPolicy, compute_delay
 
 __all__ = ["Decision", "OutputBroken", "WorkerLost", "decide", "run_execution"]
 

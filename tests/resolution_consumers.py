@@ -13,8 +13,8 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.actions import Action, Effect
-from harness.consumer import Consumer
 from harness.examples.points import CreditPoints
+from harness.runtime.consumer import Consumer
 
 
 class Member(BaseModel):

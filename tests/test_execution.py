@@ -24,11 +24,11 @@ from ledger_support import (
 )
 
 from harness.actions import idempotency_key
-from harness.consumer import Consumer
-from harness.dead_letters import write_dead_letter
 from harness.execution_window import max_takes
-from harness.queue import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
-from harness.retry import RetryPolicy
+from harness.queue.port import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
+from harness.runtime.consumer import Consumer
+from harness.runtime.dead_letters import write_dead_letter
+from harness.runtime.retry import RetryPolicy
 from maintenance.demo.ledger import Fault
 
 

@@ -14,7 +14,7 @@ import pytest
 from harness.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
 from harness.errors import NotSent, PermanentError, TransientError
 from harness.execution import Decision, OutputBroken, decide
-from harness.retry import RetryPolicy, compute_delay, max_retry_window
+from harness.runtime.retry import RetryPolicy, compute_delay, max_retry_window
 
 pytestmark = pytest.mark.pure
 

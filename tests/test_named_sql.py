@@ -59,7 +59,11 @@ def as_planned(text: str) -> str:
 def test_finds_the_statements_of_every_package():
     """The collector sees named SQL of each package, the purge's batch statements among them."""
     names = {name for name, _ in STATEMENTS}
-    assert {"maintenance.jobs.purge.sql.INDEX_BATCH_HASHED", "alerts.sql.SCAN_NEW", "harness.pgqueue.CLAIM"} <= names
+    assert {
+        "maintenance.jobs.purge.sql.INDEX_BATCH_HASHED",
+        "alerts.sql.SCAN_NEW",
+        "harness.queue.pgqueue.CLAIM",
+    } <= names
     assert not any("{" in text and "}" in text and re.search(r"\{\w+\}", text) for _, text in STATEMENTS), (
         "a named statement still has a .format placeholder: write it out whole"
     )

@@ -1,7 +1,7 @@
 """The operations HTTP API for dead letters (issue 11) and executions (issue 12) — the operator's manual.
 
 Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
-the same operations layer as ``core-jobs dead-letters`` (:mod:`harness.operations`).
+the same operations layer as ``core-jobs dead-letters`` (:mod:`maintenance.operations.dead_letters`).
 
 ========================================= ============================= ==========================================
 endpoint                                  permission                    what
@@ -74,11 +74,11 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from harness.operations import DEFAULT_BULK_MAX
 from maintenance.api import bodies, executions, resolution, routes
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
+from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})

@@ -1,7 +1,7 @@
 """``POST /v1/core/executions/{id}/resolve``: an operator's resolution over HTTP (issue 13, R-5, R-6).
 
 Served only in admin mode (``CORE_JOBS_ADMIN_ENABLED``, :mod:`maintenance.api.admin`); otherwise
-the route does not exist (404). Thin HTTP over :func:`harness.reconciliation.resolve`.
+the route does not exist (404). Thin HTTP over :func:`maintenance.operations.resolution.resolve`.
 
 Checks, in this order (each answer leaks nothing the caller may not know):
 
@@ -35,14 +35,14 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints
 
-from harness import reconciliation
 from harness.enumerations import EvidenceKind, ResolutionCommand, ResolvedStatus
-from harness.reconciliation import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
 from maintenance.api import idempotency
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import Principal, authenticate
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.api.routes import MAX_ID, IdempotencyKey, pool_of
+from maintenance.operations import resolution as reconciliation
+from maintenance.operations.resolution import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
 from maintenance.runtime.logs import get_logger
 
 OPERATOR_ROLE = "EXECUTION_OPERATOR"

@@ -1,8 +1,8 @@
-"""The routes of the operations API: thin HTTP over :mod:`harness.operations`.
+"""The routes of the operations API: thin HTTP over :mod:`maintenance.operations.dead_letters`.
 
 Each route authenticates (its one permission), validates the request, calls the operations
 layer that the CLI's ``dead-letters`` commands call too, and turns its answer (or its
-:class:`~harness.operations.OperationRefused`) into JSON or a problem. Actions run through the
+:class:`~maintenance.operations.dead_letters.OperationRefused`) into JSON or a problem. Actions run through the
 idempotency ledger (:mod:`maintenance.api.idempotency`); the operator is the token's ``sub``.
 """
 
@@ -28,12 +28,12 @@ from pydantic import (
     model_validator,
 )
 
-from harness import operations
 from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
-from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
 from maintenance.api import idempotency, pages
 from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
 from maintenance.api.problems import Problem, problem_responses
+from maintenance.operations import dead_letters as operations
+from maintenance.operations.dead_letters import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
 
 MAX_BULK_IDS = 1000
 MAX_REASON_CHARS = 1000

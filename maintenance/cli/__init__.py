@@ -68,7 +68,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.retry import compute_delay, max_retry_window
+    from harness.runtime.retry import compute_delay, max_retry_window
     from maintenance.jobs.catalog import by_name as jobs
     from maintenance.settings import format_duration
 

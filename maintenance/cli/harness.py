@@ -3,7 +3,7 @@
 ``dead-letters list`` shows a replayed letter's state as ``replayed:outstanding`` (its delivery
 not handled yet: the purge keeps the job's fences) or ``replayed:<outcome>``; ``--outstanding``
 lists only those still holding fences. ``dead-letters release`` ends an outstanding replay whose
-message will never be delivered (harness/operations.py).
+message will never be delivered (maintenance/operations/dead_letters.py).
 
 Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
 handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
@@ -11,7 +11,7 @@ not be reached or failed the command (one ``database error`` line on stderr, sec
 configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
 letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
 message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
-other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
+other code: a handler's ``SystemExit`` is that job's failure (harness/runtime/worker.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from harness.enumerations import DEAD_LETTER_STATUSES
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
-    from harness.consumer import Consumer
-    from harness.operations import DeadLetterRow
+    from harness.runtime.consumer import Consumer
+    from maintenance.operations.dead_letters import DeadLetterRow
     from maintenance.settings import Settings, TtlGuard
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -49,8 +49,8 @@ def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
     raising or calling ``sys.exit()`` at import, a declaration refused (an action's retry policy
     without a justification) — is that ConfigError, naming the file and line of their code where it
     failed: exit 2 and one line, never a traceback (docs/cli.md)."""
-    from harness.consumer import Consumer
-    from harness.dead_letters import describe_error
+    from harness.errors import describe_error
+    from harness.runtime.consumer import Consumer
     from maintenance.settings import ConfigError
 
     module_name, _, attribute = reference.partition(":")
@@ -110,9 +110,9 @@ def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from harness.dead_letters import describe_error
-    from harness.metrics import HarnessMetrics
-    from harness.worker import Worker, WorkerConfig
+    from harness.errors import describe_error
+    from harness.runtime.metrics import HarnessMetrics
+    from harness.runtime.worker import Worker, WorkerConfig
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
     from maintenance.settings import ConfigError
@@ -158,9 +158,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.consumer import valid_name
-    from harness.pgqueue import PgQueue
-    from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from harness.queue.pgqueue import PgQueue
+    from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from harness.runtime.consumer import valid_name
     from maintenance.runtime.db import Database
 
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
@@ -192,7 +192,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import list_dead_letters
+    from maintenance.operations.dead_letters import list_dead_letters
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
@@ -215,7 +215,7 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import replay
+    from maintenance.operations.dead_letters import replay
 
     if bool(args.ids) == bool(args.all_pending):
         print("core-jobs: give dead-letter IDs, or --queue Q --all-pending", file=sys.stderr)
@@ -239,25 +239,39 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
             max_rows=settings.dead_letters_bulk_max,
         ),
         "replayed",
+        args.operator,
     )
 
 
 def cmd_dead_letters_discard(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import discard
+    from maintenance.operations.dead_letters import discard
 
-    return _act(settings, lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason), "discarded")
+    return _act(
+        settings,
+        lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason),
+        "discarded",
+        args.operator,
+    )
 
 
 def cmd_dead_letters_release(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import release
+    from maintenance.operations.dead_letters import release
 
-    return _act(settings, lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason), "released")
+    return _act(
+        settings,
+        lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason),
+        "released",
+        args.operator,
+    )
 
 
-def _act(settings: Settings, action: Any, verb: str) -> int:
-    from harness.operations import OperationRefused
+def _act(settings: Settings, action: Any, verb: str, operator: str) -> int:
+    from maintenance.operations.dead_letters import OperationRefused
     from maintenance.runtime.db import Database
 
+    if not operator.strip():  # the operations refuse it too, in words that name no option
+        print("core-jobs: refused: the operator is unknown: pass --operator NAME (or set $USER)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with Database(settings.conninfo()).connect(autocommit=True) as conn:
             rows: list[DeadLetterRow] = action(conn)
