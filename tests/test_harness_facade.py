@@ -8,9 +8,13 @@ import pkgutil
 import subprocess
 import sys
 
+import pytest
+
 import harness
 
 OPERATOR_SIDE = ("operations", "execution_views", "reconciliation", "keyset", "credentials")
+
+pytestmark = pytest.mark.pure
 
 
 def test_every_public_name_is_the_object_its_home_module_defines():

@@ -38,8 +38,8 @@ from pydantic import BaseModel, Field
 from harness.enumerations import CheckpointStatus, EffectName, EventKind, ExecutionStatus
 from maintenance.api import pages
 from maintenance.api.auth import EXECUTIONS_READ, Principal, require
+from maintenance.api.dependencies import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
 from maintenance.api.problems import Problem, problem_responses
-from maintenance.api.routes import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
 from maintenance.operations import executions as views
 
 LIST_PARAMETERS = frozenset({"status", "consumer", "job_id", "business_scope", "cursor", "limit"})
