@@ -20,7 +20,7 @@
    different pending one). Target p95 ≤ 50 ms each (the spec's budget: 1 s).
 4. The baseline the keyset replaces, in the same run: the default list's page 100 through
    ``OFFSET 4950 LIMIT 50``, against the same query by keyset cursor, both straight in SQL
-   (``harness.operations.LIST_PAGE``; the OFFSET form adds only the OFFSET), 8 connections at once.
+   (``maintenance.operations.dead_letters.LIST_PAGE``; the OFFSET form adds only the OFFSET), 8 connections at once.
 5. The bulk replay of 10 000 dead letters (one queue's pending ones, by filter) over HTTP, once
    per bulk round: seconds per request. Target ≤ 2 s (SQS redrive moves ≤ 500 messages/s).
 """
@@ -48,8 +48,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.operations import LIST_PAGE
 from maintenance.demo import scratch_database
+from maintenance.operations.dead_letters import LIST_PAGE
 from maintenance.runtime import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

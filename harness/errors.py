@@ -17,7 +17,20 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-__all__ = ["NotSent", "PermanentError", "PoisonMessage", "TransientError"]
+from pydantic import ValidationError
+
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "NotSent",
+    "PermanentError",
+    "PoisonMessage",
+    "TransientError",
+    "describe_error",
+    "validation_problems",
+]
+
+MAX_ERROR_CHARS = 2000  # the longest error text the harness records (a dead letter's or a retry's last_error)
+_ELLIPSIS = " …[truncated]"
 
 
 class TransientError(Exception):
@@ -38,3 +51,47 @@ class PermanentError(Exception):
 
 class PoisonMessage(PermanentError):
     """A payload the consumer's schema rejects: it never becomes valid, so it is never retried."""
+
+
+def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
+    """``"Type: message"`` (just the type when there is no message), cut to ``limit`` characters.
+
+    The one way the harness turns an exception into text — the dead letter's ``last_error``, the
+    retry's ``last_error``, the log events' ``error`` — and it never fails, whatever the error:
+
+    - an exception whose ``__str__`` raises or returns a non-string is ``"Type: <message
+      unprintable: WhyType: why>"``, so the type is always there;
+    - a NUL becomes the two characters ``\\0`` (PostgreSQL text cannot hold it) and a lone
+      surrogate such as ``\\udcff`` (bytes decoded with ``surrogateescape``) its escape, since
+      UTF-8 cannot encode it: the write that records the error must not fail because of the
+      error's own text.
+    """
+    message = _message(error)
+    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) <= limit:
+        return text
+    return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def validation_problems(exc: ValidationError, whole: str) -> list[str]:
+    """Each problem of a pydantic validation as ``where: what`` (``points: Input should be greater
+    than 0``); ``whole`` names the place when the problem is the value itself."""
+    return [
+        f"{'.'.join(str(p) for p in error.get('loc', ())) or whole}: {error.get('msg', 'invalid')}"
+        for error in exc.errors(include_url=False)
+    ]
+
+
+def _message(error: BaseException) -> str:
+    """``str(error)`` stripped; when that fails, what went wrong (its type, and its message if that one prints)."""
+    try:
+        return str(error).strip()
+    except Exception as failure:
+        why = type(failure).__name__
+        try:
+            if detail := str(failure).strip():
+                why = f"{why}: {detail}"
+        except Exception:
+            pass
+        return f"<message unprintable: {why}>"

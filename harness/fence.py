@@ -25,17 +25,17 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from harness.consumer import Consumer, JobContext
-from harness.dead_letters import mark_replay_handled
 from harness.durable.pipelined import Statement, transaction_begun_with
 from harness.errors import PermanentError, TransientError
-from harness.metrics import NO_METRICS, Metrics
-from harness.queue import Acked, Duplicate
-from harness.retry import RetryPolicy
+from harness.queue.port import Acked, Duplicate
+from harness.runtime.consumer import Consumer, JobContext
+from harness.runtime.dead_letters import mark_replay_handled
+from harness.runtime.metrics import NO_METRICS, Metrics
+from harness.runtime.retry import RetryPolicy
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "Runtime", "check_work_transaction", "work_under_fence"]
 
-# A durable execution's lease when the caller gives none: the worker's default (harness/worker.py).
+# A durable execution's lease when the caller gives none: the worker's default (harness/runtime/worker.py).
 DEFAULT_LEASE = timedelta(seconds=30)
 
 # The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.

@@ -25,14 +25,14 @@
    subclasses such as ``SystemExit`` (a library calling ``sys.exit()`` in the handler): a
    handler does not own the process, so that is this job's failure, not the worker's exit. The
    one exception is ``KeyboardInterrupt``: the caller's stop, it propagates after the rollback.
-   The error is recorded as ``"Type: message"`` by :func:`harness.dead_letters.describe_error`,
+   The error is recorded as ``"Type: message"`` by :func:`harness.errors.describe_error`,
    which renders any exception, even one that cannot be printed.
 4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
    workers died mid-job or lost their leases. It is not run again (a message that kills its
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
    (``exhausted``) at once.
 5. A replayed delivery (``envelope.replay_of``) marks its replay handled with its final outcome,
-   in that outcome's transaction (harness/dead_letters.py): ``processed`` in the work
+   in that outcome's transaction (harness/runtime/dead_letters.py): ``processed`` in the work
    transaction, ``duplicate`` in the fence probe's (committed instead of rolled back),
    ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
    the purge keeps the job's fences through every retry of a fence processed long ago.
@@ -40,9 +40,9 @@
 6. A consumer that declares actions runs as a durable execution instead of steps 2-5:
    after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
 
-Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
+Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.runtime.metrics`;
 the default counts nothing) (J-B9, J-AC8).
-The outcome is returned, not applied: the queue adapter settles it (harness/queue.py).
+The outcome is returned, not applied: the queue adapter settles it (harness/queue/port.py).
 """
 
 from __future__ import annotations
@@ -54,15 +54,15 @@ from datetime import timedelta
 import psycopg
 from pydantic import ValidationError
 
-from harness.consumer import Consumer, JobContext
-from harness.dead_letters import DeadLetter, describe_error, mark_replay_handled, validation_problems
 from harness.durable.executor import run_execution
-from harness.errors import PermanentError, PoisonMessage, TransientError
+from harness.errors import PermanentError, PoisonMessage, TransientError, describe_error, validation_problems
 from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
-from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.queue import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
-from harness.retry import RetryPolicy, compute_delay
+from harness.queue.port import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
+from harness.runtime.consumer import Consumer, JobContext
+from harness.runtime.dead_letters import DeadLetter, mark_replay_handled
+from harness.runtime.metrics import NO_METRICS, Metrics
+from harness.runtime.retry import RetryPolicy, compute_delay
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
 

@@ -1,4 +1,4 @@
-"""A corpus of credentials and of ordinary evidence, for the credential detector (harness/credentials.py).
+"""A corpus of credentials and of ordinary evidence, for the credential detector (maintenance/runtime/credentials.py).
 
 ``CREDENTIALS``: ``(id, text, secret)`` — text an operator might paste, holding a credential of a
 common shape; ``secret`` is the part that must never be stored or logged. ``ORDINARY``: ``(id,

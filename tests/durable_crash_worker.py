@@ -22,8 +22,8 @@ from dataclasses import replace
 from datetime import timedelta
 
 from harness.examples.ledger_points import make_consumer
-from harness.retry import RetryPolicy
-from harness.worker import Worker, WorkerConfig
+from harness.runtime.retry import RetryPolicy
+from harness.runtime.worker import Worker, WorkerConfig
 
 CRASH_EXIT = 77
 APPLICATION_NAME = "durable-crash-worker"

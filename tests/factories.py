@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from harness.dead_letters import DeadLetter, mark_replay_handled, write_dead_letter
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Envelope
+from harness.runtime.dead_letters import DeadLetter, mark_replay_handled, write_dead_letter
 
 TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 QUEUE = "points.credit"
@@ -304,7 +304,7 @@ def add_execution(
 def resolve_execution(
     conn: psycopg.Connection, execution_id: int, status: str = "PENDING", *, evidence: str = "COMPENSATED_VERIFIED"
 ) -> None:
-    """An operator's real resolution (harness/reconciliation.py) of a RECONCILIATION_REQUIRED execution of the
+    """An operator's real resolution (maintenance/operations/resolution.py) of a RECONCILIATION_REQUIRED execution of the
     example ledger consumer: RESUME (→ ``PENDING``, re-queued) or CLOSE_WITHOUT_TRANSITION (→ ``FAILED``).
 
     ``evidence`` is a CLOSE's kind (ABSENT_VERIFIED or COMPENSATED_VERIFIED). RESUME states no result: it suits executions arranged without UNCERTAIN checkpoints (the
@@ -314,7 +314,7 @@ def resolve_execution(
     from dataclasses import replace
 
     from harness.examples.ledger_points import consumer as example
-    from harness.reconciliation import Close, Evidence, Resume, resolve
+    from maintenance.operations.resolution import Close, Evidence, Resume, resolve
 
     (name,) = conn.execute("SELECT consumer FROM core.executions WHERE id = %s", (execution_id,)).fetchone()
     consumer = replace(example, name=name)

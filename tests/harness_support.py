@@ -12,9 +12,9 @@ from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
 from harness.examples.points import consumer as points_consumer
-from harness.metrics import HarnessMetrics
-from harness.retry import RetryPolicy
-from harness.worker import Worker, WorkerConfig, WorkerStats
+from harness.runtime.metrics import HarnessMetrics
+from harness.runtime.retry import RetryPolicy
+from harness.runtime.worker import Worker, WorkerConfig, WorkerStats
 
 TTL = timedelta(days=7)
 

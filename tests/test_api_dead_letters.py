@@ -324,7 +324,7 @@ def test_concurrent_replays_of_one_dead_letter_replay_it_once(api, conn):
 
 def test_detail_shows_a_released_replay_in_the_history(api, conn):
     """A replay released by an operator (0007) is part of the audit history the detail returns."""
-    from harness import operations
+    from maintenance.operations import dead_letters as operations
 
     letter = add_dead_letters(conn, QUEUE, 1)[0]
     api.post(f"{BASE}/{letter}/replay", json={"reason": "INC-7"})

@@ -8,8 +8,8 @@ import pytest
 from api_support import assert_problem
 from factories import add_dead_letters, add_execution
 
-from harness.execution_views import EXECUTION_STATUSES
 from maintenance.api.auth import EXECUTIONS_READ, READ
+from maintenance.operations.executions import EXECUTION_STATUSES
 
 BASE = "/v1/core/executions"
 CHECKPOINTS = (

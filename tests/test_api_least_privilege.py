@@ -61,7 +61,7 @@ def test_the_api_role_is_refused_everything_its_endpoints_do_not_need(as_api_rol
 
 def test_the_api_role_can_do_what_the_endpoints_do(as_api_role, conn):
     """Read, replay (status + a queue message), discard with a reason; the trigger audits both under the operator."""
-    from harness import operations
+    from maintenance.operations import dead_letters as operations
 
     replayed, discarded = add_dead_letters(conn, QUEUE, 2)
     operations.replay(as_api_role, [replayed], operator="ops:ana")
@@ -145,7 +145,7 @@ def test_the_api_role_may_only_read_executions(as_api_role, conn, statement):
 
 def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, conn):
     """A page and a detail with its checkpoints and history, read as core_jobs_api (0010's grants)."""
-    from harness import execution_views
+    from maintenance.operations import executions as execution_views
 
     execution = add_execution(
         conn,
@@ -159,7 +159,7 @@ def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, co
     assert [e.kind for e in detail.events] == ["RECONCILIATION_REQUIRED"]
 
 
-# What a replay publishes, copied from the dead letter (harness.operations.replay); each forgery
+# What a replay publishes, copied from the dead letter (maintenance.operations.dead_letters.replay); each forgery
 # below changes one thing of it, or publishes without marking the letter replayed first.
 MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = {letter}"
 COPY_OF_LETTER = """
@@ -205,7 +205,7 @@ def copy_of_letter(**changes: str) -> str:
 )
 def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as_api_role, conn, statements):
     """Each forged message — a new job, another payload, queue or job id, a replay_of of another letter, a copy — is refused."""
-    from harness import operations
+    from maintenance.operations import dead_letters as operations
 
     letter, other = add_dead_letters(conn, QUEUE, 2, payload={"points": 1})
     operations.replay(conn, [other], operator="ops:earlier")
@@ -217,7 +217,7 @@ def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as
 
 def test_the_api_role_replays_one_letter_or_a_whole_queue(as_api_role, conn):
     """A replay by ids and a bulk replay of a queue, each inside an outer transaction as the API runs them, publish."""
-    from harness import operations
+    from maintenance.operations import dead_letters as operations
 
     by_id, *of_queue = add_dead_letters(conn, QUEUE, 4)
     with as_api_role.transaction():

@@ -179,7 +179,7 @@ def test_a_case_reference_with_a_uuid_is_accepted(admin_api, conn):
     assert post(admin_api, execution_id, {**RESUME, "evidence": evidence}).status_code == 200
 
 
-# --- the evidence screening against the credential corpus (harness/credentials.py) ----------------
+# --- the evidence screening against the credential corpus (maintenance/runtime/credentials.py) ----------------
 _ONE_LINE = [c for c in CREDENTIALS if "\n" not in c[1]]
 
 

@@ -19,9 +19,9 @@ UNREACHABLE = "postgresql://app:pw-never-used-7@127.0.0.1:1/core"  # a mistake i
 
 HEADER = """\
 from harness.durable.actions import Action, Effect
-from harness.consumer import Consumer
+from harness.runtime.consumer import Consumer
 from harness.examples.points import CreditPoints
-from harness.retry import RetryPolicy
+from harness.runtime.retry import RetryPolicy
 
 
 def _call(payload, ctx):

@@ -1,11 +1,11 @@
-"""The one credential detector (harness/credentials.py) against a corpus: what it finds, what it masks (pure)."""
+"""The one credential detector (maintenance/runtime/credentials.py) against a corpus: what it finds, what it masks (pure)."""
 
 from __future__ import annotations
 
 import pytest
 from credential_corpus import CREDENTIALS, ORDINARY
 
-from harness.credentials import credential_kind, mask_credentials
+from maintenance.runtime.credentials import credential_kind, mask_credentials
 from maintenance.runtime.logs import SecretRedactor
 
 pytestmark = pytest.mark.pure

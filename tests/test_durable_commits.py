@@ -28,7 +28,7 @@ from waiting import wait_until
 
 import harness.pg
 from harness.pg import server_now
-from harness.pgqueue import ASYNC_COMMIT
+from harness.queue.pgqueue import ASYNC_COMMIT
 from maintenance.api.server import session_setup
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings

@@ -11,7 +11,7 @@ from factories import add_dead_letter, add_execution, resolve_execution
 
 from harness import enumerations, operations
 from harness.durable.actions import Effect
-from maintenance.api.resolution import ResolutionOut
+from maintenance.api.resources.resolutions import ResolutionOut
 
 # Tables whose rows the API serves: every enumerated column of theirs must be in enumerations.BY_COLUMN.
 SERVED_TABLES = frozenset(table for table, _ in enumerations.BY_COLUMN)
@@ -53,7 +53,8 @@ def test_the_effect_enum_has_the_values_the_database_allows():
 
 def test_every_response_model_uses_the_one_source():
     """The API's response models declare their enumerated fields with the types of harness.enumerations."""
-    from maintenance.api import executions, routes
+    from maintenance.api.resources import dead_letters as routes
+    from maintenance.api.resources import executions
 
     declared = {
         (executions.ExecutionOut, "status"): enumerations.ExecutionStatus,

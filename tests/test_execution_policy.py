@@ -17,7 +17,7 @@ from harness.durable.actions import ACTION_RETRY_POLICY, Action, ActionError, Ef
 from harness.durable.decide import Decision, OutputBroken, decide
 from harness.durable.effects import RULES, EffectRules
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.retry import RetryPolicy, compute_delay, max_retry_window
+from harness.runtime.retry import RetryPolicy, compute_delay, max_retry_window
 
 pytestmark = pytest.mark.pure
 

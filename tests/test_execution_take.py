@@ -16,7 +16,7 @@ import psycopg
 from harness_support import fences, row_counts, wait_until_waiting_on_lock
 from ledger_support import deliver, execution
 
-from harness.queue import Acked, Duplicate, Outcome
+from harness.queue.port import Acked, Duplicate, Outcome
 
 
 def test_a_take_that_waited_for_a_success_sees_its_fence_and_leaves_no_execution(conn, database_url, ledger_consumer):

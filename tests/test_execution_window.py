@@ -11,7 +11,7 @@ from harness_consumers import durable_ledger
 from harness.durable.actions import ACTION_RETRY_POLICY
 from harness.durable.window import max_execution_window, max_takes
 from harness.examples.points import consumer as points
-from harness.retry import RetryPolicy, max_retry_window
+from harness.runtime.retry import RetryPolicy, max_retry_window
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 QUEUE_POLICY = RetryPolicy()  # J-B3's defaults: 5 attempts, window 11 min 12 s

@@ -380,3 +380,23 @@ def test_replay_of_all_pending_beyond_the_bulk_cap_is_refused_with_the_count(cli
     assert code == EXIT_CONFIG and statuses == {"pending_review"}
     assert "4 pending dead letters match" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0 and ledger(conn) == []
+
+
+def test_a_blank_operator_is_refused_in_words_that_name_no_surface(conn):
+    """The operations refuse a blank operator without telling the caller to pass a CLI option (the API calls them too)."""
+    from maintenance.operations.dead_letters import OperationRefused, replay
+
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    with pytest.raises(OperationRefused) as refused:
+        replay(conn, [letter_id], operator="  ")
+    assert refused.value.problems == ["the operator is unknown: no name was given"]
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
+
+
+def test_cli_refuses_a_blank_operator_saying_which_option_to_pass(cli, conn, capsys):
+    """`--operator ""` is refused with exit 2 and the CLI's own hint, `pass --operator NAME (or set $USER)`; nothing changed."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    assert cli(["dead-letters", "replay", str(letter_id), "--operator", ""]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "core-jobs: refused: the operator is unknown: pass --operator NAME (or set $USER)" in err
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"

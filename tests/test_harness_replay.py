@@ -27,16 +27,16 @@ from harness_support import (
     wait_until_waiting_on_lock,
 )
 
-from harness.consumer import Consumer
 from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.handling import handle
-from harness.operations import replay
-from harness.pgqueue import PgQueue
-from harness.queue import Acked, Duplicate
-from harness.retry import RetryPolicy
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Acked, Duplicate
+from harness.runtime.consumer import Consumer
+from harness.runtime.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
+from maintenance.operations.dead_letters import replay
 from maintenance.runtime import migrate
 from maintenance.settings import load_settings
 

@@ -27,9 +27,9 @@ from harness_support import (
 from prometheus_client import CollectorRegistry
 
 from harness.examples.points import consumer as points_consumer
-from harness.metrics import HarnessMetrics
-from harness.retry import RetryPolicy
-from harness.worker import Worker, WorkerConfig
+from harness.runtime.metrics import HarnessMetrics
+from harness.runtime.retry import RetryPolicy
+from harness.runtime.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -62,7 +62,7 @@ def test_finds_the_statements_of_every_package():
     assert {
         "maintenance.jobs.purge.sql.INDEX_BATCH_HASHED",
         "maintenance.jobs.alerts.sql.SCAN_NEW",
-        "harness.pgqueue.CLAIM",
+        "harness.queue.pgqueue.CLAIM",
     } <= names
     assert not any("{" in text and "}" in text and re.search(r"\{\w+\}", text) for _, text in STATEMENTS), (
         "a named statement still has a .format placeholder: write it out whole"

@@ -47,11 +47,8 @@ modules = sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harnes
 for name in modules:
     importlib.import_module(name)
 
+from harness import Delivery, Envelope, HarnessMetrics, RetryPolicy, handle
 from harness.examples.points import consumer
-from harness.handling import handle
-from harness.metrics import HarnessMetrics
-from harness.queue import Delivery, Envelope
-from harness.retry import RetryPolicy
 
 job_id = uuid.uuid4()
 envelope = Envelope(job_id=job_id, payload={"member_id": "m-1", "points": 5},
@@ -67,6 +64,7 @@ except ImportError as exc:
     prometheus_error = str(exc)
 print(json.dumps({
     "harness_file": harness.__file__,
+    "unresolved": [name for name in harness.__all__ if not hasattr(harness, name)],
     "modules": modules,
     "importable": [m for m in sys.argv[2:] if importlib.util.find_spec(m) is not None],
     "outcome": type(outcome).__name__,
@@ -121,13 +119,15 @@ def dists(tmp_path_factory) -> Path:
 
 
 def test_the_harness_wheel_holds_the_harness_package_and_nothing_else(dists):
-    """core-jobs-harness's wheel has harness/ (all its modules, the example too, py.typed) and its dist-info, nothing else."""
+    """core-jobs-harness's wheel has harness/ (all its modules, the example too, py.typed) and its dist-info, nothing else:
+    the operator's side (maintenance/operations/) is not a consumer's."""
     wheel = wheel_in(dists, "core_jobs_harness")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
     assert top_level(wheel) == {"harness"}
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "harness").rglob("*.py")}
     assert {n for n in names if not n.split("/")[0].endswith(".dist-info")} == sources | {"harness/py.typed"}
+    assert not [n for n in names if Path(n).stem in ("operations", "execution_views", "reconciliation", "keyset")]
 
 
 def test_the_harness_declares_only_psycopg_pydantic_structlog_and_a_metrics_extra(dists):
@@ -159,14 +159,15 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     checked = json.loads(run(python, "-c", STANDALONE_CHECK, database_url, *NOT_IN_A_CONSUMER, cwd=tmp_path, env=env))
     assert Path(checked["harness_file"]).is_relative_to(venv)  # the installed copy, not the repository's
     assert set(checked["modules"]) >= {
-        "harness.consumer",
+        "harness.runtime.consumer",
         "harness.handling",
-        "harness.metrics",
-        "harness.worker",
-        "harness.pgqueue",
-        "harness.operations",
+        "harness.runtime.metrics",
+        "harness.runtime.worker",
+        "harness.queue.port",
+        "harness.queue.pgqueue",
         "harness.examples.points",
     }
+    assert checked["unresolved"] == []  # the façade's every public name, from the installed wheel
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]

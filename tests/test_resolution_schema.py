@@ -6,8 +6,8 @@ import psycopg
 import pytest
 from factories import add_execution
 
-from harness import reconciliation
-from harness.reconciliation import Close, Evidence, Resume
+from maintenance.operations import resolution as reconciliation
+from maintenance.operations.resolution import Close, Evidence, Resume
 
 UNCERTAIN = (("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),)
 EVIDENCE = Evidence("RESULT_VERIFIED", "CASE-7", "seen in the provider's console")

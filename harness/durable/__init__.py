@@ -12,6 +12,6 @@ The contract is docs/durable-actions.md. The parts, in the order a delivery meet
 - :mod:`harness.durable.window` — the crash-loop bound and the fence's window (J-B7);
 - :mod:`harness.durable.pipelined` — transactions whose BEGIN travels with their first statements.
 
-Nothing is imported here: :mod:`harness.consumer` imports the actions, and the executor imports
+Nothing is imported here: :mod:`harness.runtime.consumer` imports the actions, and the executor imports
 the consumer.
 """

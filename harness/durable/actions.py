@@ -55,7 +55,7 @@ from uuid import UUID
 from pydantic import BaseModel
 
 from harness.durable.effects import Effect
-from harness.retry import RetryPolicy
+from harness.runtime.retry import RetryPolicy
 
 __all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
 

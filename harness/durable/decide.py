@@ -12,11 +12,10 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from harness.dead_letters import validation_problems
 from harness.durable.actions import Action
 from harness.durable.effects import Effect, rules_of
-from harness.errors import NotSent, PermanentError
-from harness.queue import InvalidPayload, check_payload
+from harness.errors import NotSent, PermanentError, validation_problems
+from harness.queue.port import InvalidPayload, check_payload
 
 __all__ = ["Decision", "OutputBroken", "WorkerLost", "decide", "validated"]
 

@@ -31,7 +31,7 @@ and **finish** (harness/durable/finish.py, step 5, under the fence by the plain 
    worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
    recorded with the next commit. A failure goes by the contract's table (:func:`harness.durable.decide.decide`):
    ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;
-   delay from :func:`harness.retry.compute_delay` on the action's policy with the error's
+   delay from :func:`harness.runtime.retry.compute_delay` on the action's policy with the error's
    ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
    ``RECONCILIATION_REQUIRED`` (→ ``Held``).
 5. **Finish** — one transaction: the fenced delete of the execution with the fence in its place
@@ -55,13 +55,13 @@ from typing import Any
 
 import psycopg
 
-from harness.consumer import Consumer
 from harness.durable.finish import finish
 from harness.durable.run import run
 from harness.durable.state import Execution, StaleWrite
 from harness.durable.take import take
 from harness.fence import Runtime
-from harness.queue import Delivery, Outcome, Stale
+from harness.queue.port import Delivery, Outcome, Stale
+from harness.runtime.consumer import Consumer
 
 __all__ = ["run_execution"]
 

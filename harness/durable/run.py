@@ -15,7 +15,7 @@ from harness.durable.pipelined import transaction_begun_with
 from harness.durable.settle import fail, failed, reconcile
 from harness.durable.state import Execution, Record, check_held
 from harness.durable.window import max_takes
-from harness.queue import Outcome
+from harness.queue.port import Outcome
 
 __all__ = ["run"]
 

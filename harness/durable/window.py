@@ -26,8 +26,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from harness.consumer import Consumer
-from harness.retry import RetryPolicy, max_retry_window
+from harness.runtime.consumer import Consumer
+from harness.runtime.retry import RetryPolicy, max_retry_window
 
 __all__ = ["max_execution_window", "max_takes"]
 

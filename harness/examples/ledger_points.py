@@ -34,9 +34,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from pydantic import BaseModel, ConfigDict
 
-from harness.consumer import Consumer, JobContext
-from harness.durable.actions import Action, ActionContext, Effect
-from harness.errors import NotSent, PermanentError, TransientError
+from harness import Action, ActionContext, Consumer, Effect, JobContext, NotSent, PermanentError, TransientError
 from harness.examples.points import CREDIT_POINTS, CreditPoints
 
 if TYPE_CHECKING:

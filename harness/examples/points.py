@@ -22,8 +22,7 @@ from typing import Protocol
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
-from harness.consumer import Consumer, JobContext
-from harness.errors import PermanentError, TransientError
+from harness import Consumer, JobContext, PermanentError, TransientError
 
 __all__ = ["CreditPoints", "LoyaltyLedger", "OutageLedger", "consumer", "make_consumer"]
 

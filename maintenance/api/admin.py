@@ -34,7 +34,7 @@ import psycopg
 from maintenance.errors import ConfigError
 
 if TYPE_CHECKING:
-    from harness.consumer import Consumer
+    from harness.runtime.consumer import Consumer
     from maintenance.settings import Settings
 
 API_ROLE = "core_jobs_api"
@@ -101,7 +101,7 @@ class AdminConfig:
 
 def load_definitions(references: list[str]) -> dict[str, Consumer]:
     """The consumers ``references`` name, by name; ConfigError naming the entry that is wrong."""
-    from maintenance.cli.harness import load_consumer
+    from maintenance.consumers import load_consumer
 
     label = "CORE_JOBS_ADMIN_CONSUMERS entry"
     published: dict[str, Consumer] = {}

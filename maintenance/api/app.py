@@ -1,7 +1,7 @@
 """The operations HTTP API for dead letters (issue 11) and executions (issue 12) — the operator's manual.
 
 Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
-the same operations layer as ``core-jobs dead-letters`` (:mod:`harness.operations`).
+the same operations layer as ``core-jobs dead-letters`` (:mod:`maintenance.operations.dead_letters`).
 
 ========================================= ============================= ==========================================
 endpoint                                  permission                    what
@@ -25,11 +25,11 @@ endpoint                                  permission                    what
 ``POST /v1/core/dead-letters/discard``    ``core.dead_letters.discard`` the same, with a required ``reason``
 ``GET /v1/core/executions``               ``core.executions.read``      durable-action executions in one status,
                                                                         oldest in it first (keyset pages);
-                                                                        :mod:`maintenance.api.executions`
+                                                                        :mod:`maintenance.api.resources.executions`
 ``GET /v1/core/executions/{id}``          ``core.executions.read``      one, with payload, checkpoints, history
 ``POST /v1/core/executions/{id}/resolve`` role ``EXECUTION_OPERATOR``   admin mode only: an operator's resolution
                                           + business scope              of an uncertain execution
-                                                                        (:mod:`maintenance.api.resolution`)
+                                                                        (:mod:`maintenance.api.resources.resolutions`)
 ``GET /healthz``                          —                             the process is up
 ``GET /readyz``                           —                             the database answers (503 if not)
 ``GET /openapi.json``                     —                             the OpenAPI document
@@ -74,11 +74,12 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from harness.operations import DEFAULT_BULK_MAX
-from maintenance.api import bodies, executions, resolution, routes
+from maintenance.api import bodies
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
+from maintenance.api.resources import dead_letters, executions, resolutions
+from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -331,10 +332,10 @@ def create_app(
     app.add_exception_handler(PoolTimeout, _database_problem)
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
-    app.include_router(routes.router)
+    app.include_router(dead_letters.router)
     app.include_router(executions.router)  # issue 12: read-only executions
     if admin is not None:
-        app.include_router(resolution.router)
+        app.include_router(resolutions.router)
 
     @app.get("/healthz", tags=["probes"], summary="The process is up")
     def healthz() -> dict[str, str]:

@@ -16,7 +16,7 @@ Permissions are the union of the ``scope`` claim (space-separated, RFC 9068) and
 token carries none of them. The operator written to the audit ledger is the token's ``sub``,
 never anything the client sends.
 
-The resolution of executions (issue 13, :mod:`maintenance.api.resolution`) needs a role and
+The resolution of executions (issue 13, :mod:`maintenance.api.resources.resolutions`) needs a role and
 business scopes instead of a permission: the ``roles`` array must contain
 ``EXECUTION_OPERATOR`` and the ``business_scopes`` array the execution's business scope.
 

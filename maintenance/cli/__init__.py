@@ -68,7 +68,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.retry import compute_delay, max_retry_window
+    from harness.runtime.retry import compute_delay, max_retry_window
     from maintenance.jobs.catalog import by_name as jobs
     from maintenance.settings import format_duration
 
@@ -101,13 +101,14 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
     """check-config --consumer: each consumer's own window (a durable one's execution window,
     harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
     from harness.durable.window import max_execution_window, max_takes
+    from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.settings import format_duration
 
     ok = True
     if references:
         out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
     for reference in references:
-        consumer = harness_cli.load_consumer(reference)
+        consumer = load_consumer(reference)
         queue_policy = settings.retry_policy(consumer.queue)
         window = max_execution_window(consumer, queue_policy, settings.worker_lease)
         if consumer.durable:
@@ -120,7 +121,7 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
             )
         else:
             shape = f"no actions; retry window {format_duration(window)}"
-        guard = harness_cli.consumer_ttl_guard(settings, consumer)
+        guard = consumer_ttl_guard(settings, consumer)
         ok = ok and guard.ok
         out.write(f"  {consumer.name} ({reference}): {shape}\n    TTL guard: {guard.explain()}\n")
     return ok
@@ -245,7 +246,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values())
     try:
         return args.handler(args, settings)
-    except ConfigError as exc:  # one line, secrets masked: it may quote a user's module (cli.harness.load_consumer)
+    except (
+        ConfigError
+    ) as exc:  # one line, secrets masked: it may quote a user's module (maintenance/consumers.py::load_consumer)
         _report(f"configuration error: {exc}", settings)
         return EXIT_CONFIG
     except Exception as exc:

@@ -5,7 +5,7 @@ operator), oldest in that state first, optionally of one consumer, job id or bus
 at most ``--limit`` rows (it says so when more match). ``show ID`` prints one execution with its
 payload, its checkpoints in action order (effect, status, attempts, result, last error, and the
 external key ``job_id:consumer:action`` to look the write up at the provider) and its history.
-Both read :mod:`harness.execution_views`, as the API does; ``--json`` prints its rows as JSON.
+Both read :mod:`maintenance.operations.executions`, as the API does; ``--json`` prints its rows as JSON.
 Nothing here changes an execution: resolving one is ``POST /v1/core/executions/{id}/resolve``
 (issue 13, docs/durable-actions.md).
 
@@ -36,7 +36,7 @@ DEFAULT_STATUS = "RECONCILIATION_REQUIRED"
 
 
 def cmd_executions_list(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.execution_views import ExecutionFilter, list_executions
+    from maintenance.operations.executions import ExecutionFilter, list_executions
     from maintenance.runtime.db import Database
 
     where = ExecutionFilter(
@@ -62,7 +62,7 @@ def cmd_executions_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_executions_show(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.execution_views import get_execution
+    from maintenance.operations.executions import get_execution
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:

@@ -3,7 +3,7 @@
 ``dead-letters list`` shows a replayed letter's state as ``replayed:outstanding`` (its delivery
 not handled yet: the purge keeps the job's fences) or ``replayed:<outcome>``; ``--outstanding``
 lists only those still holding fences. ``dead-letters release`` ends an outstanding replay whose
-message will never be delivered (harness/operations.py).
+message will never be delivered (maintenance/operations/dead_letters.py).
 
 Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
 handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
@@ -11,20 +11,16 @@ not be reached or failed the command (one ``database error`` line on stderr, sec
 configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
 letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
 message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
-other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
+other code: a handler's ``SystemExit`` is that job's failure (harness/runtime/worker.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import getpass
-import importlib
-import importlib.util
 import json
-import os
 import sys
 import threading
-import traceback
 import uuid
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
@@ -32,9 +28,8 @@ from typing import TYPE_CHECKING, Any
 from harness.enumerations import DEAD_LETTER_STATUSES
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
-    from harness.consumer import Consumer
-    from harness.operations import DeadLetterRow
-    from maintenance.settings import Settings, TtlGuard
+    from maintenance.operations.dead_letters import DeadLetterRow
+    from maintenance.settings import Settings
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -42,77 +37,13 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 STATUS_CHOICES = DEAD_LETTER_STATUSES
 
 
-def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
-    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong (after ``label``).
-
-    Whatever goes wrong in the user's module — an import it lacks, a syntax error, its own code
-    raising or calling ``sys.exit()`` at import, a declaration refused (an action's retry policy
-    without a justification) — is that ConfigError, naming the file and line of their code where it
-    failed: exit 2 and one line, never a traceback (docs/cli.md)."""
-    from harness.consumer import Consumer
-    from harness.dead_letters import describe_error
-    from maintenance.settings import ConfigError
-
-    module_name, _, attribute = reference.partition(":")
-    if not module_name or not attribute:
-        raise ConfigError(f"{label} {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{label} {reference!r}: cannot import {module_name}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # the module's own code failed: a declaration refused, a typo, sys.exit()
-        where = _where_it_failed(exc, module_name)
-        raise ConfigError(
-            f"{label} {reference!r}: importing {module_name} failed{where}: {describe_error(exc)}"
-        ) from None
-    if not hasattr(module, attribute):
-        raise ConfigError(f"{label} {reference!r}: module {module_name} has no {attribute}")
-    found = getattr(module, attribute)
-    if not isinstance(found, Consumer):
-        raise ConfigError(f"{label} {reference!r}: {module_name}.{attribute} is not a harness Consumer")
-    return found
-
-
-def _where_it_failed(exc: BaseException, module_name: str) -> str:
-    """`` (path, line N)``: the place in the user's own code where importing ``module_name`` failed — the
-    module's file or its package's — or ``""`` when no frame is theirs. A SyntaxError names its own place."""
-    if isinstance(exc, SyntaxError) and exc.filename:
-        return f" ({exc.filename}, line {exc.lineno})"
-    spec = importlib.util.find_spec(module_name.partition(".")[0])
-    if spec is None or spec.origin is None:
-        return ""
-    theirs = (
-        [os.path.abspath(p) for p in spec.submodule_search_locations]
-        if spec.submodule_search_locations
-        else [os.path.abspath(spec.origin)]
-    )
-    found = ""
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        path = os.path.abspath(frame.f_code.co_filename)
-        if any(path == p or path.startswith(p + os.sep) for p in theirs):
-            found = f" ({path}, line {line})"  # the deepest wins: where their code raised or called what did
-    return found
-
-
-def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
-    """The TTL guard (J-B7) of one consumer: its window is the longest of the configured policies'
-    and its own — a policy fixed in its code, or a durable consumer's execution window
-    (harness/durable/window.py: its actions' retries and its take-overs) — plus the broker horizon.
-    A fence shorter than that would let a late retry apply twice."""
-    from harness.durable.window import max_execution_window
-    from maintenance.settings import TtlGuard
-
-    own = max_execution_window(consumer, settings.retry_policy(consumer.queue), settings.worker_lease)
-    window = max(settings.max_retry_window(), own + settings.broker_redelivery_horizon)
-    return TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
-
-
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
-    from harness.dead_letters import describe_error
-    from harness.metrics import HarnessMetrics
-    from harness.worker import Worker, WorkerConfig
+    from harness.errors import describe_error
+    from harness.runtime.metrics import HarnessMetrics
+    from harness.runtime.worker import Worker, WorkerConfig
+    from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
     from maintenance.settings import ConfigError
@@ -158,9 +89,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.consumer import valid_name
-    from harness.pgqueue import PgQueue
-    from harness.queue import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from harness.queue.pgqueue import PgQueue
+    from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from harness.runtime.consumer import valid_name
     from maintenance.runtime.db import Database
 
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
@@ -192,7 +123,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import list_dead_letters
+    from maintenance.operations.dead_letters import list_dead_letters
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
@@ -215,7 +146,7 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import replay
+    from maintenance.operations.dead_letters import replay
 
     if bool(args.ids) == bool(args.all_pending):
         print("core-jobs: give dead-letter IDs, or --queue Q --all-pending", file=sys.stderr)
@@ -239,25 +170,39 @@ def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int
             max_rows=settings.dead_letters_bulk_max,
         ),
         "replayed",
+        args.operator,
     )
 
 
 def cmd_dead_letters_discard(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import discard
+    from maintenance.operations.dead_letters import discard
 
-    return _act(settings, lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason), "discarded")
+    return _act(
+        settings,
+        lambda conn: discard(conn, args.ids, operator=args.operator, reason=args.reason),
+        "discarded",
+        args.operator,
+    )
 
 
 def cmd_dead_letters_release(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.operations import release
+    from maintenance.operations.dead_letters import release
 
-    return _act(settings, lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason), "released")
+    return _act(
+        settings,
+        lambda conn: release(conn, args.ids, operator=args.operator, reason=args.reason),
+        "released",
+        args.operator,
+    )
 
 
-def _act(settings: Settings, action: Any, verb: str) -> int:
-    from harness.operations import OperationRefused
+def _act(settings: Settings, action: Any, verb: str, operator: str) -> int:
+    from maintenance.operations.dead_letters import OperationRefused
     from maintenance.runtime.db import Database
 
+    if not operator.strip():  # the operations refuse it too, in words that name no option
+        print("core-jobs: refused: the operator is unknown: pass --operator NAME (or set $USER)", file=sys.stderr)
+        return EXIT_USAGE
     try:
         with Database(settings.conninfo()).connect(autocommit=True) as conn:
             rows: list[DeadLetterRow] = action(conn)

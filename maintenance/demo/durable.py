@@ -42,13 +42,13 @@ import psycopg
 from prometheus_client import CollectorRegistry
 
 from harness.examples import ledger_points
-from harness.execution_views import ExecutionDetail, get_execution
-from harness.metrics import HarnessMetrics
 from harness.pg import server_now
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope
-from harness.worker import Worker, WorkerConfig
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Envelope
+from harness.runtime.metrics import HarnessMetrics
+from harness.runtime.worker import Worker, WorkerConfig
 from maintenance.demo.ledger import Fault, LoyaltyLedger
+from maintenance.operations.executions import ExecutionDetail, get_execution
 from maintenance.runtime.db import Database
 from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.runtime.telemetry import Telemetry

@@ -15,11 +15,11 @@ from typing import TextIO
 from prometheus_client import CollectorRegistry
 
 from harness.examples.points import OutageLedger, make_consumer
-from harness.metrics import HarnessMetrics
-from harness.operations import discard, replay
-from harness.pgqueue import PgQueue
-from harness.queue import Envelope
-from harness.worker import Worker, WorkerConfig
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Envelope
+from harness.runtime.metrics import HarnessMetrics
+from harness.runtime.worker import Worker, WorkerConfig
+from maintenance.operations.dead_letters import discard, replay
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings
 

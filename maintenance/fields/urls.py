@@ -9,7 +9,7 @@
 - **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
   URL in a text by :data:`MASK`, up to the last ``@`` before the host, so a raw ``@`` in the
   password (or the user name) leaves nothing of it visible; :func:`redact_url` also masks
-  ``?password=``. Both are shapes of the one credential detector, ``harness/credentials.py``,
+  ``?password=``. Both are shapes of the one credential detector, ``maintenance/runtime/credentials.py``,
   which the log redactor (``maintenance/runtime/logs.py``) applies whole to every log string. :func:`url_passwords` lists a database URL's passwords so the redactor masks
   them wherever they appear alone.
   :func:`shown_url` is the origin-only display (``https://host/…``) of a URL whose path is a
@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
-from harness.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
+from maintenance.runtime.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
 
 __all__ = ["MASK"]  # re-exported: the mask every redaction writes
 

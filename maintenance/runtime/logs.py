@@ -4,7 +4,7 @@ Output is JSON lines on stdout when stdout is not a TTY (Kubernetes, Better Stac
 collector), a readable console on a TTY; ``CORE_JOBS_LOG_FORMAT`` forces either. Every string
 in every event — including formatted exceptions — passes through :class:`SecretRedactor`, which
 masks every configured secret value and every credential the one detector recognises
-(``harness/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
+(``maintenance/runtime/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
 provider keys, ``password=``/``token=`` pairs — the shapes a resolution's evidence is refused
 for), so a token never reaches a log line however it got there.
 """
@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 import structlog
 
-from harness.credentials import MASK, mask_credentials
+from maintenance.runtime.credentials import MASK, mask_credentials
 
 
 class SecretRedactor:

@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.dead_letters import describe_error
+from harness.errors import describe_error
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database

@@ -51,7 +51,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.exposition import default_handler, push_to_gateway, pushadd_to_gateway
 from prometheus_client.metrics_core import Metric
 
-from harness.dead_letters import describe_error
+from harness.errors import describe_error
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import shown_url
 

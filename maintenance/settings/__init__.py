@@ -50,7 +50,7 @@ from datetime import timedelta
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from harness.retry import RetryPolicyError
+from harness.runtime.retry import RetryPolicyError
 from maintenance.api.settings import ApiSettings
 from maintenance.errors import ConfigError
 from maintenance.fields.crontab import check_crontab

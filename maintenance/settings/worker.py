@@ -2,7 +2,7 @@
 
 ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` bounds the dead letters one bulk action by filter may touch
 (``core-jobs dead-letters replay --queue Q --all-pending`` and the API's ``filter`` bodies,
-:mod:`harness.operations`): a filter matching more is refused with the count, nothing changed.
+:mod:`maintenance.operations.dead_letters`): a filter matching more is refused with the count, nothing changed.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from datetime import timedelta
 
 from pydantic import BaseModel, Field
 
-from harness.operations import DEFAULT_BULK_MAX
 from maintenance.fields.durations import PositiveDuration
+from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 
 DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker may take it
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim

@@ -1,6 +1,6 @@
 """Consumer harness: the reference PostgreSQL queue, the dead-letter audit ledger, the example's table.
 
-* ``core.queue_messages`` — the reference queue (harness/pgqueue.py). A message is claimed with
+* ``core.queue_messages`` — the reference queue (harness/queue/pgqueue.py). A message is claimed with
   ``FOR UPDATE SKIP LOCKED`` under a lease (``lease_expires_at``) stamped with a fencing token
   (``lease_token``, from a sequence, new at every claim). Ack, retry and dead-lettering match on
   the token and on an unexpired lease, so a worker whose lease expired changes nothing. An

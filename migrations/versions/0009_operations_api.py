@@ -210,7 +210,7 @@ GRANT USAGE ON SCHEMA core TO {API_ROLE};
 GRANT SELECT ON core.dead_letters, core.dead_letter_actions TO {API_ROLE};
 -- Only the review state may change (the lifecycle triggers decide which changes are valid).
 GRANT UPDATE (status, discard_reason) ON core.dead_letters TO {API_ROLE};
--- A replay publishes the job again (harness.pgqueue.PUBLISH_MANY): insert only, nothing read back.
+-- A replay publishes the job again (harness.queue.pgqueue.PUBLISH_MANY): insert only, nothing read back.
 GRANT INSERT (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at) ON core.queue_messages TO {API_ROLE};
 -- The idempotency ledger: look up and append.
 GRANT SELECT, INSERT ON core.api_idempotency_keys TO {API_ROLE};

@@ -21,7 +21,7 @@ cannot say "only the copy of a letter marked replayed here", so a guard does, as
   the role reads no queue). Anything else is refused (check_violation) naming the job and queue,
   never the payload. The role still cannot read, update, delete or truncate a message (0009's
   grants), and ``run_at`` is free (a replay's own delay). The harness now marks a letter replayed
-  *before* publishing it (harness/operations.py), so the audit row exists when the guard looks.
+  *before* publishing it (maintenance/operations/dead_letters.py), so the audit row exists when the guard looks.
 * **Same transaction**, exactly: ``xact_id`` (``pg_current_xact_id()``, the top-level
   transaction, savepoints included) on ``core.dead_letter_actions`` — written only by the
   database's audit trigger, as its owner — and on ``core.execution_resolutions``, stamped by a
@@ -54,7 +54,7 @@ branch_labels = None
 depends_on = None
 
 API_ROLE = "core_jobs_api"
-NO_TENANT = "00000000-0000-0000-0000-000000000000"  # harness.queue.NO_TENANT: a letter without tenant
+NO_TENANT = "00000000-0000-0000-0000-000000000000"  # harness.queue.port.NO_TENANT: a letter without tenant
 
 # 0012's binding, replaced in its guard by the function below.
 BOUND_0012 = f"IF current_user <> '{API_ROLE}' THEN"

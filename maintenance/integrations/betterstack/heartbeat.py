@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from harness.dead_letters import describe_error
+from harness.errors import describe_error
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import Settings, shown_url
 

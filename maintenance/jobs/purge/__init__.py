@@ -15,7 +15,7 @@ all four hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start o
    - replayed and *outstanding* (``replay_outcome`` NULL): the republished delivery has not been
      handled yet — it may wait in a backlog for any time, and be retried; the fence is kept
      until the harness marks it processed, duplicate or dead-lettered again, which it does in
-     that outcome's own transaction, whatever the broker (harness/queue.py, "Replays");
+     that outcome's own transaction, whatever the broker (harness/queue/port.py, "Replays");
    - replayed and handled less than ``TTL_MARGIN x max retry window`` before ``cutoff``
      (``replay_handled_at``, stamped by the database): as after any processing, a lost ack or a
      broker redelivery may bring the delivery back that long.

@@ -1,7 +1,7 @@
 """``POST /v1/core/executions/{id}/resolve``: an operator's resolution over HTTP (issue 13, R-5, R-6).
 
 Served only in admin mode (``CORE_JOBS_ADMIN_ENABLED``, :mod:`maintenance.api.admin`); otherwise
-the route does not exist (404). Thin HTTP over :func:`harness.reconciliation.resolve`.
+the route does not exist (404). Thin HTTP over :func:`maintenance.operations.resolution.resolve`.
 
 Checks, in this order (each answer leaks nothing the caller may not know):
 
@@ -35,14 +35,14 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints
 
-from harness import reconciliation
 from harness.enumerations import EvidenceKind, ResolutionCommand, ResolvedStatus
-from harness.reconciliation import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
 from maintenance.api import idempotency
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import Principal, authenticate
+from maintenance.api.dependencies import MAX_ID, IdempotencyKey, pool_of
 from maintenance.api.problems import Problem, problem_responses
-from maintenance.api.routes import MAX_ID, IdempotencyKey, pool_of
+from maintenance.operations import resolution
+from maintenance.operations.resolution import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
 from maintenance.runtime.logs import get_logger
 
 OPERATOR_ROLE = "EXECUTION_OPERATOR"
@@ -60,7 +60,7 @@ STATUS_OF = {
 
 def _evidence(field_name: str, limit: int):
     def check(value: str) -> str:
-        problems = reconciliation.evidence_problems(field_name, value, limit)
+        problems = resolution.evidence_problems(field_name, value, limit)
         if problems:
             raise ValueError("; ".join(problems))
         return value
@@ -122,13 +122,13 @@ class CloseCommand(_Body):
 class ReconciliationCommand(RootModel[Annotated[ResumeCommand | CloseCommand, Field(discriminator="command")]]):
     """An operator's resolution. There is no field to choose a target state: the command decides it."""
 
-    def to_command(self) -> reconciliation.Command:
+    def to_command(self) -> resolution.Command:
         body = self.root
         if isinstance(body, ResumeCommand):
-            evidence = reconciliation.Evidence("RESULT_VERIFIED", body.evidence.reference, body.evidence.reason)
-            return reconciliation.Resume(results=tuple((r.action, r.result) for r in body.results), evidence=evidence)
-        return reconciliation.Close(
-            evidence=reconciliation.Evidence(body.evidence.kind, body.evidence.reference, body.evidence.reason)
+            evidence = resolution.Evidence("RESULT_VERIFIED", body.evidence.reference, body.evidence.reason)
+            return resolution.Resume(results=tuple((r.action, r.result) for r in body.results), evidence=evidence)
+        return resolution.Close(
+            evidence=resolution.Evidence(body.evidence.kind, body.evidence.reference, body.evidence.reason)
         )
 
 
@@ -186,7 +186,7 @@ def resolve_execution(
     log = get_logger()
     try:
         with pool_of(request).connection() as conn:
-            outcome = reconciliation.resolve(
+            outcome = resolution.resolve(
                 conn,
                 execution_id=id,
                 idempotency_key=key,

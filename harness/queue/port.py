@@ -16,7 +16,7 @@ outcome                what the adapter does
 
 Every settling call returns whether it took effect: False means the delivery's lease was lost
 (it expired and the message is, or will be, delivered again), and the write changed nothing.
-Only the reference adapter exists (harness/pgqueue.py); other brokers are out of scope.
+Only the reference adapter exists (harness/queue/pgqueue.py); other brokers are out of scope.
 
 A payload is JSON that PostgreSQL's ``jsonb`` can store: the queue, the dead letters and a
 replay all keep it there. :func:`check_payload` refuses the rest — NaN and ±Infinity (JSON has
@@ -45,7 +45,7 @@ from datetime import timedelta
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from harness.dead_letters import DeadLetter
+from harness.runtime.dead_letters import DeadLetter
 
 __all__ = [
     "NO_TENANT",

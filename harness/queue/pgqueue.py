@@ -18,7 +18,7 @@ For the demo, the tests and small deployments. Every decision about time uses th
   counting the attempt.
 - **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
-  harness marks that replay handled with the delivery's final outcome (harness/queue.py).
+  harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
 
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
@@ -41,8 +41,8 @@ from datetime import timedelta
 import psycopg
 from psycopg.types.json import Jsonb
 
-from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue import Delivery, Envelope, check_payload
+from harness.queue.port import Delivery, Envelope, check_payload
+from harness.runtime.dead_letters import DeadLetter, write_dead_letter
 
 __all__ = ["PgQueue"]
 
@@ -122,7 +122,7 @@ UPDATE core.queue_messages AS m
 
 
 class PgQueue:
-    """The reference :class:`~harness.queue.QueuePort` on ``core.queue_messages``."""
+    """The reference :class:`~harness.queue.port.QueuePort` on ``core.queue_messages``."""
 
     def __init__(self, conn: psycopg.Connection, *, lease: timedelta = timedelta(seconds=30), worker: str = "") -> None:
         if lease <= timedelta(0):
@@ -134,7 +134,7 @@ class PgQueue:
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> int:
         """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id.
 
-        A payload jsonb cannot store raises :class:`~harness.queue.InvalidPayload` before any write.
+        A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
         """
         check_payload(envelope.payload)
         with self.conn.transaction():
@@ -145,7 +145,7 @@ class PgQueue:
     def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None:
         """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`), so one round trip.
 
-        All or none: one payload jsonb cannot store raises :class:`~harness.queue.InvalidPayload`
+        All or none: one payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`
         before any write. What a bulk replay uses (10 000 messages: one INSERT, not 10 000).
         """
         for _queue, envelope in messages:

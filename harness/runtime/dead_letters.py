@@ -1,8 +1,8 @@
 """The dead-letter writer: one ``core.dead_letters`` row per job the harness gives up on (J-B4).
 
 A dead letter carries the full payload, the attempts made, the last error as ``"Type:
-message"`` bounded to :data:`MAX_ERROR_CHARS` (:func:`describe_error`, which renders any
-exception, even one that cannot be printed), the correlation id, the queue, the consumer, the
+message"`` bounded to :data:`harness.errors.MAX_ERROR_CHARS` (:func:`harness.errors.describe_error`,
+which renders any exception, even one that cannot be printed), the correlation id, the queue, the consumer, the
 tenant and the job id, so that a replay republishes exactly the same job (J-B6). It is born
 ``pending_review``; the database enforces its lifecycle. The caller supplies the transaction —
 the reference queue writes the letter in the one that removes the message, so a failure is
@@ -26,19 +26,14 @@ from uuid import UUID
 
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import ValidationError
+
+from harness.errors import MAX_ERROR_CHARS
 
 __all__ = [
-    "MAX_ERROR_CHARS",
     "DeadLetter",
-    "describe_error",
     "mark_replay_handled",
-    "validation_problems",
     "write_dead_letter",
 ]
-
-MAX_ERROR_CHARS = 2000
-_ELLIPSIS = " …[truncated]"
 
 
 @dataclass(frozen=True)
@@ -52,50 +47,6 @@ class DeadLetter:
     tenant_id: UUID | None = None
     correlation_id: str | None = None
     replay_of: int | None = None  # the dead letter whose replayed delivery failed again, if any
-
-
-def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
-    """``"Type: message"`` (just the type when there is no message), cut to ``limit`` characters.
-
-    The one way the harness turns an exception into text — the dead letter's ``last_error``, the
-    retry's ``last_error``, the log events' ``error`` — and it never fails, whatever the error:
-
-    - an exception whose ``__str__`` raises or returns a non-string is ``"Type: <message
-      unprintable: WhyType: why>"``, so the type is always there;
-    - a NUL becomes the two characters ``\\0`` (PostgreSQL text cannot hold it) and a lone
-      surrogate such as ``\\udcff`` (bytes decoded with ``surrogateescape``) its escape, since
-      UTF-8 cannot encode it: the write that records the error must not fail because of the
-      error's own text.
-    """
-    message = _message(error)
-    text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) <= limit:
-        return text
-    return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS
-
-
-def validation_problems(exc: ValidationError, whole: str) -> list[str]:
-    """Each problem of a pydantic validation as ``where: what`` (``points: Input should be greater
-    than 0``); ``whole`` names the place when the problem is the value itself."""
-    return [
-        f"{'.'.join(str(p) for p in error.get('loc', ())) or whole}: {error.get('msg', 'invalid')}"
-        for error in exc.errors(include_url=False)
-    ]
-
-
-def _message(error: BaseException) -> str:
-    """``str(error)`` stripped; when that fails, what went wrong (its type, and its message if that one prints)."""
-    try:
-        return str(error).strip()
-    except Exception as failure:
-        why = type(failure).__name__
-        try:
-            if detail := str(failure).strip():
-                why = f"{why}: {detail}"
-        except Exception:
-            pass
-        return f"<message unprintable: {why}>"
 
 
 # A replay's final outcome, once: the database stamps replay_handled_at and refuses a second one.

@@ -6,7 +6,7 @@
   bulk (J-AC5). The republished message starts a fresh attempt budget and carries
   ``replay_of`` = the dead letter's id. The replay is then *outstanding* (``replay_outcome``
   NULL) until the harness handles that delivery with a final outcome; meanwhile the purge keeps
-  the job's fences, however long the message waits (harness/queue.py, "Replays").
+  the job's fences, however long the message waits (harness/queue/port.py, "Replays").
 - **Discard** marks each dead letter ``discarded`` with a reason; a blank reason is refused
   before anything is touched (the database refuses it too, J-AC7).
 - **Release** ends the outstanding state of replays whose delivery will never be handled (the
@@ -46,9 +46,9 @@ import psycopg
 from psycopg.rows import class_row
 
 from harness.enumerations import DEAD_LETTER_STATUSES
-from harness.keyset import fetch_page
-from harness.pgqueue import PgQueue
-from harness.queue import NO_TENANT, Envelope
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import NO_TENANT, Envelope
+from maintenance.operations.keyset import fetch_page
 
 __all__ = [
     "DEFAULT_BULK_MAX",
@@ -316,7 +316,7 @@ def _set_actor(conn: psycopg.Connection, operator: str, reason: str | None) -> N
 
 def _check_operator(operator: str) -> None:
     if not (operator or "").strip():
-        raise OperationRefused(["the operator is unknown: pass --operator NAME (or set $USER)"])
+        raise OperationRefused(["the operator is unknown: no name was given"])  # each surface says how to give one
 
 
 @dataclass(frozen=True)

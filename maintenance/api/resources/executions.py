@@ -1,4 +1,4 @@
-"""The operations API's executions endpoints (issue 12): thin HTTP over :mod:`harness.execution_views`.
+"""The operations API's executions endpoints (issue 12): thin HTTP over :mod:`maintenance.operations.executions`.
 
 ============================== ======================== ==============================================
 endpoint                       permission               what
@@ -35,12 +35,12 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
-from harness import execution_views as views
 from harness.enumerations import CheckpointStatus, EffectName, EventKind, ExecutionStatus
 from maintenance.api import pages
 from maintenance.api.auth import EXECUTIONS_READ, Principal, require
+from maintenance.api.dependencies import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
 from maintenance.api.problems import Problem, problem_responses
-from maintenance.api.routes import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
+from maintenance.operations import executions as views
 
 LIST_PARAMETERS = frozenset({"status", "consumer", "job_id", "business_scope", "cursor", "limit"})
 

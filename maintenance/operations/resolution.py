@@ -37,7 +37,7 @@ the key.
 Evidence: a ``reference`` to a verifiable case (a ticket, a provider's case number; at most
 :data:`MAX_REFERENCE_CHARS`) and a ``reason`` (at most :data:`MAX_REASON_CHARS`), both non-blank.
 Never personal documents, tokens or secrets: :func:`evidence_problems` refuses whatever the one
-credential detector (:mod:`harness.credentials`, the log redactor's too) recognises — a URL with a
+credential detector (:mod:`maintenance.runtime.credentials`, the log redactor's too) recognises — a URL with a
 password (``postgresql://user:pw@host``), ``Authorization`` credentials (Basic, Bearer, Digest), a
 JWT, a PEM key, a provider key (AWS, GitHub, Slack, Stripe, Google), a ``password=``/``token=``
 pair — and a long high-entropy string; the refusal names the shape, never the value.
@@ -55,11 +55,12 @@ import psycopg
 from psycopg.types.json import Json, Jsonb
 from pydantic import ValidationError
 
-from harness.consumer import Consumer
-from harness.credentials import credential_kind
-from harness.dead_letters import validation_problems
+from harness.durable.effects import Effect
 from harness.enumerations import EvidenceKind
-from harness.queue import InvalidPayload, check_payload
+from harness.errors import validation_problems
+from harness.queue.port import InvalidPayload, check_payload
+from harness.runtime.consumer import Consumer
+from maintenance.runtime.credentials import credential_kind
 
 __all__ = [
     "MAX_REASON_CHARS",
@@ -136,7 +137,7 @@ UPDATE core.executions
 REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id = %(id)s"
 
 # RESUME: the job published again, exactly as the execution keeps it (job id, queue, tenant, correlation
-# id, payload: harness.pgqueue.PUBLISH's columns), due now — copied from the locked row in one statement.
+# id, payload: harness.queue.pgqueue.PUBLISH's columns), due now — copied from the locked row in one statement.
 # A dead letter's replay that was held in RECONCILIATION_REQUIRED is still outstanding (its delivery
 # was acked as Held): the re-queued message carries it (replay_of), so the execution's final outcome
 # — processed, duplicate or dead-lettered — ends that replay, as its own delivery would have.
@@ -327,7 +328,7 @@ def _resume_problems(
 
 def _close_problems(checkpoints: list[_Checkpoint], command: Close) -> list[str]:
     if command.evidence.kind == ABSENT_VERIFIED:
-        done = [c.action for c in checkpoints if c.status == "SUCCEEDED" and c.effect != "READ_ONLY"]
+        done = [c.action for c in checkpoints if c.status == "SUCCEEDED" and Effect(c.effect).writes]
         if done:
             return [
                 f"ABSENT_VERIFIED refused: the write {', '.join(done)} SUCCEEDED durably; "

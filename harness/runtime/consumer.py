@@ -44,7 +44,7 @@ import psycopg
 from pydantic import BaseModel
 
 from harness.durable.actions import Action
-from harness.retry import RetryPolicy
+from harness.runtime.retry import RetryPolicy
 
 __all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
 

@@ -21,7 +21,7 @@ docs/durable-actions.md).
   ``business_scopes`` claim: a reader sees only the executions of those scopes — another scope's
   (or an unscoped one's, of a consumer declaring none) is absent from pages and its detail is
   None, the same as a missing id, so a payload never crosses scopes and nobody learns what another
-  scope holds (as for a resolution, harness/reconciliation.py). The CLI passes None: it runs with
+  scope holds (as for a resolution, maintenance/operations/resolution.py). The CLI passes None: it runs with
   the database's credentials, which read every row anyway.
 - **Detail** (:func:`get_execution`): one execution with its payload, its checkpoints in
   action order (effect, status, attempts, result, last error, started/finished, and the
@@ -43,8 +43,8 @@ from psycopg.rows import dict_row
 
 from harness.durable.actions import idempotency_key
 from harness.enumerations import EXECUTION_STATUSES
-from harness.keyset import fetch_page
-from harness.operations import OperationRefused
+from maintenance.operations.dead_letters import OperationRefused
+from maintenance.operations.keyset import fetch_page
 
 __all__ = [
     "EXECUTION_STATUSES",

@@ -1,45 +1,45 @@
-"""The routes of the operations API: thin HTTP over :mod:`harness.operations`.
+"""The dead letters of the operations API: thin HTTP over :mod:`maintenance.operations.dead_letters`.
 
 Each route authenticates (its one permission), validates the request, calls the operations
 layer that the CLI's ``dead-letters`` commands call too, and turns its answer (or its
-:class:`~harness.operations.OperationRefused`) into JSON or a problem. Actions run through the
-idempotency ledger (:mod:`maintenance.api.idempotency`); the operator is the token's ``sub``.
+:class:`~maintenance.operations.dead_letters.OperationRefused`) into JSON or a problem
+(:func:`_refusal`: 404, 409 or 422). Actions run through the idempotency ledger
+(:func:`maintenance.api.dependencies.run_idempotent`); the operator is the token's ``sub``.
 """
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import psycopg
-from fastapi import APIRouter, Depends, Header, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
-from psycopg_pool import ConnectionPool
-from pydantic import (
-    AfterValidator,
-    AwareDatetime,
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    StringConstraints,
-    model_validator,
-)
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from harness import operations
 from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
-from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
-from maintenance.api import idempotency, pages
+from maintenance.api import pages
 from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
+from maintenance.api.dependencies import (
+    ACTION_ERRORS,
+    AUTH_ERRORS,
+    DEFAULT_LIMIT,
+    MAX_ID,
+    MAX_LIMIT,
+    IdempotencyKey,
+    Text,
+    Timestamp,
+    pool_of,
+    run_idempotent,
+    storable,
+)
 from maintenance.api.problems import Problem, problem_responses
+from maintenance.operations import dead_letters as operations
+from maintenance.operations.dead_letters import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
 
 MAX_BULK_IDS = 1000
 MAX_REASON_CHARS = 1000
-MAX_LIMIT = 500
-DEFAULT_LIMIT = 50
-MAX_ID = pages.MAX_ID
 LIST_PARAMETERS = frozenset(
     {
         "status",
@@ -56,28 +56,8 @@ LIST_PARAMETERS = frozenset(
 )
 
 
-def _storable(text: str) -> str:
-    """PostgreSQL text holds neither NUL nor lone surrogates: refuse them here, not as a database error."""
-    if "\x00" in text:
-        raise ValueError("must not contain NUL characters")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode (no lone surrogates)") from None
-    return text
-
-
-def _iso_timestamp(value: Any) -> Any:
-    """Only an ISO-8601 date-time string (pydantic would take a number as a Unix time)."""
-    if not isinstance(value, str) or not re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}", value):
-        raise ValueError("must be an ISO-8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
-    return value
-
-
-Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_timestamp)]
-Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(_storable)]
 Reason = Annotated[
-    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS), AfterValidator(_storable)
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_REASON_CHARS), AfterValidator(storable)
 ]
 DeadLetterId = Annotated[int, Field(ge=1, le=MAX_ID)]
 Status = DeadLetterStatus
@@ -189,11 +169,6 @@ def decode_cursor(cursor: str, where: DeadLetterFilter) -> Position:
     return Position(created_at=created_at, id=dead_letter_id)
 
 
-# --- helpers ----------------------------------------------------------------------------------
-def pool_of(request: Request) -> ConnectionPool:
-    return request.app.state.pool
-
-
 def _refusal(exc: OperationRefused) -> Problem:
     if exc.matched is not None:
         return Problem(
@@ -238,34 +213,6 @@ def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
 
 _json = pages.as_json
 
-
-def _act(request: Request, principal: Principal, key: str | None, body: BaseModel | None, action) -> JSONResponse:
-    """Run ``action(conn) -> (status, body)`` through the idempotency ledger; the JSON response."""
-    key = idempotency.check_key(key)
-    route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
-    canonical = body.model_dump(mode="json") if body is not None else None
-    fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
-    with pool_of(request).connection() as conn:
-        outcome = idempotency.run(
-            conn,
-            key=key,
-            operator=principal.subject,
-            method=request.method,
-            route=route,
-            request_fingerprint=fingerprint,
-            action=action,
-        )
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
-    media_type = "application/problem+json" if outcome.status >= 400 else "application/json"
-    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers, media_type=media_type)
-
-
-IdempotencyKey = Annotated[
-    str | None,
-    Header(alias="Idempotency-Key", description="Retry-safe key of this action (1-255 visible ASCII characters)."),
-]
-AUTH_ERRORS = (400, 401, 403, 503)
-ACTION_ERRORS = (*AUTH_ERRORS, 404, 409, 413, 415, 422)
 
 router = APIRouter(prefix="/v1/core/dead-letters", tags=["dead letters"])
 
@@ -361,7 +308,7 @@ def replay_many(
             raise _refusal(exc) from None
         return 200, BulkOut(action="replayed", count=len(rows), ids=[r.id for r in rows]).model_dump()
 
-    return _act(request, principal, idempotency_key, body, action)
+    return run_idempotent(request, principal, idempotency_key, body, action)
 
 
 @router.post(
@@ -390,7 +337,7 @@ def discard_many(
             raise _refusal(exc) from None
         return 200, BulkOut(action="discarded", count=len(rows), ids=[r.id for r in rows]).model_dump()
 
-    return _act(request, principal, idempotency_key, body, action)
+    return run_idempotent(request, principal, idempotency_key, body, action)
 
 
 @router.post(
@@ -415,7 +362,7 @@ def replay_one(
             raise _refusal(exc) from None
         return 200, _current(conn, id)
 
-    return _act(request, principal, idempotency_key, body, action)
+    return run_idempotent(request, principal, idempotency_key, body, action)
 
 
 @router.post(
@@ -438,4 +385,4 @@ def discard_one(
             raise _refusal(exc) from None
         return 200, _current(conn, id)
 
-    return _act(request, principal, idempotency_key, body, action)
+    return run_idempotent(request, principal, idempotency_key, body, action)

@@ -2,7 +2,7 @@
 
 Two places must recognise a credential in text nobody controls: the log redactor
 (``maintenance/runtime/logs.py``) masks it in every log string, and the screening of a
-resolution's evidence (:func:`harness.reconciliation.evidence_problems`) refuses it before it
+resolution's evidence (:func:`maintenance.operations.resolution.evidence_problems`) refuses it before it
 reaches the append-only ledger. They use this module, so a shape the logs mask is a shape the
 ledger refuses. It lives in ``harness/`` because the screening does, and ``harness/`` imports
 nothing from ``maintenance/``; ``maintenance/`` imports it.

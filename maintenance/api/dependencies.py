@@ -1,0 +1,112 @@
+"""What every resource of the operations API shares: the pool, ids and text, idempotency, the problems it may answer.
+
+Each resource (``maintenance/api/resources/``: dead letters, executions, resolutions) is thin
+HTTP over ``maintenance/operations/``, and takes from here, never from a sibling:
+
+- **the pool** (:func:`pool_of`): the application's connection pool, made at startup
+  (``maintenance/api/server.py``; each connection as the least-privileged API role);
+- **ids and text**: ``MAX_ID`` (a ``bigint``: a larger id is a 422, not a database error),
+  :data:`Text` and :data:`Timestamp`, which refuse what PostgreSQL cannot store (NUL, lone
+  surrogates) or would misread (a number as a Unix time) before it reaches the database;
+- **idempotency**: the ``Idempotency-Key`` header (:data:`IdempotencyKey`) and
+  :func:`run_idempotent`, which runs an action through the ledger of
+  :mod:`maintenance.api.idempotency` — the same key and request answer the original response
+  (``Idempotent-Replayed: true``);
+- **problem mapping**: the statuses a route may answer besides its own (:data:`AUTH_ERRORS`,
+  :data:`ACTION_ERRORS`), declared in the OpenAPI with :func:`maintenance.api.problems.problem_responses`;
+  every error is ``application/problem+json`` (:mod:`maintenance.api.problems`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Annotated, Any
+
+import psycopg
+from fastapi import Header, Request
+from fastapi.responses import JSONResponse
+from psycopg_pool import ConnectionPool
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, StringConstraints
+
+from maintenance.api import idempotency, pages
+from maintenance.api.auth import Principal
+
+__all__ = [
+    "ACTION_ERRORS",
+    "AUTH_ERRORS",
+    "DEFAULT_LIMIT",
+    "MAX_ID",
+    "MAX_LIMIT",
+    "IdempotencyKey",
+    "Text",
+    "Timestamp",
+    "pool_of",
+    "run_idempotent",
+    "storable",
+]
+
+MAX_ID = pages.MAX_ID
+MAX_LIMIT = 500
+DEFAULT_LIMIT = 50
+
+AUTH_ERRORS = (400, 401, 403, 503)
+ACTION_ERRORS = (*AUTH_ERRORS, 404, 409, 413, 415, 422)
+
+
+def pool_of(request: Request) -> ConnectionPool:
+    return request.app.state.pool
+
+
+def storable(text: str) -> str:
+    """PostgreSQL text holds neither NUL nor lone surrogates: refuse them here, not as a database error."""
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def _iso_timestamp(value: Any) -> Any:
+    """Only an ISO-8601 date-time string (pydantic would take a number as a Unix time)."""
+    if not isinstance(value, str) or not re.match(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}", value):
+        raise ValueError("must be an ISO-8601 date-time with a time zone, e.g. 2026-12-01T08:00:00Z")
+    return value
+
+
+Timestamp = Annotated[AwareDatetime, BeforeValidator(_iso_timestamp)]
+Text = Annotated[str, StringConstraints(min_length=1, max_length=200), AfterValidator(storable)]
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(alias="Idempotency-Key", description="Retry-safe key of this action (1-255 visible ASCII characters)."),
+]
+
+
+def run_idempotent(
+    request: Request,
+    principal: Principal,
+    key: str | None,
+    body: BaseModel | None,
+    action: Callable[[psycopg.Connection], tuple[int, dict[str, Any]]],
+) -> JSONResponse:
+    """Run ``action(conn) -> (status, body)`` through the idempotency ledger; the JSON response."""
+    key = idempotency.check_key(key)
+    route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
+    canonical = body.model_dump(mode="json") if body is not None else None
+    fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
+    with pool_of(request).connection() as conn:
+        outcome = idempotency.run(
+            conn,
+            key=key,
+            operator=principal.subject,
+            method=request.method,
+            route=route,
+            request_fingerprint=fingerprint,
+            action=action,
+        )
+    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
+    media_type = "application/problem+json" if outcome.status >= 400 else "application/json"
+    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers, media_type=media_type)

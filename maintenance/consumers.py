@@ -1,0 +1,87 @@
+"""Loading a consumer a command or a deployment names (``package.module:object``), in one place.
+
+The CLI (``core-jobs worker --consumer``, ``check-config --consumer``) and the API's admin mode
+(``CORE_JOBS_ADMIN_CONSUMERS``) load consumers the same way, with the same refusals: whatever goes
+wrong in the user's module is one ConfigError line naming the file and line of their code, never
+a traceback (docs/cli.md). :func:`consumer_ttl_guard` is one consumer's fence-TTL guard (J-B7),
+which the worker checks before it starts and ``check-config`` reports.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import traceback
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the caller's parser stays light: each function imports what it needs when it runs
+    from harness.runtime.consumer import Consumer
+    from maintenance.settings import Settings, TtlGuard
+
+__all__ = ["consumer_ttl_guard", "load_consumer"]
+
+
+def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
+    """``package.module:object`` → the Consumer it names; ConfigError saying what is wrong (after ``label``).
+
+    Whatever goes wrong in the user's module — an import it lacks, a syntax error, its own code
+    raising or calling ``sys.exit()`` at import, a declaration refused (an action's retry policy
+    without a justification) — is that ConfigError, naming the file and line of their code where it
+    failed: exit 2 and one line, never a traceback (docs/cli.md)."""
+    from harness.errors import describe_error
+    from harness.runtime.consumer import Consumer
+    from maintenance.settings import ConfigError
+
+    module_name, _, attribute = reference.partition(":")
+    if not module_name or not attribute:
+        raise ConfigError(f"{label} {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{label} {reference!r}: cannot import {module_name}: {exc}") from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed: a declaration refused, a typo, sys.exit()
+        where = _where_it_failed(exc, module_name)
+        raise ConfigError(
+            f"{label} {reference!r}: importing {module_name} failed{where}: {describe_error(exc)}"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ConfigError(f"{label} {reference!r}: module {module_name} has no {attribute}")
+    found = getattr(module, attribute)
+    if not isinstance(found, Consumer):
+        raise ConfigError(f"{label} {reference!r}: {module_name}.{attribute} is not a harness Consumer")
+    return found
+
+
+def _where_it_failed(exc: BaseException, module_name: str) -> str:
+    """`` (path, line N)``: the place in the user's own code where importing ``module_name`` failed — the
+    module's file or its package's — or ``""`` when no frame is theirs. A SyntaxError names its own place."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" ({exc.filename}, line {exc.lineno})"
+    spec = importlib.util.find_spec(module_name.partition(".")[0])
+    if spec is None or spec.origin is None:
+        return ""
+    theirs = (
+        [os.path.abspath(p) for p in spec.submodule_search_locations]
+        if spec.submodule_search_locations
+        else [os.path.abspath(spec.origin)]
+    )
+    found = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        path = os.path.abspath(frame.f_code.co_filename)
+        if any(path == p or path.startswith(p + os.sep) for p in theirs):
+            found = f" ({path}, line {line})"  # the deepest wins: where their code raised or called what did
+    return found
+
+
+def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
+    """The TTL guard (J-B7) of one consumer: its window is the longest of the configured policies'
+    and its own — a policy fixed in its code, or a durable consumer's execution window
+    (harness/durable/window.py: its actions' retries and its take-overs) — plus the broker horizon.
+    A fence shorter than that would let a late retry apply twice."""
+    from harness.durable.window import max_execution_window
+    from maintenance.settings import TtlGuard
+
+    own = max_execution_window(consumer, settings.retry_policy(consumer.queue), settings.worker_lease)
+    window = max(settings.max_retry_window(), own + settings.broker_redelivery_horizon)
+    return TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)
