@@ -59,14 +59,14 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
-from harness.durable.actions import Action, ActionContext, idempotency_key
+from harness.consumer.actions import Action, ActionContext, idempotency_key
+from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.retry import RetryPolicy
 from harness.examples.ledger_points import make_consumer
 from harness.handling import INSERT_FENCE, handle
+from harness.metrics import HarnessMetrics
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
-from harness.runtime.consumer import Consumer, JobContext
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
 from maintenance.demo import scratch_database
 from maintenance.demo.ledger import LoyaltyLedger
 from maintenance.runtime import migrate

@@ -38,14 +38,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
 from harness.examples.points import CREDIT_POINTS, make_consumer
 from harness.handling import INSERT_FENCE, handle
+from harness.metrics import HarnessMetrics
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
-from harness.runtime.consumer import Consumer
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.worker import Worker, WorkerConfig
 from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging

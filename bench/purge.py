@@ -48,8 +48,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
-from harness.runtime.retry import RetryPolicy, max_retry_window
 from maintenance.demo import with_database
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger

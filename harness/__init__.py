@@ -5,16 +5,23 @@ resolving is the bundle's: ``maintenance/operations/``). Imports nothing else of
 A service uses the names of this façade (``from harness import Consumer, Worker, PgQueue``);
 the subpackages are grouped by concept:
 
-- ``harness.runtime`` — declaring a consumer (``consumer``), the worker loop behind ``core-jobs
-  worker`` (``worker``), the retry policy (``retry``), what is counted (``metrics``), the
-  dead-letter writer (``dead_letters``);
+- ``harness.consumer`` — what a service declares: the consumer (``consumer``), its durable
+  actions (``actions``) and their effect classes with the rules the executor follows for each
+  (``effects``), retry policies (``retry``);
+- ``harness.worker`` — the loop behind ``core-jobs worker``; ``harness.handling`` — what happens
+  to one delivery; ``harness.fence`` — the work under the fence, one transaction, for both kinds
+  of consumer;
+- ``harness.durable`` — the executor of durable actions, phase by phase (take, run, settle,
+  finish), its SQL and its window;
 - ``harness.queue`` — the queue port (``port``: ``QueuePort``, ``Envelope``, the outcomes) and
   its reference PostgreSQL adapter (``pgqueue``);
-- durable execution — declaring actions (``harness.durable.actions``) and the executor behind them;
-- ``harness.errors`` — how a handler says what went wrong, and how an error becomes text;
-- ``harness.handling`` — what happens to one delivery; ``harness.pg`` — the PostgreSQL helpers
-  shared with the bundle (the clock read once, advisory locks); ``harness.enumerations`` — the
-  values the harness's tables allow.
+- what they all stand on: ``harness.dead_letters`` (the writer), ``harness.metrics`` (what is
+  counted), ``harness.errors`` (how a handler says what went wrong, and how an error becomes
+  text), ``harness.pg`` and ``harness.pipelined`` (the PostgreSQL helpers: the clock read once,
+  advisory locks, statements that travel with their BEGIN), ``harness.enumerations`` (the values
+  the harness's tables allow).
+
+Each layer imports only those below it, in that order (pyproject.toml's import contracts).
 
 The façade loads lazily (PEP 562): ``import harness.enumerations`` — the CLI's parser — does not
 drag psycopg in with it. docs/harness.md.
@@ -26,9 +33,12 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from harness.durable.actions import Action, ActionContext, ActionError, Effect
+    from harness.consumer.actions import Action, ActionContext, ActionError, Effect
+    from harness.consumer.consumer import Consumer, ConsumerError, JobContext
+    from harness.consumer.retry import RetryPolicy, RetryPolicyError
     from harness.errors import NotSent, PermanentError, PoisonMessage, TransientError
     from harness.handling import handle
+    from harness.metrics import NO_METRICS, HarnessMetrics, Metrics
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import (
         NO_TENANT,
@@ -45,17 +55,14 @@ if TYPE_CHECKING:
         Stale,
         settle,
     )
-    from harness.runtime.consumer import Consumer, ConsumerError, JobContext
-    from harness.runtime.metrics import NO_METRICS, HarnessMetrics, Metrics
-    from harness.runtime.retry import RetryPolicy, RetryPolicyError
-    from harness.runtime.worker import Worker, WorkerConfig, WorkerStats
+    from harness.worker import Worker, WorkerConfig, WorkerStats
 
 # Each public name → the module that defines it.
 _HOMES = {
-    "Action": "harness.durable.actions",
-    "ActionContext": "harness.durable.actions",
-    "ActionError": "harness.durable.actions",
-    "Effect": "harness.durable.actions",
+    "Action": "harness.consumer.actions",
+    "ActionContext": "harness.consumer.actions",
+    "ActionError": "harness.consumer.actions",
+    "Effect": "harness.consumer.actions",
     "NotSent": "harness.errors",
     "PermanentError": "harness.errors",
     "PoisonMessage": "harness.errors",
@@ -75,17 +82,17 @@ _HOMES = {
     "RetryAfter": "harness.queue.port",
     "Stale": "harness.queue.port",
     "settle": "harness.queue.port",
-    "Consumer": "harness.runtime.consumer",
-    "ConsumerError": "harness.runtime.consumer",
-    "JobContext": "harness.runtime.consumer",
-    "NO_METRICS": "harness.runtime.metrics",
-    "HarnessMetrics": "harness.runtime.metrics",
-    "Metrics": "harness.runtime.metrics",
-    "RetryPolicy": "harness.runtime.retry",
-    "RetryPolicyError": "harness.runtime.retry",
-    "Worker": "harness.runtime.worker",
-    "WorkerConfig": "harness.runtime.worker",
-    "WorkerStats": "harness.runtime.worker",
+    "Consumer": "harness.consumer.consumer",
+    "ConsumerError": "harness.consumer.consumer",
+    "JobContext": "harness.consumer.consumer",
+    "NO_METRICS": "harness.metrics",
+    "HarnessMetrics": "harness.metrics",
+    "Metrics": "harness.metrics",
+    "RetryPolicy": "harness.consumer.retry",
+    "RetryPolicyError": "harness.consumer.retry",
+    "Worker": "harness.worker",
+    "WorkerConfig": "harness.worker",
+    "WorkerStats": "harness.worker",
 }
 
 __all__ = [

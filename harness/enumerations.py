@@ -46,7 +46,7 @@ ReplayOutcome = Literal["processed", "duplicate", "dead_lettered", "released", "
 
 # core.executions.status (0010): the five stored states; SUCCEEDED is never stored.
 ExecutionStatus = Literal["PENDING", "RUNNING", "RETRY_WAIT", "FAILED", "RECONCILIATION_REQUIRED"]
-# core.execution_checkpoints.effect and .status (0010); harness.durable.actions.Effect has the same values.
+# core.execution_checkpoints.effect and .status (0010); harness.consumer.actions.Effect has the same values.
 EffectName = Literal["READ_ONLY", "IDEMPOTENT_WRITE", "NON_IDEMPOTENT_WRITE"]
 CheckpointStatus = Literal["STARTED", "SUCCEEDED", "FAILED", "UNCERTAIN"]
 # core.execution_events.kind (0010; EXECUTION_RESOLVED since 0012).

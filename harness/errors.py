@@ -6,7 +6,7 @@
   as transient**: an unknown failure is retried, not dropped.
 - :class:`NotSent` — a transient failure that certainly happened before the request left (the
   connection was refused, the name did not resolve): a ``NON_IDEMPOTENT_WRITE`` raising it is
-  retried like any other action instead of going to reconciliation (harness/durable/actions.py).
+  retried like any other action instead of going to reconciliation (harness/consumer/actions.py).
 - :class:`PermanentError` — will never succeed as it is (the member does not exist, the
   provider said 4xx): a dead letter at once, no retries (J-B4).
 - :class:`PoisonMessage` — the payload itself is invalid; the harness raises it when the

@@ -25,17 +25,17 @@ from typing import Any
 import psycopg
 from psycopg.pq import TransactionStatus
 
-from harness.durable.pipelined import Statement, transaction_begun_with
+from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.retry import RetryPolicy
+from harness.dead_letters import mark_replay_handled
 from harness.errors import PermanentError, TransientError
+from harness.metrics import NO_METRICS, Metrics
+from harness.pipelined import Statement, transaction_begun_with
 from harness.queue.port import Acked, Duplicate
-from harness.runtime.consumer import Consumer, JobContext
-from harness.runtime.dead_letters import mark_replay_handled
-from harness.runtime.metrics import NO_METRICS, Metrics
-from harness.runtime.retry import RetryPolicy
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "Runtime", "check_work_transaction", "work_under_fence"]
 
-# A durable execution's lease when the caller gives none: the worker's default (harness/runtime/worker.py).
+# A durable execution's lease when the caller gives none: the worker's default (harness/worker.py).
 DEFAULT_LEASE = timedelta(seconds=30)
 
 # The fence (J-B1): inserted first in the work transaction; RETURNING 1 tells new from duplicate.
@@ -84,7 +84,7 @@ def work_under_fence(
     ``fence`` is the transaction's first statement; ``fenced`` reads its cursor: True when this
     transaction wrote the fence, False when it was there already (a duplicate), or raises (the
     transaction is rolled back). ``pipelined``: BEGIN travels with ``fence`` in one round trip
-    (harness/durable/pipelined.py), else BEGIN is sent alone first. Counted in
+    (harness/pipelined.py), else BEGIN is sent alone first. Counted in
     ``runtime.metrics`` once committed.
     """
     duplicate = False

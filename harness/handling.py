@@ -32,7 +32,7 @@
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
    (``exhausted``) at once.
 5. A replayed delivery (``envelope.replay_of``) marks its replay handled with its final outcome,
-   in that outcome's transaction (harness/runtime/dead_letters.py): ``processed`` in the work
+   in that outcome's transaction (harness/dead_letters.py): ``processed`` in the work
    transaction, ``duplicate`` in the fence probe's (committed instead of rolled back),
    ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
    the purge keeps the job's fences through every retry of a fence processed long ago.
@@ -40,7 +40,7 @@
 6. A consumer that declares actions runs as a durable execution instead of steps 2-5:
    after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
 
-Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.runtime.metrics`;
+Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue/port.py).
 """
@@ -54,15 +54,15 @@ from datetime import timedelta
 import psycopg
 from pydantic import ValidationError
 
+from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.retry import RetryPolicy, compute_delay
+from harness.dead_letters import DeadLetter, mark_replay_handled
 from harness.durable.executor import run_execution
 from harness.errors import PermanentError, PoisonMessage, TransientError, describe_error, validation_problems
 from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
+from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue.port import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
-from harness.runtime.consumer import Consumer, JobContext
-from harness.runtime.dead_letters import DeadLetter, mark_replay_handled
-from harness.runtime.metrics import NO_METRICS, Metrics
-from harness.runtime.retry import RetryPolicy, compute_delay
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
 

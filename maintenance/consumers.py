@@ -16,7 +16,7 @@ import traceback
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the caller's parser stays light: each function imports what it needs when it runs
-    from harness.runtime.consumer import Consumer
+    from harness.consumer.consumer import Consumer
     from maintenance.settings import Settings, TtlGuard
 
 __all__ = ["consumer_ttl_guard", "load_consumer"]
@@ -29,8 +29,8 @@ def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
     raising or calling ``sys.exit()`` at import, a declaration refused (an action's retry policy
     without a justification) — is that ConfigError, naming the file and line of their code where it
     failed: exit 2 and one line, never a traceback (docs/cli.md)."""
+    from harness.consumer.consumer import Consumer
     from harness.errors import describe_error
-    from harness.runtime.consumer import Consumer
     from maintenance.settings import ConfigError
 
     module_name, _, attribute = reference.partition(":")

@@ -223,7 +223,7 @@ def job_events() -> Iterator[tuple[str, set[str], str]]:
 
     for spec in jobs().values():
         fields = set(spec.zero_fields())
-        where = f"maintenance/runtime/runner.py (job `{spec.name}`)"
+        where = f"maintenance/service/runner.py (job `{spec.name}`)"
         yield f"{spec.events}.start", {"job"}, where
         yield f"{spec.events}.stop", fields | {"job", "ok", "duration_s"}, where
         yield f"{spec.events}.error", fields | {"job", "duration_s", "error"}, where

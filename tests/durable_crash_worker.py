@@ -21,9 +21,9 @@ import sys
 from dataclasses import replace
 from datetime import timedelta
 
+from harness.consumer.retry import RetryPolicy
 from harness.examples.ledger_points import make_consumer
-from harness.runtime.retry import RetryPolicy
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.worker import Worker, WorkerConfig
 
 CRASH_EXIT = 77
 APPLICATION_NAME = "durable-crash-worker"

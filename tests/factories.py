@@ -20,9 +20,9 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from harness.dead_letters import DeadLetter, mark_replay_handled, write_dead_letter
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
-from harness.runtime.dead_letters import DeadLetter, mark_replay_handled, write_dead_letter
 
 TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000aa")
 QUEUE = "points.credit"

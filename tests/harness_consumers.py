@@ -17,12 +17,12 @@ from __future__ import annotations
 import psycopg
 from pydantic import field_validator
 
-from harness.durable.actions import Action, Effect
+from harness.consumer.actions import Action, Effect
+from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.retry import RetryPolicy
 from harness.errors import PermanentError, TransientError
 from harness.examples.points import CreditPoints
 from harness.examples.points import consumer as points
-from harness.runtime.consumer import Consumer, JobContext
-from harness.runtime.retry import RetryPolicy
 
 LOCK_KEY = 424242
 

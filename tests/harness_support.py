@@ -11,10 +11,10 @@ from factories import TENANT
 from prometheus_client import CollectorRegistry
 from waiting import wait_until
 
+from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
-from harness.runtime.worker import Worker, WorkerConfig, WorkerStats
+from harness.metrics import HarnessMetrics
+from harness.worker import Worker, WorkerConfig, WorkerStats
 
 TTL = timedelta(days=7)
 

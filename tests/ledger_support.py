@@ -18,11 +18,11 @@ import psycopg
 import pytest
 from factories import TENANT
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
 from harness.examples.ledger_points import make_consumer
 from harness.handling import handle
 from harness.queue.port import Delivery, Envelope, Outcome
-from harness.runtime.consumer import Consumer
-from harness.runtime.retry import RetryPolicy
 from maintenance.demo.ledger import LoyaltyLedger
 
 CLIENT_TIMEOUT_S = 0.5

@@ -18,10 +18,10 @@ ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = "postgresql://app:pw-never-used-7@127.0.0.1:1/core"  # a mistake is reported before any connection
 
 HEADER = """\
-from harness.durable.actions import Action, Effect
-from harness.runtime.consumer import Consumer
+from harness.consumer.actions import Action, Effect
+from harness.consumer.consumer import Consumer
 from harness.examples.points import CreditPoints
-from harness.runtime.retry import RetryPolicy
+from harness.consumer.retry import RetryPolicy
 
 
 def _call(payload, ctx):

@@ -10,7 +10,7 @@ import pytest
 from factories import add_dead_letter, add_execution, resolve_execution
 
 from harness import enumerations, operations
-from harness.durable.actions import Effect
+from harness.consumer.actions import Effect
 from maintenance.api.resources.resolutions import ResolutionOut
 
 # Tables whose rows the API serves: every enumerated column of theirs must be in enumerations.BY_COLUMN.
@@ -47,7 +47,7 @@ def test_every_enumeration_equals_the_database_check_constraint(conn):
 
 
 def test_the_effect_enum_has_the_values_the_database_allows():
-    """harness.durable.actions.Effect, which consumers declare, has exactly the values of enumerations.EFFECTS."""
+    """harness.consumer.actions.Effect, which consumers declare, has exactly the values of enumerations.EFFECTS."""
     assert tuple(Effect) == enumerations.EFFECTS
 
 

@@ -23,12 +23,12 @@ from ledger_support import (
     make_execution_due,
 )
 
-from harness.durable.actions import idempotency_key
+from harness.consumer.actions import idempotency_key
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
+from harness.dead_letters import write_dead_letter
 from harness.durable.window import max_takes
 from harness.queue.port import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
-from harness.runtime.consumer import Consumer
-from harness.runtime.dead_letters import write_dead_letter
-from harness.runtime.retry import RetryPolicy
 from maintenance.demo.ledger import Fault
 
 

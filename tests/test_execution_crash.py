@@ -22,7 +22,7 @@ from harness_support import expire_leases, fences, points, run_worker, scalar
 from ledger_support import PAYLOAD, checkpoints, execution, expire_execution
 from waiting import wait_until
 
-from harness.durable.actions import idempotency_key
+from harness.consumer.actions import idempotency_key
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("durable_crash_worker.py")

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from harness.durable.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.consumer.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
+from harness.consumer.effects import RULES, EffectRules
+from harness.consumer.retry import RetryPolicy, compute_delay, max_retry_window
 from harness.durable.decide import Decision, OutputBroken, decide
-from harness.durable.effects import RULES, EffectRules
 from harness.errors import NotSent, PermanentError, TransientError
-from harness.runtime.retry import RetryPolicy, compute_delay, max_retry_window
 
 pytestmark = pytest.mark.pure
 

@@ -1,4 +1,4 @@
-"""The take of a new execution, sent in one round trip (harness/durable/executor.py, harness/durable/pipelined.py).
+"""The take of a new execution, sent in one round trip (harness/durable/executor.py, harness/pipelined.py).
 
 Its insert and its fence probe are two statements of one pipelined transaction, so a delivery
 whose insert waited for a worker's final transaction still sees that success's fence, and the

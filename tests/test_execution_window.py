@@ -8,10 +8,10 @@ from datetime import timedelta
 import pytest
 from harness_consumers import durable_ledger
 
-from harness.durable.actions import ACTION_RETRY_POLICY
+from harness.consumer.actions import ACTION_RETRY_POLICY
+from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.durable.window import max_execution_window, max_takes
 from harness.examples.points import consumer as points
-from harness.runtime.retry import RetryPolicy, max_retry_window
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 QUEUE_POLICY = RetryPolicy()  # J-B3's defaults: 5 attempts, window 11 min 12 s

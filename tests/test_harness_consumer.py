@@ -7,9 +7,9 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
+from harness.consumer.consumer import Consumer, ConsumerError
+from harness.consumer.retry import RetryPolicy
 from harness.errors import describe_error
-from harness.runtime.consumer import Consumer, ConsumerError
-from harness.runtime.retry import RetryPolicy
 
 pytestmark = pytest.mark.pure
 

@@ -14,14 +14,14 @@ from harness_consumers import PickyCredit, Unprintable
 from harness_support import TTL, fences, points, scalar, wait_until_waiting_on_lock
 from prometheus_client import CollectorRegistry
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
 from harness.errors import PermanentError, TransientError
 from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.handling import handle
+from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Envelope, RetryAfter
-from harness.runtime.consumer import Consumer
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
 
 POLICY = RetryPolicy()
 

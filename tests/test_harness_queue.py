@@ -21,17 +21,17 @@ from harness_support import (
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
+from harness.dead_letters import DeadLetter
 from harness.errors import TransientError
 from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
+from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Envelope, InvalidPayload
-from harness.runtime.consumer import Consumer
-from harness.runtime.dead_letters import DeadLetter
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.worker import Worker, WorkerConfig
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
 

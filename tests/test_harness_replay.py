@@ -27,12 +27,12 @@ from harness_support import (
     wait_until_waiting_on_lock,
 )
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy
 from harness.examples.points import CreditPoints, OutageLedger, make_consumer
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Duplicate
-from harness.runtime.consumer import Consumer
-from harness.runtime.retry import RetryPolicy
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger

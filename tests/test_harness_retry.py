@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
-import harness.runtime.retry
-from harness.runtime.retry import (
+import harness.consumer.retry
+from harness.consumer.retry import (
     RetryPolicy,
     RetryPolicyError,
     compute_delay,
@@ -287,7 +287,7 @@ def test_defaults_follow_j_b3_and_r_2():
 
 def test_schedule_table_in_the_module_docstring_matches_the_code():
     """The operator's manual shows the schedule the code actually computes."""
-    rows = re.findall(r"^ {4}(\d)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", harness.runtime.retry.__doc__, re.M)
+    rows = re.findall(r"^ {4}(\d)\s+(\d+)\s+(\d+)\s+(\d+)\s+(\d+)$", harness.consumer.retry.__doc__, re.M)
     assert [int(row[0]) for row in rows] == list(range(1, DEFAULTS.max_retries + 1))
     for k, nominal, low, high, worst in (map(int, row) for row in rows):
         assert compute_delay(NO_JITTER, k) == seconds(nominal)
@@ -296,4 +296,4 @@ def test_schedule_table_in_the_module_docstring_matches_the_code():
         assert max(seconds(high), DEFAULTS.retry_after_cap) == seconds(worst)
     terms = " + ".join(row[4] for row in rows)
     window = int(max_retry_window(DEFAULTS).total_seconds())
-    assert f"max_retry_window = {terms} = {window} s" in harness.runtime.retry.__doc__
+    assert f"max_retry_window = {terms} = {window} s" in harness.consumer.retry.__doc__

@@ -26,10 +26,10 @@ from harness_support import (
 )
 from prometheus_client import CollectorRegistry
 
+from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.retry import RetryPolicy
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.metrics import HarnessMetrics
+from harness.worker import Worker, WorkerConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 

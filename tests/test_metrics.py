@@ -23,8 +23,8 @@ from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.config import MetricsConfig
 from maintenance.jobs.metrics.job import SETTLE, MetricsJob, add_counts, choose_horizon
 from maintenance.runtime.db import Database
-from maintenance.runtime.runner import run_job
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.runner import run_job
+from maintenance.service.telemetry import Telemetry
 
 TENANTS = "00000000-0000-4000-8000-{:012x}"  # tenant n of a test
 PUSH_PATH = "/metrics/job/core-jobs/job_name/metrics"

@@ -159,10 +159,10 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     checked = json.loads(run(python, "-c", STANDALONE_CHECK, database_url, *NOT_IN_A_CONSUMER, cwd=tmp_path, env=env))
     assert Path(checked["harness_file"]).is_relative_to(venv)  # the installed copy, not the repository's
     assert set(checked["modules"]) >= {
-        "harness.runtime.consumer",
+        "harness.consumer.consumer",
         "harness.handling",
-        "harness.runtime.metrics",
-        "harness.runtime.worker",
+        "harness.metrics",
+        "harness.worker",
         "harness.queue.port",
         "harness.queue.pgqueue",
         "harness.examples.points",

@@ -21,7 +21,7 @@ from factories import CONSUMER, add_dead_letter, add_dead_letters, add_execution
 from harness_support import backdate_replay
 from logcapture import LoggedEvents, events_in
 
-from harness.runtime.dead_letters import mark_replay_handled
+from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
 from maintenance.jobs.purge.job import LOCK_NAME, Purger

@@ -62,7 +62,7 @@ def test_events_page_lists_the_schedulers_missed_and_skipped_runs():
 def test_every_log_call_names_its_event_where_the_scan_can_read_it():
     """Outside the runner (whose job events come from the specs), no logger call names its event through a variable."""
     unreadable = [
-        place for place in reference.unreadable_log_calls() if not place.startswith("maintenance/runtime/runner.py:")
+        place for place in reference.unreadable_log_calls() if not place.startswith("maintenance/service/runner.py:")
     ]
     assert unreadable == [], f"event names the events page cannot list: {unreadable}"
 

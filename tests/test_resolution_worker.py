@@ -13,8 +13,8 @@ from api_support import AdminClient, admin_settings, running_api
 from harness_support import fences, points, replay_state, run_worker, scalar
 from ledger_support import checkpoints, deliver, execution
 
+from harness.dead_letters import write_dead_letter
 from harness.queue.port import DeadLettered, Duplicate, Held
-from harness.runtime.dead_letters import write_dead_letter
 from maintenance.demo.ledger import Fault
 from maintenance.operations import resolution as reconciliation
 

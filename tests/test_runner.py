@@ -7,8 +7,8 @@ import threading
 from freezegun import freeze_time
 
 from maintenance.jobs.base import JobSpec
-from maintenance.runtime.runner import run_jobs
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.runner import run_jobs
+from maintenance.service.telemetry import Telemetry
 
 
 class CountingResult:

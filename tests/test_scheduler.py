@@ -26,10 +26,10 @@ from waiting import wait_until
 from maintenance.cli import EXIT_CONFIG, main
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import MetricsJob
-from maintenance.runtime.http import make_server, serve_in_background
-from maintenance.runtime.runner import build_jobs
-from maintenance.runtime.scheduler import JobScheduler
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.http import make_server, serve_in_background
+from maintenance.service.runner import build_jobs
+from maintenance.service.scheduler import JobScheduler
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
 
 START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)

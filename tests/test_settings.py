@@ -145,7 +145,7 @@ def test_max_retry_window_takes_the_worst_policy_and_the_broker_horizon(clean_en
     clean_env.setenv("CORE_JOBS_BROKER_REDELIVERY_HORIZON", "PT1H")
     s = load_settings()
     slow_only = s.retry_policy("slow")
-    from harness.runtime.retry import max_retry_window
+    from harness.consumer.retry import max_retry_window
 
     assert s.max_retry_window() == max_retry_window(slow_only) + timedelta(hours=1)
 

@@ -9,9 +9,9 @@ import sys
 import threading
 
 from maintenance.jobs.base import JobSpec
-from maintenance.runtime.runner import build_jobs, run_jobs
 from maintenance.runtime.signals import on_signals
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
 
@@ -82,7 +82,7 @@ def test_the_built_purge_checks_the_stop_event_it_was_given(db, database_url):
 
 IMPORT_STATE = """
 import prometheus_client.metrics as created
-import maintenance.cli, maintenance.runtime.scheduler, maintenance.runtime.runner, maintenance.runtime.telemetry
+import maintenance.cli, maintenance.service.scheduler, maintenance.service.runner, maintenance.service.telemetry
 import maintenance.runtime.signals as signals
 print(created._use_created, sorted(n for n in vars(signals) if not n.startswith("__")))
 """
@@ -94,6 +94,6 @@ def test_importing_the_runtime_creates_no_process_wide_state():
     use_created, names = out.split(" ", 1)
     assert use_created == "True"
     assert "_requested" not in names and "request_stop" not in names
-    import maintenance.runtime.telemetry as telemetry
+    import maintenance.service.telemetry as telemetry
 
     assert not hasattr(telemetry, "default") and not hasattr(telemetry, "_DEFAULT")

@@ -1,7 +1,7 @@
 """What a failed attempt leads to, and what an answer must be: pure, read from the effect rules.
 
 :func:`decide` is docs/durable-actions.md's failure table, computed from the failed action's row
-of :data:`harness.durable.effects.RULES` (the final write's: :data:`~harness.durable.effects.FINAL_WRITE`).
+of :data:`harness.consumer.effects.RULES` (the final write's: :data:`~harness.consumer.effects.FINAL_WRITE`).
 :func:`validated` checks an answer (or a stored result) against the action's ``output`` contract.
 """
 
@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from harness.durable.actions import Action
-from harness.durable.effects import Effect, rules_of
+from harness.consumer.actions import Action
+from harness.consumer.effects import Effect, rules_of
 from harness.errors import NotSent, PermanentError, validation_problems
 from harness.queue.port import InvalidPayload, check_payload
 

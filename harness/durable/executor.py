@@ -1,7 +1,7 @@
 """Running one delivery of a durable consumer: executions, checkpoints, retries and reconciliation.
 
 The contract is docs/durable-actions.md (its tables are the rules; by effect class, the rows of
-harness/durable/effects.py); the SQL is harness/durable/sql.py. :func:`harness.handling.handle`
+harness/consumer/effects.py); the SQL is harness/durable/sql.py. :func:`harness.handling.handle`
 calls :func:`run_execution` for a consumer that declares actions, after validating the payload
 (poison: a dead letter, no execution). All times are PostgreSQL's ``now()``; no worker sleeps.
 
@@ -12,7 +12,7 @@ and **finish** (harness/durable/finish.py, step 5, under the fence by the plain 
 
 1. **Take** — one transaction (asynchronous commit, for that transaction alone: a forgotten take
    only makes this worker stale): insert the execution if new and take it at once unless the job's fence exists (all
-   in one round trip, harness/durable/pipelined.py: a fenced one is deleted again before the COMMIT);
+   in one round trip, harness/pipelined.py: a fenced one is deleted again before the COMMIT);
    else lock it (a second transaction), probe the fence (a fence: ``Duplicate``), then by state: ``RUNNING`` under a live
    lease or ``RETRY_WAIT`` not yet due: ``RetryAfter`` until then; ``RECONCILIATION_REQUIRED``:
    ``Held`` (acked: it waits for an operator); ``FAILED``: a replay (``replay_of``) starts it
@@ -31,7 +31,7 @@ and **finish** (harness/durable/finish.py, step 5, under the fence by the plain 
    worker commits it; an ``IDEMPOTENT_WRITE``'s as one autocommit statement). Successes are
    recorded with the next commit. A failure goes by the contract's table (:func:`harness.durable.decide.decide`):
    ``RETRY_WAIT`` (failed attempt, ``run_at`` and ``RETRY_SCHEDULED`` in one fenced transaction;
-   delay from :func:`harness.runtime.retry.compute_delay` on the action's policy with the error's
+   delay from :func:`harness.consumer.retry.compute_delay` on the action's policy with the error's
    ``Retry-After``), ``FAILED`` (→ ``DeadLettered``, carrying ``replay_of``) or
    ``RECONCILIATION_REQUIRED`` (→ ``Held``).
 5. **Finish** — one transaction: the fenced delete of the execution with the fence in its place
@@ -55,13 +55,13 @@ from typing import Any
 
 import psycopg
 
+from harness.consumer.consumer import Consumer
 from harness.durable.finish import finish
 from harness.durable.run import run
 from harness.durable.state import Execution, StaleWrite
 from harness.durable.take import take
 from harness.fence import Runtime
 from harness.queue.port import Delivery, Outcome, Stale
-from harness.runtime.consumer import Consumer
 
 __all__ = ["run_execution"]
 

@@ -15,12 +15,12 @@ from typing import Any
 
 import psycopg
 
+from harness.consumer.consumer import JobContext
 from harness.durable import sql
 from harness.durable.settle import failed
 from harness.durable.state import Execution, StaleWrite, row
 from harness.fence import work_under_fence
 from harness.queue.port import Outcome
-from harness.runtime.consumer import JobContext
 
 __all__ = ["finish"]
 

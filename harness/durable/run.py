@@ -1,6 +1,6 @@
 """Phase 2, the run: recover what a lost worker left, bound a crash loop, then run each action not yet SUCCEEDED.
 
-Every decision by effect class reads the action's rules (harness/durable/effects.py): whether a
+Every decision by effect class reads the action's rules (harness/consumer/effects.py): whether a
 STARTED checkpoint is committed before the call and how (``started``), what a STARTED checkpoint
 a lost worker left means (``lost_while_started``), whether an unfinished attempt leaves a doubt
 (``writes``). A failure is settled by harness/durable/settle.py. :func:`run` returns None when
@@ -9,12 +9,12 @@ every action has succeeded: the final transaction (harness/durable/finish.py) co
 
 from __future__ import annotations
 
-from harness.durable.actions import Action, ActionContext, idempotency_key
+from harness.consumer.actions import Action, ActionContext, idempotency_key
 from harness.durable.decide import OutputBroken, WorkerLost, validated
-from harness.durable.pipelined import transaction_begun_with
 from harness.durable.settle import fail, failed, reconcile
 from harness.durable.state import Execution, Record, check_held
 from harness.durable.window import max_takes
+from harness.pipelined import transaction_begun_with
 from harness.queue.port import Outcome
 
 __all__ = ["run"]

@@ -12,14 +12,14 @@ from typing import Literal
 
 import structlog
 
+from harness.consumer.actions import Action
+from harness.consumer.retry import compute_delay
 from harness.durable import sql
-from harness.durable.actions import Action
 from harness.durable.decide import decide
 from harness.durable.state import Execution, Record, StaleWrite
 from harness.errors import TransientError, describe_error
 from harness.pg import server_now
 from harness.queue.port import DeadLettered, Held, Outcome, RetryAfter
-from harness.runtime.retry import compute_delay
 
 __all__ = ["fail", "failed", "reconcile"]
 

@@ -17,13 +17,13 @@ from typing import Any, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from harness.consumer.actions import Action
+from harness.consumer.consumer import Consumer
+from harness.dead_letters import DeadLetter
 from harness.durable import sql
-from harness.durable.actions import Action
-from harness.durable.pipelined import Statement
 from harness.fence import Runtime
+from harness.pipelined import Statement
 from harness.queue.port import DeadLettered, Delivery
-from harness.runtime.consumer import Consumer
-from harness.runtime.dead_letters import DeadLetter
 
 __all__ = ["WORKER", "Checkpoint", "Execution", "Record", "StaleWrite", "check_held", "one", "row"]
 

@@ -15,12 +15,12 @@ from typing import Any
 import structlog
 from psycopg.types.json import Jsonb
 
+from harness.dead_letters import mark_replay_handled
 from harness.durable import sql
-from harness.durable.pipelined import transaction_begun_with, transaction_in_one_round_trip
 from harness.durable.state import WORKER, Checkpoint, Execution, one
+from harness.pipelined import transaction_begun_with, transaction_in_one_round_trip
 from harness.queue.pgqueue import ASYNC_COMMIT
 from harness.queue.port import Duplicate, Held, Outcome, RetryAfter
-from harness.runtime.dead_letters import mark_replay_handled
 
 __all__ = ["take"]
 

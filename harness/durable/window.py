@@ -2,7 +2,7 @@
 
 A fence must outlive every delivery that can still arrive for its job, or a late one would run
 the work again. For a plain consumer that is its queue policy's retry window. A durable consumer
-(one with ``actions``, harness/durable/actions.py) can take longer from its first delivery to its last
+(one with ``actions``, harness/consumer/actions.py) can take longer from its first delivery to its last
 retry, because each action retries on its own policy inside the job, and a worker lost mid-job
 is taken over only once its lease has expired::
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from harness.runtime.consumer import Consumer
-from harness.runtime.retry import RetryPolicy, max_retry_window
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy, max_retry_window
 
 __all__ = ["max_execution_window", "max_takes"]
 

@@ -41,8 +41,8 @@ from datetime import timedelta
 import psycopg
 from psycopg.types.json import Jsonb
 
+from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.queue.port import Delivery, Envelope, check_payload
-from harness.runtime.dead_letters import DeadLetter, write_dead_letter
 
 __all__ = ["PgQueue"]
 

@@ -45,7 +45,7 @@ from datetime import timedelta
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from harness.runtime.dead_letters import DeadLetter
+from harness.dead_letters import DeadLetter
 
 __all__ = [
     "NO_TENANT",

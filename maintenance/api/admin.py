@@ -34,7 +34,7 @@ import psycopg
 from maintenance.errors import ConfigError
 
 if TYPE_CHECKING:
-    from harness.runtime.consumer import Consumer
+    from harness.consumer.consumer import Consumer
     from maintenance.settings import Settings
 
 API_ROLE = "core_jobs_api"

@@ -62,9 +62,9 @@ from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem
-from maintenance.api.settings import DEFAULT_API_MAX_BODY_BYTES, DEFAULT_API_READ_TIMEOUT
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings
+from maintenance.settings.api import DEFAULT_API_MAX_BODY_BYTES, DEFAULT_API_READ_TIMEOUT
 
 APPLICATION_NAME = "core-jobs-api"
 MAX_HEADER_BYTES = 32 * 1024  # request line and headers of one request

@@ -5,7 +5,7 @@ it needs when it runs (``--help`` and ``check-config`` load no Alembic, SQLAlche
 APScheduler; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler). Each
 command that runs jobs makes its process's state here and passes it down: one ``stop`` event
 (set by SIGTERM/SIGINT through :func:`maintenance.runtime.signals.on_signals`) and one
-:class:`~maintenance.runtime.telemetry.Telemetry`.
+:class:`~maintenance.service.telemetry.Telemetry`.
 
 Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries) or the
 database could not be reached or refused a command (one line on stderr); 2 a configuration or
@@ -68,7 +68,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
-    from harness.runtime.retry import compute_delay, max_retry_window
+    from harness.consumer.retry import compute_delay, max_retry_window
     from maintenance.jobs.catalog import by_name as jobs
     from maintenance.settings import format_duration
 
@@ -131,9 +131,9 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
     from maintenance.runtime.db import Database
     from maintenance.runtime.logs import get_logger
-    from maintenance.runtime.runner import build_jobs, run_jobs
     from maintenance.runtime.signals import on_signals
-    from maintenance.runtime.telemetry import Telemetry, push_configured
+    from maintenance.service.runner import build_jobs, run_jobs
+    from maintenance.service.telemetry import Telemetry, push_configured
 
     stop, telemetry = threading.Event(), Telemetry()
     db = Database(settings.conninfo())
@@ -151,8 +151,8 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.runtime.scheduler import serve  # APScheduler and the HTTP server: only for serve
-    from maintenance.runtime.telemetry import Telemetry
+    from maintenance.service.scheduler import serve  # APScheduler and the HTTP server: only for serve
+    from maintenance.service.telemetry import Telemetry
 
     return serve(settings, stop=threading.Event(), telemetry=Telemetry())
 

@@ -11,7 +11,7 @@ not be reached or failed the command (one ``database error`` line on stderr, sec
 configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
 letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
 message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
-other code: a handler's ``SystemExit`` is that job's failure (harness/runtime/worker.py).
+other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry, start_http_server
 
     from harness.errors import describe_error
-    from harness.runtime.metrics import HarnessMetrics
-    from harness.runtime.worker import Worker, WorkerConfig
+    from harness.metrics import HarnessMetrics
+    from harness.worker import Worker, WorkerConfig
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
@@ -89,9 +89,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.consumer.consumer import valid_name
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload
-    from harness.runtime.consumer import valid_name
     from maintenance.runtime.db import Database
 
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever

@@ -27,8 +27,8 @@ from maintenance.demo.explain import EXPLAIN
 from maintenance.demo.harness import walk_through
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
-from maintenance.runtime.runner import build_jobs, run_jobs
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
 

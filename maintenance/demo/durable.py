@@ -42,16 +42,16 @@ import psycopg
 from prometheus_client import CollectorRegistry
 
 from harness.examples import ledger_points
+from harness.metrics import HarnessMetrics
 from harness.pg import server_now
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.worker import Worker, WorkerConfig
 from maintenance.demo.ledger import Fault, LoyaltyLedger
 from maintenance.operations.executions import ExecutionDetail, get_execution
 from maintenance.runtime.db import Database
-from maintenance.runtime.runner import build_jobs, run_jobs
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ENV_PREFIX, Settings
 
 TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000d1")

@@ -15,10 +15,10 @@ from typing import TextIO
 from prometheus_client import CollectorRegistry
 
 from harness.examples.points import OutageLedger, make_consumer
+from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
-from harness.runtime.metrics import HarnessMetrics
-from harness.runtime.worker import Worker, WorkerConfig
+from harness.worker import Worker, WorkerConfig
 from maintenance.operations.dead_letters import discard, replay
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, field_validator
 
-from harness.runtime.retry import RetryPolicy, max_retry_window
+from harness.consumer.retry import RetryPolicy, max_retry_window
 from maintenance.fields.durations import Duration, format_duration, format_factor
 from maintenance.fields.environment import ENV_PREFIX
 

@@ -41,7 +41,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
-from harness.durable.actions import idempotency_key
+from harness.consumer.actions import idempotency_key
 from harness.enumerations import EXECUTION_STATUSES
 from maintenance.operations.dead_letters import OperationRefused
 from maintenance.operations.keyset import fetch_page

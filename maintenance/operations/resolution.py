@@ -55,11 +55,11 @@ import psycopg
 from psycopg.types.json import Json, Jsonb
 from pydantic import ValidationError
 
-from harness.durable.effects import Effect
+from harness.consumer.consumer import Consumer
+from harness.consumer.effects import Effect
 from harness.enumerations import EvidenceKind
 from harness.errors import validation_problems
 from harness.queue.port import InvalidPayload, check_payload
-from harness.runtime.consumer import Consumer
 from maintenance.runtime.credentials import credential_kind
 
 __all__ = [

@@ -1,1 +1,1 @@
-"""The runtime every job shares: database access, logs, the runner, the scheduler, HTTP, telemetry, signals."""
+"""What everything of the bundle stands on: database access, logs and their masking of credentials, signals, migrations."""

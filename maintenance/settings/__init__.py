@@ -13,7 +13,7 @@ Where each setting is declared (import everything from ``maintenance.settings``)
   the job's ``SPEC`` names; :class:`Settings` composes them from the job catalog;
 - ``foundation.py`` — database URL, fence TTL, default retry policy and overrides, logging;
   ``telemetry.py`` — the Pushgateway; ``scheduler.py`` — `serve`'s misfires and HTTP server;
-  ``worker.py`` — `core-jobs worker`; the operations API's ``maintenance/api/settings.py``;
+  ``worker.py`` — `core-jobs worker`; the operations API's ``maintenance/settings/api.py``;
 - what they are made of, in ``maintenance/fields/`` (imported by the jobs and the settings
   alike, importing neither): ``durations.py`` — how durations are written and shown;
   ``urls.py`` — checking URLs and masking what is secret in them; ``crontab.py`` — crontab
@@ -50,8 +50,7 @@ from datetime import timedelta
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from harness.runtime.retry import RetryPolicyError
-from maintenance.api.settings import ApiSettings
+from harness.consumer.retry import RetryPolicyError
 from maintenance.errors import ConfigError
 from maintenance.fields.crontab import check_crontab
 from maintenance.fields.durations import (
@@ -81,6 +80,7 @@ from maintenance.fields.urls import (
     url_passwords,
 )
 from maintenance.jobs.catalog import JOBS
+from maintenance.settings.api import ApiSettings
 from maintenance.settings.foundation import FoundationFields
 from maintenance.settings.scheduler import SchedulerFields
 from maintenance.settings.telemetry import TelemetryFields

@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from harness.runtime.retry import RetryPolicy
+from harness.consumer.retry import RetryPolicy
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import NonNegativeDuration, PositiveDuration
 from maintenance.fields.environment import ENV_PREFIX

@@ -1,6 +1,6 @@
 """Telemetry settings: where every job run pushes its metrics (the Pushgateway).
 
-The push is ``maintenance/runtime/telemetry.py``; the metrics job's own settings (success
+The push is ``maintenance/service/telemetry.py``; the metrics job's own settings (success
 counting, the tenant label) are ``maintenance/jobs/metrics/settings.py``.
 """
 

@@ -1,7 +1,7 @@
 """Durable actions (issue 12, seed 002 R-1..R-4): executions, checkpoints and their history.
 
 * ``core.executions`` — one row per job handled by a durable consumer (one that declares
-  actions, harness/durable/actions.py) while that job is not finished: ``(job_id, consumer)`` is unique.
+  actions, harness/consumer/actions.py) while that job is not finished: ``(job_id, consumer)`` is unique.
   It keeps the job's business data (payload, tenant, correlation id, queue) and its state, which
   the database moves along these transitions only::
 

@@ -6,7 +6,7 @@ What it does on each request
   the official Terraform provider keeps); a request that comes early waits for its slot.
 - **Timeouts**: ``timeout`` seconds for connect, read and write (default 10).
 - **Bounded retries** after a connection error, a timeout, ``429`` or a ``5xx``, waiting as the
-  retry policy says (``harness.runtime.retry.compute_delay``: backoff 1 s doubling, cap 30 s, jitter
+  retry policy says (``harness.consumer.retry.compute_delay``: backoff 1 s doubling, cap 30 s, jitter
   ±20 %) or longer when the answer carries ``Retry-After`` (bounded by the policy's
   ``retry_after_cap``). Default: 3 retries, so 4 attempts.
 - **Fail fast** on any other ``4xx``: :class:`BetterStackError` with the status and the start of
@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
-from harness.runtime.retry import RetryPolicy, compute_delay
+from harness.consumer.retry import RetryPolicy, compute_delay
 
 INCIDENTS_PATH = "/api/v3/incidents"
 # Better Stack's maximum page size for listing incidents.

@@ -20,13 +20,16 @@ like the rest of the Better Stack feed): ``alerts.heartbeat.sent`` (``outcome`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from harness.errors import describe_error
+from maintenance.fields.urls import shown_url
 from maintenance.runtime.logs import get_logger
-from maintenance.settings import Settings, shown_url
+
+if TYPE_CHECKING:
+    from maintenance.settings import Settings
 
 BODY_LIMIT = 1000  # characters of the ping's body
 

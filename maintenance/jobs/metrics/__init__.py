@@ -54,10 +54,10 @@ setting                        unit      default  meaning
 METRICS_MAX_TRANSACTION        duration  PT5M     longest work transaction of a consumer
 METRICS_TENANT_LABEL           bool      false    split success counters by tenant
 METRICS_TENANT_TOP_N           count     10       named tenants per consumer (1-100)
-METRICS_PUSHGATEWAY_URL        URL       unset    push every run's metrics (maintenance/runtime/telemetry.py)
+METRICS_PUSHGATEWAY_URL        URL       unset    push every run's metrics (maintenance/service/telemetry.py)
 =============================  ========  =======  ===============================================
 
-Metrics (besides the run metrics every job gets, see maintenance/runtime/telemetry.py):
+Metrics (besides the run metrics every job gets, see maintenance/service/telemetry.py):
 
 ==========================================================  =======  ==============================
 ``core_jobs_successes_total{consumer[,tenant]}``            counter  fences counted, cumulative

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict
 
-from harness.durable.actions import Action, Effect
+from harness.consumer.actions import Action, Effect
+from harness.consumer.consumer import Consumer
 from harness.examples.points import CREDIT_POINTS, CreditPoints
-from harness.runtime.consumer import Consumer
 
 
 class Member(BaseModel):

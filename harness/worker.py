@@ -45,7 +45,7 @@ settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
 ``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
-(default: none; harness/runtime/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
+(default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
 ``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
 
@@ -61,14 +61,14 @@ import psycopg
 import structlog
 from psycopg.pq import TransactionStatus
 
+from harness.consumer.consumer import Consumer
+from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error
 from harness.handling import handle
+from harness.metrics import NO_METRICS, Metrics
 from harness.pg import connect
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
-from harness.runtime.consumer import Consumer
-from harness.runtime.metrics import NO_METRICS, Metrics
-from harness.runtime.retry import RetryPolicy, compute_delay
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 

@@ -123,4 +123,4 @@ def rules_of(effect: Effect | None) -> EffectRules:
 
 _missing = set(Effect) - set(RULES)
 if _missing:  # pragma: no cover - a declaration error, caught at import
-    raise RuntimeError(f"effect classes without rules in harness.durable.effects.RULES: {sorted(_missing)}")
+    raise RuntimeError(f"effect classes without rules in harness.consumer.effects.RULES: {sorted(_missing)}")

@@ -16,7 +16,7 @@ actions; its ``handler`` stays the final local write, in the fence's transaction
         handler=record_credit,   # handler(conn, payload, ctx); ctx.results["credit"] is a Receipt
     )
 
-Effect classes (harness/durable/effects.py: each one's rules, one entry of a table)
+Effect classes (harness/consumer/effects.py: each one's rules, one entry of a table)
 --------------------------------------------------------------------------------
 - ``READ_ONLY`` — changes nothing at the provider: safe to run again at any time.
 - ``IDEMPOTENT_WRITE`` — changes something, and the provider deduplicates on the key we send
@@ -54,8 +54,8 @@ from uuid import UUID
 
 from pydantic import BaseModel
 
-from harness.durable.effects import Effect
-from harness.runtime.retry import RetryPolicy
+from harness.consumer.effects import Effect
+from harness.consumer.retry import RetryPolicy
 
 __all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
 

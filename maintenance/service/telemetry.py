@@ -52,8 +52,8 @@ from prometheus_client.exposition import default_handler, push_to_gateway, pusha
 from prometheus_client.metrics_core import Metric
 
 from harness.errors import describe_error
+from maintenance.fields.urls import shown_url
 from maintenance.runtime.logs import get_logger
-from maintenance.settings import shown_url
 
 PUSH_JOB = "core-jobs"
 JOB_LABEL = "job_name"

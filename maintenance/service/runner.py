@@ -7,7 +7,7 @@ and error also ``duration_s``. The clock is PostgreSQL's, read once per job run 
 The caller owns the state: the ``stop`` event (set by a SIGTERM through
 :func:`maintenance.runtime.signals.on_signals`) is given to :func:`build_jobs` (batch loops
 check it) and to :func:`run_jobs` (no further job starts once it is set); the
-:class:`~maintenance.runtime.telemetry.Telemetry` that records every run is the process's,
+:class:`~maintenance.service.telemetry.Telemetry` that records every run is the process's,
 made by the CLI and passed in.
 """
 
@@ -24,7 +24,7 @@ from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-from maintenance.runtime.telemetry import Telemetry
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
 
 

@@ -1,7 +1,7 @@
 """Counters of the harness: successes are metrics, not rows (J-B9).
 
 What the harness counts goes to a :class:`Metrics` the caller passes to
-:func:`harness.handling.handle` and :class:`harness.runtime.worker.Worker` (``metrics=``). The default,
+:func:`harness.handling.handle` and :class:`harness.worker.Worker` (``metrics=``). The default,
 :data:`NO_METRICS`, counts nothing, so the harness needs no metrics library. The Prometheus one,
 :class:`HarnessMetrics`, needs the ``metrics`` extra (``core-jobs-harness[metrics]``, i.e.
 prometheus-client), imported only when one is made:
@@ -76,7 +76,7 @@ class HarnessMetrics:
             from prometheus_client import REGISTRY, Counter
         except ImportError as exc:
             raise ImportError(
-                "harness.runtime.metrics.HarnessMetrics needs prometheus-client: install"
+                "harness.metrics.HarnessMetrics needs prometheus-client: install"
                 " core-jobs-harness[metrics], or pass no metrics (counts nothing)"
             ) from exc
         self.registry = REGISTRY if registry is None else registry

@@ -22,7 +22,7 @@ SIGTERM or SIGINT (through :func:`maintenance.runtime.signals.on_signals`, which
 stops after its current batch (``stopped_on_signal=1``; the next run carries on), the other runs
 in hand finish (``scheduler.shutdown(wait=True)``), the HTTP server closes, and the process exits
 0. Give the pod a termination grace period longer than the longest run. The run metrics go to the
-:class:`~maintenance.runtime.telemetry.Telemetry` the CLI made for the process.
+:class:`~maintenance.service.telemetry.Telemetry` the CLI made for the process.
 
 Events: ``maintenance.serve.started`` (host, port, schedules), ``maintenance.serve.stopping``
 (signal), ``maintenance.serve.stopped``.
@@ -43,11 +43,11 @@ from apscheduler.triggers.cron import CronTrigger
 from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.db import Database
-from maintenance.runtime.http import make_server, serve_in_background
 from maintenance.runtime.logs import SecretRedactor, get_logger
-from maintenance.runtime.runner import build_jobs, run_job
 from maintenance.runtime.signals import on_signals
-from maintenance.runtime.telemetry import Telemetry, push_configured
+from maintenance.service.http import make_server, serve_in_background
+from maintenance.service.runner import build_jobs, run_job
+from maintenance.service.telemetry import Telemetry, push_configured
 from maintenance.settings import Settings
 
 

@@ -24,7 +24,7 @@ The fence TTL is deliberately not part of the declaration: it is one platform se
 :func:`harness.handling.handle` passes it, so no consumer can shorten it on its own.
 
 Durable actions (seed 002): a consumer that calls providers over the network declares that work
-as ``actions`` — ordered, named, each with an effect class (harness/durable/actions.py) — and keeps
+as ``actions`` — ordered, named, each with an effect class (harness/consumer/actions.py) — and keeps
 ``handler`` as the final local write, which then finds the actions' results in ``ctx.results``.
 The harness records a checkpoint per action and retries, resumes or parks the job for an
 operator (``RECONCILIATION_REQUIRED``) by effect class (harness/durable/executor.py,
@@ -43,8 +43,8 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from harness.durable.actions import Action
-from harness.runtime.retry import RetryPolicy
+from harness.consumer.actions import Action
+from harness.consumer.retry import RetryPolicy
 
 __all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
 
@@ -105,7 +105,7 @@ class Consumer(Generic[Payload]):
                 "retry_justification (J-B3)"
             )
         if not isinstance(self.actions, tuple) or not all(isinstance(a, Action) for a in self.actions):
-            raise ConsumerError(f"consumer {self.name}: actions must be a tuple of harness.durable.actions.Action")
+            raise ConsumerError(f"consumer {self.name}: actions must be a tuple of harness.consumer.actions.Action")
         names = [a.name for a in self.actions]
         if len(set(names)) != len(names):
             raise ConsumerError(f"consumer {self.name}: action names must be unique, got {names}")
