@@ -1,4 +1,4 @@
-"""The operations HTTP API for dead letters (issue 11): ``core-jobs api``.
+"""The operations HTTP API for dead letters and executions: ``core-jobs api``.
 
 See :mod:`maintenance.api.app` for the operator's manual. This package is imported by the
 settings (``maintenance.api.settings``), so it imports nothing heavy itself.

@@ -1,4 +1,4 @@
-"""The operations HTTP API for dead letters (issue 11) and executions (issue 12) — the operator's manual.
+"""The operations HTTP API for dead letters (J-API1..3) and executions — the operator's manual.
 
 Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
 the same operations layer as ``core-jobs dead-letters`` (:mod:`maintenance.operations.dead_letters`).
@@ -333,7 +333,7 @@ def create_app(
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
     app.include_router(dead_letters.router)
-    app.include_router(executions.router)  # issue 12: read-only executions
+    app.include_router(executions.router)  # read-only
     if admin is not None:
         app.include_router(resolutions.router)
 

@@ -41,7 +41,7 @@ re-rank, delete the watermark row (counters restart from the fences still stored
 run's ``now``), and replayed and discarded totals (dead letters are never deleted, so these are
 true counters).
 
-**Executions** (issue 12). Per consumer: its durable executions in each state (every state, 0
+**Executions**. Per consumer: its durable executions in each state (every state, 0
 included, once the consumer has any), and how long its oldest RECONCILIATION_REQUIRED one has
 waited (seconds since it entered that state, by the run's ``now``). Succeeded executions are
 deleted, so these are gauges of the work in hand.

@@ -1,4 +1,4 @@
-"""The purge: deletes expired ``core.processed_jobs`` fences in short batches (issue 3).
+"""The purge: deletes expired ``core.processed_jobs`` fences in short batches.
 
 Run it with ``core-jobs run-once purge`` (or on the scheduler). A fence is deleted only when
 all four hold, with ``cutoff`` = PostgreSQL's ``now()`` read once at the start of the run:
@@ -108,7 +108,7 @@ Options (environment variables; durations are ISO-8601 or seconds)
   this (nor shrinks at all when the batch size is already smaller).
 - ``CORE_JOBS_PURGE_TARGET_BATCH_DURATION`` duration, default PT0.01S: the wall time each batch
   transaction aims at (above). Batches then take 5-10 ms; single batches were measured at up
-  to twice their neighbours (I/O, checkpoints), so the longest stays under the issue's 25 ms
+  to twice their neighbours (I/O, checkpoints), so the longest stays under NF-6's 25 ms
   (at PT0.02S it reached 28-35 ms).
 - ``CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK`` count, default 2: consecutive statement timeouts
   after which the batch size is halved and capped there for the run (as River's JobCleaner does). At the minimum size,
@@ -132,7 +132,7 @@ Options (environment variables; durations are ISO-8601 or seconds)
 Events and metrics
 ------------------
 ``maintenance.purge.start`` / ``.stop`` / ``.error`` (from the runner) carry these fixed
-numeric keys, all 0 on error; the metrics issue exports them:
+numeric keys, all 0 on error; the metrics job exports them:
 
 - ``num_deleted``        fences deleted by this run;
 - ``num_batches``        batches committed (a batch that deleted nothing counts too);
