@@ -3,7 +3,7 @@
 Each ``Literal`` below is the one Python source of a column the database constrains with a
 ``CHECK (column IN (…))`` (migrations 0001-0013); the tuple next to it is the same values for
 code that iterates. The API's response and request models use these types, so a value the
-database accepts can always be serialised (issue 17: the event kind ``EXECUTION_RESOLVED``,
+database accepts can always be serialised (once, the event kind ``EXECUTION_RESOLVED``,
 added by 0012, was missing from the API's copy and every resolved execution's detail answered
 500). A migration that adds a value changes its CHECK and this module together:
 ``tests/test_enumerations.py`` reads the CHECK constraints from ``pg_constraint`` and fails on

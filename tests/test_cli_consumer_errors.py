@@ -45,7 +45,7 @@ consumer = Consumer(
         "mistaken:consumer",
         [
             "mistaken.py, line 16",
-            "ActionError: action lookup: a retry_policy other than seed 002's defaults needs a retry_justification (R-2)",
+            "ActionError: action lookup: a retry_policy other than the published defaults needs a retry_justification (R-2)",
         ],
     ),
     "consumer-policy-without-justification": (

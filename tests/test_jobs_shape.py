@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,9 @@ from maintenance.settings import Settings
 pytestmark = pytest.mark.pure
 
 JOB_NAMES = [spec.name for spec in JOBS]
+ROOT = Path(__file__).resolve().parent.parent
+# A package docstring says why and points at the manual; past this many lines it is a second manual.
+SUMMARY_MAX_LINES = 30
 
 
 def test_jobs_run_in_the_documented_order():
@@ -38,9 +42,10 @@ def settings_builders(module) -> list[str]:
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_job_package_has_its_manual_config_and_job_modules(spec):
-    """maintenance/jobs/<job>/ has a docstring manual and a config module with from_settings or builders."""
+    """maintenance/jobs/<job>/ has a docstring that points at its manual docs/<job>.md, and a config module with from_settings or builders."""
     package = importlib.import_module(f"maintenance.jobs.{spec.name}")
-    assert package.__doc__ and len(package.__doc__) > 200, "the package docstring is the operator's manual"
+    assert package.__doc__ and f"docs/{spec.name}.md" in package.__doc__, "the package docstring points at the manual"
+    assert (ROOT / "docs" / f"{spec.name}.md").exists()
     config = importlib.import_module(f"maintenance.jobs.{spec.name}.config")
     builders = settings_builders(config)
     assert builders, f"{config.__name__} builds nothing from the settings"
@@ -100,3 +105,13 @@ def test_result_names_every_counter_as_an_event_field(result_class, not_event_fi
     declared = {f.name for f in dataclasses.fields(cls)}
     assert set(cls.EVENT_FIELDS) | not_event_fields == declared
     assert list(cls().fields()) == list(cls.EVENT_FIELDS)
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_jobs_manual_is_written_once_in_docs_not_again_in_its_docstring(spec):
+    """The package docstring of maintenance/jobs/<job>/ is at most 30 lines: the why and a pointer, not a second manual."""
+    package = importlib.import_module(f"maintenance.jobs.{spec.name}")
+    lines = len((package.__doc__ or "").strip().splitlines())
+    assert lines <= SUMMARY_MAX_LINES, (
+        f"{package.__name__}'s docstring is {lines} lines: move the detail to docs/{spec.name}.md"
+    )

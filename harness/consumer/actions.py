@@ -59,7 +59,7 @@ from harness.consumer.retry import RetryPolicy
 
 __all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
 
-# Seed 002's published defaults (R-2).
+# The published retry policy's defaults (R-2).
 ACTION_RETRY_POLICY = RetryPolicy(
     max_attempts=3,
     base_delay=timedelta(seconds=2),
@@ -117,7 +117,7 @@ class Action:
             raise ActionError(f"action {self.name}: output must be a pydantic model class, got {self.output!r}")
         if self.retry_policy is not None and not (self.retry_justification or "").strip():
             raise ActionError(
-                f"action {self.name}: a retry_policy other than seed 002's defaults needs a retry_justification (R-2)"
+                f"action {self.name}: a retry_policy other than the published defaults needs a retry_justification (R-2)"
             )
 
     @property

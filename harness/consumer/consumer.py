@@ -23,13 +23,13 @@ The fence TTL is deliberately not part of the declaration: it is one platform se
 (``CORE_JOBS_PROCESSED_JOBS_TTL``) guarded against the retry window (J-B7), and the caller of
 :func:`harness.handling.handle` passes it, so no consumer can shorten it on its own.
 
-Durable actions (seed 002): a consumer that calls providers over the network declares that work
+Durable actions (R-1..R-4): a consumer that calls providers over the network declares that work
 as ``actions`` — ordered, named, each with an effect class (harness/consumer/actions.py) — and keeps
 ``handler`` as the final local write, which then finds the actions' results in ``ctx.results``.
 The harness records a checkpoint per action and retries, resumes or parks the job for an
 operator (``RECONCILIATION_REQUIRED``) by effect class (harness/durable/executor.py,
 docs/durable-actions.md). ``business_scope`` names the business area whose operators may resolve
-its executions (issue 13). A consumer with no actions works exactly as before.
+its executions (R-5). A consumer with no actions works exactly as before.
 """
 
 from __future__ import annotations

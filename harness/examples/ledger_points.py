@@ -1,4 +1,4 @@
-"""Example durable consumer: credit loyalty points through a loyalty ledger's HTTP API (seed 002).
+"""Example durable consumer: credit loyalty points through a loyalty ledger's HTTP API (R-1..R-4).
 
 Consumer and queue ``points.ledger`` (business scope ``loyalty``); the payload is the points
 example's (``{"member_id": "m-42", "points": 50}``, harness/examples/points.py). Three actions,

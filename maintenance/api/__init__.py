@@ -1,5 +1,5 @@
-"""The operations HTTP API for dead letters (issue 11): ``core-jobs api``.
+"""The operations HTTP API for dead letters and executions: ``core-jobs api``.
 
-See :mod:`maintenance.api.app` for the operator's manual. This package is imported by the
+docs/api.md is the operator's manual; :mod:`maintenance.api.app` assembles the app. This package is imported by the
 settings (``maintenance.settings.api``), so it imports nothing heavy itself.
 """

@@ -1,4 +1,4 @@
-"""The API's admin mode (``CORE_JOBS_ADMIN_ENABLED``): what it needs before it may start (issue 13).
+"""The API's admin mode (``CORE_JOBS_ADMIN_ENABLED``): what it needs before it may start (R-5).
 
 With admin mode on, ``core-jobs api`` serves ``POST /v1/core/executions/{id}/resolve``. At start
 it loads, or refuses to run with a configuration error (exit 2) naming the problem:

@@ -1,62 +1,15 @@
-"""The operations HTTP API for dead letters (issue 11) and executions (issue 12) — the operator's manual.
+"""The operations HTTP API's application: dead letters (J-API1..3) and executions over HTTP, for operators.
 
-Operators (Ops, never tenants) list, inspect, replay and discard dead letters over HTTP with
-the same operations layer as ``core-jobs dead-letters`` (:mod:`maintenance.operations.dead_letters`).
+Why a thin layer: Ops (never tenants) list, inspect, replay, discard and resolve over HTTP with the
+same operations layer as the CLI (:mod:`maintenance.operations.dead_letters`), so both follow the
+same rules and write the same audit ledger. This module assembles the app: one router per
+resource (:mod:`maintenance.api.resources`), the problem+json mapping of every error
+(:mod:`maintenance.api.problems`), the :class:`Guard` that checks every body before any route
+(:mod:`maintenance.api.bodies`), the probes and the app's own metrics registry.
 
-========================================= ============================= ==========================================
-endpoint                                  permission                    what
-========================================= ============================= ==========================================
-``GET /v1/core/dead-letters``             ``core.dead_letters.read``    newest first; filters ``status`` (default
-                                                                        ``pending_review``), ``queue``,
-                                                                        ``consumer``, ``tenant_id``, ``job_id``,
-                                                                        ``correlation_id``, ``created_after``
-                                                                        (inclusive), ``created_before``
-                                                                        (exclusive); ``limit`` (50, at most 500);
-                                                                        ``cursor`` = the previous page's
-                                                                        ``next_cursor`` (keyset: page 100 costs
-                                                                        what page 1 costs)
-``GET /v1/core/dead-letters/{id}``        ``core.dead_letters.read``    one, with payload and audit history
-``POST /v1/core/dead-letters/{id}/replay`` ``core.dead_letters.replay`` republish with the same ``job_id``
-                                                                        (J-B6); body ``{"reason": …}`` optional
-``POST /v1/core/dead-letters/{id}/discard`` ``core.dead_letters.discard`` body ``{"reason": "…"}`` required
-``POST /v1/core/dead-letters/replay``     ``core.dead_letters.replay``  ``{"ids": [...≤1000]}`` or ``{"filter":
-                                                                        {"queue": q, "status":
-                                                                        "pending_review"}}``: all or nothing
-``POST /v1/core/dead-letters/discard``    ``core.dead_letters.discard`` the same, with a required ``reason``
-``GET /v1/core/executions``               ``core.executions.read``      durable-action executions in one status,
-                                                                        oldest in it first (keyset pages);
-                                                                        :mod:`maintenance.api.resources.executions`
-``GET /v1/core/executions/{id}``          ``core.executions.read``      one, with payload, checkpoints, history
-``POST /v1/core/executions/{id}/resolve`` role ``EXECUTION_OPERATOR``   admin mode only: an operator's resolution
-                                          + business scope              of an uncertain execution
-                                                                        (:mod:`maintenance.api.resources.resolutions`)
-``GET /healthz``                          —                             the process is up
-``GET /readyz``                           —                             the database answers (503 if not)
-``GET /openapi.json``                     —                             the OpenAPI document
-``GET /metrics``                          —                             Prometheus metrics of the API
-========================================= ============================= ==========================================
-
-- **Auth**: :mod:`maintenance.api.auth` (JWT bearer, JWKS or PEM key, asymmetric only).
-- **Actions** are all or nothing in one transaction (an unknown id → 404, a letter that is not
-  ``pending_review`` → 409 with its current status; nothing changed), idempotent with an
-  ``Idempotency-Key`` (:mod:`maintenance.api.idempotency`), and audited under the token's
-  ``sub`` by the database's trigger. Two replays of one letter at once: one wins, the other
-  waits for its row lock and gets 409.
-- **Errors** are ``application/problem+json`` with stable types (:mod:`maintenance.api.problems`).
-  Bodies above ``CORE_JOBS_API_MAX_BODY_BYTES`` get 413 before they are read whole; a JSON body
-  that UTF-8 or PostgreSQL cannot hold gets 422 before any route (:mod:`maintenance.api.bodies`);
-  request heads over 32 KiB or 100 fields get 431 from the server (:mod:`maintenance.api.server`).
-- **Database**: a ``psycopg_pool`` pool (``CORE_JOBS_API_POOL_*``); every connection switches
-  to the least-privilege role ``core_jobs_api`` (``SET ROLE``, migration 0009) and has a
-  ``statement_timeout``. An unreachable database or an exhausted pool → 503.
-- **Metrics** on a registry the app owns: ``core_jobs_api_requests_total`` and
-  ``core_jobs_api_request_duration_seconds`` (histogram), labelled by ``method``, ``route`` (the
-  template, e.g. ``/v1/core/dead-letters/{id}``; ``unmatched`` for unknown paths) and ``status``;
-  ``core_jobs_api_execution_resolutions_total`` by ``command`` (resolutions applied).
-- **Logs**: ``maintenance.api.request`` per request at info (``method``, ``route``, ``status``,
-  ``duration_ms``, ``subject``; probes and metrics at debug), ``maintenance.api.token_refused``,
-  ``maintenance.api.permission_refused``, ``maintenance.api.internal_error``,
-  ``maintenance.api.database_unavailable``; start and stop in :mod:`maintenance.api.server`.
+The operator's manual — every endpoint with its permission, authentication, idempotency, the
+errors, admin mode, the database role, the metrics and logs, the settings — is docs/api.md,
+written once there.
 """
 
 from __future__ import annotations
@@ -333,7 +286,7 @@ def create_app(
     app.add_exception_handler(psycopg.OperationalError, _database_problem)
     app.add_middleware(Guard, max_body_bytes=max_body_bytes, metrics=metrics)
     app.include_router(dead_letters.router)
-    app.include_router(executions.router)  # issue 12: read-only executions
+    app.include_router(executions.router)  # read-only
     if admin is not None:
         app.include_router(resolutions.router)
 

@@ -16,7 +16,7 @@ Permissions are the union of the ``scope`` claim (space-separated, RFC 9068) and
 token carries none of them. The operator written to the audit ledger is the token's ``sub``,
 never anything the client sends.
 
-The resolution of executions (issue 13, :mod:`maintenance.api.resources.resolutions`) needs a role and
+The resolution of executions (R-5, :mod:`maintenance.api.resources.resolutions`) needs a role and
 business scopes instead of a permission: the ``roles`` array must contain
 ``EXECUTION_OPERATOR`` and the ``business_scopes`` array the execution's business scope.
 
@@ -26,7 +26,7 @@ answers ``error="insufficient_scope"``. The token itself is never logged or echo
 
 A token longer than :data:`MAX_TOKEN_CHARS` (8 192 characters; a token of a few dozen
 permissions is 1-2 KB) is refused with 401 before PyJWT sees it: nothing is decoded or cached
-for it (issue 17). The server bounds the headers as a whole (:mod:`maintenance.api.server`, 431).
+for it. The server bounds the headers as a whole (:mod:`maintenance.api.server`, 431).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from maintenance.runtime.logs import get_logger
 READ = "core.dead_letters.read"
 REPLAY = "core.dead_letters.replay"
 DISCARD = "core.dead_letters.discard"
-EXECUTIONS_READ = "core.executions.read"  # the durable-action executions (issue 12)
+EXECUTIONS_READ = "core.executions.read"  # the durable-action executions
 PERMISSIONS = (READ, REPLAY, DISCARD, EXECUTIONS_READ)
 
 REALM = "core-jobs"
@@ -69,7 +69,7 @@ class Principal:
 
     subject: str
     permissions: frozenset[str]
-    roles: frozenset[str] = frozenset()  # the ``roles`` claim's strings (EXECUTION_OPERATOR, issue 13)
+    roles: frozenset[str] = frozenset()  # the ``roles`` claim's strings (EXECUTION_OPERATOR, R-5)
     business_scopes: frozenset[str] = frozenset()  # the ``business_scopes`` claim's strings
 
 

@@ -4,7 +4,7 @@ Python's JSON parser accepts more than UTF-8 text and PostgreSQL's ``jsonb`` can
 surrogate escape (``"\\ud800"``), ``NaN``/``Infinity`` and numbers beyond a double (``1e999``
 parses as infinity), and nesting as deep as the body is long. Fields typed as any JSON (a RESUME's
 ``result``) let these through the models, and they failed later — while the command was
-fingerprinted, encoded or stored — as a 500 (issue 17). So :class:`~maintenance.api.app.Guard`
+fingerprinted, encoded or stored — as a 500. So :class:`~maintenance.api.app.Guard`
 reads every JSON request body (already bounded by ``CORE_JOBS_API_MAX_BODY_BYTES``) and, before
 any route runs, refuses with **422** ``invalid-request`` (each place named in ``errors``):
 

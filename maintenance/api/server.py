@@ -15,7 +15,7 @@ half — for up to ``CORE_JOBS_API_SHUTDOWN_GRACE``, closes the pool, logs
 ``maintenance.api.stopped`` and exits 0.
 
 Every byte a request holds outside its counted body is bounded, and so is the time to send it
-(issue 17, item 5; :class:`BoundedHttpToolsProtocol`, uvicorn's httptools protocol, pinned so the
+(:class:`BoundedHttpToolsProtocol`, uvicorn's httptools protocol, pinned so the
 bounds do not depend on which parser happens to be installed). The answer is problem+json with
 ``Connection: close``, written as soon as a bound is crossed — without reading the rest, the app
 stopped waiting (it sees a disconnect) — then at most :data:`MAX_LINGER_BYTES` more are discarded

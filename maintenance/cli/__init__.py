@@ -219,11 +219,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="also print every job's log events")
     p.set_defaults(handler=cmd_demo)
 
-    # The consumer harness (issue 6): worker, enqueue, dead-letters.
+    # The consumer harness: worker, enqueue, dead-letters.
     harness_cli.add_commands(sub)
-    # Durable-action executions, read-only (issue 12).
+    # Durable-action executions, read-only.
     executions_cli.add_commands(sub)
-    # The alert identity of a database that may be a copy (issue 17).
+    # The alert identity of a database that may be a copy.
     alerts_cli.add_commands(sub)
 
     return parser

@@ -1,4 +1,4 @@
-"""``core-jobs alerts identity show|adopt|renew``: the alert identity of a database that may be a copy (issue 17).
+"""``core-jobs alerts identity show|adopt|renew``: the alert identity of a database that may be a copy.
 
 The alert feed refuses to alert when the database is not where its identity was bound, or runs as
 another environment (``CORE_JOBS_ALERTS_ENVIRONMENT``) than the one it was bound under, and it has

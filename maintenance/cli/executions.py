@@ -1,4 +1,4 @@
-"""``core-jobs executions list|show``: the durable-action executions, read-only (issue 12).
+"""``core-jobs executions list|show``: the durable-action executions, read-only.
 
 ``list`` shows one state (default ``RECONCILIATION_REQUIRED``: the executions waiting for an
 operator), oldest in that state first, optionally of one consumer, job id or business scope,
@@ -7,7 +7,7 @@ payload, its checkpoints in action order (effect, status, attempts, result, last
 external key ``job_id:consumer:action`` to look the write up at the provider) and its history.
 Both read :mod:`maintenance.operations.executions`, as the API does; ``--json`` prints its rows as JSON.
 Nothing here changes an execution: resolving one is ``POST /v1/core/executions/{id}/resolve``
-(issue 13, docs/durable-actions.md).
+(R-5, docs/durable-actions.md).
 
 Exit codes as for every command: 0 ok (an empty list too); 1 the database could not be reached
 or failed the query (one ``database error`` line on stderr, secrets masked); 2 a usage error —

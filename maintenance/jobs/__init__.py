@@ -1,6 +1,8 @@
 """The scheduled jobs: one package each, with the same parts.
 
-- ``__init__.py`` — the operator's manual (the package docstring); imports nothing.
+- ``__init__.py`` — the package docstring: why the job exists and works as it does, and a pointer
+  to its operator's manual, docs/<job>.md (written once, there); imports nothing.
+- ``settings.py`` — the job's settings, declared once (default, bounds, unit, description).
 - ``config.py`` — the named defaults, with their units (the settings import them), and the
   config built from the settings in one place (``from_settings``).
 - ``sql.py`` — the SQL that matters, each statement under a name with what it does.

@@ -1,8 +1,8 @@
-"""The read surface of durable-action executions (issue 12): pages and the detail, for the CLI and the API.
+"""The read surface of durable-action executions: pages and the detail, for the CLI and the API.
 
 ``core-jobs executions list|show`` and ``GET /v1/core/executions[/{id}]`` both call this module,
 so both show the same rows in the same order. It only reads; resolving an execution in
-``RECONCILIATION_REQUIRED`` is issue 13 (``POST /v1/core/executions/{id}/resolve``,
+``RECONCILIATION_REQUIRED`` is an operator's resolution (R-5, ``POST /v1/core/executions/{id}/resolve``,
 docs/durable-actions.md).
 
 - **Pages** (:func:`list_executions`): always one status (default ``RECONCILIATION_REQUIRED``,

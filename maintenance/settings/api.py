@@ -41,7 +41,7 @@ DEFAULT_API_READ_TIMEOUT = timedelta(seconds=10)  # to send one request whole
 
 
 class ApiSettings(BaseModel):
-    """The operations API's settings (issue 11)."""
+    """The operations API's settings."""
 
     api_host: str = Field(default="0.0.0.0", description="`core-jobs api`: listen address (--host overrides).")
     api_port: int = Field(

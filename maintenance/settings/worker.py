@@ -1,4 +1,4 @@
-"""Worker settings (issue 6): lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
+"""Worker settings: lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
 
 ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` bounds the dead letters one bulk action by filter may touch
 (``core-jobs dead-letters replay --queue Q --all-pending`` and the API's ``filter`` bodies,

@@ -7,7 +7,7 @@ service — can break them, and each violation names its rule:
 * the only status transitions are ``pending_review -> replayed | discarded`` (J-B8);
 * discarding needs a non-blank ``discard_reason`` (J-AC7);
 * every other column is immutable and rows are never deleted or truncated (append-only
-  except the status transition, seed 000 "Datos").
+  except the status transition, J-D2).
 
 Revision ID: 0001_foundation
 Revises:

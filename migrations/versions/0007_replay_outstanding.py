@@ -1,7 +1,7 @@
 """Replays tracked until their delivery is handled: the purge holds a replayed job's fence until then.
 
 A replayed dead letter is *outstanding* until the harness handles the republished delivery with a
-final outcome (issue 9, item 2). Until this revision the purge held the fence for a fixed
+final outcome. Until this revision the purge held the fence for a fixed
 ``TTL_MARGIN x`` retry window after the replay (22 min 24 s with the defaults), and a replay
 waiting longer in a backlog was applied twice.
 

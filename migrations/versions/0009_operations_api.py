@@ -1,4 +1,4 @@
-"""Operations API (issue 11): list indexes, the idempotency ledger, the least-privilege role.
+"""Operations API (J-API1..3): list indexes, the idempotency ledger, the least-privilege role.
 
 * **The append-only guard, cheaper**: ``core.dead_letters_guard_update`` (0007's rules,
   unchanged) compares the row without its mutable columns once instead of column by column, so

@@ -1,4 +1,4 @@
-"""Durable actions (issue 12, seed 002 R-1..R-4): executions, checkpoints and their history.
+"""Durable actions (R-1..R-4): executions, checkpoints and their history.
 
 * ``core.executions`` — one row per job handled by a durable consumer (one that declares
   actions, harness/consumer/actions.py) while that job is not finished: ``(job_id, consumer)`` is unique.
@@ -11,7 +11,7 @@
                      ├──────► RECONCILIATION_REQUIRED
                      └──────► (deleted)          (SUCCEEDED: the final transaction deletes it)
 
-  ``RECONCILIATION_REQUIRED`` is left only by an operator's resolution (issue 13 replaces
+  ``RECONCILIATION_REQUIRED`` is left only by an operator's resolution (0012_execution_resolution replaces
   ``core.executions_guard`` to allow it); no worker, no attempt limit and no migration releases
   it, and the row cannot be deleted. ``SUCCEEDED`` is never stored: the transaction that writes
   the fence deletes the execution with its checkpoints and history, so a success leaves nothing
@@ -58,7 +58,7 @@ CREATE TABLE core.executions (
     tenant_id         uuid        NOT NULL,
     correlation_id    text,
     payload           jsonb       NOT NULL,
-    -- The business scope the consumer declares (issue 13: who may resolve it); NULL: none declared.
+    -- The business scope the consumer declares (R-5: who may resolve it); NULL: none declared.
     business_scope    text,
     status            text        NOT NULL DEFAULT 'PENDING',
     -- New at every take and every resolution; a worker's writes match on it.

@@ -1,4 +1,4 @@
-"""Execution alerts (issue 12): the alert feed pages RECONCILIATION_REQUIRED executions too.
+"""Execution alerts: the alert feed pages RECONCILIATION_REQUIRED executions too.
 
 * ``core.dead_letter_alerts`` gains two kinds, with every rule of 0002_alerts and
   0006_alert_identity unchanged (the lifecycle ``pending -> open -> resolved | pending ->

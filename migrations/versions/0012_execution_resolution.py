@@ -1,4 +1,4 @@
-"""Operator resolution of uncertain executions (issue 13, seed 002 R-5, R-6).
+"""Operator resolution of uncertain executions (R-5, R-6).
 
 * ``core.execution_resolutions`` — the resolution ledger, **append-only** (UPDATE, DELETE and
   TRUNCATE are refused by triggers, as for ``core.dead_letter_actions``): one row per resolution

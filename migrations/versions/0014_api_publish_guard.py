@@ -1,4 +1,4 @@
-"""The API role publishes only what a replay or a RESUME publishes, and binds whoever uses its grants (issue 17).
+"""The API role publishes only what a replay or a RESUME publishes, and binds whoever uses its grants.
 
 0009 granted ``core_jobs_api`` INSERT on ``core.queue_messages`` so that a replay could publish:
 with it the role could publish *any* job to any queue — one INSERT with a payload of its choosing,

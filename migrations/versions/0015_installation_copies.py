@@ -1,4 +1,4 @@
-"""A copy of a database notices it is a copy: the alert identity is bound to where it lives (issue 17, item 12).
+"""A copy of a database notices it is a copy: the alert identity is bound to where it lives.
 
 0006's ``core.installation`` is stored data: a database restored from a backup, or made from
 another with ``CREATE DATABASE … TEMPLATE``, carried its origin's identity, and its feed posted,

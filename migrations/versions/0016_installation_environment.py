@@ -1,4 +1,4 @@
-"""The alert identity is bound to the deployment's declared environment too (issue 17, item 12, review F8).
+"""The alert identity is bound to the deployment's declared environment too.
 
 0015 binds ``core.installation`` to the cluster's ``system_identifier`` and the database's oid.
 A *physical* copy — a base backup, a disk or RDS/Cloud SQL snapshot restored elsewhere — keeps

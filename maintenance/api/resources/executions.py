@@ -1,4 +1,4 @@
-"""The operations API's executions endpoints (issue 12): thin HTTP over :mod:`maintenance.operations.executions`.
+"""The operations API's executions endpoints: thin HTTP over :mod:`maintenance.operations.executions`.
 
 ============================== ======================== ==============================================
 endpoint                       permission               what
@@ -22,7 +22,7 @@ claim sees none.
 Read-only, as ``core-jobs executions list|show``, which reads the same layer (without the scope
 filter: the CLI holds the database's credentials). The API role
 ``core_jobs_api`` may read the three execution tables (0010) and nothing of them more. The
-resolution of an execution (issue 13) belongs in this module, with its own permission.
+resolution of an execution (R-5) belongs in this module, with its own permission.
 """
 
 from __future__ import annotations

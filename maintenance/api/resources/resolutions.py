@@ -1,4 +1,4 @@
-"""``POST /v1/core/executions/{id}/resolve``: an operator's resolution over HTTP (issue 13, R-5, R-6).
+"""``POST /v1/core/executions/{id}/resolve``: an operator's resolution over HTTP (R-5, R-6).
 
 Served only in admin mode (``CORE_JOBS_ADMIN_ENABLED``, :mod:`maintenance.api.admin`); otherwise
 the route does not exist (404). Thin HTTP over :func:`maintenance.operations.resolution.resolve`.

@@ -1,4 +1,4 @@
-"""The alerts job: the feed's run (:class:`AlertFeed`), its result and SPEC. The manual is the package docstring."""
+"""The alerts job: the feed's run (:class:`AlertFeed`), its result and SPEC. The manual is docs/alerts.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The metrics job: the job class, its result and SPEC. The manual is the package docstring."""
+"""The metrics job: the job class, its result and SPEC. The manual is docs/metrics.md."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ SELECT queue,
  ORDER BY queue
 """
 
-# execution_figures: durable executions (issue 12) per consumer and state, with the oldest moment
+# execution_figures: durable executions per consumer and state, with the oldest moment
 # a group entered its state (the metrics use it for RECONCILIATION_REQUIRED: how long the oldest
 # uncertain write has waited for an operator). Succeeded executions are deleted, so these are
 # gauges of the work in hand. Reads executions_status_idx.
@@ -76,7 +76,7 @@ SELECT consumer, status, count(*) AS n, min(status_changed_at) AS oldest_since
  ORDER BY consumer, status
 """
 
-# resolution_figures: operator resolutions (issue 13) per consumer and command, from the resolution
+# resolution_figures: operator resolutions (R-5) per consumer and command, from the resolution
 # ledger — append-only and never purged, so each count is a true cumulative counter. Resolutions are
 # people's decisions: the table stays small, a scan is cheap.
 RESOLUTION_FIGURES = """

@@ -32,7 +32,7 @@ DEFAULT_IDEMPOTENCY_KEY_RETENTION: timedelta = default_of(PurgeFields, "idempote
 DEFAULT_STRATEGY: str = default_of(PurgeFields, "purge_strategy")
 DEFAULT_SCHEDULE: str = default_of(PurgeFields, "schedule_purge")
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
-# the target batch duration (see "Batch size" in the package docstring).
+# the target batch duration (docs/purge.md).
 SLOW_START_BATCH_SIZE = 1_000  # rows
 # Up to this many dead letters holding a fence the replay guard is a hash (paths.py).
 HASHED_PENDING_LIMIT = 50_000  # dead letters

@@ -1,6 +1,6 @@
 """The purge job: :class:`Purger` (constructor that validates; ``run_once(now) -> PurgeResult``) and its SPEC.
 
-The operator's manual is the package docstring (``maintenance/jobs/purge/__init__.py``).
+The operator's manual is docs/purge.md.
 """
 
 from __future__ import annotations

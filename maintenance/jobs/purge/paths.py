@@ -1,4 +1,4 @@
-"""The purge's two access paths, and how a run chooses between them (issue 3).
+"""The purge's two access paths, and how a run chooses between them.
 
 ``maintenance/jobs/purge/__init__.py`` runs the batch loop (transactions, timeouts, budget, lock); this module
 says which rows one batch deletes and when the walk is done. Both paths delete exactly the same

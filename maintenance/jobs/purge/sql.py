@@ -18,7 +18,7 @@ against ``HASHED_PENDING_LIMIT``):
 - **probed** (``NOT EXISTS``): an anti-join the planner may run as one index probe per row, for
   any number of holders.
 
-A fence is also kept while its ``(job_id, consumer)`` has a durable execution (issue 12) in any
+A fence is also kept while its ``(job_id, consumer)`` has a durable execution in any
 state but ``FAILED`` — pending, running, waiting for a retry, or RECONCILIATION_REQUIRED: its
 work is not finished, and a redelivery must meet that execution, never a missing fence. It is
 spelt the same two ways: hashed, ``(job_id, consumer) NOT IN`` the unfinished executions, or
