@@ -361,7 +361,8 @@ def resolve(
     ``operator`` is the verified token's subject; ``scopes`` the business scopes this operator may
     resolve here (its token's, within the deployment's); ``consumers`` the published definitions
     by consumer name. An execution outside ``scopes`` is reported as not found, like a missing one.
-    Raises :class:`ResolutionRefused` (nothing applied).
+    Raises :class:`ResolutionRefused` (nothing applied). Three steps in one transaction: read
+    (one round trip), check (no I/O but the token), write (one round trip).
     """
     statement_problems = _statement_problems(command)
     if statement_problems:  # the API's model refuses these first; a caller in code gets the same rules
@@ -369,55 +370,15 @@ def resolve(
     body = canonical(command)
     print_ = fingerprint(body)
     with conn.transaction():
-        # One round trip for the reads: the lock first, so the others see what its holder committed.
-        with conn.pipeline():
-            locked = conn.execute(LOCK_EXECUTION, {"id": execution_id})
-            recorded = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key})
-            listed = conn.execute(CHECKPOINTS, {"id": execution_id})
-        row, found = locked.fetchone(), recorded.fetchone()
+        row, found, checkpoints = _read(conn, execution_id, idempotency_key)
         scope = row[7] if row is not None else (found[2] if found is not None else None)
         if scope is None or scope not in scopes:
             raise ResolutionRefused("execution-not-found", f"no execution {execution_id} in your business scopes")
         if found is not None:
-            recorded_operator, recorded_print, _scope, status, response = found
-            if recorded_operator != operator or recorded_print != print_:
-                raise ResolutionRefused(
-                    "idempotency-key-reused",
-                    "this Idempotency-Key resolved this execution with another command or by another operator; "
-                    "send a new key for a new resolution",
-                )
-            return Resolution(status, response, replayed=True, command=command.name)
+            return _replayed(found, operator, print_, command)
         assert row is not None
         _id, job_id, consumer_name, _queue, _tenant, _correlation, _payload, _scope, status, _token = row
-        if status != "RECONCILIATION_REQUIRED":
-            raise ResolutionRefused(
-                "not-reconciliation-required",
-                f"execution {execution_id} is {status}, not RECONCILIATION_REQUIRED; nothing was changed",
-                current_status=status,
-            )
-        consumer = consumers.get(consumer_name)
-        if consumer is None or not consumer.durable:
-            raise ResolutionRefused(
-                "consumer-not-published",
-                f"the definition of consumer {consumer_name} is not published to this service; nothing was changed",
-                consumer=consumer_name,
-            )
-        checkpoints = [_Checkpoint(*r) for r in listed.fetchall()]
-        mismatches = _definition_mismatches(consumer, checkpoints)
-        if mismatches:
-            raise ResolutionRefused(
-                "definition-mismatch",
-                f"the checkpoints of execution {execution_id} do not match {consumer_name}'s published definition",
-                problems=mismatches,
-            )
-        to_record: dict[str, Any] = {}
-        if isinstance(command, Resume):
-            problems, to_record = _resume_problems(consumer, checkpoints, command)
-        else:
-            problems = _close_problems(checkpoints, command)
-        if problems:
-            raise ResolutionRefused("invalid-command", "; ".join(problems), problems=problems)
-
+        to_record = _checked(execution_id, status, consumers.get(consumer_name), consumer_name, checkpoints, command)
         token, now = conn.execute(DRAW_TOKEN).fetchone()  # type: ignore[misc]
         status_after = "PENDING" if isinstance(command, Resume) else "FAILED"
         response = {
@@ -433,42 +394,112 @@ def resolve(
             "resolved_at": now.isoformat(),
             "recorded_results": sorted(to_record),
         }
-        with conn.pipeline():  # the writes in one round trip; any failure rolls back all of them
-            conn.execute(
-                INSERT_RESOLUTION,
-                {
-                    "id": execution_id,
-                    "job_id": job_id,
-                    "consumer": consumer_name,
-                    "business_scope": scope,
-                    "key": idempotency_key,
-                    "operator": operator,
-                    "command": command.name,
-                    "body": Jsonb(body),
-                    "fingerprint": print_,
-                    "evidence_kind": command.evidence.kind,
-                    "reference": command.evidence.reference,
-                    "reason": command.evidence.reason,
-                    "checkpoints": Jsonb([c.snapshot for c in checkpoints]),
-                    "token": token,
-                    "status_after": status_after,
-                    "response_status": 200,
-                    "response_body": Json(response),
-                },
-            )
-            if isinstance(command, Resume):
-                for action_name, result in to_record.items():
-                    conn.execute(
-                        RECORD_RESULT,
-                        {"id": execution_id, "action": action_name, "result": Jsonb(result), "token": token},
-                    )
-                moved = conn.execute(RESUME_EXECUTION, {"id": execution_id, "token": token})
-            else:
-                reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
-                moved = conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})
-                conn.execute(REMOVE_CHECKPOINTS, {"id": execution_id})
-            if isinstance(command, Resume):
-                conn.execute(REQUEUE_JOB, {"id": execution_id})
-        if moved.rowcount != 1:  # it is locked and was RECONCILIATION_REQUIRED: cannot happen; roll back if it does
-            raise RuntimeError(f"execution {execution_id} changed under its lock; the resolution was rolled back")
+        ledger_row = {
+            "id": execution_id,
+            "job_id": job_id,
+            "consumer": consumer_name,
+            "business_scope": scope,
+            "key": idempotency_key,
+            "operator": operator,
+            "command": command.name,
+            "body": Jsonb(body),
+            "fingerprint": print_,
+            "evidence_kind": command.evidence.kind,
+            "reference": command.evidence.reference,
+            "reason": command.evidence.reason,
+            "checkpoints": Jsonb([c.snapshot for c in checkpoints]),
+            "token": token,
+            "status_after": status_after,
+            "response_status": 200,
+            "response_body": Json(response),
+        }
+        _write(conn, execution_id, token, command, ledger_row, to_record)
     return Resolution(200, response, command=command.name)
+
+
+def _read(
+    conn: psycopg.Connection, execution_id: int, idempotency_key: str
+) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None, list[_Checkpoint]]:
+    """The locked execution, the ledger row of this key, the checkpoints — in one round trip."""
+    # The lock first, so the others see what its holder committed.
+    with conn.pipeline():
+        locked = conn.execute(LOCK_EXECUTION, {"id": execution_id})
+        recorded = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key})
+        listed = conn.execute(CHECKPOINTS, {"id": execution_id})
+    return locked.fetchone(), recorded.fetchone(), [_Checkpoint(*r) for r in listed.fetchall()]
+
+
+def _replayed(found: tuple[Any, ...], operator: str, print_: str, command: Command) -> Resolution:
+    """The recorded answer of this key, when the same operator sends the same command again."""
+    recorded_operator, recorded_print, _scope, status, response = found
+    if recorded_operator != operator or recorded_print != print_:
+        raise ResolutionRefused(
+            "idempotency-key-reused",
+            "this Idempotency-Key resolved this execution with another command or by another operator; "
+            "send a new key for a new resolution",
+        )
+    return Resolution(status, response, replayed=True, command=command.name)
+
+
+def _checked(
+    execution_id: int,
+    status: str,
+    consumer: Consumer | None,
+    consumer_name: str,
+    checkpoints: list[_Checkpoint],
+    command: Command,
+) -> dict[str, Any]:
+    """The refusals in their order (state, published definition, the command's rules); the verified results to record."""
+    if status != "RECONCILIATION_REQUIRED":
+        raise ResolutionRefused(
+            "not-reconciliation-required",
+            f"execution {execution_id} is {status}, not RECONCILIATION_REQUIRED; nothing was changed",
+            current_status=status,
+        )
+    if consumer is None or not consumer.durable:
+        raise ResolutionRefused(
+            "consumer-not-published",
+            f"the definition of consumer {consumer_name} is not published to this service; nothing was changed",
+            consumer=consumer_name,
+        )
+    mismatches = _definition_mismatches(consumer, checkpoints)
+    if mismatches:
+        raise ResolutionRefused(
+            "definition-mismatch",
+            f"the checkpoints of execution {execution_id} do not match {consumer_name}'s published definition",
+            problems=mismatches,
+        )
+    to_record: dict[str, Any] = {}
+    if isinstance(command, Resume):
+        problems, to_record = _resume_problems(consumer, checkpoints, command)
+    else:
+        problems = _close_problems(checkpoints, command)
+    if problems:
+        raise ResolutionRefused("invalid-command", "; ".join(problems), problems=problems)
+    return to_record
+
+
+def _write(
+    conn: psycopg.Connection,
+    execution_id: int,
+    token: int,
+    command: Command,
+    ledger_row: dict[str, Any],
+    to_record: dict[str, Any],
+) -> None:
+    """The ledger row and the move it records, in one round trip; any failure rolls back all of them."""
+    with conn.pipeline():
+        conn.execute(INSERT_RESOLUTION, ledger_row)
+        if isinstance(command, Resume):
+            for action_name, result in to_record.items():
+                conn.execute(
+                    RECORD_RESULT, {"id": execution_id, "action": action_name, "result": Jsonb(result), "token": token}
+                )
+            moved = conn.execute(RESUME_EXECUTION, {"id": execution_id, "token": token})
+            conn.execute(REQUEUE_JOB, {"id": execution_id})
+        else:
+            reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
+            moved = conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})
+            conn.execute(REMOVE_CHECKPOINTS, {"id": execution_id})
+    if moved.rowcount != 1:  # it is locked and was RECONCILIATION_REQUIRED: cannot happen; roll back if it does
+        raise RuntimeError(f"execution {execution_id} changed under its lock; the resolution was rolled back")
