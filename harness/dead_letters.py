@@ -127,6 +127,12 @@ def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str) 
     return conn.execute(MARK_REPLAY_HANDLED, {"replay_of": replay_of, "outcome": outcome}).rowcount == 1
 
 
+def _undecodable(payload: Any) -> bool:
+    from harness.queue import UndecodablePayload  # harness.queue imports this module
+
+    return isinstance(payload, UndecodablePayload)
+
+
 def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
     """Insert the dead letter in the caller's transaction; return its id.
 
@@ -138,7 +144,8 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
             "job_id": letter.job_id,
             "queue": letter.queue,
             "consumer": letter.consumer,
-            "payload": Jsonb(letter.payload),
+            # A payload the worker could not decode is kept as it was stored (harness/queue.py).
+            "payload": Jsonb(letter.payload.text, dumps=str) if _undecodable(letter.payload) else Jsonb(letter.payload),
             "attempts": letter.attempts,
             "last_error": letter.last_error[:MAX_ERROR_CHARS],
             "tenant_id": letter.tenant_id,

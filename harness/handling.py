@@ -60,7 +60,7 @@ from harness.execution import run_execution
 from harness.fence import INSERT_FENCE, check_work_transaction
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
+from harness.queue import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
 from harness.retry import RetryPolicy, compute_delay
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
@@ -91,6 +91,9 @@ def handle(
     if fence_ttl <= timedelta(0):
         raise ValueError(f"fence_ttl must be positive, got {fence_ttl}")
     envelope = delivery.envelope
+    if isinstance(envelope.payload, UndecodablePayload):  # stored, but this process cannot read it back
+        poison = PoisonMessage(f"payload cannot be decoded: {envelope.payload.reason}")
+        return _dead_letter(consumer, delivery, "poison", poison, metrics)
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
     except KeyboardInterrupt:

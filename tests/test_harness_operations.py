@@ -82,15 +82,16 @@ def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, ca
         ('{"member_id\\u0000": "m-1", "points": 1}', "payload: a key"),
         ('{"member_id": "\\ud800", "points": 1}', "payload.member_id"),
         ('[{"deep": [{"member_id": "m\\u0000"}]}]', "payload[0].deep[0].member_id"),
+        ("[" * 1200 + "]" * 1200, "payload: nested deeper than"),
+        ("[" * 200 + "]" * 200, "payload: nested deeper than"),
+        ('{"points": ' + "7" * 5000 + "}", "payload"),
     ],
 )
 def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn, capsys, payload, where):
-    """NaN, Infinity, a number beyond a float, \\u0000 or a lone surrogate in --payload exits 2 naming where, and nothing is queued."""
+    """NaN, Infinity, a number beyond a float or too long, \\u0000, a lone surrogate or nesting too deep in --payload exits 2 naming where, and nothing is queued."""
     assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert (
-        err.startswith(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {where}") and err.count("\n") == 1
-    )
+    assert err.startswith(f"core-jobs: --payload cannot be published: {where}") and err.count("\n") == 1
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
