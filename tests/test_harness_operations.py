@@ -13,6 +13,7 @@ import pytest
 from factories import QUEUE, TENANT, dead_letter, publish
 from harness_support import fences, points, run_worker, scalar
 
+from harness.operations import MAX_BULK_IDS
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 
 
@@ -215,6 +216,21 @@ def test_discard_without_a_reason_exits_2_and_changes_nothing(cli, conn, reason)
     """J-AC7 (CLI): a missing or blank reason exits 2; the letter stays pending and nothing is audited."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     assert cli(["dead-letters", "discard", str(letter_id), *reason]) == EXIT_CONFIG
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
+    assert ledger(conn) == []
+
+
+@pytest.mark.parametrize(
+    "action",
+    [["replay"], ["discard", "--reason", "OPS-9"], ["release", "--reason", "OPS-9"]],
+    ids=lambda action: action[0],
+)
+def test_an_action_on_more_ids_than_the_apis_cap_exits_2_and_changes_nothing(cli, conn, capsys, action):
+    """replay, discard and release by id refuse more than MAX_BULK_IDS ids (the API's cap too) with exit 2 naming the cap, and change nothing."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    ids = [str(letter_id), *(str(letter_id + n) for n in range(1, MAX_BULK_IDS + 1))]
+    assert cli(["dead-letters", action[0], *ids, *action[1:]]) == EXIT_CONFIG
+    assert f"at most {MAX_BULK_IDS}" in capsys.readouterr().err
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
     assert ledger(conn) == []
 

@@ -30,12 +30,11 @@ from pydantic import (
 
 from harness import operations
 from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
-from harness.operations import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
+from harness.operations import MAX_BULK_IDS, DeadLetterFilter, DeadLetterRow, OperationRefused, Position
 from maintenance.api import idempotency, pages
 from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
 from maintenance.api.problems import Problem, problem_responses
 
-MAX_BULK_IDS = 1000
 MAX_REASON_CHARS = 1000
 MAX_LIMIT = 500
 DEFAULT_LIMIT = 50
