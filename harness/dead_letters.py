@@ -72,6 +72,16 @@ RETURNING id
 """
 
 
+@dataclass(frozen=True)
+class UndecodablePayload:
+    """A stored payload this process cannot decode: its text as stored, and why (never a value).
+
+    Here, below the queue port that decodes payloads, because a dead letter keeps it as it was stored."""
+
+    text: str
+    reason: str
+
+
 def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str) -> bool:
     """Record the final ``outcome`` of the replay of dead letter ``replay_of``, in the caller's
     transaction; False when one was already recorded (a redelivery, or an operator's release)."""
@@ -89,7 +99,10 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
             "job_id": letter.job_id,
             "queue": letter.queue,
             "consumer": letter.consumer,
-            "payload": Jsonb(letter.payload),
+            # A payload the worker could not decode is kept as it was stored (harness/queue/port.py).
+            "payload": Jsonb(letter.payload.text, dumps=str)
+            if isinstance(letter.payload, UndecodablePayload)
+            else Jsonb(letter.payload),
             "attempts": letter.attempts,
             "last_error": letter.last_error[:MAX_ERROR_CHARS],
             "tenant_id": letter.tenant_id,

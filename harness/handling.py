@@ -62,7 +62,7 @@ from harness.errors import PermanentError, PoisonMessage, TransientError, descri
 from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.queue.port import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter
+from harness.queue.port import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
 
 __all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
 
@@ -90,6 +90,9 @@ def handle(
     """
     runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
     envelope = delivery.envelope
+    if isinstance(envelope.payload, UndecodablePayload):  # stored, but this process cannot read it back
+        poison = PoisonMessage(f"payload cannot be decoded: {envelope.payload.reason}")
+        return _dead_letter(consumer, delivery, "poison", poison, metrics)
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
     except KeyboardInterrupt:

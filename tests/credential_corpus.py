@@ -82,6 +82,43 @@ CREDENTIALS: tuple[tuple[str, str, str], ...] = (
     ("token-pair", "token = abc123def456", "abc123def456"),
     ("api-key-pair", 'x-api-key: "k-9f8e7d6c"', "k-9f8e7d6c"),
     ("query-password", "https://db.example/x?user=u&password=qwerty77", "qwerty77"),
+    # Issue 17's second review: a key that names a secret, whatever its prefix, case or quoting.
+    ("pgpassword-env", "ran it with PGPASSWORD=hunter2pw set", "hunter2pw"),
+    ("db-password-env", "DB_PASSWORD=hunter2pw", "hunter2pw"),
+    ("java-properties", "spring.datasource.password=hunter2pw", "hunter2pw"),
+    ("api-token-pair", "api_token=abc123def456", "abc123def456"),
+    ("x-auth-token-header", "X-Auth-Token: abc123def456", "abc123def456"),
+    ("private-token-header", "PRIVATE-TOKEN: glpat-" + "xYz12AbC34dEf56gHi78", "xYz12AbC34dEf56gHi78"),
+    ("camel-case-token", 'apiToken: "9f8e7d6c5b4a"', "9f8e7d6c5b4a"),
+    ("yaml-secret", "db:\n  user: app\n  db_pwd: Winter2024", "Winter2024"),
+    ("php-array", "'password' => 'hunter2pw'", "hunter2pw"),
+    ("xml-element", "<password>hunter2pw</password>", "hunter2pw"),
+    ("cookie-header", "Cookie: sessionid=a8f5f167f44f4964e6c998dee827110c", "a8f5f167f44f4964e6c998dee827110c"),
+    ("session-pair", "session_id=k3j4h5g6f7d8s9a0", "k3j4h5g6f7d8s9a0"),
+    ("credential-pair", "aws_credentials: Xy7-Zq9-Wv3", "Xy7-Zq9-Wv3"),
+    # Escaped or encoded: JSON inside JSON, a URL inside a URL.
+    ("json-escaped-password", '{\\"password\\": \\"hunter2pw\\"}', "hunter2pw"),
+    ("json-escaped-url", "postgresql:\\/\\/app:Hunter2pw@db\\/core", "Hunter2pw"),
+    ("urlencoded-url", "next=postgresql%3A%2F%2Fapp%3AHunter2pw%40db%2Fcore", "Hunter2pw"),
+    ("double-urlencoded-url", "next=postgresql%253A%252F%252Fapp%253AHunter2pw%2540db", "Hunter2pw"),
+    ("json-unicode-escaped-key", '{"pass\\u0077ord": "hunter2pw"}', "hunter2pw"),
+    # Command lines.
+    ("curl-user", "curl -u alice:s3cr3t-pw https://api.provider.example/v1", "s3cr3t-pw"),
+    ("curl-long-user", "curl --user alice:s3cr3t-pw https://api.provider.example/v1", "s3cr3t-pw"),
+    ("mysql-attached-password", "mysql -h db -u app -phunter2pw core", "hunter2pw"),
+    ("password-flag-space", "pg_restore --password hunter2pw dump.sql", "hunter2pw"),
+    ("password-flag-equals", "tool --db-password=hunter2pw", "hunter2pw"),
+    ("sshpass", "sshpass -p hunter2pw ssh ops@bastion", "hunter2pw"),
+    # Provider keys, and one split over two lines.
+    ("gitlab-token", "glpat-" + "xYz12AbC34dEf56gHi78", "xYz12AbC34dEf56gHi78"),
+    ("npm-token", "npm_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8", "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"),
+    ("openai-key", "sk-proj-" + "a1B2c3D4e5F6g7H8i9J0k1L2", "a1B2c3D4e5F6g7H8i9J0k1L2"),
+    ("huggingface-token", "hf_" + "aBcDeFgHiJkLmNoPqRsTuVwXyZaBcDeFgH", "aBcDeFgHiJkLmNoPqRsTuVwXyZaBcDeFgH"),
+    ("sendgrid-key", "SG." + "aBcDeFgHiJkLmNoPqRs.TuVwXyZaBcDeFgHiJkLmNo", "TuVwXyZaBcDeFgHiJkLmNo"),
+    ("stripe-split-by-newline", "sk_live_\n" + "4eC39HqLyjWDarjtT1zdp7dc", "4eC39HqLyjWDarjtT1zdp7dc"),
+    # A Basic credential in base64url (the tail after a _ too), a JWT with an empty payload.
+    ("basic-base64url", "Basic " + "YWxpY2U6cGE_PnN-fncwcmQ=", "PnN-fncwcmQ="),
+    ("jwt-empty-payload", "eyJhbGciOiJIUzI1NiJ9.e30.c2lnbmF0dXJlLW9mLXRoZS10b2tlbg", "c2lnbmF0dXJlLW9mLXRoZS10b2tlbg"),
     ("high-entropy", f"see {_B64}", _B64),
 )
 
@@ -101,5 +138,14 @@ ORDINARY: tuple[tuple[str, str], ...] = (
     ("prose-basic", "Basic checks done: the bearer of the ticket confirmed the token was never used."),
     ("prose-password", "The member reset their password yesterday; no secret was shared."),
     ("idempotency-key", "looked up 3f0c7c8e-2a44-4d4f-9d52-8f6c7b1a2e90:points.ledger:notify at the provider"),
+    # Keys that merely contain a secret's word, flags that are not passwords, values that are not secrets.
+    ("fencing-token", "fencing_token=5, attempt 2"),
+    ("author", "author: Ana, reviewed OPS-4711"),
+    ("tokens-used", "tokens_used: 500, session: closed"),
+    ("auth-mode", "auth: required; cookie: none"),
+    ("ssh-port", "ssh -p 2222 ops@bastion; mkdir -p /tmp/case; psql -p 5432 -U app"),
+    ("sort-unique", "sort -u refunds.csv"),
+    ("percent", "retried 100% of the 3 messages at 20%3 load"),
+    ("escaped-json", '{\\"case\\": \\"OPS-4711\\", \\"url\\": \\"https:\\/\\/status.provider.example\\/x\\"}'),
     ("timestamps", "2026-03-01T08:02:11Z to 2026-03-01T08:05:40Z, 3 retries, HTTP 504"),
 )

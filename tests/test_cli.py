@@ -42,6 +42,13 @@ def test_downgrade_command_reverts_the_schema(clean_env, empty_database_url):
         ("CORE_JOBS_PROCESSED_JOBS_TTL", "-P1D"),
         ("CORE_JOBS_PROCESSED_JOBS_TTL", "a week"),
         ("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"max_attempts": 9}}'),
+        # Durations that become a PostgreSQL parameter: at most 2 147 483 647 ms, at least 1 ms (0 disables it).
+        ("CORE_JOBS_MIGRATE_LOCK_TIMEOUT", "P9999999D"),
+        ("CORE_JOBS_MIGRATE_LOCK_TIMEOUT", "P25D"),
+        ("CORE_JOBS_MIGRATE_LOCK_TIMEOUT", "PT0.0001S"),
+        ("CORE_JOBS_PURGE_STATEMENT_TIMEOUT", "P25D"),
+        ("CORE_JOBS_API_STATEMENT_TIMEOUT", "P25D"),
+        ("CORE_JOBS_API_STATEMENT_TIMEOUT", "PT0.0004S"),
     ],
 )
 def test_bad_setting_exits_2_naming_it_before_touching_data(clean_env, empty_database_url, capsys, name, value):
@@ -163,6 +170,39 @@ def test_database_url_libpq_would_misread_exits_2_in_every_spelling_without_any_
     captured = capsys.readouterr()
     assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ")
     assert not [f for f in fragments if f in captured.out + captured.err]
+
+
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("sslmode=bogus", "sslmode"),
+        ("target_session_attrs=primary-ish", "target_session_attrs"),
+        ("connect_timeout=abc", "connect_timeout"),
+        ("keepalives_idle=1.5", "keepalives_idle"),
+        ("port=99999", "port"),
+        ("port=0", "port"),
+        ("options=-c%20statement_timeout%3Dbogus", "options"),
+        ("options=-c%20lock_timeout%3D99999999999", "options"),
+        ("options=-cstatement_timeout", "options"),
+    ],
+)
+def test_database_url_parameters_libpq_or_the_server_would_refuse_exit_2_naming_the_parameter(
+    clean_env, capsys, query, parameter
+):
+    """A libpq parameter with a value libpq or the server would refuse at the first connection exits 2 at load, naming the parameter and never the password."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", f"postgresql://app:s3cr3t-pw@127.0.0.1:1/core?{query}")
+    assert main(["migrate"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ") and parameter in err, err
+    assert "s3cr3t" not in err
+
+
+def test_a_port_out_of_range_in_the_url_host_part_exits_2(clean_env, capsys):
+    """A port beyond 65535 written after the host exits 2 at load, naming the port."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:s3cr3t-pw@127.0.0.1:99999/core")
+    assert main(["migrate"]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "port" in err and "s3cr3t" not in err, err
 
 
 # check-config validates the schedules with APScheduler's cron parser (apscheduler.triggers.cron,

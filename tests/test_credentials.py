@@ -36,3 +36,18 @@ def test_the_log_redactor_masks_every_shaped_credential_of_the_corpus(text, secr
 def test_the_log_redactor_leaves_ordinary_text_alone(text):
     """Ordinary evidence passes through the log redactor unchanged."""
     assert SecretRedactor().redact(text) == text
+
+
+def test_joining_the_lines_of_ordinary_text_finds_nothing():
+    """Several lines of ordinary evidence, which the detector also reads joined, are neither refused nor masked."""
+    text = "checked the console\nmessage msg-9 sent at 08:02\nno charge created, OPS-4711\nauth: required"
+    assert credential_kind(text) is None
+    assert mask_credentials(text) == text
+
+
+def test_a_credential_visible_only_decoded_is_masked_in_the_decoded_text():
+    """A password escaped in JSON or percent-encoded is masked in the decoded text, and the rest of the line survives."""
+    assert (
+        mask_credentials('sent {\\"password\\": \\"hunter2pw\\"} to OPS-4711') == 'sent {"password": ***} to OPS-4711'
+    )
+    assert mask_credentials("next=postgresql%3A%2F%2Fapp%3AHunter2pw%40db") == "next=postgresql://app:***@db"

@@ -22,12 +22,14 @@ from ledger_support import (
     expire_execution,
     make_execution_due,
 )
+from pydantic import model_validator
 
 from harness.consumer.actions import idempotency_key
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
 from harness.dead_letters import write_dead_letter
 from harness.durable.window import max_takes
+from harness.examples.ledger_points import Member
 from harness.queue.port import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
 from maintenance.demo.ledger import Fault
 
@@ -155,6 +157,29 @@ def test_an_invalid_read_only_answer_fails_the_execution_with_a_dead_letter(conn
     assert (row["status"], row["reason_action"]) == ("FAILED", "lookup")
     assert events(conn, job_id) == [("FAILED", "lookup")]
     assert calls(ledger) == [1, 0, 0]
+
+
+class _StrictMember(Member):
+    """The lookup's output, with a validator that refuses by raising TypeError (pydantic does not wrap it)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: object) -> object:
+        raise TypeError("this deploy refuses every member")
+
+
+def test_an_answer_whose_validator_raises_a_type_error_fails_the_execution_like_any_broken_output(
+    conn, ledger, ledger_consumer
+):
+    """A lookup answer whose output model raises TypeError (not a ValidationError) is OutputBroken: FAILED at once, a permanent dead letter naming the error."""
+    actions = tuple(replace(a, output=_StrictMember) if a.name == "lookup" else a for a in ledger_consumer.actions)
+    job_id = uuid.uuid4()
+    outcome = deliver(conn, replace(ledger_consumer, actions=actions), job_id)
+    assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent", outcome
+    assert (
+        "OutputBroken" in outcome.letter.last_error and "this deploy refuses every member" in outcome.letter.last_error
+    )
+    assert (execution(conn, job_id)["status"], calls(ledger)) == ("FAILED", [1, 0, 0])
 
 
 def unavailable_three_times(conn, ledger, consumer, endpoint, job_id):

@@ -14,6 +14,7 @@ from factories import QUEUE, TENANT, dead_letter, publish
 from harness_support import fences, points, run_worker, scalar
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.operations.dead_letters import MAX_BULK_IDS
 
 
 @pytest.fixture
@@ -82,15 +83,16 @@ def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, ca
         ('{"member_id\\u0000": "m-1", "points": 1}', "payload: a key"),
         ('{"member_id": "\\ud800", "points": 1}', "payload.member_id"),
         ('[{"deep": [{"member_id": "m\\u0000"}]}]', "payload[0].deep[0].member_id"),
+        ("[" * 1200 + "]" * 1200, "payload: nested deeper than"),
+        ("[" * 200 + "]" * 200, "payload: nested deeper than"),
+        ('{"points": ' + "7" * 5000 + "}", "payload"),
     ],
 )
 def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn, capsys, payload, where):
-    """NaN, Infinity, a number beyond a float, \\u0000 or a lone surrogate in --payload exits 2 naming where, and nothing is queued."""
+    """NaN, Infinity, a number beyond a float or too long, \\u0000, a lone surrogate or nesting too deep in --payload exits 2 naming where, and nothing is queued."""
     assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert (
-        err.startswith(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {where}") and err.count("\n") == 1
-    )
+    assert err.startswith(f"core-jobs: --payload cannot be published: {where}") and err.count("\n") == 1
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
@@ -214,6 +216,21 @@ def test_discard_without_a_reason_exits_2_and_changes_nothing(cli, conn, reason)
     """J-AC7 (CLI): a missing or blank reason exits 2; the letter stays pending and nothing is audited."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     assert cli(["dead-letters", "discard", str(letter_id), *reason]) == EXIT_CONFIG
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
+    assert ledger(conn) == []
+
+
+@pytest.mark.parametrize(
+    "action",
+    [["replay"], ["discard", "--reason", "OPS-9"], ["release", "--reason", "OPS-9"]],
+    ids=lambda action: action[0],
+)
+def test_an_action_on_more_ids_than_the_apis_cap_exits_2_and_changes_nothing(cli, conn, capsys, action):
+    """replay, discard and release by id refuse more than MAX_BULK_IDS ids (the API's cap too) with exit 2 naming the cap, and change nothing."""
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    ids = [str(letter_id), *(str(letter_id + n) for n in range(1, MAX_BULK_IDS + 1))]
+    assert cli(["dead-letters", action[0], *ids, *action[1:]]) == EXIT_CONFIG
+    assert f"at most {MAX_BULK_IDS}" in capsys.readouterr().err
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
     assert ledger(conn) == []
 

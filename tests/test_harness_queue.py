@@ -30,7 +30,7 @@ from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import Acked, Envelope, InvalidPayload
+from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload
 from harness.worker import Worker, WorkerConfig
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
@@ -43,6 +43,14 @@ def metrics() -> HarnessMetrics:
 
 def run_worker(database_url, consumer, metrics, policy=RetryPolicy()):
     return Worker(database_url, consumer, policy=policy, config=CONFIG, metrics=metrics).run(once=True)
+
+
+def _nested(depth: int) -> list:
+    """A list nested ``depth`` levels deep."""
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
 
 
 def letter_for(delivery) -> DeadLetter:
@@ -66,6 +74,9 @@ def letter_for(delivery) -> DeadLetter:
         ({"member_id\x00": "m-1"}, "payload: a key"),
         ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
         ({"at": datetime(2024, 1, 1, tzinfo=UTC)}, "payload.at"),
+        ({"deep": _nested(MAX_PAYLOAD_DEPTH + 1)}, "payload: nested deeper than"),
+        ({"deep": _nested(5000)}, "payload: nested deeper than"),
+        ({"points": 10**5000}, "payload.points"),
     ],
 )
 def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):
@@ -220,6 +231,29 @@ def test_poison_through_the_queue_is_a_dead_letter_after_one_delivery(database_u
     assert (stats.dead_lettered, stats.retried) == (1, 0)
     assert conn.execute("SELECT job_id, attempts FROM core.dead_letters").fetchone() == (job_id, 1)
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+@pytest.mark.parametrize(
+    "stored",
+    ["[" * 3000 + "]" * 3000, '{"member_id": "m-1", "points": ' + "7" * 5000 + "}", "[" * 200 + "]" * 200],
+    ids=["nested-3000", "integer-5000-digits", "nested-200"],
+)
+def test_a_payload_python_cannot_decode_is_that_deliverys_poison_dead_letter(database_url, conn, metrics, stored):
+    """A stored payload the worker cannot decode (too deep, a number too long) is dead-lettered as poison on delivery 1, kept as stored, and the next message is processed."""
+    bad_job = uuid.uuid4()
+    conn.execute(
+        "INSERT INTO core.queue_messages (queue, job_id, tenant_id, payload) VALUES (%s, %s, %s, %s::jsonb)",
+        (QUEUE, bad_job, uuid.UUID(int=0), stored),
+    )
+    publish(conn, {"member_id": "m-1", "points": 5})
+    stats = run_worker(database_url, points_consumer, metrics)
+    assert (stats.processed, stats.dead_lettered, stats.retried) == (1, 1, 0)
+    letter = conn.execute("SELECT job_id, attempts, last_error, payload = %s::jsonb FROM core.dead_letters", (stored,))
+    job_id, attempts, last_error, same_payload = letter.fetchone()
+    assert (job_id, attempts, same_payload) == (bad_job, 1, True)
+    assert last_error.startswith("PoisonMessage: payload cannot be decoded"), last_error
+    assert metrics.value("dead_lettered", consumer="points.credit", reason="poison") == 1
+    assert points(conn, "m-1") == 5
 
 
 def test_successes_write_no_row_beyond_their_fences(database_url, conn, metrics):

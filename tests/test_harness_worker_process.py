@@ -251,6 +251,26 @@ def test_a_stored_result_a_deploy_no_longer_accepts_fails_its_execution_and_the_
     assert messages(conn) == {}
 
 
+def test_a_stored_result_a_deploys_validator_refuses_with_a_type_error_fails_its_execution_too(database_url, conn):
+    """Deploy 3's output validator raises TypeError, not a ValidationError, on deploy 1's stored lookup result: the execution is FAILED naming the error, a dead letter written, and the worker exits 0."""
+    old = publish(conn, {"member_id": "m-old", "points": 5}, queue="points.quote")
+    v1 = WorkerProcess(database_url, "--once", consumer="quote_consumer:consumer", deploy="v1")
+    assert v1.process.wait(60) == 0, "".join(v1.output)
+    conn.execute("UPDATE core.executions SET run_at = now() WHERE job_id = %s", (old,))
+    conn.execute("UPDATE core.queue_messages SET run_at = now() - interval '1 minute' WHERE job_id = %s", (old,))
+
+    v3 = WorkerProcess(database_url, "--once", consumer="quote_consumer:consumer", deploy="v3")
+    assert v3.process.wait(60) == 0, "".join(v3.output)
+    status, reason = conn.execute("SELECT status, reason FROM core.executions WHERE job_id = %s", (old,)).fetchone()
+    assert status == "FAILED"
+    assert reason == (
+        "lookup: OutputBroken: lookup: its stored result (SUCCEEDED) breaks today's output contract:"
+        " TypeError: deploy 3 insists on a tier"
+    )
+    assert conn.execute("SELECT job_id FROM core.dead_letters").fetchall() == [(old,)]
+    assert messages(conn) == {}
+
+
 def test_a_delivery_the_database_refuses_to_settle_is_retried_with_backoff_and_the_worker_goes_on(database_url, conn):
     """The database refuses one message's dead letter: that message is retried later (attempt counted, the refusal as its
     last_error and in ``harness.worker.delivery_failed``), the rest of the batch is credited, and the worker exits 0."""

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from harness.consumer.actions import Action
 from harness.consumer.effects import Effect, rules_of
-from harness.errors import NotSent, PermanentError, validation_problems
+from harness.errors import NotSent, PermanentError, describe_error, validation_problems
 from harness.queue.port import InvalidPayload, check_payload
 
 __all__ = ["Decision", "OutputBroken", "WorkerLost", "decide", "validated"]
@@ -65,9 +65,9 @@ def validated(action: Action, value: Any, what: str = "the answer") -> Any:
     if action.output is not None:
         try:
             return action.output.model_validate(value)
-        except ValidationError as exc:
-            problems = validation_problems(exc, what)
-            first = f"{problems[0]} ({len(problems)} problem(s))" if problems else "invalid"
+        except Exception as exc:  # a validator's TypeError is not wrapped by pydantic: broken all the same
+            problems = validation_problems(exc, what) if isinstance(exc, ValidationError) else []
+            first = f"{problems[0]} ({len(problems)} problem(s))" if problems else describe_error(exc)
             contract = "today's output contract" if what != "the answer" else "its output contract"
             raise OutputBroken(f"{action.name}: {what} breaks {contract}: {first}") from exc
     try:

@@ -42,7 +42,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, check_payload
+from harness.queue.port import Delivery, Envelope, check_payload, decode_payload
 
 __all__ = ["PgQueue"]
 
@@ -62,6 +62,8 @@ SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of,
 """
 
 # Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
+# The payload comes back as text and is decoded per delivery, after the claim committed: one the
+# worker cannot decode is that delivery's poison, never an error that rolls the claim back.
 CLAIM = """
 WITH ready AS (
     SELECT id
@@ -80,7 +82,8 @@ UPDATE core.queue_messages AS m
        leased_by = %(worker)s
   FROM ready
  WHERE m.id = ready.id
-RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.attempts, m.run_at
+RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload::text, m.replay_of, m.attempts,
+          m.run_at
 """
 
 # Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
@@ -191,7 +194,7 @@ class PgQueue:
                 queue=queue,
                 envelope=Envelope(
                     job_id=job_id,
-                    payload=payload,
+                    payload=decode_payload(payload),
                     tenant_id=tenant_id,
                     correlation_id=correlation_id,
                     replay_of=replay_of,

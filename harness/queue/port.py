@@ -23,7 +23,14 @@ replay all keep it there. :func:`check_payload` refuses the rest — NaN and ±I
 neither; Python's ``json`` reads them, and reads ``1e400`` as inf), ``\\u0000`` in a string or a key,
 a lone UTF-16 surrogate, a value that is not JSON (a datetime, a set) — with
 :class:`InvalidPayload` naming where (``payload.items[1].note``). ``publish`` calls it first,
-so a bad payload is that error, never a database error, and nothing is queued.
+so a bad payload is that error, never a database error, and nothing is queued. It also refuses
+what jsonb stores but a consumer could not read back: nesting deeper than
+:data:`MAX_PAYLOAD_DEPTH` levels and an integer too long for Python to read (over 4 300 digits).
+
+A stored payload a worker cannot decode all the same (written by SQL, or by an older version)
+is read by :func:`decode_payload` as an :class:`UndecodablePayload`, never an exception at claim
+time: the harness makes it that delivery's poison dead letter (harness/handling.py), keeping the
+payload as it was stored, and the worker goes on with the rest of its batch.
 
 Replays. A replay publishes ``Envelope(replay_of=<the dead letter's id>)``; an adapter carries
 ``replay_of`` with the message, unchanged across retries and redeliveries, exactly as it carries
@@ -37,17 +44,20 @@ release``). docs/harness.md, "Replays and the purge".
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal, Protocol
 from uuid import UUID
 
-from harness.dead_letters import DeadLetter
+from harness.dead_letters import DeadLetter, UndecodablePayload
 
 __all__ = [
+    "MAX_PAYLOAD_DEPTH",
     "NO_TENANT",
     "Acked",
     "DeadLettered",
@@ -60,7 +70,9 @@ __all__ = [
     "QueuePort",
     "RetryAfter",
     "Stale",
+    "UndecodablePayload",
     "check_payload",
+    "decode_payload",
     "settle",
 ]
 
@@ -87,16 +99,55 @@ class InvalidPayload(ValueError):
 _LONE_SURROGATE = re.compile(r"[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]")
 
 
+# Deeper than this, a consumer's decoding and validation would run out of Python's stack (its
+# recursion limit is 1 000 frames); a real payload is a few levels deep.
+MAX_PAYLOAD_DEPTH = 100
+_TOO_DEEP = f"nested deeper than {MAX_PAYLOAD_DEPTH} levels, which a consumer cannot read"
+_TOO_LONG = f"an integer of more than {sys.get_int_max_str_digits()} digits, which a consumer cannot read"
+
+
+def _too_deep(value: Any) -> bool:
+    """``value`` nests deeper than :data:`MAX_PAYLOAD_DEPTH` (measured without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list | tuple):
+            if depth > MAX_PAYLOAD_DEPTH:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
+
+
+def decode_payload(text: str) -> Any:
+    """The payload stored as jsonb ``text``, or an :class:`UndecodablePayload` saying why it cannot be read."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        return UndecodablePayload(text, _TOO_DEEP)
+    except ValueError as exc:  # an integer over Python's 4 300 digits; text jsonb wrote is otherwise valid JSON
+        why = _TOO_LONG if "integer" in str(exc) else f"not valid JSON: {exc}"
+        return UndecodablePayload(text, why)
+    return UndecodablePayload(text, _TOO_DEEP) if _too_deep(value) else value
+
+
 def check_payload(payload: Any) -> None:
-    """Raise :class:`InvalidPayload` at the first place of ``payload`` that jsonb cannot store."""
+    """Raise :class:`InvalidPayload` at the first place of ``payload`` that jsonb cannot store, or a consumer could not read."""
+    if isinstance(payload, UndecodablePayload):
+        raise InvalidPayload(f"payload: {payload.reason}")
+    if _too_deep(payload):
+        raise InvalidPayload(f"payload: {_TOO_DEEP}")
     problem = _jsonb_problem(payload, "payload")
     if problem is not None:
         raise InvalidPayload(problem)
 
 
 def _jsonb_problem(value: Any, where: str) -> str | None:
-    if value is None or isinstance(value, bool | int):
+    if value is None or isinstance(value, bool):
         return None
+    if isinstance(value, int):
+        digits = sys.get_int_max_str_digits()
+        too_long = digits and value.bit_length() > digits * 3.32  # log2(10): more digits than Python reads
+        return f"{where}: {_TOO_LONG}" if too_long else None
     if isinstance(value, float):
         return (
             None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"

@@ -91,7 +91,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.consumer import valid_name
     from harness.queue.pgqueue import PgQueue
-    from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload
+    from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload, decode_payload
     from maintenance.runtime.db import Database
 
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
@@ -105,10 +105,12 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     except json.JSONDecodeError as exc:
         print(f"core-jobs: --payload is not valid JSON: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except (RecursionError, ValueError):  # valid JSON Python cannot read (too deep, too long a number)
+        payload = decode_payload(args.payload)  # an UndecodablePayload that says why
     try:
         check_payload(payload)  # publish checks too; here it is a usage error before any connection
     except InvalidPayload as exc:
-        print(f"core-jobs: --payload cannot be stored as PostgreSQL jsonb: {exc}", file=sys.stderr)
+        print(f"core-jobs: --payload cannot be published: {exc}", file=sys.stderr)
         return EXIT_USAGE
     envelope = Envelope(
         job_id=args.job_id or uuid.uuid4(),

@@ -3,7 +3,10 @@
 A duration is ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``, ``P2W``) or a number of seconds
 (``30``, ``0.5``). Months and years are refused: their length is ambiguous. A leading ``-`` is
 read, so that the range check names the real problem ("must be positive"). Durations are shown
-back (check-config, the TTL guard) as compact ISO-8601, exact to the microsecond.
+back (check-config, the TTL guard) as compact ISO-8601, exact to the microsecond. A duration that
+becomes a PostgreSQL parameter (``lock_timeout``, ``statement_timeout``) is a
+:data:`PostgresTimeout`: 1 ms to 2 147 483 647 ms (about 24.8 days), PostgreSQL's range, checked at
+load rather than refused by the server at the first connection.
 """
 
 from __future__ import annotations
@@ -76,9 +79,23 @@ def _must_not_be_negative(value: timedelta) -> timedelta:
     return value
 
 
+# PostgreSQL keeps a millisecond parameter (lock_timeout, statement_timeout) in a 32-bit integer.
+PG_MAX_MILLISECONDS = 2_147_483_647
+
+
+def _fits_postgresql(value: timedelta) -> timedelta:
+    if value < timedelta(milliseconds=1):
+        raise ValueError("must be at least 1 ms: PostgreSQL counts it in milliseconds, and 0 would disable it")
+    if value > timedelta(milliseconds=PG_MAX_MILLISECONDS):
+        raise ValueError(f"too large for PostgreSQL: at most {PG_MAX_MILLISECONDS} ms (about 24.8 days)")
+    return value
+
+
 Duration = Annotated[timedelta, BeforeValidator(parse_duration)]
 PositiveDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_be_positive)]
 NonNegativeDuration = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_must_not_be_negative)]
+# A duration that becomes a PostgreSQL millisecond parameter: 1 ms to PG_MAX_MILLISECONDS.
+PostgresTimeout = Annotated[timedelta, BeforeValidator(parse_duration), AfterValidator(_fits_postgresql)]
 
 
 def format_duration(delta: timedelta) -> str:

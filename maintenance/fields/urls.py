@@ -3,7 +3,10 @@
 - **Database URL** (:func:`normalize_database_url`): ``postgresql://``; the aliases
   ``postgresql+psycopg://``, ``postgresql+psycopg2://`` and ``postgres://`` are rewritten to it
   first, then every spelling takes the same check: libpq must parse it now, not at the first
-  connection (a raw ``@``, ``/`` or ``:`` in the user name or password is refused: percent-encode it).
+  connection (a raw ``@``, ``/`` or ``:`` in the user name or password is refused: percent-encode it),
+  and so must the values of its parameters (``sslmode``, a port 1-65535, ``connect_timeout`` a
+  number, an ``options=-c statement_timeout=…`` PostgreSQL accepts): a value libpq or the server
+  would refuse at the first connection is a configuration error at load, naming the parameter.
 - **HTTP URLs** (:func:`check_http_url`: Better Stack, the heartbeat, the Pushgateway): parsed as
   httpx and urllib will use them — host, IPv6 brackets, port 1-65535, no credentials.
 - **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
@@ -23,6 +26,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote, urlsplit
 
+from maintenance.fields.durations import PG_MAX_MILLISECONDS
 from maintenance.runtime.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
 
 __all__ = ["MASK"]  # re-exported: the mask every redaction writes
@@ -70,6 +74,78 @@ def _check_libpq_parses(url: str) -> None:
             "its port is not a number: percent-encode special characters of the user name and password"
             " (/ as %2F, : as %3A, @ as %40)"
         )
+    _check_libpq_values(params)
+
+
+# libpq's parameters whose values libpq checks only when it connects (then the error is a
+# "database error", exit 1, though the mistake is the configuration's): the allowed words, and
+# the integer ones. conninfo_to_dict has already refused an unknown parameter name.
+_LIBPQ_CHOICES = {
+    "sslmode": ("disable", "allow", "prefer", "require", "verify-ca", "verify-full"),
+    "gssencmode": ("disable", "prefer", "require"),
+    "channel_binding": ("disable", "prefer", "require"),
+    "target_session_attrs": ("any", "read-write", "read-only", "primary", "standby", "prefer-standby"),
+    "load_balance_hosts": ("disable", "random"),
+    "sslnegotiation": ("postgres", "direct"),
+    "ssl_min_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    "ssl_max_protocol_version": ("TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"),
+    "keepalives": ("0", "1"),
+    "sslcompression": ("0", "1"),
+    "sslsni": ("0", "1"),
+}
+_LIBPQ_INTEGERS = ("connect_timeout", "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout")
+# Server parameters in milliseconds that a URL's options=-c name=value may set: PostgreSQL's
+# integer-with-unit syntax, at most 2 147 483 647 ms; a bad value fails every connection.
+_SERVER_TIMEOUTS = (
+    "statement_timeout",
+    "lock_timeout",
+    "idle_in_transaction_session_timeout",
+    "idle_session_timeout",
+    "transaction_timeout",
+)
+_PG_TIME = re.compile(r"^(\d+)\s*(us|ms|s|min|h|d)?$")
+_PG_UNIT_MS = {"us": 0.001, "ms": 1, None: 1, "s": 1000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def _check_libpq_values(params: dict) -> None:
+    """Refuse a libpq parameter value that libpq or the server would refuse at the first connection; name it, never its value."""
+    for name, allowed in _LIBPQ_CHOICES.items():
+        if name in params and str(params[name]) not in allowed:
+            raise ValueError(f"its parameter {name} must be one of {', '.join(allowed)}")
+    for name in _LIBPQ_INTEGERS:
+        if name in params and not re.fullmatch(r"-?\d+", str(params[name]).strip()):
+            raise ValueError(f"its parameter {name} must be a whole number")
+    for port in str(params.get("port") or "").split(","):
+        if port and not 1 <= int(port) <= 65535:
+            raise ValueError("its port must be 1-65535")
+    _check_server_options(str(params.get("options") or ""))
+
+
+def _check_server_options(options: str) -> None:
+    """``options``: each ``-c name=value`` (or ``--name=value``) well formed, and a timeout's value one PostgreSQL accepts."""
+    words = options.split()
+    settings = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word == "-c" and index + 1 < len(words):
+            settings.append(words[index + 1])
+            index += 2
+            continue
+        if word.startswith(("-c", "--")):
+            settings.append(word[2:])
+        index += 1  # another server flag is the server's to judge
+    for setting in settings:
+        name, equals, value = setting.partition("=")
+        if not equals or not name:
+            raise ValueError("its parameter options must be -c name=value settings")
+        if name.replace("-", "_") in _SERVER_TIMEOUTS:
+            match = _PG_TIME.match(value)
+            if match is None or int(match[1]) * _PG_UNIT_MS[match[2]] > PG_MAX_MILLISECONDS:
+                raise ValueError(
+                    f"its parameter options sets {name} to a value PostgreSQL refuses:"
+                    f" a whole number with a unit (ms, s, min, h, d), at most {PG_MAX_MILLISECONDS} ms"
+                )
 
 
 def url_passwords(url: str) -> list[str]:

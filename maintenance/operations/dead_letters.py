@@ -70,6 +70,7 @@ __all__ = [
 
 STATUSES = DEAD_LETTER_STATUSES  # harness/enumerations.py
 DEFAULT_BULK_MAX = 1000  # dead letters one bulk action by filter may touch
+MAX_BULK_IDS = 1000  # ids one action by id may name: the CLI's and the API's cap
 
 
 class OperationRefused(Exception):
@@ -286,6 +287,10 @@ def _lock(
                     max_rows=max_rows,
                 )
             return rows
+        if len(set(ids)) > MAX_BULK_IDS:  # the API's request model has the same cap
+            raise OperationRefused(
+                [f"{len(set(ids))} ids given: one action may name at most {MAX_BULK_IDS}", "nothing was changed"]
+            )
         rows = cur.execute(LOCK_BY_ID, {"ids": sorted(set(ids))}).fetchall()
     found = {r.id: r for r in rows}
     missing = [i for i in sorted(set(ids)) if i not in found]

@@ -17,6 +17,7 @@ from pydantic_settings import NoDecode
 
 from maintenance.fields.durations import NonNegativeDuration as _Duration
 from maintenance.fields.durations import PositiveDuration as _PositiveDuration
+from maintenance.fields.durations import PostgresTimeout
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 
@@ -91,7 +92,7 @@ class ApiSettings(BaseModel):
         default=timedelta(seconds=5),
         description="How long a request waits for a free database connection before it gets 503.",
     )
-    api_statement_timeout: _PositiveDuration = Field(
+    api_statement_timeout: PostgresTimeout = Field(
         default=timedelta(seconds=10), description="statement_timeout of the API's database sessions."
     )
     api_max_body_bytes: int = Field(

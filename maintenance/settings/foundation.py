@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from harness.consumer.retry import RetryPolicy
 from maintenance.errors import ConfigError
-from maintenance.fields.durations import NonNegativeDuration, PositiveDuration
+from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, PostgresTimeout
 from maintenance.fields.environment import ENV_PREFIX
 from maintenance.fields.retry import (
     RetryOverride,
@@ -85,7 +85,7 @@ class FoundationFields(BaseModel):
         description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
         "added to the retry window by the TTL guard.",
     )
-    migrate_lock_timeout: PositiveDuration = Field(
+    migrate_lock_timeout: PostgresTimeout = Field(
         default=DEFAULT_MIGRATE_LOCK_TIMEOUT,
         description="`core-jobs migrate`: the longest one lock wait may last (lock_timeout). A wait that runs out "
         "rolls the attempt back, so the queries queued behind the migration get through, and tries again.",

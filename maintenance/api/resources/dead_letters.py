@@ -36,9 +36,14 @@ from maintenance.api.dependencies import (
 )
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import dead_letters as operations
-from maintenance.operations.dead_letters import DeadLetterFilter, DeadLetterRow, OperationRefused, Position
+from maintenance.operations.dead_letters import (
+    MAX_BULK_IDS,
+    DeadLetterFilter,
+    DeadLetterRow,
+    OperationRefused,
+    Position,
+)
 
-MAX_BULK_IDS = 1000
 MAX_REASON_CHARS = 1000
 LIST_PARAMETERS = frozenset(
     {

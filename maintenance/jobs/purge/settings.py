@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from maintenance.fields.crontab import Crontab
-from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, format_duration
+from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, PostgresTimeout, format_duration
 
 # Never shorter: a client retrying an action (a timeout, a restart) does so within minutes or
 # hours; a key deleted before its last retry would let that retry run the action a second time.
@@ -47,7 +47,7 @@ class PurgeFields(BaseModel):
         ge=1,
         description="Consecutive statement timeouts after which the batch size is halved.",
     )
-    purge_statement_timeout: PositiveDuration = Field(
+    purge_statement_timeout: PostgresTimeout = Field(
         default=timedelta(seconds=5),
         description="statement_timeout of each batch's DELETE (SET LOCAL).",
     )
