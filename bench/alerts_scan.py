@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from alerts.feed import AlertFeed, AlertFeedConfig, scan
 from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
+from core_jobs_demo import scratch_database
 from harness.pg import connect, server_now
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000

@@ -48,8 +48,8 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core_jobs_demo import scratch_database
 from harness.operations import LIST_PAGE
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 
 DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"

@@ -49,13 +49,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel
 
 from bench.harness import DEFAULT_SERVER, TENANT, TTL, percentile
+from core_jobs_demo import scratch_database
 from harness.actions import Action, ActionContext, Effect
 from harness.consumer import Consumer, JobContext
 from harness.handling import handle
 from harness.pg import connect
 from harness.queue import Acked, Delivery, Envelope
 from harness.retry import RetryPolicy
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 

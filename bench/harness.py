@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from core_jobs_demo import scratch_database
 from harness.consumer import Consumer
 from harness.examples.points import CREDIT_POINTS, make_consumer
 from harness.handling import INSERT_FENCE, handle
@@ -46,7 +47,6 @@ from harness.pg import connect
 from harness.queue import Acked, Delivery, Envelope
 from harness.retry import RetryPolicy
 from harness.worker import Worker, WorkerConfig
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 

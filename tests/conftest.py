@@ -1,7 +1,7 @@
 """Test fixtures: a real PostgreSQL, and a fresh migrated database per test.
 
 Where the server comes from, in order: ``CORE_JOBS_TEST_DATABASE_URL`` when set; else
-Testcontainers when a Docker engine answers; else an embedded pgserver. Once per session the
+Testcontainers when a Docker engine answers; else an embedded pgserver (the demo's, a dev dependency). Once per session the
 schema is migrated into a template database; each test gets its own copy
 (``CREATE DATABASE … TEMPLATE``, a few milliseconds), dropped afterwards. Names carry the
 process id, so parallel sessions on one server never collide.
@@ -18,8 +18,6 @@ import contextlib
 import io
 import os
 import secrets
-import tempfile
-import warnings
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -63,15 +61,10 @@ def _server_url() -> Iterator[str]:
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()
         return
-    warnings.filterwarnings("ignore", module="platformdirs")
-    import pgserver
+    from core_jobs_demo import embedded_postgres  # the demo's pgserver (dev group): heavy, only as a last resort
 
-    pgdata = tempfile.mkdtemp(prefix="core-jobs-tests-")
-    server = pgserver.get_server(pgdata, cleanup_mode="delete")
-    try:
-        yield server.get_uri("postgres")
-    finally:
-        server.cleanup()
+    with embedded_postgres(prefix="core-jobs-tests-") as url:
+        yield url
 
 
 def with_database(url: str, name: str) -> str:

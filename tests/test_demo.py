@@ -33,7 +33,7 @@ def test_demo_without_a_database_starts_an_embedded_one(clean_env, capsys):
 
 def test_demo_seed_places_rows_in_every_state_it_describes(db, conn):
     """The seed leaves 6 replayed and 2 discarded dead letters beside the pending ones, as its story says."""
-    from maintenance.demo.data import seed
+    from core_jobs_demo.data import seed
 
     seed(db)
     counts = dict(conn.execute("SELECT status, count(*) FROM core.dead_letters GROUP BY status").fetchall())

@@ -23,13 +23,13 @@ from ledger_support import (
     make_execution_due,
 )
 
+from core_jobs_demo.ledger import Fault
 from harness.actions import idempotency_key
 from harness.consumer import Consumer
 from harness.dead_letters import write_dead_letter
 from harness.execution_window import max_takes
 from harness.queue import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
 from harness.retry import RetryPolicy
-from maintenance.demo.ledger import Fault
 
 
 def test_a_durable_success_leaves_only_its_fence_and_the_business_row(conn, ledger, ledger_consumer):
