@@ -1,10 +1,15 @@
 """Test fixtures: a real PostgreSQL, and a fresh migrated database per test.
 
 Where the server comes from, in order: ``CORE_JOBS_TEST_DATABASE_URL`` when set; else
-Testcontainers when a Docker engine answers; else an embedded pgserver (the demo's, a dev dependency). Once per session the
-schema is migrated into a template database; each test gets its own copy
+Testcontainers when a Docker engine answers; else an embedded pgserver (the demo's, a dev
+dependency). Once per session the schema is migrated into a template database; each test gets its own copy
 (``CREATE DATABASE … TEMPLATE``, a few milliseconds), dropped afterwards. Names carry the
-process id, so parallel sessions on one server never collide.
+process id, so parallel sessions on one server never collide — nor do the workers of
+``pytest -n auto`` (pytest-xdist: each worker is a process, with its own template). What is
+cluster-wide is shared with them: a test that looks at ``pg_stat_activity`` or ``pg_locks`` keeps
+to its own database (``datname = current_database()``), names a role or database it creates at
+random, and reconfigures a server (``ALTER SYSTEM``, role defaults) only in a private cluster
+(tests/private_cluster.py).
 
 Markers: ``database`` is put on every test whose fixtures reach ``pg_server_url`` (so it cannot
 lie); ``pure`` is declared by a module of pure logic (``pytestmark = pytest.mark.pure``) and
