@@ -28,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from _pytest.nodeid import coerce_node_id  # private, for schemathesis's node ids (below)
 from psycopg import sql
 
 from maintenance.runtime import migrate
@@ -169,9 +170,15 @@ NOT_PURE_FIXTURES = ("pg_server_url", "bs_server", "fake_bs", "httpserver", "led
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``database`` whatever reaches PostgreSQL; refuse a ``pure`` test that uses a database or server fixture."""
+    """Mark ``database`` whatever reaches PostgreSQL; refuse a ``pure`` test that uses a database or server fixture;
+    give each schemathesis operation a node id of its own."""
     impure = []
     for item in items:
+        label = getattr(item, "operation_label", None)  # schemathesis's test of one API operation
+        if label is not None and not item.nodeid.endswith("]"):
+            # Under pytest 9.2 schemathesis (4.32) gives every operation's test its function's node id: pytest-xdist,
+            # which schedules and reports by node id, would run one operation of ten and count it once.
+            item._id = coerce_node_id(f"{item.nodeid}[{label}]")
         used = set(getattr(item, "fixturenames", ()))
         if "pg_server_url" in used:
             item.add_marker(pytest.mark.database)
