@@ -19,10 +19,12 @@ ENV UV_COMPILE_BYTECODE=1 \
     UV_PROJECT_ENVIRONMENT=/app/.venv
 WORKDIR /src
 # Dependencies first, in their own layer: it is rebuilt only when the lockfile changes. The
-# workspace member's pyproject (core-jobs-harness) is needed to read the lock; neither
-# distribution of the workspace is installed yet.
+# workspace members' pyprojects (core-jobs-harness, core-jobs-demo) are needed to read the lock;
+# no distribution of the workspace is installed yet. --no-dev leaves out the dev group, and with it
+# the demo (core-jobs-demo) and the embedded PostgreSQL (pgserver): the image has neither.
 COPY pyproject.toml uv.lock ./
 COPY harness/pyproject.toml ./harness/
+COPY demo/pyproject.toml ./demo/
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv sync --frozen --no-dev --no-install-workspace
 # Then core-jobs and core-jobs-harness, installed as packages (not editable): /src is not copied onward.

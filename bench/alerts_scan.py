@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core_jobs_demo import scratch_database
 from harness.pg import connect, server_now
-from maintenance.demo import scratch_database
 from maintenance.jobs.alerts.config import AlertFeedConfig
 from maintenance.jobs.alerts.incidents import scan
 from maintenance.jobs.alerts.job import AlertFeed

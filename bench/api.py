@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from maintenance.demo import scratch_database
+from core_jobs_demo import scratch_database
 from maintenance.operations.dead_letters import LIST_PAGE
 from maintenance.runtime import migrate
 

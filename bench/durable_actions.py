@@ -5,7 +5,7 @@
 
 One job is the ledger points consumer's (harness/examples/ledger_points.py): a READ_ONLY lookup,
 an IDEMPOTENT_WRITE credit (with its stable key) and a NON_IDEMPOTENT_WRITE notify, over HTTP to
-the local loyalty ledger (maintenance/demo/ledger.py, a real socket on 127.0.0.1), then the
+the local loyalty ledger (demo/core_jobs_demo/ledger.py, a real socket on 127.0.0.1), then the
 final local write (the balance upsert) with its fence. It is run three ways, **interleaved job by
 job** in one process, so drift on the shared 2-core machine hits all three alike:
 
@@ -59,6 +59,8 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
+from core_jobs_demo import scratch_database
+from core_jobs_demo.ledger import LoyaltyLedger
 from harness.consumer.actions import Action, ActionContext, idempotency_key
 from harness.consumer.consumer import Consumer, JobContext
 from harness.consumer.retry import RetryPolicy
@@ -67,8 +69,6 @@ from harness.handling import INSERT_FENCE, handle
 from harness.metrics import HarnessMetrics
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
-from maintenance.demo import scratch_database
-from maintenance.demo.ledger import LoyaltyLedger
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 

@@ -49,13 +49,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from pydantic import BaseModel
 
 from bench.harness import DEFAULT_SERVER, TENANT, TTL, percentile
+from core_jobs_demo import scratch_database
 from harness.consumer.actions import Action, ActionContext, Effect
 from harness.consumer.consumer import Consumer, JobContext
 from harness.consumer.retry import RetryPolicy
 from harness.handling import handle
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 

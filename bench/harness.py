@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from prometheus_client import CollectorRegistry
 
+from core_jobs_demo import scratch_database
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import CREDIT_POINTS, make_consumer
@@ -46,7 +47,6 @@ from harness.metrics import HarnessMetrics
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
 from harness.worker import Worker, WorkerConfig
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 

@@ -42,8 +42,8 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core_jobs_demo import scratch_database
 from harness.pg import connect
-from maintenance.demo import scratch_database
 
 VARIANTS = {
     "none": None,

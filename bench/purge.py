@@ -48,9 +48,9 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from core_jobs_demo import with_database
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
-from maintenance.demo import with_database
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
 from maintenance.runtime import migrate

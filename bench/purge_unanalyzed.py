@@ -33,8 +33,8 @@ from psycopg import sql
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.purge import DEFAULT_SERVER, admin
+from core_jobs_demo import with_database
 from harness.pg import connect
-from maintenance.demo import with_database
 from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
 from maintenance.runtime import migrate

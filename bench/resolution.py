@@ -40,10 +40,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import api as bench_api  # bench/api.py: the API process, the 8 client processes, the percentiles
 
+from core_jobs_demo import scratch_database
 from harness.consumer.actions import Action, Effect
 from harness.consumer.consumer import Consumer
 from harness.examples.points import CreditPoints
-from maintenance.demo import scratch_database
 from maintenance.runtime import migrate
 
 BENCH = Path(__file__).resolve().parent

@@ -1,10 +1,15 @@
 """Test fixtures: a real PostgreSQL, and a fresh migrated database per test.
 
 Where the server comes from, in order: ``CORE_JOBS_TEST_DATABASE_URL`` when set; else
-Testcontainers when a Docker engine answers; else an embedded pgserver. Once per session the
-schema is migrated into a template database; each test gets its own copy
+Testcontainers when a Docker engine answers; else an embedded pgserver (the demo's, a dev
+dependency). Once per session the schema is migrated into a template database; each test gets its own copy
 (``CREATE DATABASE … TEMPLATE``, a few milliseconds), dropped afterwards. Names carry the
-process id, so parallel sessions on one server never collide.
+process id, so parallel sessions on one server never collide — nor do the workers of
+``pytest -n auto`` (pytest-xdist: each worker is a process, with its own template). What is
+cluster-wide is shared with them: a test that looks at ``pg_stat_activity`` or ``pg_locks`` keeps
+to its own database (``datname = current_database()``), names a role or database it creates at
+random, and reconfigures a server (``ALTER SYSTEM``, role defaults) only in a private cluster
+(tests/private_cluster.py).
 
 Markers: ``database`` is put on every test whose fixtures reach ``pg_server_url`` (so it cannot
 lie); ``pure`` is declared by a module of pure logic (``pytestmark = pytest.mark.pure``) and
@@ -18,13 +23,12 @@ import contextlib
 import io
 import os
 import secrets
-import tempfile
-import warnings
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from _pytest.nodeid import coerce_node_id  # private, for schemathesis's node ids (below)
 from psycopg import sql
 
 from maintenance.runtime import migrate
@@ -63,15 +67,10 @@ def _server_url() -> Iterator[str]:
         with PostgresContainer("postgres:16-alpine", driver=None) as container:
             yield container.get_connection_url()
         return
-    warnings.filterwarnings("ignore", module="platformdirs")
-    import pgserver
+    from core_jobs_demo import embedded_postgres  # the demo's pgserver (dev group): heavy, only as a last resort
 
-    pgdata = tempfile.mkdtemp(prefix="core-jobs-tests-")
-    server = pgserver.get_server(pgdata, cleanup_mode="delete")
-    try:
-        yield server.get_uri("postgres")
-    finally:
-        server.cleanup()
+    with embedded_postgres(prefix="core-jobs-tests-") as url:
+        yield url
 
 
 def with_database(url: str, name: str) -> str:
@@ -171,9 +170,15 @@ NOT_PURE_FIXTURES = ("pg_server_url", "bs_server", "fake_bs", "httpserver", "led
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark ``database`` whatever reaches PostgreSQL; refuse a ``pure`` test that uses a database or server fixture."""
+    """Mark ``database`` whatever reaches PostgreSQL; refuse a ``pure`` test that uses a database or server fixture;
+    give each schemathesis operation a node id of its own."""
     impure = []
     for item in items:
+        label = getattr(item, "operation_label", None)  # schemathesis's test of one API operation
+        if label is not None and not item.nodeid.endswith("]"):
+            # Under pytest 9.2 schemathesis (4.32) gives every operation's test its function's node id: pytest-xdist,
+            # which schedules and reports by node id, would run one operation of ten and count it once.
+            item._id = coerce_node_id(f"{item.nodeid}[{label}]")
         used = set(getattr(item, "fixturenames", ()))
         if "pg_server_url" in used:
             item.add_marker(pytest.mark.database)

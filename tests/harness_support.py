@@ -97,10 +97,16 @@ def wait_until_waiting_on_lock(conn: psycopg.Connection, pid: int, timeout: floa
 
 
 def wait_for_advisory_waiter(conn: psycopg.Connection, key: int, timeout: float = 20.0) -> int:
-    """Block until some backend waits for advisory lock ``key``; return its pid."""
+    """Block until some backend waits for advisory lock ``key`` of ``conn``'s database; return its pid.
+
+    An advisory lock is per database, and pg_locks shows every database's: another session's test
+    (a parallel worker's) may wait on the same key in its own database.
+    """
     return wait_until(
         lambda: conn.execute(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s", (key,)
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = %s"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            (key,),
         ).fetchone(),
         timeout,
         f"a waiter for advisory lock {key}",

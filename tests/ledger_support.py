@@ -1,4 +1,4 @@
-"""The local loyalty ledger (maintenance/demo/ledger.py) and durable deliveries, for the durable-action tests.
+"""The local loyalty ledger (demo/core_jobs_demo/ledger.py) and durable deliveries, for the durable-action tests.
 
 Loaded as a pytest plugin by conftest.py: ``ledger`` is a running ledger of this test only;
 ``ledger_consumer`` is the example durable consumer (harness/examples/ledger_points.py) calling
@@ -18,12 +18,12 @@ import psycopg
 import pytest
 from factories import TENANT
 
+from core_jobs_demo.ledger import LoyaltyLedger
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
 from harness.examples.ledger_points import make_consumer
 from harness.handling import handle
 from harness.queue.port import Delivery, Envelope, Outcome
-from maintenance.demo.ledger import LoyaltyLedger
 
 CLIENT_TIMEOUT_S = 0.5
 LEASE = timedelta(seconds=30)

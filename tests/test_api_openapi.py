@@ -175,3 +175,9 @@ def test_the_document_covers_every_endpoint_of_the_spec(api):
     for path, operations in document["paths"].items():
         for operation in operations.values():
             assert (operation.get("security") == [{"bearer": []}]) == path.startswith("/v1/")
+
+
+def test_every_generated_operation_test_has_a_node_id_of_its_own(request):
+    """The collected tests' node ids are all different, so pytest-xdist (which goes by node id) runs each operation's."""
+    ids = [item.nodeid for item in request.session.items]
+    assert sorted({i for i in ids if ids.count(i) > 1}) == []

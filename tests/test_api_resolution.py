@@ -329,7 +329,7 @@ def test_two_operators_with_different_keys_cannot_both_resolve(admin_api, conn, 
                 lambda: scalar(
                     conn,
                     "SELECT count(*) = 2 FROM pg_stat_activity WHERE application_name = 'core-jobs-api'"
-                    " AND wait_event_type = 'Lock'",
+                    " AND wait_event_type = 'Lock' AND datname = current_database()",  # not another session's API
                 ),
                 20,
                 "both resolutions waiting on the execution's lock",

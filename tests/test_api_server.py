@@ -50,9 +50,10 @@ def read_event(process: subprocess.Popen, name: str) -> dict:
 
 
 def api_lock_waiter(conn) -> int | None:
-    """The pid of an API connection waiting on a row lock, if one is."""
+    """The pid of an API connection to this test's database waiting on a row lock, if one is (not another session's)."""
     row = conn.execute(
         "SELECT pid FROM pg_stat_activity WHERE application_name = 'core-jobs-api' AND wait_event_type = 'Lock'"
+        " AND datname = current_database()"
     ).fetchone()
     return row[0] if row else None
 

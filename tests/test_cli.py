@@ -263,3 +263,12 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_as_unix_tools_do(clean
     }
     done = _run_into_a_closed_pipe(argv, env)
     assert done.stderr == "" and done.returncode == 128 + signal.SIGPIPE
+
+
+def test_demo_without_the_demo_distribution_exits_2_saying_how_to_get_it(clean_env, monkeypatch, capsys):
+    """With core-jobs-demo not installed (a production install), `core-jobs demo` exits 2 with one line naming `uv sync`."""
+    monkeypatch.setitem(sys.modules, "core_jobs_demo", None)  # None in sys.modules: the import fails as if absent
+    assert main(["demo"]) == EXIT_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert "core-jobs-demo" in err[0] and "uv sync" in err[0]

@@ -1,11 +1,11 @@
-"""The local loyalty ledger (maintenance/demo/ledger.py) over real HTTP: one effect per key, faults as programmed."""
+"""The local loyalty ledger (demo/core_jobs_demo/ledger.py) over real HTTP: one effect per key, faults as programmed."""
 
 from __future__ import annotations
 
 import httpx
 import pytest
 
-from maintenance.demo.ledger import Fault, LoyaltyLedger
+from core_jobs_demo.ledger import Fault, LoyaltyLedger
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from conftest import create_database, drop_database
 
-from maintenance.demo.durable import DurableStory, walk_through
+from core_jobs_demo.durable import DurableStory, walk_through
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings
 

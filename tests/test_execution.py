@@ -24,6 +24,7 @@ from ledger_support import (
 )
 from pydantic import model_validator
 
+from core_jobs_demo.ledger import Fault
 from harness.consumer.actions import idempotency_key
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
@@ -31,7 +32,6 @@ from harness.dead_letters import write_dead_letter
 from harness.durable.window import max_takes
 from harness.examples.ledger_points import Member
 from harness.queue.port import Acked, DeadLettered, Duplicate, Held, RetryAfter, Stale
-from maintenance.demo.ledger import Fault
 
 
 def test_a_durable_success_leaves_only_its_fence_and_the_business_row(conn, ledger, ledger_consumer):

@@ -124,7 +124,8 @@ def test_a_crash_before_the_non_idempotent_start_committed_is_proof_it_was_never
             wait_until(
                 lambda: scalar(
                     conn,
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'"
+                    " AND datname = current_database()",  # this test's worker, not another session's
                     (APPLICATION_NAME,),
                 ),
                 what="the crash worker's next commit waiting on the execution's lock",
@@ -138,7 +139,11 @@ def test_a_crash_before_the_non_idempotent_start_committed_is_proof_it_was_never
     assert "notify" not in checkpoints(conn, job_id) and ledger.calls("notify") == 0
     wait_until(
         lambda: (
-            not scalar(conn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (APPLICATION_NAME,))
+            not scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND datname = current_database()",
+                (APPLICATION_NAME,),
+            )
         ),
         what="the killed worker's sessions to end",
     )

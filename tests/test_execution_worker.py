@@ -8,7 +8,7 @@ from factories import publish
 from harness_support import make_due, points, row_counts, run_worker, scalar
 from ledger_support import PAYLOAD, execution, make_execution_due
 
-from maintenance.demo.ledger import Fault
+from core_jobs_demo.ledger import Fault
 
 
 def test_a_transient_failure_is_retried_by_the_queue_at_the_execution_s_run_at(

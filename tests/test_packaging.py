@@ -149,6 +149,35 @@ def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribut
     assert "core-jobs-harness[metrics]" in metadata(wheel)["Requires-Dist"]
 
 
+# What a production install must not carry: the demo (a distribution of its own, in the dev group) and the
+# embedded PostgreSQL it starts. Names as a requirement or an exported line starts with them.
+NOT_IN_PRODUCTION = ("core-jobs-demo", "core_jobs_demo", "pgserver", "-e ./demo")
+
+
+def requirement_names(lines: list[str]) -> list[str]:
+    """The lines that name a distribution (comments and continuation lines aside), lowercased."""
+    return [line.strip().lower() for line in lines if line.strip() and not line.startswith(("#", " "))]
+
+
+def test_the_core_jobs_wheel_holds_neither_the_demo_nor_the_embedded_postgres(dists):
+    """core-jobs's wheel (what `pip install core-jobs` gets) has no demo module and requires neither the demo nor pgserver."""
+    wheel = wheel_in(dists, "core_jobs")
+    with zipfile.ZipFile(wheel) as archive:
+        demo_files = [n for n in archive.namelist() if "demo" in n.split("/")[:-1] or n.startswith("core_jobs_demo")]
+    assert demo_files == []
+    required = requirement_names(metadata(wheel)["Requires-Dist"])
+    assert [r for r in required if r.startswith(NOT_IN_PRODUCTION)] == []
+
+
+def test_a_production_sync_installs_neither_the_demo_nor_the_embedded_postgres():
+    """`uv export --no-dev` (the set `uv sync --no-dev`, the Dockerfile's install, would install) has neither; the dev set has both."""
+    production = requirement_names(run(uv(), "export", "--frozen", "--no-dev", "--no-hashes").splitlines())
+    development = requirement_names(run(uv(), "export", "--frozen", "--no-hashes").splitlines())
+    assert [r for r in production if r.startswith(NOT_IN_PRODUCTION)] == []
+    assert any(r.startswith("-e ./demo") for r in development)
+    assert any(r.startswith("pgserver==") for r in development)
+
+
 def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, database_url, tmp_path):
     """In a fresh venv with only the harness wheel: every module imports, a job is handled, no jobs module is there."""
     venv = tmp_path / "venv"

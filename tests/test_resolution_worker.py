@@ -1,7 +1,7 @@
 """A resolution, then the worker: RESUME over HTTP, and the executor completes the job exactly once (issue 13, R-5).
 
 The example durable consumer (harness/examples/ledger_points.py) against the local loyalty
-ledger (maintenance/demo/ledger.py); the API in admin mode publishes that same definition.
+ledger (demo/core_jobs_demo/ledger.py); the API in admin mode publishes that same definition.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from api_support import AdminClient, admin_settings, running_api
 from harness_support import fences, points, replay_state, run_worker, scalar
 from ledger_support import checkpoints, deliver, execution
 
+from core_jobs_demo.ledger import Fault
 from harness.dead_letters import write_dead_letter
 from harness.queue.port import DeadLettered, Duplicate, Held
-from maintenance.demo.ledger import Fault
 from maintenance.operations import resolution as reconciliation
 
 

@@ -13,7 +13,7 @@ one per effect class, then the local write:
 
 The ledger's URL: :func:`make_consumer` (``base_url``), or for :data:`consumer` the variable
 ``CORE_JOBS_LOYALTY_LEDGER_URL`` (default ``http://127.0.0.1:8765``), read at the first call.
-The local ledger is ``maintenance/demo/ledger.py``. Run it:
+The local ledger is ``demo/core_jobs_demo/ledger.py``. Run it:
 ``core-jobs worker --consumer harness.examples.ledger_points:consumer``.
 
 HTTP errors become the harness's (harness/errors.py): a connection refused or a connect

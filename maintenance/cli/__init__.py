@@ -163,8 +163,22 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     return serve_api(settings, host=args.host, port=args.port)
 
 
+# The demo is a distribution of its own (demo/pyproject.toml), installed by `uv sync` in a clone (the dev
+# group) and by neither `uv sync --no-dev` nor `pip install core-jobs`: a production image has no demo.
+DEMO_MISSING = (
+    "the demo is not installed (a production install leaves it out): "
+    "in a clone of the repository, `uv sync` installs it (core-jobs-demo), then `uv run core-jobs demo`"
+)
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.demo import run_demo
+    try:
+        from core_jobs_demo import run_demo
+    except ImportError as exc:
+        if exc.name != "core_jobs_demo":
+            raise  # the demo is there but something it imports is not: a real error, with its traceback
+        _report(f"usage error: demo: {DEMO_MISSING}", settings)
+        return EXIT_CONFIG
     from maintenance.runtime.logs import configure_logging
 
     if not args.verbose:

@@ -35,7 +35,7 @@ A hang waits on an event, not a sleep: :meth:`LoyaltyLedger.close` ends it at on
 Standalone, for ``core-jobs worker --consumer harness.examples.ledger_points:consumer`` (whose
 default ledger URL is ``http://127.0.0.1:8765``)::
 
-    python -m maintenance.demo.ledger [--port 8765]     # until Ctrl-C
+    python -m core_jobs_demo.ledger [--port 8765]     # until Ctrl-C
 """
 
 from __future__ import annotations
@@ -248,7 +248,7 @@ def _handler_for(ledger: LoyaltyLedger) -> type[BaseHTTPRequestHandler]:
 
 def main(argv: list[str] | None = None) -> None:
     """Serve a ledger on 127.0.0.1 until interrupted (see the module docstring)."""
-    parser = argparse.ArgumentParser(prog="python -m maintenance.demo.ledger", description="A local loyalty ledger.")
+    parser = argparse.ArgumentParser(prog="python -m core_jobs_demo.ledger", description="A local loyalty ledger.")
     parser.add_argument("--port", type=int, default=8765)
     args = parser.parse_args(argv)
     with LoyaltyLedger(port=args.port) as ledger:

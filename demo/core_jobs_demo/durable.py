@@ -1,7 +1,7 @@
 """The durable actions' part of ``core-jobs demo``: the ledger points consumer against a local loyalty ledger.
 
 The consumer (harness/examples/ledger_points.py) makes three calls over HTTP to the loyalty
-ledger (maintenance/demo/ledger.py, a real server on 127.0.0.1 in this process) — a READ_ONLY
+ledger (demo/core_jobs_demo/ledger.py, a real server on 127.0.0.1 in this process) — a READ_ONLY
 lookup, an IDEMPOTENT_WRITE credit that sends its stable key, a NON_IDEMPOTENT_WRITE notify to
 a legacy endpoint with no key — then writes the balance in the fence's transaction. Two stories
 (docs/durable-actions.md), every time on PostgreSQL's clock and nothing slept through:
@@ -41,13 +41,13 @@ from typing import TextIO
 import psycopg
 from prometheus_client import CollectorRegistry
 
+from core_jobs_demo.ledger import Fault, LoyaltyLedger
 from harness.examples import ledger_points
 from harness.metrics import HarnessMetrics
 from harness.pg import server_now
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
 from harness.worker import Worker, WorkerConfig
-from maintenance.demo.ledger import Fault, LoyaltyLedger
 from maintenance.operations.executions import ExecutionDetail, get_execution
 from maintenance.runtime.db import Database
 from maintenance.service.runner import build_jobs, run_jobs

@@ -20,11 +20,11 @@ from urllib.parse import urlsplit, urlunsplit
 from psycopg import sql
 from pydantic import SecretStr
 
-from maintenance.demo.api import walk_through as api_walk_through
-from maintenance.demo.data import seed
-from maintenance.demo.durable import walk_through as durable_walk_through
-from maintenance.demo.explain import EXPLAIN
-from maintenance.demo.harness import walk_through
+from core_jobs_demo.api import walk_through as api_walk_through
+from core_jobs_demo.data import seed
+from core_jobs_demo.durable import walk_through as durable_walk_through
+from core_jobs_demo.explain import EXPLAIN
+from core_jobs_demo.harness import walk_through
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.service.runner import build_jobs, run_jobs
@@ -33,12 +33,16 @@ from maintenance.settings import Settings
 
 
 @contextlib.contextmanager
-def embedded_postgres(keep: bool = False) -> Iterator[str]:
-    """An embedded PostgreSQL for the duration of the block; yields its libpq URL."""
+def embedded_postgres(keep: bool = False, prefix: str = "core-jobs-demo-") -> Iterator[str]:
+    """An embedded PostgreSQL for the duration of the block (data in a temp dir ``<prefix>…``); yields its libpq URL.
+
+    Also the tests' last-resort server (tests/conftest.py), which is why it lives here, with pgserver,
+    and not in core-jobs: a production install has neither.
+    """
     warnings.filterwarnings("ignore", module="platformdirs")
     import pgserver  # heavy import: only the demo and the tests' last resort need it
 
-    pgdata = tempfile.mkdtemp(prefix="core-jobs-demo-")
+    pgdata = tempfile.mkdtemp(prefix=prefix)
     server = pgserver.get_server(pgdata, cleanup_mode=None if keep else "delete")
     try:
         yield server.get_uri("postgres")
