@@ -58,7 +58,7 @@ def undecodable_execution(conn, stored: str) -> tuple[int, str]:
 
 # --- CLI ----------------------------------------------------------------------------------------
 def test_dead_letters_list_json_shows_an_undecodable_payload_as_its_stored_text(cli, conn, capsys, stored):
-    """`dead-letters list --json` exits 0: the letter has payload null and payload_undecodable {text, reason}; a normal one is unchanged."""
+    """`dead-letters list --json` exits 0: the letter has payload null and payload_undecodable {text, reason}; a normal one has its payload and payload_undecodable null."""
     normal = add_dead_letters(conn, QUEUE, 1, payload={"member_id": "m-1"})[0]
     letter, text = undecodable_letter(conn, stored)
     assert cli(["dead-letters", "list", "--json"]) == EXIT_OK
@@ -66,7 +66,7 @@ def test_dead_letters_list_json_shows_an_undecodable_payload_as_its_stored_text(
     assert rows[letter]["payload"] is None
     assert rows[letter]["payload_undecodable"]["text"] == text
     assert "cannot read" in rows[letter]["payload_undecodable"]["reason"]
-    assert rows[normal]["payload"] == {"member_id": "m-1"} and "payload_undecodable" not in rows[normal]
+    assert rows[normal]["payload"] == {"member_id": "m-1"} and rows[normal]["payload_undecodable"] is None
 
 
 def test_dead_letters_list_shows_an_undecodable_letter(cli, conn, capsys, stored):
@@ -159,4 +159,49 @@ def test_a_recorded_response_that_cannot_be_decoded_is_answered_as_stored(api, c
     text = scalar(conn, "SELECT response_body::text FROM core.api_idempotency_keys")
     again = api.post(f"/v1/core/dead-letters/{letter}/discard", json={"reason": "r"}, headers=key)
     assert (again.status_code, again.text) == (200, text)
+    assert again.headers["idempotent-replayed"] == "true"
+
+
+def test_a_resolution_keeps_an_undecodable_payload_and_result_exactly(admin_api, conn, stored):
+    """RESUME of an execution whose payload and a SUCCEEDED result cannot be decoded is 200: the job is re-queued and
+    the ledger's snapshot keeps the result, both as stored (they never pass through Python)."""
+    execution = add_execution(
+        conn,
+        checkpoints=(
+            ("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1"}),
+            ("credit", "IDEMPOTENT_WRITE", "UNCERTAIN", None),
+        ),
+    )
+    rewrite(conn, f"UPDATE core.executions SET payload = {stored} WHERE id = %s", (execution,))
+    rewrite(
+        conn,
+        f"UPDATE core.execution_checkpoints SET result = {stored} WHERE execution_id = %s AND action = 'lookup'",
+        (execution,),
+    )
+    text = scalar(conn, "SELECT payload::text FROM core.executions WHERE id = %s", (execution,))
+    body = {
+        "command": "RESUME",
+        "results": [{"action": "credit", "result": {"receipt_id": "r-1", "points": 10}}],
+        "evidence": {"reference": "CASE-1", "reason": "the ledger shows receipt r-1"},
+    }
+    key = {"Idempotency-Key": "resolve-undecodable"}
+    response = admin_api.post(f"/v1/core/executions/{execution}/resolve", json=body, headers=key)
+    assert response.status_code == 200, response.text
+    assert scalar(conn, "SELECT payload::text FROM core.queue_messages") == text
+    snapshot = scalar(conn, "SELECT checkpoints_before->0->>'result' FROM core.execution_resolutions")
+    assert snapshot == text
+
+
+def test_a_recorded_resolution_that_cannot_be_decoded_is_answered_as_stored(admin_api, conn):
+    """The same resolution again, its recorded response body undecodable, answers that body's stored text, not a 500."""
+    execution = add_execution(conn, checkpoints=(("credit", "IDEMPOTENT_WRITE", "UNCERTAIN", None),))
+    body = {
+        "command": "CLOSE_WITHOUT_TRANSITION",
+        "evidence": {"kind": "ABSENT_VERIFIED", "reference": "CASE-2", "reason": "the ledger has no receipt"},
+    }
+    key = {"Idempotency-Key": "close-undecodable"}
+    assert admin_api.post(f"/v1/core/executions/{execution}/resolve", json=body, headers=key).status_code == 200
+    rewrite(conn, f"UPDATE core.execution_resolutions SET response_body = {HUGE}", ())
+    again = admin_api.post(f"/v1/core/executions/{execution}/resolve", json=body, headers=key)
+    assert (again.status_code, again.text) == (200, "9" * 5000)
     assert again.headers["idempotent-replayed"] == "true"
