@@ -12,6 +12,9 @@ HTTP over ``maintenance/operations/``, and takes from here, never from a sibling
   :func:`run_idempotent`, which runs an action through the ledger of
   :mod:`maintenance.api.idempotency` — the same key and request answer the original response
   (``Idempotent-Replayed: true``);
+- **stored JSON Python cannot decode** (maintenance/operations/stored.py): :class:`UndecodableOut`,
+  the ``<name>_undecodable`` beside a ``null`` payload or result, and :func:`recorded_response`,
+  which answers a recorded response body as its stored text when it cannot be decoded;
 - **problem mapping**: the statuses a route may answer besides its own (:data:`AUTH_ERRORS`,
   :data:`ACTION_ERRORS`), declared in the OpenAPI with :func:`maintenance.api.problems.problem_responses`;
   every error is ``application/problem+json`` (:mod:`maintenance.api.problems`).
@@ -25,12 +28,13 @@ from typing import Annotated, Any
 
 import psycopg
 from fastapi import Header, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from psycopg_pool import ConnectionPool
-from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, Field, StringConstraints
 
 from maintenance.api import idempotency, pages
 from maintenance.api.auth import Principal
+from maintenance.operations.stored import UndecodablePayload
 
 __all__ = [
     "ACTION_ERRORS",
@@ -91,7 +95,7 @@ def run_idempotent(
     key: str | None,
     body: BaseModel | None,
     action: Callable[[psycopg.Connection], tuple[int, dict[str, Any]]],
-) -> JSONResponse:
+) -> Response:
     """Run ``action(conn) -> (status, body)`` through the idempotency ledger; the JSON response."""
     key = idempotency.check_key(key)
     route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
@@ -107,6 +111,22 @@ def run_idempotent(
             request_fingerprint=fingerprint,
             action=action,
         )
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
-    media_type = "application/problem+json" if outcome.status >= 400 else "application/json"
-    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers, media_type=media_type)
+    return recorded_response(outcome.status, outcome.body, replayed=outcome.replayed)
+
+
+class UndecodableOut(BaseModel):
+    """A stored JSON value Python cannot decode (written by SQL or an older version), shown as stored."""
+
+    text: str = Field(description="The value as PostgreSQL prints it (jsonb's text), unchanged.")
+    reason: str = Field(
+        description="Why it cannot be decoded: nested deeper than 100 levels, or an integer of more than 4 300 digits."
+    )
+
+
+def recorded_response(status: int, body: Any, *, replayed: bool) -> Response:
+    """A response as recorded (or just made); a recorded body Python cannot decode is answered as its stored text."""
+    headers = {"Idempotent-Replayed": "true"} if replayed else {}
+    media_type = "application/problem+json" if status >= 400 else "application/json"
+    if isinstance(body, UndecodablePayload):
+        return Response(body.text, status_code=status, headers=headers, media_type=media_type)
+    return JSONResponse(body, status_code=status, headers=headers, media_type=media_type)

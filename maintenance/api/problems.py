@@ -31,6 +31,8 @@ status type slug                         when
 422    ``invalid-command``               resolve: the definition refuses the command (``problems``)
 422    ``filter-too-broad``              a bulk filter matches more than ``CORE_JOBS_DEAD_LETTERS_BULK_MAX``
                                          dead letters (``matched``, ``max``); nothing changed
+422    ``undecodable-payload``           replay: a dead letter's stored payload cannot be decoded
+                                         (``undecodable_ids``); nothing changed — discard it
 431    ``request-headers-too-large``     more than 32 KB or 100 fields of headers (the server
                                          answers before the app runs; :mod:`maintenance.api.server`)
 500    ``internal-error``                a bug; the detail says nothing about it, the log does
@@ -65,6 +67,7 @@ TITLES = {
     "unsupported-media-type": "Unsupported media type",
     "invalid-request": "Invalid request",
     "filter-too-broad": "Bulk filter matches more than the cap",
+    "undecodable-payload": "Dead letter payload cannot be decoded",
     "internal-error": "Internal error",
     "database-unavailable": "Database unavailable",
     "keys-unavailable": "Token keys unavailable",

@@ -62,6 +62,7 @@ from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem
+from maintenance.runtime.db import read_stored_json
 from maintenance.runtime.logs import get_logger
 from maintenance.settings import ConfigError, Settings
 from maintenance.settings.api import DEFAULT_API_MAX_BODY_BYTES, DEFAULT_API_READ_TIMEOUT
@@ -254,12 +255,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 def session_setup(settings: Settings):
     """What every API connection runs first: the session settings every core-jobs connection pins
     (``harness.pg.pin_session``: a resolution's or an operation's commit is durable whatever the
-    database's ``synchronous_commit``), ``SET ROLE`` to the API role, a statement timeout."""
+    database's ``synchronous_commit``), jsonb read without ever raising (``read_stored_json``),
+    ``SET ROLE`` to the API role, a statement timeout."""
     role = settings.api_database_role
     timeout_ms = int(settings.api_statement_timeout.total_seconds() * 1000)
 
     def configure(conn: psycopg.Connection) -> None:
         pin_session(conn)
+        read_stored_json(conn)  # no stored row can make a read fail (maintenance/runtime/db.py)
         if role:
             conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))

@@ -28,6 +28,7 @@ from harness.enumerations import EXECUTION_STATUSES
 from maintenance.cli.harness import EXIT_OK, EXIT_USAGE, _bounded_int, _one_line, add_limit_option
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
+    from maintenance.operations.executions import ExecutionDetail
     from maintenance.settings import Settings
 
 # harness.enumerations imports nothing but typing: --help stays free of psycopg.
@@ -74,7 +75,7 @@ def cmd_executions_show(args: argparse.Namespace, settings: Settings) -> int:
         )
         return EXIT_USAGE
     if args.json:
-        print(json.dumps(dataclasses.asdict(detail), indent=2, default=_jsonable))
+        print(json.dumps(_as_json(detail), indent=2, default=_jsonable))
         return EXIT_OK
     r = detail.row
     print(f"execution {r.id}: {r.status} since {_utc(r.status_changed_at)} UTC")
@@ -94,13 +95,13 @@ def cmd_executions_show(args: argparse.Namespace, settings: Settings) -> int:
     ):
         if value is not None:
             print(f"  {label + ':':<15} {value}")
-    print(f"  {'payload:':<15} {json.dumps(detail.payload)}")
+    print(f"  {'payload:':<15} {_stored(detail.payload)}")
     print("\ncheckpoints:" if detail.checkpoints else "\ncheckpoints: none (no action started)")
     for c in detail.checkpoints:
         print(f"  {c.position}. {c.action} [{c.effect}] {c.status}, {c.attempts} attempt(s), key {c.idempotency_key}")
         print(f"     started {_utc(c.started_at)}" + (f", finished {_utc(c.finished_at)}" if c.finished_at else ""))
         if c.result is not None:
-            print(f"     result: {_one_line(json.dumps(c.result), 200)}")
+            print(f"     result: {_stored(c.result, 200)}")
         if c.last_error:
             print(f"     last error: {_one_line(c.last_error, 200)}")
     print("\nhistory:" if detail.events else "\nhistory: none")
@@ -112,6 +113,29 @@ def cmd_executions_show(args: argparse.Namespace, settings: Settings) -> int:
             f"  {_utc(v.at)}  {v.kind}{where}{attempt}{run_at}" + (f": {_one_line(v.detail, 160)}" if v.detail else "")
         )
     return EXIT_OK
+
+
+def _as_json(detail: ExecutionDetail) -> dict[str, Any]:
+    """The detail as JSON; a payload or result Python cannot decode as ``null`` and ``<name>_undecodable``."""
+    from maintenance.operations.stored import shown
+
+    return {
+        "row": dataclasses.asdict(detail.row),
+        **shown("payload", detail.payload),
+        "checkpoints": [
+            dataclasses.asdict(dataclasses.replace(c, result=None)) | shown("result", c.result)
+            for c in detail.checkpoints
+        ],
+        "events": [dataclasses.asdict(v) for v in detail.events],
+    }
+
+
+def _stored(value: Any, width: int | None = None) -> str:
+    """A stored JSON value, cut to ``width``; one Python cannot decode as its stored text, said so."""
+    from maintenance.operations.stored import UndecodablePayload
+
+    text = f"(undecodable: {value.reason}) {value.text}" if isinstance(value, UndecodablePayload) else json.dumps(value)
+    return _one_line(text, width) if width is not None else text
 
 
 def _utc(moment: datetime | None) -> str:

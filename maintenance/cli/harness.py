@@ -226,9 +226,11 @@ def _state(row: DeadLetterRow) -> str:
 
 
 def _as_json(row: DeadLetterRow) -> dict[str, Any]:
+    from maintenance.operations.stored import shown
+
     return {
         k: (str(v) if isinstance(v, uuid.UUID) else v.isoformat() if hasattr(v, "isoformat") else v)
-        for k, v in row.__dict__.items()
+        for k, v in (row.__dict__ | shown("payload", row.payload)).items()
     }
 
 

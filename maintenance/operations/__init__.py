@@ -4,7 +4,8 @@
 - ``executions`` — read-only views of durable executions (pages by state, the detail);
 - ``resolution`` — an operator's statement that resolves an execution in
   ``RECONCILIATION_REQUIRED`` (R-5, R-6);
-- ``keyset`` — the keyset paging both lists share.
+- ``keyset`` — the keyset paging both lists share;
+- ``stored`` — how a stored JSON value Python cannot decode is shown (its text and why).
 
 A consumer service never imports these: they ship with the bundle, not with the harness's
 wheel. A refusal (``OperationRefused``, ``ResolutionRefused``) says what is wrong in words that

@@ -15,6 +15,11 @@
   delivery, and then purged normally — so release only a replay whose message is truly gone: a
   later delivery could apply the work twice. A replay whose message still waits in the
   reference queue is refused (it will be handled).
+- A dead letter whose payload Python cannot decode (too deep, an integer over 4 300 digits: the
+  worker's poison, kept as stored) is listed and shown with its stored text
+  (maintenance/operations/stored.py), and its **replay is refused** naming it
+  (``undecodable``), nothing changed: republished, it would only be dead-lettered again (and a
+  dead letter's payload never changes). Discard it.
 - Replay and discard act on ``pending_review`` dead letters (by ids, or every pending one of a
   queue — a **filter**, capped: one matching more than ``max_rows`` (:data:`DEFAULT_BULK_MAX`;
   ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` for the CLI and the API) is refused with the count,
@@ -47,7 +52,7 @@ from psycopg.rows import class_row
 
 from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import NO_TENANT, Envelope
+from harness.queue.port import NO_TENANT, Envelope, UndecodablePayload
 from maintenance.operations.keyset import fetch_page
 
 __all__ = [
@@ -78,7 +83,8 @@ class OperationRefused(Exception):
 
     ``missing`` lists the ids that do not exist and ``not_pending`` maps the ids that are not
     ``pending_review`` to their current status; ``matched`` (with ``max_rows``) is how many a
-    filter matched beyond the cap — for callers that answer each case differently (the API: 404,
+    filter matched beyond the cap; ``undecodable`` lists the letters a replay refused because
+    their payload cannot be decoded — for callers that answer each case differently (the API: 404,
     409, 422).
     """
 
@@ -90,10 +96,12 @@ class OperationRefused(Exception):
         not_pending: dict[int, str] | None = None,
         matched: int | None = None,
         max_rows: int | None = None,
+        undecodable: Sequence[int] = (),
     ) -> None:
         super().__init__("; ".join(problems))
         self.problems = list(problems)
         self.missing = list(missing)
+        self.undecodable = list(undecodable)
         self.not_pending = dict(not_pending or {})
         self.matched, self.max_rows = matched, max_rows
 
@@ -109,7 +117,7 @@ class DeadLetterRow:
     last_error: str
     correlation_id: str | None
     tenant_id: UUID | None
-    payload: Any
+    payload: Any  # an UndecodablePayload when Python cannot decode it (maintenance/operations/stored.py)
     discard_reason: str | None
     created_at: datetime
     status_changed_at: datetime | None
@@ -195,6 +203,7 @@ def replay(
     _check_operator(operator)
     with conn.transaction():
         rows = _lock(conn, ids, queue, "replayed", max_rows)
+        _refuse_undecodable(rows)
         if rows:
             _set_actor(conn, operator, reason)
             # Marked first: the API role may publish only the replay of a letter whose audit row
@@ -313,6 +322,21 @@ def _lock(
     if problems:
         raise OperationRefused([*problems, "nothing was changed"], missing=missing, not_pending=not_pending)
     return rows
+
+
+def _refuse_undecodable(rows: Sequence[DeadLetterRow]) -> None:
+    """Refuse a replay of letters whose payload cannot be decoded: they would only be dead-lettered again."""
+    bad = [r for r in rows if isinstance(r.payload, UndecodablePayload)]
+    if bad:
+        raise OperationRefused(
+            [
+                f"dead letter {r.id}: its payload cannot be decoded ({r.payload.reason}): a replay would only be"
+                " dead-lettered again as poison; discard it"
+                for r in bad
+            ]
+            + ["nothing was changed"],
+            undecodable=[r.id for r in bad],
+        )
 
 
 def _set_actor(conn: psycopg.Connection, operator: str, reason: str | None) -> None:

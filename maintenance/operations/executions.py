@@ -43,6 +43,7 @@ from psycopg.rows import dict_row
 
 from harness.consumer.actions import idempotency_key
 from harness.enumerations import EXECUTION_STATUSES
+from harness.queue.port import decode_payload
 from maintenance.operations.dead_letters import OperationRefused
 from maintenance.operations.keyset import fetch_page
 
@@ -94,7 +95,7 @@ class Checkpoint:
     effect: str
     status: str
     attempts: int
-    result: Any
+    result: Any  # an UndecodablePayload when Python cannot decode it (maintenance/operations/stored.py)
     last_error: str | None
     fencing_token: int
     started_at: datetime
@@ -119,7 +120,7 @@ class ExecutionEvent:
 @dataclass(frozen=True)
 class ExecutionDetail:
     row: ExecutionRow
-    payload: Any
+    payload: Any  # an UndecodablePayload when Python cannot decode it (maintenance/operations/stored.py)
     checkpoints: list[Checkpoint]
     events: list[ExecutionEvent]
 
@@ -172,13 +173,16 @@ SELECT {_COLUMNS}
 """
 
 # One execution, its payload, its checkpoints (action order) and its events (oldest first), in
-# one statement: one snapshot, however a worker writes meanwhile. No row: the id is unknown, or
-# the execution is of a business scope outside the reader's (the same answer: nothing leaks).
+# one statement: one snapshot, however a worker writes meanwhile. Each result travels as its
+# text, decoded on its own (decode_payload): one that Python cannot read is shown as such, and
+# the nesting it adds inside the aggregate cannot make the whole detail unreadable. No row: the
+# id is unknown, or the execution is of a business scope outside the reader's (the same answer:
+# nothing leaks).
 GET_DETAIL = f"""
 SELECT {_COLUMNS}, payload,
        coalesce((SELECT jsonb_agg(jsonb_build_object(
                      'action', c.action, 'position', c.position, 'effect', c.effect, 'status', c.status,
-                     'attempts', c.attempts, 'result', c.result, 'last_error', c.last_error,
+                     'attempts', c.attempts, 'result', c.result::text, 'last_error', c.last_error,
                      'fencing_token', c.fencing_token, 'started_at', c.started_at, 'finished_at', c.finished_at)
                      ORDER BY c.position, c.action)
                    FROM core.execution_checkpoints AS c WHERE c.execution_id = e.id), '[]') AS checkpoints,
@@ -238,7 +242,8 @@ def get_execution(
         payload=payload,
         checkpoints=[
             Checkpoint(
-                **_with_times(c, "started_at", "finished_at"),
+                **_with_times(c, "started_at", "finished_at")
+                | {"result": decode_payload(c["result"]) if c["result"] is not None else None},
                 idempotency_key=idempotency_key(row.job_id, row.consumer, c["action"]),
             )
             for c in checkpoints

@@ -81,8 +81,9 @@ RESUME, CLOSE = "RESUME", "CLOSE_WITHOUT_TRANSITION"
 RESULT_VERIFIED, ABSENT_VERIFIED, COMPENSATED_VERIFIED = "RESULT_VERIFIED", "ABSENT_VERIFIED", "COMPENSATED_VERIFIED"
 
 # Lock the execution for the whole resolution: a second resolution waits, then sees it resolved.
+# Its payload stays in the database: a RESUME re-queues it in SQL (REQUEUE_JOB), never through Python.
 LOCK_EXECUTION = """
-SELECT id, job_id, consumer, queue, tenant_id, correlation_id, payload, business_scope, status, fencing_token
+SELECT id, job_id, consumer, queue, tenant_id, correlation_id, business_scope, status, fencing_token
   FROM core.executions
  WHERE id = %(id)s
    FOR UPDATE"""
@@ -93,9 +94,9 @@ SELECT operator, command_fingerprint, business_scope, response_status, response_
   FROM core.execution_resolutions
  WHERE execution_id = %(id)s AND idempotency_key = %(key)s"""
 
-# The checkpoints, in order, each also as a whole row for the ledger's snapshot.
+# The checkpoints, in order.
 CHECKPOINTS = """
-SELECT action, effect, status, result, to_jsonb(c) - 'execution_id' AS snapshot
+SELECT action, effect, status, result
   FROM core.execution_checkpoints AS c
  WHERE execution_id = %(id)s
  ORDER BY position, action"""
@@ -103,14 +104,18 @@ SELECT action, effect, status, result, to_jsonb(c) - 'execution_id' AS snapshot
 # The resolution's new fencing token, and the transaction's time (its response's resolved_at).
 DRAW_TOKEN = "SELECT nextval('core.execution_fencing_seq'), now()"
 
-# The ledger row: first, so that the execution's guard finds it when the state changes.
+# The ledger row: first, so that the execution's guard finds it when the state changes. Its
+# snapshot of the checkpoints (each whole row, in order) is taken here in SQL, before the
+# statements after it change them: a stored result Python cannot decode is kept exactly.
 INSERT_RESOLUTION = """
 INSERT INTO core.execution_resolutions
        (execution_id, job_id, consumer, business_scope, idempotency_key, operator, command, command_body,
         command_fingerprint, evidence_kind, evidence_reference, evidence_reason, checkpoints_before,
         fencing_token, status_after, response_status, response_body)
 VALUES (%(id)s, %(job_id)s, %(consumer)s, %(business_scope)s, %(key)s, %(operator)s, %(command)s, %(body)s,
-        %(fingerprint)s, %(evidence_kind)s, %(reference)s, %(reason)s, %(checkpoints)s,
+        %(fingerprint)s, %(evidence_kind)s, %(reference)s, %(reason)s,
+        coalesce((SELECT jsonb_agg(to_jsonb(c) - 'execution_id' ORDER BY c.position, c.action)
+                    FROM core.execution_checkpoints AS c WHERE c.execution_id = %(id)s), '[]'),
         %(token)s, %(status_after)s, %(response_status)s, %(response_body)s)"""
 
 # RESUME: an uncertain action's verified result.
@@ -259,7 +264,6 @@ class _Checkpoint:
     effect: str
     status: str
     result: Any
-    snapshot: dict[str, Any]
 
 
 # --- validation against the published definition -------------------------------------------------
@@ -371,13 +375,13 @@ def resolve(
     print_ = fingerprint(body)
     with conn.transaction():
         row, found, checkpoints = _read(conn, execution_id, idempotency_key)
-        scope = row[7] if row is not None else (found[2] if found is not None else None)
+        scope = row[6] if row is not None else (found[2] if found is not None else None)
         if scope is None or scope not in scopes:
             raise ResolutionRefused("execution-not-found", f"no execution {execution_id} in your business scopes")
         if found is not None:
             return _replayed(found, operator, print_, command)
         assert row is not None
-        _id, job_id, consumer_name, _queue, _tenant, _correlation, _payload, _scope, status, _token = row
+        _id, job_id, consumer_name, _queue, _tenant, _correlation, _scope, status, _token = row
         to_record = _checked(execution_id, status, consumers.get(consumer_name), consumer_name, checkpoints, command)
         token, now = conn.execute(DRAW_TOKEN).fetchone()  # type: ignore[misc]
         status_after = "PENDING" if isinstance(command, Resume) else "FAILED"
@@ -407,7 +411,6 @@ def resolve(
             "evidence_kind": command.evidence.kind,
             "reference": command.evidence.reference,
             "reason": command.evidence.reason,
-            "checkpoints": Jsonb([c.snapshot for c in checkpoints]),
             "token": token,
             "status_after": status_after,
             "response_status": 200,

@@ -15,7 +15,7 @@ from uuid import UUID
 
 import psycopg
 from fastapi import APIRouter, Depends, Path, Query, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
@@ -30,6 +30,7 @@ from maintenance.api.dependencies import (
     IdempotencyKey,
     Text,
     Timestamp,
+    UndecodableOut,
     pool_of,
     run_idempotent,
     storable,
@@ -43,6 +44,7 @@ from maintenance.operations.dead_letters import (
     OperationRefused,
     Position,
 )
+from maintenance.operations.stored import shown
 
 MAX_REASON_CHARS = 1000
 LIST_PARAMETERS = frozenset(
@@ -106,7 +108,14 @@ class ActionOut(BaseModel):
 
 
 class DeadLetterDetailOut(DeadLetterOut):
-    payload: Any = Field(description="The job's full payload, as the consumer received it.")
+    payload: Any = Field(
+        description="The job's full payload, as the consumer received it; null when it cannot be decoded "
+        "(payload_undecodable)."
+    )
+    payload_undecodable: UndecodableOut | None = Field(
+        description="Set only when the stored payload cannot be decoded (too deep, an integer over 4 300 digits): "
+        "its text as stored and why. Such a dead letter cannot be replayed (422 undecodable-payload): discard it."
+    )
     actions: list[ActionOut] = Field(description="The audit history, oldest first.")
 
 
@@ -175,6 +184,13 @@ def decode_cursor(cursor: str, where: DeadLetterFilter) -> Position:
 
 
 def _refusal(exc: OperationRefused) -> Problem:
+    if exc.undecodable:
+        return Problem(
+            422,
+            "undecodable-payload",
+            "; ".join(exc.problems),
+            undecodable_ids=exc.undecodable,
+        )
     if exc.matched is not None:
         return Problem(
             422,
@@ -281,7 +297,7 @@ def get_dead_letter(
     return _json(
         DeadLetterDetailOut(
             **DeadLetterOut.of(detail.row).model_dump(),
-            payload=detail.row.payload,
+            **shown("payload", detail.row.payload),
             actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions],
         )
     )
@@ -298,7 +314,7 @@ def replay_many(
     principal: Annotated[Principal, Depends(require(REPLAY))],
     body: BulkReplayIn,
     idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
+) -> Response:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
             rows = operations.replay(
@@ -327,7 +343,7 @@ def discard_many(
     principal: Annotated[Principal, Depends(require(DISCARD))],
     body: BulkDiscardIn,
     idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
+) -> Response:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
             rows = operations.discard(
@@ -357,7 +373,7 @@ def replay_one(
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: ReplayIn | None = None,
     idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
+) -> Response:
     body = body or ReplayIn()
 
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
@@ -382,7 +398,7 @@ def discard_one(
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: DiscardIn,
     idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
+) -> Response:
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
             operations.discard(conn, [id], operator=principal.subject, reason=body.reason)

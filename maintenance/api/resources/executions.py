@@ -38,9 +38,18 @@ from pydantic import BaseModel, Field
 from harness.enumerations import CheckpointStatus, EffectName, EventKind, ExecutionStatus
 from maintenance.api import pages
 from maintenance.api.auth import EXECUTIONS_READ, Principal, require
-from maintenance.api.dependencies import AUTH_ERRORS, DEFAULT_LIMIT, MAX_ID, MAX_LIMIT, Text, pool_of
+from maintenance.api.dependencies import (
+    AUTH_ERRORS,
+    DEFAULT_LIMIT,
+    MAX_ID,
+    MAX_LIMIT,
+    Text,
+    UndecodableOut,
+    pool_of,
+)
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import executions as views
+from maintenance.operations.stored import shown
 
 LIST_PARAMETERS = frozenset({"status", "consumer", "job_id", "business_scope", "cursor", "limit"})
 
@@ -81,7 +90,12 @@ class CheckpointOut(BaseModel):
     effect: EffectName
     status: CheckpointStatus
     attempts: int
-    result: Any = Field(description="The action's result; only and always when SUCCEEDED.")
+    result: Any = Field(
+        description="The action's result; only and always when SUCCEEDED (null when it cannot be decoded)."
+    )
+    result_undecodable: UndecodableOut | None = Field(
+        description="Set only when the stored result cannot be decoded: its text as stored and why."
+    )
     last_error: str | None
     fencing_token: int
     started_at: datetime
@@ -106,7 +120,14 @@ class ExecutionEventOut(BaseModel):
 
 
 class ExecutionDetailOut(ExecutionOut):
-    payload: Any = Field(description="The job's business data, as the consumer received it.")
+    payload: Any = Field(
+        description="The job's business data, as the consumer received it; null when it cannot be decoded "
+        "(payload_undecodable)."
+    )
+    payload_undecodable: UndecodableOut | None = Field(
+        description="Set only when the stored payload cannot be decoded (too deep, an integer over 4 300 digits): "
+        "its text as stored and why."
+    )
     checkpoints: list[CheckpointOut] = Field(description="One per started action, in action order.")
     events: list[ExecutionEventOut] = Field(description="The history, oldest first.")
 
@@ -170,8 +191,8 @@ def get_execution(
     return pages.as_json(
         ExecutionDetailOut(
             **ExecutionOut.of(detail.row).model_dump(),
-            payload=detail.payload,
-            checkpoints=[CheckpointOut.model_validate(c, from_attributes=True) for c in detail.checkpoints],
+            **shown("payload", detail.payload),
+            checkpoints=[CheckpointOut(**(c.__dict__ | shown("result", c.result))) for c in detail.checkpoints],
             events=[ExecutionEventOut.model_validate(v, from_attributes=True) for v in detail.events],
         )
     )

@@ -32,14 +32,14 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import Response
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, RootModel, StringConstraints
 
 from harness.enumerations import EvidenceKind, ResolutionCommand, ResolvedStatus
 from maintenance.api import idempotency
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import Principal, authenticate
-from maintenance.api.dependencies import MAX_ID, IdempotencyKey, pool_of
+from maintenance.api.dependencies import MAX_ID, IdempotencyKey, pool_of, recorded_response
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import resolution
 from maintenance.operations.resolution import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
@@ -177,7 +177,7 @@ def resolve_execution(
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: ReconciliationCommand,
     idempotency_key: IdempotencyKey = None,
-) -> JSONResponse:
+) -> Response:
     if idempotency_key is None:
         raise Problem(400, "malformed-request", "Idempotency-Key is required: a new random key per resolution")
     key = idempotency.check_key(idempotency_key)
@@ -205,14 +205,14 @@ def resolve_execution(
         raise Problem(STATUS_OF[refused.kind], refused.kind, refused.detail, **extra) from None
     if not outcome.replayed:
         request.app.state.metrics.resolutions.labels(outcome.command).inc()
+    recorded = outcome.body if isinstance(outcome.body, dict) else {}  # a recorded body may not decode
     log.info(
         "maintenance.api.execution_resolved",
         execution_id=id,
         command=outcome.command,
-        evidence_kind=outcome.body.get("evidence_kind"),
+        evidence_kind=recorded.get("evidence_kind"),
         subject=principal.subject,
-        fencing_token=outcome.body.get("fencing_token"),
+        fencing_token=recorded.get("fencing_token"),
         replayed=outcome.replayed,
     )
-    headers = {"Idempotent-Replayed": "true"} if outcome.replayed else {}
-    return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)
+    return recorded_response(outcome.status, outcome.body, replayed=outcome.replayed)
