@@ -9,9 +9,10 @@ from collections import defaultdict
 import pytest
 from factories import add_dead_letter, add_execution, resolve_execution
 
-from harness import enumerations, operations
+from harness import enumerations
 from harness.consumer.actions import Effect
 from maintenance.api.resources.resolutions import ResolutionOut
+from maintenance.operations import dead_letters as operations
 
 # Tables whose rows the API serves: every enumerated column of theirs must be in enumerations.BY_COLUMN.
 SERVED_TABLES = frozenset(table for table, _ in enumerations.BY_COLUMN)
