@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from api_support import admin_settings
+from support.api_support import admin_settings
 
 from maintenance.api.server import build_app
 from maintenance.settings import ConfigError
@@ -60,7 +60,7 @@ def test_admin_mode_refuses_a_login_granted_more_of_schema_core(login_role, data
 
 def test_the_api_command_exits_2_on_a_superuser_login_in_admin_mode(clean_env, database_url, jwks, capsys):
     """`core-jobs api` in admin mode with the superuser login exits 2 (configuration error) before serving."""
-    from api_support import AUDIENCE, ISSUER, PUBLISHED_CONSUMERS, SERVED_SCOPES
+    from support.api_support import AUDIENCE, ISSUER, PUBLISHED_CONSUMERS, SERVED_SCOPES
 
     from maintenance.cli import main
 
@@ -81,10 +81,16 @@ def test_the_api_command_exits_2_on_a_superuser_login_in_admin_mode(clean_env, d
 @pytest.mark.parametrize(
     "consumers, problem",
     [
-        (["resolution_consumers:missing"], "CORE_JOBS_ADMIN_CONSUMERS entry 'resolution_consumers:missing'"),
+        (
+            ["support.resolution_consumers:missing"],
+            "CORE_JOBS_ADMIN_CONSUMERS entry 'support.resolution_consumers:missing'",
+        ),
         (["no_such_module_here:consumer"], "cannot import no_such_module_here"),
-        (["resolution_consumers:plain"], "declares no actions"),
-        (["resolution_consumers:ledger_points", "resolution_consumers:ledger_points"], "a second definition"),
+        (["support.resolution_consumers:plain"], "declares no actions"),
+        (
+            ["support.resolution_consumers:ledger_points", "support.resolution_consumers:ledger_points"],
+            "a second definition",
+        ),
     ],
     ids=["no-attribute", "no-module", "not-durable", "twice"],
 )

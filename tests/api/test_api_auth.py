@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from api_support import AUDIENCE, ISSUER, ApiClient, api_settings, public_jwk, serving
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
-from factories import QUEUE, add_dead_letters
+from support.api_support import AUDIENCE, ISSUER, ApiClient, api_settings, public_jwk, serving
+from support.factories import QUEUE, add_dead_letters
 
 from maintenance.api.auth import DISCARD, READ, REPLAY
 from maintenance.api.server import build_app

@@ -8,9 +8,9 @@ import uuid
 from datetime import timedelta
 
 import pytest
-from api_support import api_settings, assert_problem, running_api
-from factories import QUEUE, add_dead_letters
-from harness_support import scalar
+from support.api_support import api_settings, assert_problem, running_api
+from support.factories import QUEUE, add_dead_letters
+from support.harness_support import scalar
 
 BASE = "/v1/core/dead-letters"
 

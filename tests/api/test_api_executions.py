@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from api_support import assert_problem
-from factories import add_dead_letters, add_execution
+from support.api_support import assert_problem
+from support.factories import add_dead_letters, add_execution
 
 from maintenance.api.auth import EXECUTIONS_READ, READ
 from maintenance.operations.executions import EXECUTION_STATUSES

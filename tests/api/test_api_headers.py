@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
-from api_support import api_settings, assert_problem, running_api
+from support.api_support import api_settings, assert_problem, running_api
 
 from maintenance.api.auth import MAX_TOKEN_CHARS
 from maintenance.api.server import MAX_FRAMING_BYTES, MAX_HEADER_BYTES, MAX_HEADERS

@@ -7,8 +7,8 @@ import threading
 
 import psycopg
 import pytest
-from factories import QUEUE, add_dead_letters
-from harness_support import scalar
+from support.factories import QUEUE, add_dead_letters
+from support.harness_support import scalar
 
 BASE = "/v1/core/dead-letters"
 

@@ -6,8 +6,8 @@ import secrets
 
 import psycopg
 import pytest
-from factories import QUEUE, add_dead_letters, add_execution
 from psycopg import sql
+from support.factories import QUEUE, add_dead_letters, add_execution
 
 from maintenance.runtime import migrate
 
@@ -232,7 +232,7 @@ def test_the_api_role_replays_one_letter_or_a_whole_queue(as_api_role, conn):
 
 def test_the_api_role_publishes_only_what_a_resolution_in_the_same_transaction_requeues(as_api_role, conn):
     """A copy of a resumed execution's job outside its resolution, or with another payload, is refused."""
-    from factories import resolve_execution
+    from support.factories import resolve_execution
 
     execution = add_execution(conn)
     resolve_execution(conn, execution)  # RESUME, by the owner: PENDING with its message queued

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import pytest
 import schemathesis
-from factories import QUEUE, add_dead_letters, add_execution
 from hypothesis import HealthCheck, settings
 from schemathesis import GenerationMode
+from support.factories import QUEUE, add_dead_letters, add_execution
 
 EXAMPLES = 25
 

@@ -13,10 +13,10 @@ import json
 import math
 
 import pytest
-from api_support import assert_problem
-from factories import add_dead_letters, add_execution
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.api_support import assert_problem
+from support.factories import add_dead_letters, add_execution
 
 from maintenance.api.bodies import MAX_JSON_DEPTH
 

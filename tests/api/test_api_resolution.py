@@ -7,31 +7,22 @@ import uuid
 
 import psycopg
 import pytest
-from api_support import OPERATOR, assert_problem
-from credential_corpus import CREDENTIALS, ORDINARY
-from factories import add_execution
-from harness_support import row_counts, scalar
-from waiting import wait_until
+from support.api_support import OPERATOR, assert_problem
+from support.credential_corpus import CREDENTIALS, ORDINARY
+from support.factories import add_execution
+from support.harness_support import row_counts, scalar
+from support.resolutions import EVIDENCE, UNCERTAIN_NOTIFY, close
+from support.waiting import wait_until
 
-UNCERTAIN_NOTIFY = (
-    ("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1"}),
-    ("credit", "IDEMPOTENT_WRITE", "SUCCEEDED", {"receipt_id": "r-1", "points": 10}),
-    ("notify", "NON_IDEMPOTENT_WRITE", "UNCERTAIN", None),
-)
 UNCERTAIN_CREDIT = (
     ("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1"}),
     ("credit", "IDEMPOTENT_WRITE", "UNCERTAIN", None),
 )
-EVIDENCE = {"reference": "CASE-2026-1201", "reason": "the provider's console shows message msg-9 sent at 08:02"}
 RESUME = {
     "command": "RESUME",
     "results": [{"action": "notify", "result": {"message_id": "msg-9"}}],
     "evidence": EVIDENCE,
 }
-
-
-def close(kind: str) -> dict:
-    return {"command": "CLOSE_WITHOUT_TRANSITION", "evidence": {**EVIDENCE, "kind": kind}}
 
 
 def path(execution_id: int) -> str:
@@ -510,7 +501,7 @@ def test_resolutions_are_counted_by_command(admin_api, conn, db):
 # --- the alert feed ------------------------------------------------------------------------------
 def test_the_alert_feed_resolves_the_incident_once_the_execution_is_resolved(admin_api, conn, db, fake_bs):
     """An uncertain execution is paged; after a RESUME over HTTP the feed's next run resolves its incident."""
-    from alerts_support import make_feed
+    from support.alerts_support import make_feed
 
     from harness.pg import server_now
 

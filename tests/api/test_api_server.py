@@ -13,9 +13,9 @@ import threading
 
 import httpx
 import pytest
-from api_support import AUDIENCE, ISSUER, ApiClient, api_settings, serving
-from factories import QUEUE, add_dead_letters
-from waiting import wait_until
+from support.api_support import AUDIENCE, ISSUER, ApiClient, api_settings, serving
+from support.factories import QUEUE, add_dead_letters
+from support.waiting import wait_until
 
 from maintenance.api.server import build_app
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import helm_python
 import pytest
-from helm_support import CHART_DIR
+from support.helm_support import CHART_DIR
 from test_helm_chart import API_ON, ENVIRONMENT, SECRET_SETTINGS, pod_templates, render_objects, with_secret
 
 from maintenance.cli import build_parser

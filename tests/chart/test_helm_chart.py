@@ -19,8 +19,8 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from helm_support import CHART_DIR
 from kubernetes_validate.utils import all_versions, major_minor
+from support.helm_support import CHART_DIR
 
 RELEASE = "ops"
 NAMESPACE = "jobs"

@@ -10,7 +10,7 @@ import sys
 
 import psycopg
 import pytest
-from factories import QUEUE, add_dead_letters
+from support.factories import QUEUE, add_dead_letters
 
 from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
 

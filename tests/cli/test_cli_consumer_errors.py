@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from api_support import AUDIENCE, ISSUER
+from support import ROOT
+from support.api_support import AUDIENCE, ISSUER
 
 from maintenance.cli import EXIT_CONFIG, main
 
-ROOT = Path(__file__).resolve().parent.parent
 UNREACHABLE = "postgresql://app:pw-never-used-7@127.0.0.1:1/core"  # a mistake is reported before any connection
 
 HEADER = """\

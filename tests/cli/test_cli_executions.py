@@ -6,7 +6,7 @@ import json
 import uuid
 
 import pytest
-from factories import add_execution
+from support.factories import add_execution
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 

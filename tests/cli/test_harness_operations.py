@@ -10,8 +10,8 @@ import uuid
 import httpx
 import psycopg
 import pytest
-from factories import QUEUE, TENANT, dead_letter, publish
-from harness_support import fences, points, run_worker, scalar
+from support.factories import QUEUE, TENANT, dead_letter, publish
+from support.harness_support import fences, points, run_worker, scalar
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.operations.dead_letters import MAX_BULK_IDS
@@ -114,9 +114,9 @@ def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, cap
 def test_worker_refuses_a_consumer_whose_own_retry_policy_outlasts_the_fence_ttl(cli, conn, capsys, clean_env):
     """J-B7: a retry_policy fixed in the consumer's code counts in the TTL guard; too long a window exits 2, nothing processed."""
     publish(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["worker", "--consumer", "harness_consumers:patient", "--once"]) == EXIT_CONFIG
+    assert cli(["worker", "--consumer", "support.harness_consumers:patient", "--once"]) == EXIT_CONFIG
     err = capsys.readouterr().err
-    assert "TOO SHORT" in err and "harness_consumers:patient" in err
+    assert "TOO SHORT" in err and "support.harness_consumers:patient" in err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
 
@@ -375,7 +375,7 @@ def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
 def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv):
     """An unreachable database: exit 1, one 'database error' line on stderr, no traceback, no password.
 
-    (A malformed URL is a configuration error, exit 2: tests/test_settings.py.)
+    (A malformed URL is a configuration error, exit 2: tests/settings/test_settings.py.)
     """
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://ops:s3cret-pw@127.0.0.1:1/test")
     assert main(argv) == 1

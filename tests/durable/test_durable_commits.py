@@ -4,7 +4,7 @@ A DBA's ``ALTER DATABASE … SET synchronous_commit = off`` (or the role's, or t
 configuration) makes every commit that does not say otherwise asynchronous: the commit returns
 before its WAL is written, and a server crash forgets it. The STARTED checkpoint of a
 NON_IDEMPOTENT_WRITE is the durable proof that nothing was sent: forgotten, the next worker sends
-again. The crash test proves it on a private cluster (tests/private_cluster.py) that it really
+again. The crash test proves it on a private cluster (tests/support/private_cluster.py) that it really
 crashes (``pg_ctl stop -m immediate``), the provider being the local ledger that counts effects.
 """
 
@@ -15,16 +15,16 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from alerts_support import make_feed
-from factories import add_dead_letters, add_execution, publish
-from harness_support import run_worker, scalar
-from ledger_support import PAYLOAD, checkpoints, execution
-from private_cluster import PrivateCluster, private_cluster
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
-from test_api_resolution import UNCERTAIN_NOTIFY, close
+from support.alerts_support import make_feed
+from support.factories import add_dead_letters, add_execution, publish
+from support.harness_support import run_worker, scalar
+from support.ledger_support import PAYLOAD, checkpoints, execution
+from support.private_cluster import PrivateCluster, private_cluster
+from support.resolutions import UNCERTAIN_NOTIFY, close
+from support.waiting import wait_until
 from test_execution_crash import crash_worker, recover_leases
-from waiting import wait_until
 
 import harness.pg
 from harness.pg import server_now

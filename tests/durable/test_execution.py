@@ -1,7 +1,7 @@
 """Durable executions against the real PostgreSQL and the real local loyalty ledger (issue 12, R-1..R-4, R-7).
 
 Each delivery is handed straight to ``harness.handling.handle`` (the queue is the worker's
-business; tests/test_execution_worker.py runs one). Times are PostgreSQL's: leases and retry
+business; tests/durable/test_execution_worker.py runs one). Times are PostgreSQL's: leases and retry
 schedules are back-dated, never waited for.
 """
 
@@ -13,8 +13,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from harness_support import fences, points, row_counts, scalar
-from ledger_support import (
+from pydantic import model_validator
+from support.harness_support import fences, points, row_counts, scalar
+from support.ledger_support import (
     checkpoints,
     deliver,
     events,
@@ -22,7 +23,6 @@ from ledger_support import (
     expire_execution,
     make_execution_due,
 )
-from pydantic import model_validator
 
 from harness.consumer.actions import idempotency_key
 from harness.consumer.consumer import Consumer

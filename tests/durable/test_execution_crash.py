@@ -1,6 +1,6 @@
 """A worker process that dies hard in an action, and a new worker that recovers from the database (R-4, R-7).
 
-tests/durable_crash_worker.py dies with ``os._exit`` before or after calling the real local
+tests/support/durable_crash_worker.py dies with ``os._exit`` before or after calling the real local
 ledger (or is killed with SIGKILL while it waits to commit the next action's STARTED). The
 parent then expires the leases it left (the message's and the execution's: back-dated, not
 waited for) and runs a fresh worker in-process on the same database and ledger.
@@ -13,23 +13,22 @@ import signal
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import psycopg
-from durable_crash_worker import APPLICATION_NAME, CRASH_EXIT
-from factories import publish
-from harness_support import expire_leases, fences, points, run_worker, scalar
-from ledger_support import PAYLOAD, checkpoints, execution, expire_execution
-from waiting import wait_until
+from support import ROOT, TESTS
+from support.durable_crash_worker import APPLICATION_NAME, CRASH_EXIT
+from support.factories import publish
+from support.harness_support import expire_leases, fences, points, run_worker, scalar
+from support.ledger_support import PAYLOAD, checkpoints, execution, expire_execution
+from support.waiting import wait_until
 
 from harness.consumer.actions import idempotency_key
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = Path(__file__).with_name("durable_crash_worker.py")
+WORKER = TESTS / "support" / "durable_crash_worker.py"
 
 
 def crash_worker(database_url: str, ledger_url: str, action: str, when: str) -> subprocess.Popen:
-    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), str(ROOT)])}
+    env = os.environ | {"PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT)])}
     return subprocess.Popen(
         [sys.executable, str(WORKER), database_url, ledger_url, action, when],
         stdin=subprocess.PIPE,

@@ -1,6 +1,6 @@
 """Seed 002's per-action retry policy (R-2) and the failure table of docs/durable-actions.md, as pure logic.
 
-tests/test_harness_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
+tests/harness/test_harness_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
 defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.durable.decide.decide` makes of each failure.
 """
 
@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
-from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from harness.consumer.actions import ACTION_RETRY_POLICY, Action, ActionError, Effect
 from harness.consumer.effects import RULES, EffectRules
@@ -133,7 +133,7 @@ _WORDS = {
 
 def test_the_manual_states_each_effect_class_rule_the_executor_consults():
     """docs/durable-actions.md's rules table has one row per rule of EffectRules and says in each cell what RULES holds."""
-    manual = (Path(__file__).resolve().parents[1] / "docs" / "durable-actions.md").read_text(encoding="utf-8")
+    manual = (ROOT / "docs" / "durable-actions.md").read_text(encoding="utf-8")
     rows = {}
     for line in manual.split("## Effect classes: one table of rules", 1)[1].splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]

@@ -13,8 +13,8 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
-from harness_support import fences, row_counts, wait_until_waiting_on_lock
-from ledger_support import deliver, execution
+from support.harness_support import fences, row_counts, wait_until_waiting_on_lock
+from support.ledger_support import deliver, execution
 
 from harness.queue.port import Acked, Duplicate, Outcome
 

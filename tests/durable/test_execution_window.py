@@ -6,7 +6,7 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from harness_consumers import durable_ledger
+from support.harness_consumers import durable_ledger
 
 from harness.consumer.actions import ACTION_RETRY_POLICY
 from harness.consumer.retry import RetryPolicy, max_retry_window
@@ -75,7 +75,7 @@ def test_a_lease_that_is_not_positive_is_refused():
 def test_check_config_fails_a_durable_consumer_whose_window_outlasts_the_ttl(clean_env, capsys):
     """With a 1 h TTL the settings' guard passes, but the durable consumer's 30 min 12 s x 2 does not: exit 2."""
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT1H")
-    code = main(["check-config", "--consumer", "harness_consumers:durable_ledger"])
+    code = main(["check-config", "--consumer", "support.harness_consumers:durable_ledger"])
     out = capsys.readouterr().out
     assert code == EXIT_CONFIG
     assert "max retry window PT11M12S = PT22M24S: ok" in out  # the settings' own guard
@@ -89,19 +89,19 @@ def test_check_config_passes_each_consumer_whose_window_fits_the_ttl(clean_env, 
         [
             "check-config",
             "--consumer",
-            "harness_consumers:durable_ledger",
+            "support.harness_consumers:durable_ledger",
             "--consumer",
             "harness.examples.points:consumer",
         ]
     )
     out = capsys.readouterr().out
     assert code == EXIT_OK
-    assert "points.credit.ledger (harness_consumers:durable_ledger): durable" in out
+    assert "points.credit.ledger (support.harness_consumers:durable_ledger): durable" in out
     assert "points.credit (harness.examples.points:consumer): no actions; retry window PT11M12S" in out
     assert out.count(": ok\n") == 3
 
 
 def test_check_config_with_a_consumer_that_does_not_exist_is_a_configuration_error(clean_env, capsys):
     """An unknown module:object is exit 2 with a message naming it."""
-    assert main(["check-config", "--consumer", "harness_consumers:nobody"]) == EXIT_CONFIG
-    assert "harness_consumers has no nobody" in capsys.readouterr().err
+    assert main(["check-config", "--consumer", "support.harness_consumers:nobody"]) == EXIT_CONFIG
+    assert "support.harness_consumers has no nobody" in capsys.readouterr().err

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from factories import publish
-from harness_support import make_due, points, row_counts, run_worker, scalar
-from ledger_support import PAYLOAD, execution, make_execution_due
+from support.factories import publish
+from support.harness_support import make_due, points, row_counts, run_worker, scalar
+from support.ledger_support import PAYLOAD, execution, make_execution_due
 
 from maintenance.demo.ledger import Fault
 

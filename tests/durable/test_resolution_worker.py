@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from api_support import AdminClient, admin_settings, running_api
-from harness_support import fences, points, replay_state, run_worker, scalar
-from ledger_support import checkpoints, deliver, execution
+from support.api_support import AdminClient, admin_settings, running_api
+from support.harness_support import fences, points, replay_state, run_worker, scalar
+from support.ledger_support import checkpoints, deliver, execution
 
 from harness.dead_letters import write_dead_letter
 from harness.queue.port import DeadLettered, Duplicate, Held

@@ -9,10 +9,10 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from factories import TENANT
-from harness_consumers import PickyCredit, Unprintable
-from harness_support import TTL, fences, points, scalar, wait_until_waiting_on_lock
 from prometheus_client import CollectorRegistry
+from support.factories import TENANT
+from support.harness_consumers import PickyCredit, Unprintable
+from support.harness_support import TTL, fences, points, scalar, wait_until_waiting_on_lock
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy

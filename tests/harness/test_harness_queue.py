@@ -8,8 +8,10 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from factories import QUEUE, publish
-from harness_support import (
+from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
+from support.factories import QUEUE, publish
+from support.harness_support import (
     TTL,
     expire_leases,
     fences,
@@ -18,8 +20,6 @@ from harness_support import (
     row_counts,
     scalar,
 )
-from prometheus_client import CollectorRegistry
-from structlog.testing import capture_logs
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy

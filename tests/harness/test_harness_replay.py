@@ -13,8 +13,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from factories import QUEUE, dead_letter, publish
-from harness_support import (
+from support.factories import QUEUE, dead_letter, publish
+from support.harness_support import (
     TTL,
     backdate_replay,
     expire_leases,

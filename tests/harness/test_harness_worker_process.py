@@ -10,13 +10,14 @@ import signal
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import psycopg
 import pytest
-from factories import publish
-from harness_consumers import LOCK_KEY
-from harness_support import (
+from prometheus_client import CollectorRegistry
+from support import ROOT, TESTS
+from support.factories import publish
+from support.harness_consumers import LOCK_KEY
+from support.harness_support import (
     TTL,
     expire_leases,
     fences,
@@ -24,30 +25,31 @@ from harness_support import (
     scalar,
     wait_for_advisory_waiter,
 )
-from prometheus_client import CollectorRegistry
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
 from harness.worker import Worker, WorkerConfig
 
-ROOT = Path(__file__).resolve().parent.parent
-
 
 class WorkerProcess:
-    """``core-jobs worker --consumer harness_consumers:blocking`` (or ``consumer``) in a subprocess, its stdout read
+    """``core-jobs worker --consumer support.harness_consumers:blocking`` (or ``consumer``) in a subprocess, its stdout read
     line by line."""
 
     def __init__(
-        self, database_url: str, *args: str, consumer: str = "harness_consumers:blocking", deploy: str | None = None
+        self,
+        database_url: str,
+        *args: str,
+        consumer: str = "support.harness_consumers:blocking",
+        deploy: str | None = None,
     ) -> None:
-        """``deploy``: a folder of tests/deploys/ put first on PYTHONPATH (that version of its consumer modules)."""
+        """``deploy``: a folder of tests/support/deploys/ put first on PYTHONPATH (that version of its consumer modules)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
-        deployed = [str(ROOT / "tests" / "deploys" / deploy)] if deploy else []
+        deployed = [str(TESTS / "support" / "deploys" / deploy)] if deploy else []
         env |= {
             "CORE_JOBS_DATABASE_URL": database_url,
             "CORE_JOBS_LOG_FORMAT": "json",
-            "PYTHONPATH": os.pathsep.join([*deployed, str(ROOT / "tests"), str(ROOT)]),
+            "PYTHONPATH": os.pathsep.join([*deployed, str(TESTS), str(ROOT)]),
         }
         self.process = subprocess.Popen(
             [sys.executable, "-m", "maintenance", "worker", "--consumer", consumer, *args],
@@ -165,7 +167,7 @@ def test_one_failing_message_is_retried_with_a_readable_error_and_the_rest_of_th
     one is retried with its error (type named) in the queue and the log, and ``core-jobs worker --once`` exits 0."""
     for m in ("m-ok-1", member, "m-ok-2", "m-ok-3"):
         publish(conn, {"member_id": m, "points": 5})
-    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="harness_consumers:fragile")
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="support.harness_consumers:fragile")
     assert worker.process.wait(60) == 0, "".join(worker.output)
     assert [points(conn, m) for m in ("m-ok-1", "m-ok-2", "m-ok-3")] == [5, 5, 5]
     assert messages(conn) == {member: (1, False, error)}
@@ -179,7 +181,7 @@ def test_a_payload_whose_validator_raises_type_error_is_dead_lettered_as_poison_
     publish(conn, {"member_id": "m-ok-1", "points": 5})
     job_id = publish(conn, {"member_id": "m-typeerror", "points": 5})
     publish(conn, {"member_id": "m-ok-2", "points": 5})
-    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="harness_consumers:fragile")
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="support.harness_consumers:fragile")
     assert worker.process.wait(60) == 0, "".join(worker.output)
     assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
     assert conn.execute("SELECT job_id, attempts, last_error FROM core.dead_letters").fetchall() == [
@@ -200,7 +202,7 @@ def test_a_worker_that_must_stop_mid_batch_acks_what_it_did_gives_back_the_rest_
     in hand stays leased (its attempt counted), the unstarted rest is given back unused, and the worker exits 1."""
     for m in ("m-ok-1", member, "m-ok-2", "m-ok-3"):
         publish(conn, {"member_id": m, "points": 5})
-    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="harness_consumers:fragile")
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "4", consumer="support.harness_consumers:fragile")
     assert worker.process.wait(60) == 1, "".join(worker.output)
     assert points(conn, "m-ok-1") == 5
     assert messages(conn) == {member: (1, True, None), "m-ok-2": (0, False, None), "m-ok-3": (0, False, None)}
@@ -285,7 +287,7 @@ def test_a_delivery_the_database_refuses_to_settle_is_retried_with_backoff_and_t
     )
     for m in ("m-ok-1", "m-permanent", "m-ok-2"):
         publish(conn, {"member_id": m, "points": 5})
-    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="harness_consumers:fragile")
+    worker = WorkerProcess(database_url, "--once", "--batch-size", "3", consumer="support.harness_consumers:fragile")
     assert worker.process.wait(60) == 0, "".join(worker.output)
     assert [points(conn, m) for m in ("m-ok-1", "m-ok-2")] == [5, 5]
     refusal = "CheckViolation: dead letters of m-permanent are refused"

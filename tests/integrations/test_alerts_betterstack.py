@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fake_betterstack import TOKEN, FakeClock, Fault, make_client
+from support.fake_betterstack import TOKEN, FakeClock, Fault, make_client
 
 from maintenance.integrations.betterstack.client import BetterStackClient, BetterStackError, IncidentNotFound
 from maintenance.runtime.logs import get_logger

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import socket
 
-from factories import add_dead_letters
-from fake_betterstack import TOKEN, Fault
+from support.factories import add_dead_letters
+from support.fake_betterstack import TOKEN, Fault
 
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
 from maintenance.integrations.betterstack.heartbeat import send_heartbeat

@@ -13,9 +13,10 @@ import importlib
 import re
 from pathlib import Path
 
+from support import ROOT
+
 from maintenance import reference
 
-ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 
 # The README's budget in bytes: about 10 KB of front page, with some slack.

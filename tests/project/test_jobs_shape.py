@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-from pathlib import Path
 
 import pytest
+from support import ROOT
 
 from maintenance.fields.crontab import check_crontab
 from maintenance.jobs.catalog import JOBS, by_name
@@ -16,7 +16,6 @@ from maintenance.settings import Settings
 pytestmark = pytest.mark.pure
 
 JOB_NAMES = [spec.name for spec in JOBS]
-ROOT = Path(__file__).resolve().parent.parent
 # A package docstring says why and points at the manual; past this many lines it is a second manual.
 SUMMARY_MAX_LINES = 30
 

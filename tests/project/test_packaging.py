@@ -16,10 +16,10 @@ from email.parser import Parser
 from pathlib import Path
 
 import pytest
+from support import ROOT
 
 pytestmark = pytest.mark.network
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # What a consumer service must not get from the harness: the jobs' own dependencies and our other top-level packages.
 NOT_IN_A_CONSUMER = (

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from credential_corpus import CREDENTIALS, ORDINARY
+from support.credential_corpus import CREDENTIALS, ORDINARY
 
 from maintenance.runtime.credentials import credential_kind, mask_credentials
 from maintenance.runtime.logs import SecretRedactor

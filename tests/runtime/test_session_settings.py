@@ -11,11 +11,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
-from harness_support import points, scalar
-from logcapture import events_in
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from support.factories import QUEUE, TENANT, add_dead_letter, add_fence, publish
+from support.harness_support import points, scalar
+from support.logcapture import events_in
 
 import harness.pg
 from maintenance.cli import EXIT_OK, main

@@ -6,7 +6,7 @@ import uuid
 
 import psycopg
 import pytest
-from factories import add_dead_letters
+from support.factories import add_dead_letters
 
 from maintenance.runtime import migrate
 

@@ -7,7 +7,7 @@ import re
 from collections import defaultdict
 
 import pytest
-from factories import add_dead_letter, add_execution, resolve_execution
+from support.factories import add_dead_letter, add_execution, resolve_execution
 
 from harness import enumerations
 from harness.consumer.actions import Effect

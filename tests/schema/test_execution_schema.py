@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from factories import add_execution
+from support.factories import add_execution
 
 SUCCEEDED_LOOKUP = (("lookup", "READ_ONLY", "SUCCEEDED", {"member_id": "m-1", "tier": "gold"}),)
 NEW_TOKEN = "fencing_token = nextval('core.execution_fencing_seq')"

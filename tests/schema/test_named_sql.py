@@ -12,12 +12,11 @@ from __future__ import annotations
 import ast
 import importlib
 import re
-from pathlib import Path
 
 import psycopg
 import pytest
+from support import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("maintenance", "harness")
 STARTS_AS_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.I)
 PARAMETER = re.compile(r"%\((\w+)\)s|%s")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from factories import add_execution
+from support.factories import add_execution
 
 from maintenance.operations import resolution as reconciliation
 from maintenance.operations.resolution import Close, Evidence, Resume
@@ -24,7 +24,7 @@ SELECT id, job_id, consumer, business_scope, 'k-' || %(token)s, 'ops:test', 'RES
 
 
 def published():
-    from resolution_consumers import ledger_points
+    from support.resolution_consumers import ledger_points
 
     return {ledger_points.name: ledger_points}
 

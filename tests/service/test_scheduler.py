@@ -21,7 +21,7 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
-from waiting import wait_until
+from support.waiting import wait_until
 
 from maintenance.cli import EXIT_CONFIG, main
 from maintenance.jobs.base import JobSpec

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from fake_betterstack import TOKEN, FakeBetterStack, make_client
 
 from maintenance.jobs.alerts.config import AlertFeedConfig
 from maintenance.jobs.alerts.job import AlertFeed
 from maintenance.runtime.db import Database
+from support.fake_betterstack import TOKEN, FakeBetterStack, make_client
 
 CONFIG = AlertFeedConfig(
     policy_id="P-new",

@@ -230,7 +230,7 @@ def api(database_url: str, jwks: Jwks, tokens: Minter) -> Iterator[ApiClient]:
 
 
 # --- admin mode: operator resolution of executions (issue 13) ----------------------------------
-PUBLISHED_CONSUMERS = ["resolution_consumers:ledger_points"]
+PUBLISHED_CONSUMERS = ["support.resolution_consumers:ledger_points"]
 SERVED_SCOPES = ["loyalty", "billing"]
 OPERATOR_ROLE = "EXECUTION_OPERATOR"
 

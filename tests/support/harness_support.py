@@ -7,14 +7,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
-from factories import TENANT
 from prometheus_client import CollectorRegistry
-from waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
 from harness.worker import Worker, WorkerConfig, WorkerStats
+from support.factories import TENANT
+from support.waiting import wait_until
 
 TTL = timedelta(days=7)
 

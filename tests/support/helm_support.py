@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import helm_python
 import pytest
 
-CHART_DIR = Path(__file__).resolve().parents[1] / "helm" / "core-jobs"
+from support import ROOT
+
+CHART_DIR = ROOT / "helm" / "core-jobs"
 
 
 @pytest.fixture(scope="module")

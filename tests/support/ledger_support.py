@@ -16,7 +16,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from factories import TENANT
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
@@ -24,6 +23,7 @@ from harness.examples.ledger_points import make_consumer
 from harness.handling import handle
 from harness.queue.port import Delivery, Envelope, Outcome
 from maintenance.demo.ledger import LoyaltyLedger
+from support.factories import TENANT
 
 CLIENT_TIMEOUT_S = 0.5
 LEASE = timedelta(seconds=30)

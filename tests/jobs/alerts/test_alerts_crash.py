@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from alerts_support import CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
-from factories import add_dead_letters
+from support.alerts_support import CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
+from support.factories import add_dead_letters
 
 from harness.pg import server_now
 

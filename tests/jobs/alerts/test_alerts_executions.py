@@ -10,9 +10,9 @@ from datetime import timedelta
 
 import psycopg
 import pytest
-from alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
-from factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
-from fake_betterstack import Fault
+from support.alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
+from support.factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
+from support.fake_betterstack import Fault
 
 from harness.pg import server_now
 from maintenance.jobs.alerts.job import METADATA_KEY, read_installation

@@ -7,9 +7,9 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
-from factories import add_dead_letters
-from fake_betterstack import TOKEN, Fault
+from support.alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
+from support.factories import add_dead_letters
+from support.fake_betterstack import TOKEN, Fault
 
 from harness.pg import advisory_lock, server_now
 from maintenance.jobs.alerts.job import METADATA_KEY, AlertFeedResult, read_installation

@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from alerts_support import CONFIG, alert_rows, handle, make_feed
 from conftest import create_database, drop_database
-from factories import add_dead_letters
-from fake_betterstack import TOKEN, Fault
-from logcapture import events_in
+from support.alerts_support import CONFIG, alert_rows, handle, make_feed
+from support.factories import add_dead_letters
+from support.fake_betterstack import TOKEN, Fault
+from support.logcapture import events_in
 
 from harness.pg import server_now
 from maintenance.cli import main as cli_main

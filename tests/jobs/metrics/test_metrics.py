@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from factories import add_dead_letter, add_execution, add_fences, resolve_execution
-from logcapture import events_in
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
-from waiting import wait_until
+from support.factories import add_dead_letter, add_execution, add_fences, resolve_execution
+from support.logcapture import events_in
+from support.waiting import wait_until
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main

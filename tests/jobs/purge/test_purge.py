@@ -17,9 +17,9 @@ from datetime import datetime, timedelta
 
 import psycopg
 import pytest
-from factories import CONSUMER, add_dead_letter, add_dead_letters, add_execution, add_fence
-from harness_support import backdate_replay
-from logcapture import LoggedEvents, events_in
+from support.factories import CONSUMER, add_dead_letter, add_dead_letters, add_execution, add_fence
+from support.harness_support import backdate_replay
+from support.logcapture import LoggedEvents, events_in
 
 from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main

@@ -1,4 +1,4 @@
-"""Deploy 1 of ``points.quote`` (tests/deploys/README.md): ``lookup`` answers ``{"member_id"}``; ``quote`` is down.
+"""Deploy 1 of ``points.quote`` (tests/support/deploys/README.md): ``lookup`` answers ``{"member_id"}``; ``quote`` is down.
 
 Its ``lookup`` therefore ends ``SUCCEEDED`` with a result of this deploy's shape, and the
 execution waits to retry ``quote`` — a stored result the next deploy reads.

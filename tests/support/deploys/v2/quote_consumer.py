@@ -1,4 +1,4 @@
-"""Deploy 2 of ``points.quote`` (tests/deploys/README.md): ``lookup``'s output now requires a ``tier``; ``quote`` answers.
+"""Deploy 2 of ``points.quote`` (tests/support/deploys/README.md): ``lookup``'s output now requires a ``tier``; ``quote`` answers.
 
 A ``lookup`` result stored by deploy 1 (no ``tier``) breaks this deploy's contract; a new job's
 lookup answers with one and succeeds.

@@ -1,4 +1,4 @@
-"""Deploy 3 of ``points.quote`` (tests/deploys/README.md): ``lookup``'s output refuses a result without ``tier`` by raising TypeError.
+"""Deploy 3 of ``points.quote`` (tests/support/deploys/README.md): ``lookup``'s output refuses a result without ``tier`` by raising TypeError.
 
 Like deploy 2, but the refusal is not a pydantic ``ValidationError`` (a ``TypeError`` from a
 validator is not wrapped): a ``lookup`` result stored by deploy 1 breaks this contract all the same.
