@@ -445,7 +445,7 @@ def test_demo_explains_what_was_deleted_and_kept(demo_output):
     ("name", "value", "problem"),
     [
         ("CORE_JOBS_PURGE_BATCH_SIZE", "0", "greater than or equal to 1"),
-        ("CORE_JOBS_PURGE_STATEMENT_TIMEOUT", "PT0S", "must be positive"),
+        ("CORE_JOBS_PURGE_STATEMENT_TIMEOUT", "PT0S", "must be at least 1 ms"),
         ("CORE_JOBS_PURGE_MAX_RUNTIME", "-PT1M", "must be positive"),
         ("CORE_JOBS_PURGE_BATCH_PAUSE", "-1", "must not be negative"),
         ("CORE_JOBS_PURGE_TARGET_BATCH_DURATION", "PT0S", "must be positive"),
