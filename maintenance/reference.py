@@ -13,7 +13,7 @@ Regenerate after changing a setting or an event::
 
     uv run python -m maintenance.reference
 
-``tests/test_reference_docs.py`` fails when a committed page differs from what this writes.
+``tests/project/test_reference_docs.py`` fails when a committed page differs from what this writes.
 """
 
 from __future__ import annotations

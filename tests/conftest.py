@@ -9,7 +9,7 @@ process id, so parallel sessions on one server never collide — nor do the work
 cluster-wide is shared with them: a test that looks at ``pg_stat_activity`` or ``pg_locks`` keeps
 to its own database (``datname = current_database()``), names a role or database it creates at
 random, and reconfigures a server (``ALTER SYSTEM``, role defaults) only in a private cluster
-(tests/private_cluster.py).
+(tests/support/private_cluster.py).
 
 Markers: ``database`` is put on every test whose fixtures reach ``pg_server_url`` (so it cannot
 lie); ``pure`` is declared by a module of pure logic (``pytestmark = pytest.mark.pure``) and
@@ -40,7 +40,13 @@ TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
 # (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
 # loyalty ledger of the durable-action tests (ledger_support).
-pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support", "ledger_support"]
+pytest_plugins = [
+    "support.fake_betterstack",
+    "support.logcapture",
+    "support.helm_support",
+    "support.api_support",
+    "support.ledger_support",
+]
 
 
 def _docker_answers() -> bool:

@@ -1,0 +1,116 @@
+"""Every scheduled job has the same parts (maintenance/jobs/__init__.py), checked for each job in JOBS."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+
+import pytest
+from support import ROOT
+
+from maintenance.fields.crontab import check_crontab
+from maintenance.jobs.catalog import JOBS, by_name
+from maintenance.settings import Settings
+
+pytestmark = pytest.mark.pure
+
+JOB_NAMES = [spec.name for spec in JOBS]
+# A package docstring says why and points at the manual; past this many lines it is a second manual.
+SUMMARY_MAX_LINES = 30
+
+
+def test_jobs_run_in_the_documented_order():
+    """`run-once` with no job named runs purge, then alerts, then metrics."""
+    assert JOB_NAMES == ["purge", "alerts", "metrics"]
+    assert list(by_name()) == JOB_NAMES
+
+
+def settings_builders(module) -> list[str]:
+    """The functions and ``from_settings`` classmethods defined in ``module`` that take the settings."""
+    found = []
+    for name, obj in vars(module).items():
+        if getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if inspect.isclass(obj):
+            name, obj = f"{name}.from_settings", getattr(obj, "from_settings", None)
+        if callable(obj) and "settings" in inspect.signature(obj).parameters:
+            found.append(name)
+    return found
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_job_package_has_its_manual_config_and_job_modules(spec):
+    """maintenance/jobs/<job>/ has a docstring that points at its manual docs/<job>.md, and a config module with from_settings or builders."""
+    package = importlib.import_module(f"maintenance.jobs.{spec.name}")
+    assert package.__doc__ and f"docs/{spec.name}.md" in package.__doc__, "the package docstring points at the manual"
+    assert (ROOT / "docs" / f"{spec.name}.md").exists()
+    config = importlib.import_module(f"maintenance.jobs.{spec.name}.config")
+    builders = settings_builders(config)
+    assert builders, f"{config.__name__} builds nothing from the settings"
+    assert spec.schedule == config.DEFAULT_SCHEDULE
+    job = importlib.import_module(f"maintenance.jobs.{spec.name}.job")
+    assert job.SPEC is spec
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_job_declares_its_settings_once_in_its_package_and_settings_composes_them(spec):
+    """The spec's settings mixin is maintenance/jobs/<job>/settings.py's, declares schedule_<job>, and every field of it is a Settings field with the same default."""
+    assert spec.settings is not None and spec.settings.__module__ == f"maintenance.jobs.{spec.name}.settings"
+    assert f"schedule_{spec.name}" in spec.settings.model_fields
+    for name, info in spec.settings.model_fields.items():
+        assert Settings.model_fields[name].default == info.default, name
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_jobs_default_schedule_is_the_settings_default(spec):
+    """The spec carries the default schedule, which CORE_JOBS_SCHEDULE_<JOB> defaults to."""
+    assert check_crontab(spec.schedule) == spec.schedule
+    assert Settings.model_fields[f"schedule_{spec.name}"].default == spec.schedule
+
+
+def a_result_of(job: str):
+    """A result of ``job`` as its run_once returns it (nothing done), whose fields() are its stop event's."""
+    if job == "metrics":
+        from maintenance.jobs.metrics.job import NEVER, MetricsResult
+
+        return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="settle", now=NEVER)
+    module, name = {
+        "purge": ("maintenance.jobs.purge.job", "PurgeResult"),
+        "alerts": ("maintenance.jobs.alerts.job", "AlertFeedResult"),
+    }[job]
+    return getattr(importlib.import_module(module), name)()
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_jobs_error_event_has_the_stop_events_result_keys(spec):
+    """zero_fields() (the .error event's fields) has exactly the keys of the result's fields() (the .stop event's), all 0."""
+    zero = spec.zero_fields()
+    assert list(zero) == list(a_result_of(spec.name).fields())
+    assert all(v == 0 and not isinstance(v, bool) for v in zero.values()), zero
+
+
+@pytest.mark.parametrize(
+    ("result_class", "not_event_fields"),
+    [
+        ("maintenance.jobs.purge.job:PurgeResult", {"cutoff", "protected_from"}),
+        ("maintenance.jobs.alerts.job:AlertFeedResult", {"planned"}),
+    ],
+)
+def test_result_names_every_counter_as_an_event_field(result_class, not_event_fields):
+    """Each dataclass field of a result is either in its explicit EVENT_FIELDS or one of its named non-event fields."""
+    module, name = result_class.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    declared = {f.name for f in dataclasses.fields(cls)}
+    assert set(cls.EVENT_FIELDS) | not_event_fields == declared
+    assert list(cls().fields()) == list(cls.EVENT_FIELDS)
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_jobs_manual_is_written_once_in_docs_not_again_in_its_docstring(spec):
+    """The package docstring of maintenance/jobs/<job>/ is at most 30 lines: the why and a pointer, not a second manual."""
+    package = importlib.import_module(f"maintenance.jobs.{spec.name}")
+    lines = len((package.__doc__ or "").strip().splitlines())
+    assert lines <= SUMMARY_MAX_LINES, (
+        f"{package.__name__}'s docstring is {lines} lines: move the detail to docs/{spec.name}.md"
+    )
