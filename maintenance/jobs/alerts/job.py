@@ -448,11 +448,7 @@ class AlertFeed:
             "name": intent.name,
             "summary": intent.summary,
             "description": intent.description,
-            "email": True,
-            "push": True,
-            "call": False,
-            "sms": False,
-            "critical_alert": False,
+            **(config.escalation_channels if escalation else config.incident_channels).body(),
             "metadata": {
                 "core_jobs_kind": [source.metadata_stale if escalation else source.metadata_new],
                 source.key_name: [intent.key or "(several)"],
