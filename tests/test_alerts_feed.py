@@ -437,3 +437,20 @@ def test_an_escalation_can_ask_for_a_phone_call_while_new_incidents_do_not(db, c
         for p in fake_bs.posts()
     }
     assert channels == {False: (False, True, False, False), True: (True, False, True, True)}
+
+
+def test_a_long_run_reports_progress_at_info_every_interval(db, conn, fake_bs, logs):
+    """A clock ticking 2 s per reading and a 5 s interval: alerts.feed.progress at info with items done,
+    total, rate and estimate left while 6 incidents are posted, not after every one."""
+    for n in range(6):
+        add_dead_letters(conn, f"queue.{n}", 1)
+    ticks = iter(range(0, 1000, 2))
+    feed = make_feed(db, fake_bs, replace(CONFIG, progress_interval=timedelta(seconds=5)))
+    feed.monotonic = lambda: float(next(ticks))
+    assert feed.run_once(server_now(conn)).incidents_posted == 6
+    progress = logs.named("alerts.feed.progress")
+    assert 1 <= len(progress) < 6
+    first = progress[0]
+    assert first["level"] == "info" and first["step"] == "post" and first["items_total"] == 6
+    assert first["items_done"] == 3 and first["elapsed_s"] == 6.0 and first["rate"] == 0.5
+    assert first["estimate_left_s"] == 6.0

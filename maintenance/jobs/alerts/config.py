@@ -59,12 +59,15 @@ class AlertFeedConfig:
     environment: str | None = None  # the deployment the identity is bound to (identity.py)
     incident_channels: Channels = field(default_factory=lambda: Channels.of(None, "incident"))  # new ones
     escalation_channels: Channels = field(default_factory=lambda: Channels.of(None, "escalation"))  # stale ones
+    progress_interval: timedelta = default_of(AlertsFields, "alerts_progress_interval")
     top_errors: int = 3
     samples: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.stale_after, timedelta) or self.stale_after <= timedelta(0):
             raise ValueError(f"stale_after must be a positive duration, got {self.stale_after!r}")
+        if not isinstance(self.progress_interval, timedelta) or self.progress_interval <= timedelta(0):
+            raise ValueError(f"progress_interval must be a positive duration, got {self.progress_interval!r}")
         for name in ("max_incidents_per_run", "top_errors", "samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -86,6 +89,7 @@ def feed_config(settings: Settings) -> AlertFeedConfig:
             requester_email=settings.betterstack_requester_email,
             ops_url_template=settings.ops_url_template,
             environment=settings.alerts_environment,
+            progress_interval=settings.alerts_progress_interval,
             incident_channels=Channels.of(settings, "incident"),
             escalation_channels=Channels.of(settings, "escalation"),
         )

@@ -112,6 +112,11 @@ class AlertsFields(BaseModel):
         description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
         "summary incident, never dropped.",
     )
+    alerts_progress_interval: PositiveDuration = Field(
+        default=timedelta(seconds=5),
+        description="How often a long run logs alerts.feed.progress at info while it posts or resolves incidents "
+        "(items done of the total, rate, estimated seconds left).",
+    )
     dead_letter_stale_after: PositiveDuration = Field(
         default=timedelta(days=3),
         description="A dead letter still pending review this long after it was written escalates (PostgreSQL's clock).",
