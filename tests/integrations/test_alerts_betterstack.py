@@ -21,7 +21,7 @@ def test_create_returns_the_confirmed_id_and_sends_the_key_in_metadata(fake_bs):
     created = client.create_incident(incident(), key_name=KEY, key_value="k-1")
     assert created.id == "1001" and not created.recovered
     stored = fake_bs.incidents["1001"]
-    assert stored["body"]["metadata"][KEY] == ["k-1"]
+    assert stored["body"]["metadata"][KEY] == [{"type": "String", "value": "k-1"}]
     assert stored["body"]["team_name"] == "Platform"
     assert fake_bs.requests[0].authorization == f"Bearer {TOKEN}"
 
@@ -168,3 +168,24 @@ def test_token_never_in_errors_repr_or_logs(fake_bs, logs):
     assert "alerts.betterstack.retry" in logs.text
     for text in (str(raised.value), repr(client), logs.text):
         assert TOKEN not in text
+
+
+def test_create_sends_metadata_as_typed_string_values(fake_bs):
+    """The key, each scope entry and each metadata value the caller gives go out as {type: String, value}."""
+    client = make_client(fake_bs)
+    fields = incident() | {"metadata": {"queue": ["points.credit"]}}
+    client.create_incident(fields, key_name=KEY, key_value="k-2", scope={"core_jobs_installation": "prod"})
+    metadata = fake_bs.posts()[0].body["metadata"]
+    assert metadata == {
+        "queue": [{"type": "String", "value": "points.credit"}],
+        KEY: [{"type": "String", "value": "k-2"}],
+        "core_jobs_installation": [{"type": "String", "value": "prod"}],
+    }
+
+
+def test_refuses_an_undocumented_create_parameter_before_sending(fake_bs):
+    """A field the v3 create-incident documentation does not define (here push) is refused, nothing sent."""
+    client = make_client(fake_bs)
+    with pytest.raises(ValueError, match="push"):
+        client.create_incident(incident() | {"push": True}, key_name=KEY, key_value="k-3")
+    assert fake_bs.requests == []

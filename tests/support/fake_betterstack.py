@@ -1,5 +1,10 @@
 """A small stateful Better Stack, served by pytest-httpserver on 127.0.0.1 (a real socket).
 
+It checks each create body against the parameters Better Stack's v3 documentation defines
+(https://betterstack.com/docs/uptime/api/create-a-new-incident/): an undocumented key, a
+mistyped value or metadata not in the typed form ``{key: [{"type": "String", "value": "…"}]}``
+is answered 422, so a test fails the moment the client sends what the API does not define.
+
 It speaks the endpoints the feed uses — create, list with the metadata filter and pagination,
 resolve (409 when already resolved) — plus the heartbeat, and can be scripted to fail: answer
 500 or 429 (with Retry-After), create the incident and *then* answer 500 (the response was
@@ -26,6 +31,47 @@ from maintenance.integrations.betterstack.client import BetterStackClient
 
 TOKEN = "bs-test-token-7f3a9c1e5d"
 _METADATA_FILTER = re.compile(r"^metadata\[(?P<key>.+)\]\[\]\[value\]$")
+
+# POST /api/v3/incidents: every body parameter the v3 documentation lists, with its JSON type.
+CREATE_PARAMETERS: dict[str, type | tuple[type, ...]] = {
+    "team_name": str,
+    "requester_email": str,
+    "name": str,
+    "summary": str,
+    "description": str,
+    "call": bool,
+    "sms": bool,
+    "email": bool,
+    "critical_alert": bool,
+    "team_wait": int,
+    "policy_id": str,
+    "metadata": dict,
+}
+
+
+def body_errors(body: dict[str, Any]) -> list[str]:
+    """What in a create body the v3 documentation does not define (empty: all of it does)."""
+    errors = [f"unknown parameter {key!r}" for key in body if key not in CREATE_PARAMETERS]
+    for key, expected in CREATE_PARAMETERS.items():
+        value = body.get(key)
+        if key in body and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+            errors.append(f"{key} must be {getattr(expected, '__name__', expected)}, got {value!r}")
+    metadata = body.get("metadata")
+    for key, values in metadata.items() if isinstance(metadata, dict) else ():
+        if not isinstance(values, list) or not all(
+            isinstance(v, dict)
+            and set(v) == {"type", "value"}
+            and v["type"] == "String"
+            and isinstance(v["value"], str)
+            for v in values
+        ):
+            errors.append(f"metadata {key!r} must be a list of {{type: String, value: str}}, got {values!r}")
+    return errors
+
+
+def metadata_values(metadata: dict[str, Any], key: str) -> list[str]:
+    """The plain values of metadata ``key`` in a body or stored incident (typed form)."""
+    return [v["value"] for v in metadata.get(key, [])]
 
 
 @dataclass
@@ -130,12 +176,12 @@ class FakeBetterStack:
             return _json({"errors": "body must be a JSON object"}, 400)
         if "summary" not in body and "name" not in body:
             return _json({"errors": "Summary can't be blank"}, 422)
+        errors = body_errors(body)
+        if errors:
+            return _json({"errors": "; ".join(errors)}, 422)
         with self._lock:
             incident_id = str(next(self._ids))
-            metadata = {
-                key: [{"type": "String", "value": str(v)} for v in values]
-                for key, values in (body.get("metadata") or {}).items()
-            }
+            metadata = body.get("metadata") or {}
             self.incidents[incident_id] = {
                 "id": incident_id,
                 "status": "Started",

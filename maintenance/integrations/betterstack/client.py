@@ -20,6 +20,12 @@ What it does on each request
   line or ``repr``. ``pagination.next`` links are followed only on the configured origin, so
   the token is never sent anywhere else.
 
+- **Exactly the documented body**: a create carries only the body parameters of Better Stack's
+  v3 create-incident documentation (:data:`CREATE_PARAMETERS`,
+  https://betterstack.com/docs/uptime/api/create-a-new-incident/); any other field is refused
+  here, before sending. Metadata goes out as typed values, ``{name: [{"type": "String",
+  "value": "…"}]}``, the form Better Stack returns and filters on (``metadata[name][][value]``).
+
 ``sleep``, ``monotonic`` and ``random`` are injectable, so tests never wait in real time.
 
 Events: ``alerts.betterstack.retry`` (``method``, ``path``, ``attempt``, ``reason``,
@@ -42,6 +48,25 @@ import structlog
 from harness.consumer.retry import RetryPolicy, compute_delay
 
 INCIDENTS_PATH = "/api/v3/incidents"
+# The body parameters of POST /api/v3/incidents, as Better Stack's v3 documentation lists them
+# (https://betterstack.com/docs/uptime/api/create-a-new-incident/). Not ``push``: the response
+# shows it, the create parameters do not define it.
+CREATE_PARAMETERS = frozenset(
+    {
+        "team_name",
+        "requester_email",
+        "name",
+        "summary",
+        "description",
+        "call",
+        "sms",
+        "email",
+        "critical_alert",
+        "team_wait",
+        "policy_id",
+        "metadata",
+    }
+)
 # Better Stack's maximum page size for listing incidents.
 PAGE_SIZE = 50
 # A metadata lookup matches a handful of incidents; more pages than this means a broken filter.
@@ -143,15 +168,20 @@ class BetterStackClient:
         """POST an incident whose metadata carries ``key_name: [key_value]`` and each ``scope``
         entry (``name: [value]``); return it once confirmed.
 
-        Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
+        ``fields`` holds documented create parameters only (:data:`CREATE_PARAMETERS`, else
+        ValueError, nothing sent); its ``metadata`` maps names to lists of plain strings, sent
+        typed like the key and the scope. Confirmed means ``201`` with a ``data.id``. Before re-sending after a failure that may
         have created it anyway, the incident is looked up by that metadata (key and scope) and
         returned if found, with ``recovered=True``.
         """
+        undocumented = sorted(set(fields) - CREATE_PARAMETERS)
+        if undocumented:
+            raise ValueError(f"not a create-incident parameter of the Better Stack v3 API: {', '.join(undocumented)}")
         body = dict(fields)
-        metadata = dict(body.get("metadata") or {})
-        metadata[key_name] = [key_value]
+        metadata = {name: [_typed(v) for v in values] for name, values in (body.get("metadata") or {}).items()}
+        metadata[key_name] = [_typed(key_value)]
         for name, value in (scope or {}).items():
-            metadata[name] = [value]
+            metadata[name] = [_typed(value)]
         body["metadata"] = metadata
         if self.team_name:
             body["team_name"] = self.team_name
@@ -313,6 +343,11 @@ class BetterStackClient:
                 f"pagination.next points at another origin ({target.scheme}://{target.netloc}); not followed", None
             )
         return url
+
+
+def _typed(value: str) -> dict[str, str]:
+    """One metadata value as Better Stack types it."""
+    return {"type": "String", "value": str(value)}
 
 
 def _incident_from(data: Any) -> Incident | None:

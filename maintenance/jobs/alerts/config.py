@@ -6,7 +6,7 @@ Better Stack integration (``maintenance/integrations/betterstack/client.py``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import quote
@@ -24,6 +24,29 @@ DEFAULT_SCHEDULE: str = default_of(AlertsFields, "schedule_alerts")  # crontab (
 
 
 @dataclass(frozen=True)
+class Channels:
+    """How Better Stack alerts the on-call person about one kind of incident: the create
+    parameters ``call``, ``sms``, ``email`` and ``critical_alert`` (a push that ignores the mute
+    switch and Do Not Disturb). The defaults are the settings' (email only)."""
+
+    call: bool
+    sms: bool
+    email: bool
+    critical_alert: bool
+
+    @classmethod
+    def of(cls, settings: Settings | None, kind: str) -> Channels:
+        """The channels of ``kind`` (``incident`` or ``escalation``) from ``BETTERSTACK_<KIND>_*``;
+        their declared defaults when ``settings`` is None."""
+        fields = (f"betterstack_{kind}_{name}" for name in ("call", "sms", "email", "critical_alert"))
+        values = [default_of(AlertsFields, f) if settings is None else getattr(settings, f) for f in fields]
+        return cls(*values)
+
+    def body(self) -> dict[str, bool]:
+        return {"call": self.call, "sms": self.sms, "email": self.email, "critical_alert": self.critical_alert}
+
+
+@dataclass(frozen=True)
 class AlertFeedConfig:
     """The feed's options; the settings (``settings.py``) declare the defaults of those that are settings."""
 
@@ -34,12 +57,17 @@ class AlertFeedConfig:
     requester_email: str | None = None
     ops_url_template: str | None = None
     environment: str | None = None  # the deployment the identity is bound to (identity.py)
+    incident_channels: Channels = field(default_factory=lambda: Channels.of(None, "incident"))  # new ones
+    escalation_channels: Channels = field(default_factory=lambda: Channels.of(None, "escalation"))  # stale ones
+    progress_interval: timedelta = default_of(AlertsFields, "alerts_progress_interval")
     top_errors: int = 3
     samples: int = 3
 
     def __post_init__(self) -> None:
         if not isinstance(self.stale_after, timedelta) or self.stale_after <= timedelta(0):
             raise ValueError(f"stale_after must be a positive duration, got {self.stale_after!r}")
+        if not isinstance(self.progress_interval, timedelta) or self.progress_interval <= timedelta(0):
+            raise ValueError(f"progress_interval must be a positive duration, got {self.progress_interval!r}")
         for name in ("max_incidents_per_run", "top_errors", "samples"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -61,6 +89,9 @@ def feed_config(settings: Settings) -> AlertFeedConfig:
             requester_email=settings.betterstack_requester_email,
             ops_url_template=settings.ops_url_template,
             environment=settings.alerts_environment,
+            progress_interval=settings.alerts_progress_interval,
+            incident_channels=Channels.of(settings, "incident"),
+            escalation_channels=Channels.of(settings, "escalation"),
         )
     except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}ALERTS_* / BETTERSTACK_*: {exc}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from maintenance.jobs.alerts.sql import (
 from maintenance.jobs.base import JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
+from maintenance.runtime.progress import Progress, Report
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
@@ -130,11 +132,13 @@ class AlertFeed:
         client: BetterStackClient | None,
         *,
         log: Any = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
         self.connect = connect
         self.client = client
         self.log = log or structlog.get_logger(job="alerts")
+        self.monotonic = monotonic  # progress's clock (alerts.feed.progress)
 
     @property
     def dry_run(self) -> bool:
@@ -318,9 +322,11 @@ class AlertFeed:
         """Post every pending intent (the earlier ones were looked up already), except ``unsettled``."""
         assert self.client is not None
         scope = {INSTALLATION_METADATA_KEY: installation}
-        for intent in _pending_intents(conn):
-            if intent.id in unsettled:
-                continue
+        due = [intent for intent in _pending_intents(conn) if intent.id not in unsettled]
+        progress = self._progress(len(due))
+        for done, intent in enumerate(due):
+            if done:
+                self._log_progress("post", progress.due(done))
             try:
                 incident = self.client.create_incident(
                     self.incident_fields(intent), key_name=METADATA_KEY, key_value=intent.alert_key, scope=scope
@@ -379,7 +385,10 @@ class AlertFeed:
     ) -> None:
         assert self.client is not None
         due = _resolved_open_alerts(conn)
+        progress = self._progress(len(due))
         for position, (alert_id, incident_id, alert_key, kind, key) in enumerate(due):
+            if position:
+                self._log_progress("resolve", progress.due(position))
             try:
                 outcome = self._resolve(incident_id, alert_key, installation)
             except BetterStackError as exc:
@@ -416,6 +425,22 @@ class AlertFeed:
                     already_resolved=outcome == ALREADY_RESOLVED,
                 )
 
+    def _progress(self, total: int) -> Progress:
+        """Progress of posting or resolving ``total`` incidents, each a rate-limited, retried request."""
+        return Progress(total=total, interval_s=self.config.progress_interval.total_seconds(), monotonic=self.monotonic)
+
+    def _log_progress(self, step: str, report: Report | None) -> None:
+        if report is not None:
+            self.log.info(
+                "alerts.feed.progress",
+                step=step,
+                items_done=report.items_done,
+                items_total=report.items_total,
+                elapsed_s=report.elapsed_s,
+                rate=report.rate,
+                estimate_left_s=report.estimate_left_s,
+            )
+
     def _resolve(self, incident_id: str, alert_key: str, installation: str) -> str:
         """Resolve one incident at Better Stack: RESOLVED, ALREADY_RESOLVED (409) or GONE.
 
@@ -448,11 +473,7 @@ class AlertFeed:
             "name": intent.name,
             "summary": intent.summary,
             "description": intent.description,
-            "email": True,
-            "push": True,
-            "call": False,
-            "sms": False,
-            "critical_alert": False,
+            **(config.escalation_channels if escalation else config.incident_channels).body(),
             "metadata": {
                 "core_jobs_kind": [source.metadata_stale if escalation else source.metadata_new],
                 source.key_name: [intent.key or "(several)"],

@@ -55,6 +55,26 @@ class AlertsFields(BaseModel):
         default=None,
         description="Escalation policy of stale-dead-letter escalations (unset: BETTERSTACK_POLICY_ID).",
     )
+    # How Better Stack alerts the on-call person, per kind: the create parameters call, sms, email
+    # and critical_alert (https://betterstack.com/docs/uptime/api/create-a-new-incident/).
+    betterstack_incident_call: bool = Field(
+        default=False, description="New-incident alerts (new dead letters, new uncertain executions): phone call."
+    )
+    betterstack_incident_sms: bool = Field(default=False, description="New-incident alerts: SMS.")
+    betterstack_incident_email: bool = Field(default=True, description="New-incident alerts: e-mail.")
+    betterstack_incident_critical_alert: bool = Field(
+        default=False,
+        description="New-incident alerts: critical push notification (ignores the mute switch and Do Not Disturb).",
+    )
+    betterstack_escalation_call: bool = Field(
+        default=False, description="Escalation alerts (stale dead letters, executions still uncertain): phone call."
+    )
+    betterstack_escalation_sms: bool = Field(default=False, description="Escalation alerts: SMS.")
+    betterstack_escalation_email: bool = Field(default=True, description="Escalation alerts: e-mail.")
+    betterstack_escalation_critical_alert: bool = Field(
+        default=False,
+        description="Escalation alerts: critical push notification (ignores the mute switch and Do Not Disturb).",
+    )
     betterstack_requester_email: str | None = Field(
         default=None, description="requester_email of every incident, and resolved_by when the feed resolves one."
     )
@@ -91,6 +111,11 @@ class AlertsFields(BaseModel):
         le=1000,
         description="Incidents per run and kind (new, stale); beyond it, the remaining queues are folded into one "
         "summary incident, never dropped.",
+    )
+    alerts_progress_interval: PositiveDuration = Field(
+        default=timedelta(seconds=5),
+        description="How often a long run logs alerts.feed.progress at info while it posts or resolves incidents "
+        "(items done of the total, rate, estimated seconds left).",
     )
     dead_letter_stale_after: PositiveDuration = Field(
         default=timedelta(days=3),

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from support.alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
 from support.factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
-from support.fake_betterstack import Fault
+from support.fake_betterstack import Fault, metadata_values
 
 from harness.pg import server_now
 from maintenance.jobs.alerts.job import METADATA_KEY, read_installation
@@ -54,9 +54,12 @@ def test_one_incident_per_consumer_for_several_uncertain_executions(db, conn, fa
     assert "2 × notify: the worker was lost while the request may have been sent" in ledger["description"]
     assert "1 × credit: attempts exhausted" in ledger["description"]
     assert "corr-" in ledger["description"] and "/v1/core/executions/{id}/resolve" in ledger["description"]
-    assert ledger["metadata"]["core_jobs_kind"] == ["reconciliation_required"]
-    assert ledger["metadata"]["consumer"] == ["points.ledger"] and ledger["metadata"]["executions"] == ["3"]
-    assert ledger["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:reconciliation:")
+    assert metadata_values(ledger["metadata"], "core_jobs_kind") == ["reconciliation_required"]
+    assert metadata_values(ledger["metadata"], "consumer") == ["points.ledger"]
+    assert metadata_values(ledger["metadata"], "executions") == ["3"]
+    assert metadata_values(ledger["metadata"], METADATA_KEY)[0].startswith(
+        f"core-jobs:{read_installation(conn)}:reconciliation:"
+    )
     assert sorted((k, q, s, n) for k, q, s, _, n, _ in alert_rows(conn)) == [
         ("reconciliation", "payments.charge", "open", 2),
         ("reconciliation", "points.ledger", "open", 3),
@@ -103,7 +106,7 @@ def test_executions_left_unresolved_past_stale_after_escalate_once(db, conn, fak
     escalation = fake_bs.posts()[-1].body
     assert escalation["name"] == "2 executions of points.ledger unresolved for over 3 days"
     assert escalation["policy_id"] == "P-esc" and escalation["description"].startswith("ESCALATION: ")
-    assert escalation["metadata"]["core_jobs_kind"] == ["reconciliation_escalation"]
+    assert metadata_values(escalation["metadata"], "core_jobs_kind") == ["reconciliation_escalation"]
     assert feed.run_once(now + timedelta(hours=3)).escalations_posted == 0
     assert execution_coverage(conn) == {"reconciliation": 2, "reconciliation_stale": 2}
 
@@ -159,7 +162,7 @@ def test_an_execution_uncertain_again_after_its_resolution_pages_again_once(db, 
     again = feed.run_once(server_now(conn))
     assert (again.incidents_posted, again.executions_alerted) == (1, 1)
     assert feed.run_once(server_now(conn)).incidents_posted == 0
-    keys = [p.body["metadata"][METADATA_KEY][0] for p in fake_bs.posts()]
+    keys = [metadata_values(p.body["metadata"], METADATA_KEY)[0] for p in fake_bs.posts()]
     assert len(keys) == 2 and keys[0] != keys[1]  # same execution id, another episode: another key
     assert execution_coverage(conn) == {"reconciliation": 2}
 
@@ -269,7 +272,7 @@ def test_a_storm_of_consumers_is_folded_into_one_summary_paged_once(db, conn, fa
     [summary] = fake_bs.posts()
     assert summary.body["name"] == "3 executions in 2 consumers need reconciliation"
     assert "  2 of points.ledger\n  1 of payments.charge" in summary.body["description"]
-    assert summary.body["metadata"]["consumer"] == ["(several)"]
+    assert metadata_values(summary.body["metadata"], "consumer") == ["(several)"]
     assert feed.run_once(server_now(conn)).incidents_posted == 0
     for execution_id in ids:
         resolve_execution(conn, execution_id, "FAILED")

@@ -9,9 +9,10 @@ from datetime import timedelta
 import pytest
 from support.alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
 from support.factories import add_dead_letters
-from support.fake_betterstack import TOKEN, Fault
+from support.fake_betterstack import TOKEN, Fault, body_errors, metadata_values
 
 from harness.pg import advisory_lock, server_now
+from maintenance.jobs.alerts.config import Channels
 from maintenance.jobs.alerts.job import METADATA_KEY, AlertFeedResult, read_installation
 
 
@@ -34,7 +35,7 @@ def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
     assert "corr-points.credit-1" in credit["description"]
     assert "https://ops.example/dead-letters?queue=points.credit" in credit["description"]
     assert "Most frequent error: ProviderUnavailable: HTTP 503 from loyalty ledger (9×)" in credit["summary"]
-    assert credit["metadata"][METADATA_KEY][0].startswith(f"core-jobs:{read_installation(conn)}:new:")
+    assert metadata_values(credit["metadata"], METADATA_KEY)[0].startswith(f"core-jobs:{read_installation(conn)}:new:")
     assert [(k, q, s) for k, q, s, *_ in alert_rows(conn)] == [
         ("new", "points.credit", "open"),
         ("new", "notifications.email", "open"),
@@ -402,3 +403,54 @@ def test_token_absent_from_the_logs_of_a_troubled_run(db, conn, fake_bs, logs):
 def test_result_fields_are_numbers_with_fixed_keys(field):
     """Every result field is a number, so the metrics exporter can export each of them."""
     assert isinstance(AlertFeedResult.zero_fields()[field], int)
+
+
+def test_every_incident_body_is_what_the_v3_documentation_defines_with_todays_channels(db, conn, fake_bs):
+    """A new incident and an escalation each carry only documented, well-typed create parameters (no
+    `push`, metadata as typed values), and by default email only: no call, SMS or critical alert."""
+    add_dead_letters(conn, "points.credit", 2)
+    add_dead_letters(conn, "points.expire", 1, age="5 days")
+    result = make_feed(db, fake_bs).run_once(server_now(conn))
+    assert (result.incidents_posted, result.escalations_posted) == (1, 1)
+    for post in fake_bs.posts():
+        assert body_errors(post.body) == []
+        assert {k: post.body[k] for k in ("call", "sms", "email", "critical_alert")} == {
+            "call": False,
+            "sms": False,
+            "email": True,
+            "critical_alert": False,
+        }
+
+
+def test_an_escalation_can_ask_for_a_phone_call_while_new_incidents_do_not(db, conn, fake_bs):
+    """Channels are per kind: escalation call + critical alert, new incidents SMS without email."""
+    config = replace(
+        CONFIG,
+        incident_channels=Channels(call=False, sms=True, email=False, critical_alert=False),
+        escalation_channels=Channels(call=True, sms=False, email=True, critical_alert=True),
+    )
+    add_dead_letters(conn, "points.credit", 2)
+    add_dead_letters(conn, "points.expire", 1, age="5 days")
+    make_feed(db, fake_bs, config).run_once(server_now(conn))
+    channels = {
+        "ESCALATION" in p.body["description"]: tuple(p.body[k] for k in ("call", "sms", "email", "critical_alert"))
+        for p in fake_bs.posts()
+    }
+    assert channels == {False: (False, True, False, False), True: (True, False, True, True)}
+
+
+def test_a_long_run_reports_progress_at_info_every_interval(db, conn, fake_bs, logs):
+    """A clock ticking 2 s per reading and a 5 s interval: alerts.feed.progress at info with items done,
+    total, rate and estimate left while 6 incidents are posted, not after every one."""
+    for n in range(6):
+        add_dead_letters(conn, f"queue.{n}", 1)
+    ticks = iter(range(0, 1000, 2))
+    feed = make_feed(db, fake_bs, replace(CONFIG, progress_interval=timedelta(seconds=5)))
+    feed.monotonic = lambda: float(next(ticks))
+    assert feed.run_once(server_now(conn)).incidents_posted == 6
+    progress = logs.named("alerts.feed.progress")
+    assert 1 <= len(progress) < 6
+    first = progress[0]
+    assert first["level"] == "info" and first["step"] == "post" and first["items_total"] == 6
+    assert first["items_done"] == 3 and first["elapsed_s"] == 6.0 and first["rate"] == 0.5
+    assert first["estimate_left_s"] == 6.0

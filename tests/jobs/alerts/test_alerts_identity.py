@@ -19,7 +19,7 @@ import pytest
 from conftest import create_database, drop_database
 from support.alerts_support import CONFIG, alert_rows, handle, make_feed
 from support.factories import add_dead_letters
-from support.fake_betterstack import TOKEN, Fault
+from support.fake_betterstack import TOKEN, Fault, metadata_values
 from support.logcapture import events_in
 
 from harness.pg import server_now
@@ -45,7 +45,7 @@ def prod_conn(prod_database_url: str) -> Iterator[psycopg.Connection]:
 
 def metadata_value(fake, incident_id: str, key: str) -> list[str]:
     """The values of metadata ``key`` of an incident as the fake Better Stack stored them."""
-    return [v["value"] for v in fake.incidents[incident_id]["metadata"].get(key, [])]
+    return metadata_values(fake.incidents[incident_id]["metadata"], key)
 
 
 def test_two_installations_have_distinct_identities(conn, prod_conn):

@@ -81,3 +81,17 @@ def test_settings_map_onto_the_feed_config_and_client(clean_env):
     client = betterstack_client(load_settings())
     assert client is not None and client.retry_policy.max_attempts == 6 and client.timeout == 10.0
     assert "tok-live-123456" not in repr(client)
+
+
+def test_alert_channels_default_to_todays_values_and_are_set_per_kind(clean_env):
+    """Unset: email only for both kinds; CORE_JOBS_BETTERSTACK_ESCALATION_CALL=true asks a call of escalations only."""
+    from maintenance.jobs.alerts.config import Channels
+
+    today = Channels(call=False, sms=False, email=True, critical_alert=False)
+    config = feed_config(load_settings())
+    assert (config.incident_channels, config.escalation_channels) == (today, today)
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_ESCALATION_CALL", "true")
+    clean_env.setenv("CORE_JOBS_BETTERSTACK_INCIDENT_EMAIL", "false")
+    config = feed_config(load_settings())
+    assert config.escalation_channels == Channels(call=True, sms=False, email=True, critical_alert=False)
+    assert config.incident_channels == Channels(call=False, sms=False, email=False, critical_alert=False)
