@@ -62,7 +62,12 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
             PanelSpec(
                 "Runs by outcome",
                 "short",
-                (q("sum by (job_name, outcome) (increase(core_jobs_job_runs_total[$__rate_interval]))", "{{job_name}} {{outcome}}"),),
+                (
+                    q(
+                        "sum by (job_name, outcome) (increase(core_jobs_job_runs_total[$__rate_interval]))",
+                        "{{job_name}} {{outcome}}",
+                    ),
+                ),
                 "Runs per interval (under serve; in CronJob mode each pushed group holds only its last run).",
             ),
             PanelSpec(
@@ -153,13 +158,19 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
                 "Throughput",
                 "ops",
                 (
-                    q("sum by (consumer) (rate(harness_jobs_processed_total[$__rate_interval]))", "{{consumer}} processed"),
+                    q(
+                        "sum by (consumer) (rate(harness_jobs_processed_total[$__rate_interval]))",
+                        "{{consumer}} processed",
+                    ),
                     q("sum by (consumer) (rate(harness_jobs_retries_total[$__rate_interval]))", "{{consumer}} retries"),
                     q(
                         "sum by (consumer) (rate(harness_jobs_dead_lettered_total[$__rate_interval]))",
                         "{{consumer}} dead-lettered",
                     ),
-                    q("sum by (consumer) (rate(harness_jobs_duplicates_total[$__rate_interval]))", "{{consumer}} duplicates"),
+                    q(
+                        "sum by (consumer) (rate(harness_jobs_duplicates_total[$__rate_interval]))",
+                        "{{consumer}} duplicates",
+                    ),
                 ),
             ),
             PanelSpec(
@@ -291,7 +302,9 @@ def rule_queries() -> list[tuple[str, str, str]]:
     found = []
     for group in groups:
         for rule in group["rules"]:
-            name = rule.get("alert") or rule["record"] + "".join(f'{{{k}="{v}"}}' for k, v in rule.get("labels", {}).items())
+            name = rule.get("alert") or rule["record"] + "".join(
+                f'{{{k}="{v}"}}' for k, v in rule.get("labels", {}).items()
+            )
             found.append((group["name"], name, " ".join(str(rule["expr"]).split())))
     return found
 

@@ -279,7 +279,9 @@ def with_monitoring_table(text: str) -> str:
     head, found, rest = text.partition(MONITORING_BEGIN)
     _, found_end, tail = rest.partition(MONITORING_END)
     if not found or not found_end:
-        raise SystemExit(f"docs/metrics.md has no monitoring block: add the lines\n{MONITORING_BEGIN}\n{MONITORING_END}")
+        raise SystemExit(
+            f"docs/metrics.md has no monitoring block: add the lines\n{MONITORING_BEGIN}\n{MONITORING_END}"
+        )
     return head + MONITORING_BEGIN + "\n" + monitoring.render_table() + MONITORING_END + tail
 
 
