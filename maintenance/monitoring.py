@@ -1,0 +1,320 @@
+"""The Grafana dashboard of core-jobs, built as code, and the table of every panel and rule.
+
+``uv run python -m maintenance.reference`` writes helm/core-jobs/monitoring/core-jobs-dashboard.json
+from :func:`dashboard` (grafana-foundation-sdk, Grafana's own typed builders: a dev dependency,
+so a production install never imports this module) and the "Alert rules and dashboard" table of
+docs/metrics.md from :func:`render_table`. Nobody edits the JSON by hand:
+tests/test_reference_docs.py fails when the committed file differs from what this module
+builds, and tests/test_monitoring.py fails when a panel or rule queries a metric core-jobs does
+not export. The chart ships the JSON as a ConfigMap for Grafana's dashboard sidecar
+(grafanaDashboard.enabled) and the rules (helm/core-jobs/monitoring/core-jobs.rules.yaml) as a
+PrometheusRule (prometheusRule.enabled).
+
+Every panel reads one Prometheus data source, chosen by the dashboard's ``datasource``
+variable; job panels split by ``job_name``, worker panels by ``consumer`` or ``queue``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.builders import prometheus, stat, timeseries
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import DataSourceRef
+
+MONITORING_DIR = Path(__file__).resolve().parent.parent / "helm" / "core-jobs" / "monitoring"
+DASHBOARD_FILE = MONITORING_DIR / "core-jobs-dashboard.json"
+RULES_FILE = MONITORING_DIR / "core-jobs.rules.yaml"
+UID = "core-jobs"
+DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
+
+
+@dataclass(frozen=True)
+class Query:
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class PanelSpec:
+    """One panel: its title, unit (Grafana's unit ids), kind and queries."""
+
+    title: str
+    unit: str
+    queries: tuple[Query, ...]
+    description: str = ""
+    kind: str = "timeseries"  # or "stat"
+
+
+def q(expr: str, legend: str = "") -> Query:
+    return Query(expr, legend)
+
+
+# Rows of panels, top to bottom. $__rate_interval lets Grafana pick a window of at least four scrapes.
+ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
+    (
+        "Jobs",
+        (
+            PanelSpec(
+                "Runs by outcome",
+                "short",
+                (
+                    q(
+                        "sum by (job_name, outcome) (increase(core_jobs_job_runs_total[$__rate_interval]))",
+                        "{{job_name}} {{outcome}}",
+                    ),
+                ),
+                "Runs per interval (under serve; in CronJob mode each pushed group holds only its last run).",
+            ),
+            PanelSpec(
+                "Time since last success",
+                "s",
+                (q("time() - max by (job_name) (core_jobs_job_last_success_timestamp_seconds)", "{{job_name}}"),),
+                "Alert CoreJobsJobNotSucceeding fires past the job's expected interval.",
+            ),
+            PanelSpec(
+                "Last run duration",
+                "s",
+                (q("max by (job_name) (core_jobs_job_duration_seconds)", "{{job_name}}"),),
+            ),
+            PanelSpec(
+                "Purge: rows deleted and left",
+                "short",
+                (
+                    q("max(core_jobs_purge_rows_deleted)", "deleted (last run)"),
+                    q("max(core_jobs_purge_rows_left)", "expired rows left"),
+                ),
+                "Rows left above 0 on consecutive runs: the purge falls behind.",
+            ),
+            PanelSpec(
+                "Purge: batches and longest batch",
+                "s",
+                (
+                    q("max(core_jobs_purge_longest_batch_seconds)", "longest batch"),
+                    q("max(core_jobs_purge_batches)", "batches"),
+                ),
+            ),
+            PanelSpec(
+                "Alerts: incidents",
+                "short",
+                (
+                    q("max(core_jobs_alerts_incidents_opened)", "opened"),
+                    q("max(core_jobs_alerts_incidents_resolved)", "resolved"),
+                    q("max(core_jobs_alerts_escalations)", "escalations"),
+                ),
+                "Per run of the alerts job.",
+            ),
+            PanelSpec(
+                "Successful jobs by consumer",
+                "ops",
+                (q("sum by (consumer) (rate(core_jobs_successes_total[$__rate_interval]))", "{{consumer}}"),),
+                "Fences counted by the metrics job (J-B9).",
+            ),
+        ),
+    ),
+    (
+        "Dead letters and reconciliation",
+        (
+            PanelSpec(
+                "Dead letters pending",
+                "short",
+                (q("sum by (queue) (core_jobs_dead_letters_pending)", "{{queue}}"),),
+            ),
+            PanelSpec(
+                "Oldest pending dead letter",
+                "s",
+                (q("max by (queue) (core_jobs_dead_letters_oldest_pending_age_seconds)", "{{queue}}"),),
+            ),
+            PanelSpec(
+                "Executions by status",
+                "short",
+                (q("sum by (consumer, status) (core_jobs_executions)", "{{consumer}} {{status}}"),),
+            ),
+            PanelSpec(
+                "Oldest execution awaiting reconciliation",
+                "s",
+                (q("max by (consumer) (core_jobs_executions_oldest_reconciliation_age_seconds)", "{{consumer}}"),),
+            ),
+            PanelSpec(
+                "Operator resolutions",
+                "short",
+                (
+                    q(
+                        "sum by (consumer, command) (increase(core_jobs_execution_resolutions_total[$__rate_interval]))",
+                        "{{consumer}} {{command}}",
+                    ),
+                ),
+            ),
+        ),
+    ),
+    (
+        "Worker",
+        (
+            PanelSpec(
+                "Throughput",
+                "ops",
+                (
+                    q(
+                        "sum by (consumer) (rate(harness_jobs_processed_total[$__rate_interval]))",
+                        "{{consumer}} processed",
+                    ),
+                    q("sum by (consumer) (rate(harness_jobs_retries_total[$__rate_interval]))", "{{consumer}} retries"),
+                    q(
+                        "sum by (consumer) (rate(harness_jobs_dead_lettered_total[$__rate_interval]))",
+                        "{{consumer}} dead-lettered",
+                    ),
+                    q(
+                        "sum by (consumer) (rate(harness_jobs_duplicates_total[$__rate_interval]))",
+                        "{{consumer}} duplicates",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "Handler duration p50 / p95",
+                "s",
+                (
+                    q(
+                        "histogram_quantile(0.5, sum by (consumer, le) (rate(harness_handler_duration_seconds_bucket[$__rate_interval])))",
+                        "{{consumer}} p50",
+                    ),
+                    q(
+                        "histogram_quantile(0.95, sum by (consumer, le) (rate(harness_handler_duration_seconds_bucket[$__rate_interval])))",
+                        "{{consumer}} p95",
+                    ),
+                ),
+            ),
+            PanelSpec(
+                "In flight",
+                "short",
+                (q("sum by (consumer) (harness_jobs_in_flight)", "{{consumer}}"),),
+            ),
+            PanelSpec(
+                "Queue depth (ready messages)",
+                "short",
+                (q("max by (queue) (harness_queue_depth)", "{{queue}}"),),
+            ),
+            PanelSpec(
+                "Lag: oldest ready message",
+                "s",
+                (q("max by (queue) (harness_queue_oldest_ready_age_seconds)", "{{queue}}"),),
+            ),
+            PanelSpec(
+                "Leases lost",
+                "short",
+                (q("sum by (consumer) (increase(harness_leases_lost_total[$__rate_interval]))", "{{consumer}}"),),
+                "A worker lost its lease mid-job: another delivery may run it (the fence keeps it once).",
+            ),
+        ),
+    ),
+    (
+        "Operations API",
+        (
+            PanelSpec(
+                "Requests by status",
+                "reqps",
+                (q("sum by (status) (rate(core_jobs_api_requests_total[$__rate_interval]))", "{{status}}"),),
+            ),
+            PanelSpec(
+                "5xx ratio",
+                "percentunit",
+                (
+                    q(
+                        'sum(rate(core_jobs_api_requests_total{status=~"5..", route!~"/healthz|/readyz|/metrics"}[$__rate_interval]))'
+                        ' / sum(rate(core_jobs_api_requests_total{route!~"/healthz|/readyz|/metrics"}[$__rate_interval]))',
+                        "5xx",
+                    ),
+                ),
+                "Alert above 1 % (CoreJobsApiErrors).",
+                kind="stat",
+            ),
+            PanelSpec(
+                "Latency p95 by route",
+                "s",
+                (
+                    q(
+                        "histogram_quantile(0.95, sum by (route, le) "
+                        '(rate(core_jobs_api_request_duration_seconds_bucket{route!~"/healthz|/readyz|/metrics"}[$__rate_interval])))',
+                        "{{route}}",
+                    ),
+                ),
+                "Budget: p95 < 1 s (docs/spec.md §7).",
+            ),
+            PanelSpec(
+                "Scrape targets up",
+                "short",
+                (q('up{job=~".*core-jobs.*"}', "{{job}} {{instance}}"),),
+            ),
+        ),
+    ),
+)
+
+
+def _panel(spec: PanelSpec) -> timeseries.Panel | stat.Panel:
+    panel = timeseries.Panel() if spec.kind == "timeseries" else stat.Panel()
+    panel.title(spec.title).unit(spec.unit).datasource(DATASOURCE).height(8).span(8)
+    if spec.description:
+        panel.description(spec.description)
+    for index, query in enumerate(spec.queries):
+        target = prometheus.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index)).range()
+        if query.legend:
+            target.legend_format(query.legend)
+        panel.with_target(target)
+    return panel
+
+
+def dashboard() -> dict[str, object]:
+    """The dashboard's JSON model, as Grafana imports it."""
+    builder = (
+        db.Dashboard("core-jobs")
+        .uid(UID)
+        .description("Scheduled jobs, dead letters and reconciliation, the worker and the operations API (core-jobs).")
+        .tags(["core-jobs"])
+        .time("now-6h", "now")
+        .refresh("1m")
+        .timezone("utc")
+        .readonly()
+        .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
+    )
+    for title, panels in ROWS:
+        builder.with_row(db.Row(title))
+        for spec in panels:
+            builder.with_panel(_panel(spec))
+    model: dict[str, object] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
+    return model
+
+
+def render_dashboard() -> str:
+    return json.dumps(dashboard(), indent=2, sort_keys=True) + "\n"
+
+
+def dashboard_queries() -> list[tuple[str, str, str]]:
+    """(row, panel title, PromQL) of every dashboard target."""
+    return [(row, spec.title, query.expr) for row, panels in ROWS for spec in panels for query in spec.queries]
+
+
+def rule_queries() -> list[tuple[str, str, str]]:
+    """(group, alert or recorded series, PromQL) of every rule in the rules file."""
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    found = []
+    for group in groups:
+        for rule in group["rules"]:
+            name = rule.get("alert") or rule["record"] + "".join(
+                f'{{{k}="{v}"}}' for k, v in rule.get("labels", {}).items()
+            )
+            found.append((group["name"], name, " ".join(str(rule["expr"]).split())))
+    return found
+
+
+def render_table() -> str:
+    """The Markdown table of every rule and panel with its query, for docs/metrics.md."""
+    cell = lambda text: text.replace("|", "\\|")  # noqa: E731
+    lines = ["| where | rule or panel | query |", "|---|---|---|"]
+    for group, name, expr in rule_queries():
+        lines.append(f"| rule group `{group}` | `{name}` | `{cell(expr)}` |")
+    for row, title, expr in dashboard_queries():
+        lines.append(f"| dashboard row {row} | {title} | `{cell(expr)}` |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,171 @@
+"""The alert rules and the dashboard the chart ships (helm/core-jobs/monitoring/) are valid and
+query only what core-jobs exports.
+
+The rules go through Prometheus's own tooling: ``promtool check rules`` and ``promtool test
+rules`` on the unit tests next to them (Debian's ``prometheus`` package; .ci/run installs it, a
+machine without it skips those two with the reason). Every alert links a section of
+docs/runbook.md. Every metric a rule or a dashboard panel queries must be in the names contract
+(tests/monitoring_contract.py), and the contracted names that exist today must be what the real
+/metrics of `serve` and of the API serve.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from monitoring_contract import CONTRACT, PROMETHEUS_OWN, contract_series
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from test_docs import anchors
+
+from harness.metrics import HarnessMetrics
+from maintenance.service.http import make_server, serve_in_background
+from maintenance.service.runner import build_jobs, run_job
+from maintenance.service.telemetry import Telemetry
+from maintenance.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+MONITORING = ROOT / "helm" / "core-jobs" / "monitoring"
+RULES = MONITORING / "core-jobs.rules.yaml"
+RULE_TESTS = MONITORING / "core-jobs.rules.test.yaml"
+RUNBOOK = ROOT / "docs" / "runbook.md"
+PROMTOOL = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(
+    PROMTOOL is None, reason="promtool not installed (apt-get install prometheus; .ci/run installs it)"
+)
+
+
+def alert_rules() -> list[dict]:
+    return [rule for group in yaml.safe_load(RULES.read_text())["groups"] for rule in group["rules"] if "alert" in rule]
+
+
+def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    assert PROMTOOL is not None
+    return subprocess.run([PROMTOOL, *args], cwd=MONITORING, capture_output=True, text=True, timeout=120, check=False)
+
+
+@needs_promtool
+def test_promtool_check_rules_accepts_the_rules_file():
+    """`promtool check rules` finds the rules file valid."""
+    result = promtool("check", "rules", RULES.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_promtool
+def test_promtool_unit_tests_of_every_alert_pass():
+    """`promtool test rules` passes the unit tests, which show each alert both firing and silent."""
+    result = promtool("test", "rules", RULE_TESTS.name)
+    assert result.returncode == 0, result.stdout + result.stderr
+    tested = yaml.safe_load(RULE_TESTS.read_text())["tests"]
+    cases = [case for test in tested for case in test.get("alert_rule_test", [])]
+    for rule in alert_rules():
+        outcomes = {bool(case["exp_alerts"]) for case in cases if case["alertname"] == rule["alert"]}
+        assert outcomes == {True, False}, f"{rule['alert']} is not tested both firing and silent"
+
+
+@pytest.mark.pure
+def test_every_alert_has_a_runbook_url_to_a_runbook_section():
+    """Each alert's runbook_url is docs/runbook.md#<a heading of docs/runbook.md>, and it names a severity."""
+    sections = anchors(RUNBOOK.read_text())
+    for rule in alert_rules():
+        page, _, anchor = rule["annotations"]["runbook_url"].partition("#")
+        assert page == "docs/runbook.md", rule["alert"]
+        assert anchor in sections, f"{rule['alert']}: no heading #{anchor} in docs/runbook.md"
+        assert rule["labels"]["severity"] in ("critical", "warning"), rule["alert"]
+
+
+# --- every queried metric is exported ----------------------------------------------------------
+
+# PromQL has no Python parser; this strips what is not a metric name: strings, label matchers,
+# range/subquery brackets, the label lists of by/without/on/ignoring/group_*, numbers and
+# durations, then keeps the identifiers that are neither keywords nor called (functions, aggregations).
+PROMQL_STRING = re.compile(r'"(?:[^"\\]|\\.)*"|\'(?:[^\'\\]|\\.)*\'')
+PROMQL_MATCHERS = re.compile(r"\{[^{}]*\}")
+PROMQL_RANGE = re.compile(r"\[[^\[\]]*\]")
+PROMQL_LABEL_LIST = re.compile(r"\b(by|without|on|ignoring|group_left|group_right)\s*\([^()]*\)")
+PROMQL_IDENTIFIER = re.compile(r"(?<![\w:.$])([A-Za-z_:][\w:]*)(\s*\()?")
+PROMQL_KEYWORDS = frozenset({"and", "or", "unless", "bool", "offset", "inf", "nan", "atan2"})
+
+
+def metric_names(expr: str) -> set[str]:
+    """The metric names a PromQL expression selects."""
+    text = PROMQL_STRING.sub('""', expr)
+    text = PROMQL_MATCHERS.sub("", text)
+    text = PROMQL_RANGE.sub("", text)
+    text = PROMQL_LABEL_LIST.sub("", text)
+    return {name for name, call in PROMQL_IDENTIFIER.findall(text) if not call and name.lower() not in PROMQL_KEYWORDS}
+
+
+def queried() -> dict[str, set[str]]:
+    """Every metric name queried, with where: the rules file's rules and the dashboard JSON's targets."""
+    where: dict[str, set[str]] = {}
+    for group in yaml.safe_load(RULES.read_text())["groups"]:
+        for rule in group["rules"]:
+            for name in metric_names(str(rule["expr"])):
+                where.setdefault(name, set()).add(f"rule {rule.get('alert') or rule['record']}")
+    dashboard = json.loads((MONITORING / "core-jobs-dashboard.json").read_text())
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            for name in metric_names(target["expr"]):
+                where.setdefault(name, set()).add(f"panel {panel['title']}")
+    return where
+
+
+def recorded() -> set[str]:
+    return {r["record"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "record" in r}
+
+
+@pytest.mark.pure
+def test_the_promql_name_scan_finds_selectors_and_skips_functions_labels_and_keywords():
+    """metric_names keeps metric selectors and drops functions, label names and values, durations and keywords."""
+    expr = (
+        'sum by (job_name, le) (rate(a_total{status=~"5..", route!~"/x|b_total"}[5m])) / on (job_name) '
+        "group_left () b:rec unless histogram_quantile(0.9, c_bucket[$__rate_interval] offset 1h) > bool 1e3"
+    )
+    assert metric_names(expr) == {"a_total", "b:rec", "c_bucket"}
+
+
+@pytest.mark.pure
+def test_every_rule_and_panel_queries_only_contracted_metrics():
+    """Each metric name a rule or dashboard panel queries is in the names contract, Prometheus's own, or recorded here."""
+    known = contract_series() | PROMETHEUS_OWN | recorded()
+    unknown = {name: sorted(places) for name, places in queried().items() if name not in known}
+    assert unknown == {}, f"queried but not exported: {unknown}"
+    assert len(queried()) >= 20  # the scan is not vacuous
+
+
+def scraped_families(text: str) -> dict[str, str]:
+    """{family name: type} of a Prometheus text exposition."""
+    return {family.name: family.type for family in text_string_to_metric_families(text)}
+
+
+def test_the_contracted_metrics_that_exist_are_scraped_from_serve_and_the_api(db, database_url, api):
+    """Every contracted family marked as existing is on serve's /metrics (after a run of each job) or the API's, with its type; every queried name those endpoints export is served."""
+    settings = Settings(database_url=database_url)
+    telemetry = Telemetry()
+    for spec, job in build_jobs(settings, db, ["purge", "alerts", "metrics"]):
+        run_job(spec, job, db, telemetry)
+    server = make_server("127.0.0.1", 0, health=lambda: (True, {}), registry=telemetry.registry)
+    serve_in_background(server)
+    try:
+        serve = httpx.get(f"http://127.0.0.1:{server.server_address[1]}/metrics", timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+    api.get("/v1/core/dead-letters")
+    families = scraped_families(serve.text) | scraped_families(api.get("/metrics").text)
+    harness = HarnessMetrics(registry=CollectorRegistry())
+    harness.processed("points.credit")
+    harness.duplicate("points.credit")
+    harness.retry("points.credit")
+    harness.dead_lettered("points.credit", "poison")
+    families |= scraped_families(generate_latest(harness.registry).decode())
+    missing = [f"{f.name} ({f.kind})" for f in CONTRACT if f.exists and families.get(f.name) != f.kind]
+    assert missing == [], f"contracted as existing, not scraped with that type: {missing}; scraped: {sorted(families)}"
