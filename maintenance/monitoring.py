@@ -4,8 +4,8 @@
 from :func:`dashboard` (grafana-foundation-sdk, Grafana's own typed builders: a dev dependency,
 so a production install never imports this module) and the "Alert rules and dashboard" table of
 docs/metrics.md from :func:`render_table`. Nobody edits the JSON by hand:
-tests/test_reference_docs.py fails when the committed file differs from what this module
-builds, and tests/test_monitoring.py fails when a panel or rule queries a metric core-jobs does
+tests/project/test_reference_docs.py fails when the committed file differs from what this module
+builds, and tests/monitoring/test_monitoring.py fails when a panel or rule queries a metric core-jobs does
 not export. The chart ships the JSON as a ConfigMap for Grafana's dashboard sidecar
 (grafanaDashboard.enabled) and the rules (helm/core-jobs/monitoring/core-jobs.rules.yaml) as a
 PrometheusRule (prometheusRule.enabled).

@@ -14,6 +14,7 @@ import re
 from pathlib import Path
 
 from support import ROOT
+from support.markdown import anchors, without_code_blocks
 
 from maintenance import reference
 
@@ -24,33 +25,13 @@ README_MAX_BYTES = 12_000
 
 # A Markdown inline link or image: [text](target) or [text](target "title").
 LINK = re.compile(r"!?\[[^\]]*\]\((?P<target>[^)\s]+)(?:\s+\"[^\"]*\")?\)")
-FENCE = re.compile(r"^(```|~~~).*?^\1", re.M | re.S)
 # A repository path in backticks, as the pages name the code (`maintenance/jobs/purge/paths.py`).
 REPO_PATH = re.compile(r"`(?P<path>(?:maintenance|alerts|harness|migrations|tests|bench|helm|docs)/[\w./-]+)`")
-HEADING = re.compile(r"^#{1,6}[ \t]+(?P<text>.+?)[ \t#]*$", re.M)
 
 
 def documents() -> list[Path]:
     """README.md and every Markdown page under docs/."""
     return [README, *sorted((ROOT / "docs").rglob("*.md"))]
-
-
-def without_code_blocks(text: str) -> str:
-    """``text`` with its fenced code blocks removed: a link-like string in code is not a link."""
-    return FENCE.sub("", text)
-
-
-def anchors(text: str) -> set[str]:
-    """The anchors GitHub gives the headings of ``text``: lower case, punctuation dropped, spaces as hyphens."""
-    found: set[str] = set()
-    for match in HEADING.finditer(without_code_blocks(text)):
-        slug = re.sub(r"[^\w\- ]", "", match.group("text").strip().lower()).replace(" ", "-")
-        candidate, n = slug, 0
-        while candidate in found:
-            n += 1
-            candidate = f"{slug}-{n}"
-        found.add(candidate)
-    return found
 
 
 def broken_links(path: Path) -> list[str]:

@@ -1,6 +1,6 @@
 """The metric names the alert rules and the dashboard may query: issue 21's names contract.
 
-One list, read by tests/test_monitoring.py. Issue 21's metrics part implements the names marked
+One list, read by tests/monitoring/test_monitoring.py. Issue 21's metrics part implements the names marked
 ``exists=False`` in parallel; once merged, this list should give way to the exporters' own
 registries (or the generated metrics reference), and every name becomes ``exists=True``. A name
 marked ``exists=True`` is checked against a real scrape of ``serve``'s and the API's /metrics.

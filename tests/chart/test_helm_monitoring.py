@@ -1,7 +1,7 @@
 """The chart's monitoring toggles: prometheusRule renders the rules file as a PrometheusRule,
 grafanaDashboard the dashboard JSON as a ConfigMap for Grafana's sidecar.
 
-Rendered offline like tests/test_helm_chart.py. The ConfigMap is validated strictly on every
+Rendered offline like tests/chart/test_helm_chart.py. The ConfigMap is validated strictly on every
 Kubernetes minor the chart claims; the PrometheusRule is a custom resource kubernetes-validate
 has no schema for, so its metadata is validated as an ObjectMeta on each minor and its spec by
 Prometheus's own `promtool check rules` and `promtool test rules` (what the operator hands to
@@ -19,7 +19,7 @@ import helm_python
 import kubernetes_validate
 import pytest
 import yaml
-from helm_support import CHART_DIR
+from support.helm_support import CHART_DIR
 from test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, render_objects, with_secret
 
 MONITORING = CHART_DIR / "monitoring"

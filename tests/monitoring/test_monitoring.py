@@ -5,7 +5,7 @@ The rules go through Prometheus's own tooling: ``promtool check rules`` and ``pr
 rules`` on the unit tests next to them (Debian's ``prometheus`` package; .ci/run installs it, a
 machine without it skips those two with the reason). Every alert links a section of
 docs/runbook.md. Every metric a rule or a dashboard panel queries must be in the names contract
-(tests/monitoring_contract.py), and the contracted names that exist today must be what the real
+(tests/support/monitoring_contract.py), and the contracted names that exist today must be what the real
 /metrics of `serve` and of the API serve.
 """
 
@@ -15,15 +15,15 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
-from monitoring_contract import CONTRACT, PROMETHEUS_OWN, contract_series
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from test_docs import anchors
+from support import ROOT
+from support.markdown import anchors
+from support.monitoring_contract import CONTRACT, PROMETHEUS_OWN, contract_series
 
 from harness.metrics import HarnessMetrics
 from maintenance.service.http import make_server, serve_in_background
@@ -31,7 +31,6 @@ from maintenance.service.runner import build_jobs, run_job
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
-ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "helm" / "core-jobs" / "monitoring"
 RULES = MONITORING / "core-jobs.rules.yaml"
 RULE_TESTS = MONITORING / "core-jobs.rules.test.yaml"
