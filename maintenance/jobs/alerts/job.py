@@ -513,7 +513,9 @@ SPEC = JobSpec(
     event_prefix="alerts.feed",
     result_metrics=(
         ResultMetric(
-            "core_jobs_alerts_incidents_opened", "incidents_posted", "Better Stack incidents the last alerts run opened."
+            "core_jobs_alerts_incidents_opened",
+            "incidents_posted",
+            "Better Stack incidents the last alerts run opened.",
         ),
         ResultMetric(
             "core_jobs_alerts_incidents_resolved",
@@ -521,7 +523,9 @@ SPEC = JobSpec(
             "Better Stack incidents the last alerts run resolved.",
         ),
         ResultMetric(
-            "core_jobs_alerts_escalations", "escalations_posted", "Escalations the last alerts run posted to Better Stack."
+            "core_jobs_alerts_escalations",
+            "escalations_posted",
+            "Escalations the last alerts run posted to Better Stack.",
         ),
     ),
 )
