@@ -27,7 +27,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -280,7 +280,7 @@ class MetricFamily:
     served_by: str
 
 
-def _families(collected: Iterator[Any], served_by: str) -> Iterator[MetricFamily]:
+def _families(collected: Iterable[Any], served_by: str) -> Iterator[MetricFamily]:
     for family in collected:
         labels = sorted({k for s in family.samples for k in s.labels} - {"le", "quantile"})
         name = f"{family.name}_total" if family.type == "counter" else family.name
