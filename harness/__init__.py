@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from harness.consumer.retry import RetryPolicy, RetryPolicyError
     from harness.errors import NotSent, PermanentError, PoisonMessage, TransientError
     from harness.handling import handle
-    from harness.metrics import NO_METRICS, HarnessMetrics, Metrics
+    from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import (
         NO_TENANT,
@@ -88,6 +88,7 @@ _HOMES = {
     "NO_METRICS": "harness.metrics",
     "HarnessMetrics": "harness.metrics",
     "Metrics": "harness.metrics",
+    "WorkerMetrics": "harness.metrics",
     "RetryPolicy": "harness.consumer.retry",
     "RetryPolicyError": "harness.consumer.retry",
     "Worker": "harness.worker",
@@ -127,6 +128,7 @@ __all__ = [
     "TransientError",
     "Worker",
     "WorkerConfig",
+    "WorkerMetrics",
     "WorkerStats",
     "handle",
     "settle",

@@ -1,4 +1,4 @@
-"""Counters of the harness: successes are metrics, not rows (J-B9).
+"""Metrics of the harness: successes are metrics, not rows (J-B9).
 
 What the harness counts goes to a :class:`Metrics` the caller passes to
 :func:`harness.handling.handle` and :class:`harness.worker.Worker` (``metrics=``). The default,
@@ -6,35 +6,60 @@ What the harness counts goes to a :class:`Metrics` the caller passes to
 :class:`HarnessMetrics`, needs the ``metrics`` extra (``core-jobs-harness[metrics]``, i.e.
 prometheus-client), imported only when one is made:
 
-=====================================  ==========  ===================================================
-metric                                 labels      counts
-=====================================  ==========  ===================================================
-``harness_jobs_processed_total``       consumer    jobs whose work and fence committed
-``harness_jobs_duplicates_total``      consumer    deliveries skipped because the fence existed (J-B2)
-``harness_jobs_retries_total``         consumer    transient failures scheduled for another attempt
-``harness_jobs_dead_lettered_total``   consumer,   jobs written to core.dead_letters; reason is
-                                       reason      ``poison``, ``permanent`` or ``exhausted``
-=====================================  ==========  ===================================================
+==========================================  ==========  ===================================================
+metric                                      labels      meaning
+==========================================  ==========  ===================================================
+``harness_jobs_processed_total``            consumer    jobs whose work and fence committed
+``harness_jobs_duplicates_total``           consumer    deliveries skipped because the fence existed (J-B2)
+``harness_jobs_retries_total``              consumer    transient failures scheduled for another attempt
+``harness_jobs_dead_lettered_total``        consumer,   jobs written to core.dead_letters; reason is
+                                            reason      ``poison``, ``permanent`` or ``exhausted``
+``harness_handler_duration_seconds``        consumer    histogram: one delivery handled (validation, handler,
+                                                        fence and commit), by the worker
+``harness_jobs_in_flight``                  consumer    deliveries being handled right now
+``harness_leases_lost_total``               consumer    settlements refused because the lease had run out
+                                                        (``harness.job.lease_lost``)
+``harness_queue_depth``                     queue       ready messages (due, no live lease), by the worker
+``harness_queue_oldest_ready_age_seconds``  queue       how long the oldest ready message has been due
+                                                        (0 when none is), on the database's clock
+==========================================  ==========  ===================================================
+
+Every series of a consumer and queue the worker runs is there from the start, at 0
+(:meth:`WorkerMetrics.watch`, called when a :class:`~harness.worker.Worker` is made): a rate
+or an alert has a series before the first event, and "no data" means the worker is not scraped.
+
+The queue figures are one statement (``harness.queue.pgqueue.QUEUE_FIGURES``) the worker runs
+between batches at most every ``WorkerConfig.figures_interval`` (15 s) whatever its concurrency —
+never per delivery. With several workers on one queue each reports the same figures: take
+``max by (queue)``, not a sum.
 
 The retry and dead-letter counters count the harness's decisions (:func:`harness.handling.handle`).
 A worker whose lease ran out cannot settle its decision — nothing is written, ``harness.job.lease_lost``
 is logged — and the next delivery decides again, so these two may count a job more than once;
 ``core.dead_letters`` is the record of what was written.
 
+:func:`harness.handling.handle` needs only :class:`Metrics`, the four decisions; the worker needs
+:class:`WorkerMetrics`, which adds the rest.
+
 A service makes one :class:`HarnessMetrics` in its ``main()`` (on prometheus_client's default
 registry unless given another — a registry takes the counters once) and passes it down;
 ``core-jobs worker`` makes its own on a registry of its own, which ``--metrics-port`` serves. Tests build their own :class:`HarnessMetrics` on a private registry. Another backend
-(StatsD, OpenTelemetry) is any object with the four methods of :class:`Metrics`.
+(StatsD, OpenTelemetry) is any object with the methods of :class:`WorkerMetrics`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
-__all__ = ["NO_METRICS", "HarnessMetrics", "Metrics", "NoMetrics"]
+__all__ = ["DEAD_LETTER_REASONS", "NO_METRICS", "HarnessMetrics", "Metrics", "NoMetrics", "WorkerMetrics"]
+
+DEAD_LETTER_REASONS = ("poison", "permanent", "exhausted")
+# Seconds: a handler is a database transaction plus, maybe, one provider call.
+HANDLER_BUCKETS: Sequence[float] = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
 class Metrics(Protocol):
@@ -47,6 +72,26 @@ class Metrics(Protocol):
     def retry(self, consumer: str) -> None: ...
 
     def dead_lettered(self, consumer: str, reason: str) -> None: ...
+
+
+class WorkerMetrics(Metrics, Protocol):
+    """What the worker reports besides the decisions: latency, in-flight, lease losses, its queue."""
+
+    def watch(self, consumer: str, queue: str) -> None:
+        """Make every series of ``consumer`` and ``queue`` exist, at 0."""
+        ...
+
+    def handling(self, consumer: str) -> None:
+        """A delivery's handling started (in-flight + 1)."""
+        ...
+
+    def handled(self, consumer: str, seconds: float) -> None:
+        """A delivery's handling ended after ``seconds`` (in-flight - 1)."""
+        ...
+
+    def leases_lost(self, consumer: str, n: int = 1) -> None: ...
+
+    def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None: ...
 
 
 class NoMetrics:
@@ -64,16 +109,31 @@ class NoMetrics:
     def dead_lettered(self, consumer: str, reason: str) -> None:
         pass
 
+    def watch(self, consumer: str, queue: str) -> None:
+        pass
+
+    def handling(self, consumer: str) -> None:
+        pass
+
+    def handled(self, consumer: str, seconds: float) -> None:
+        pass
+
+    def leases_lost(self, consumer: str, n: int = 1) -> None:
+        pass
+
+    def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()
 
 
 class HarnessMetrics:
-    """The ``harness_jobs_*_total`` Prometheus counters in ``registry`` (default: prometheus_client's)."""
+    """The harness's Prometheus series (the module docstring's table) in ``registry`` (default: prometheus_client's)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         try:
-            from prometheus_client import REGISTRY, Counter
+            from prometheus_client import REGISTRY, Counter, Gauge, Histogram
         except ImportError as exc:
             raise ImportError(
                 "harness.metrics.HarnessMetrics needs prometheus-client: install"
@@ -101,6 +161,61 @@ class HarnessMetrics:
             ["consumer", "reason"],
             registry=self.registry,
         )
+
+        self._duration = Histogram(
+            "harness_handler_duration_seconds",
+            "One delivery handled: validation, handler, fence and commit.",
+            ["consumer"],
+            buckets=HANDLER_BUCKETS,
+            registry=self.registry,
+        )
+        self._in_flight = Gauge(
+            "harness_jobs_in_flight", "Deliveries being handled right now.", ["consumer"], registry=self.registry
+        )
+        self._leases_lost = Counter(
+            "harness_leases_lost",
+            "Settlements refused because the worker's lease had run out.",
+            ["consumer"],
+            registry=self.registry,
+        )
+        self._depth = Gauge(
+            "harness_queue_depth", "Ready messages: due and under no live lease.", ["queue"], registry=self.registry
+        )
+        self._oldest_age = Gauge(
+            "harness_queue_oldest_ready_age_seconds",
+            "How long the oldest ready message has been due (0 when none is).",
+            ["queue"],
+            registry=self.registry,
+        )
+
+    def watch(self, consumer: str, queue: str) -> None:
+        for per_consumer in (
+            self._processed,
+            self._duplicates,
+            self._retries,
+            self._duration,
+            self._in_flight,
+            self._leases_lost,
+        ):
+            per_consumer.labels(consumer)
+        for reason in DEAD_LETTER_REASONS:
+            self._dead_lettered.labels(consumer, reason)
+        self._depth.labels(queue)
+        self._oldest_age.labels(queue)
+
+    def handling(self, consumer: str) -> None:
+        self._in_flight.labels(consumer).inc()
+
+    def handled(self, consumer: str, seconds: float) -> None:
+        self._in_flight.labels(consumer).dec()
+        self._duration.labels(consumer).observe(seconds)
+
+    def leases_lost(self, consumer: str, n: int = 1) -> None:
+        self._leases_lost.labels(consumer).inc(n)
+
+    def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None:
+        self._depth.labels(queue).set(depth)
+        self._oldest_age.labels(queue).set(oldest_ready_age_s)
 
     def processed(self, consumer: str) -> None:
         self._processed.labels(consumer).inc()

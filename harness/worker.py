@@ -54,6 +54,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -65,7 +66,7 @@ from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error
 from harness.handling import handle
-from harness.metrics import NO_METRICS, Metrics
+from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
@@ -86,9 +87,11 @@ class WorkerConfig:
     batch_size: int = 10
     poll_interval: timedelta = timedelta(seconds=1)
     concurrency: int = 1
+    # How often the worker reads its queue's depth and oldest ready age for its metrics.
+    figures_interval: timedelta = timedelta(seconds=15)
 
     def __post_init__(self) -> None:
-        for name in ("fence_ttl", "lease", "poll_interval"):
+        for name in ("fence_ttl", "lease", "poll_interval", "figures_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("batch_size", "concurrency"):
@@ -135,7 +138,7 @@ class Worker:
         *,
         policy: RetryPolicy,
         config: WorkerConfig,
-        metrics: Metrics = NO_METRICS,
+        metrics: WorkerMetrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
         stop: threading.Event | None = None,
     ) -> None:
@@ -148,6 +151,9 @@ class Worker:
         self.stats = WorkerStats()
         self._stopping = stop if stop is not None else threading.Event()  # set: finish the message in hand, stop
         self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self._figures_lock = threading.Lock()
+        self._figures_due = 0.0  # time.monotonic() at which the queue figures are read next
+        metrics.watch(consumer.name, consumer.queue)
 
     def stop(self) -> None:
         """Finish the message in hand, then stop (safe from a signal handler)."""
@@ -186,6 +192,7 @@ class Worker:
         with connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
             queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
             while not self._stopping.is_set():
+                self._read_figures(queue)
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)
                 if not batch:
                     if once:
@@ -193,6 +200,20 @@ class Worker:
                     self._stopping.wait(self.config.poll_interval.total_seconds())
                     continue
                 self._run_batch(conn, queue, batch)
+
+    def _read_figures(self, queue: PgQueue) -> None:
+        """The queue's depth and oldest ready age for the metrics, when due: one thread, one statement per interval."""
+        with self._figures_lock:
+            now = time.monotonic()
+            if now < self._figures_due:
+                return
+            self._figures_due = now + self.config.figures_interval.total_seconds()
+        depth, age = queue.figures(self.consumer.queue)
+        self.metrics.queue_figures(self.consumer.queue, depth, age)
+
+    def _lease_lost(self, n: int = 1) -> None:
+        self.stats.add("leases_lost", n)
+        self.metrics.leases_lost(self.consumer.name, n)
 
     def _run_batch(self, conn: psycopg.Connection, queue: PgQueue, batch: list[Delivery]) -> None:
         done: list[Delivery] = []
@@ -226,15 +247,20 @@ class Worker:
     def _handle_and_settle(
         self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery], fields: dict
     ) -> None:
-        outcome = handle(
-            conn,
-            self.consumer,
-            delivery,
-            policy=self.policy,
-            fence_ttl=self.config.fence_ttl,
-            metrics=self.metrics,
-            lease=self.config.lease,
-        )
+        self.metrics.handling(self.consumer.name)
+        started = time.perf_counter()
+        try:
+            outcome = handle(
+                conn,
+                self.consumer,
+                delivery,
+                policy=self.policy,
+                fence_ttl=self.config.fence_ttl,
+                metrics=self.metrics,
+                lease=self.config.lease,
+            )
+        finally:
+            self.metrics.handled(self.consumer.name, time.perf_counter() - started)
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
@@ -249,7 +275,7 @@ class Worker:
             log.warning("harness.execution.stale", **fields, execution_id=outcome.execution_id)
             return
         if not settle(queue, delivery, outcome):
-            self.stats.add("leases_lost")
+            self._lease_lost()
             log.warning("harness.job.lease_lost", **fields)
         elif isinstance(outcome, RetryAfter):
             self.stats.add("retried")
@@ -271,7 +297,7 @@ class Worker:
             if queue.retry(delivery, delay, detail):
                 self.metrics.retry(self.consumer.name)
             else:
-                self.stats.add("leases_lost")
+                self._lease_lost()
                 log.warning("harness.job.lease_lost", **fields)
         except Exception as exc:
             if not _usable(queue.conn):
@@ -314,7 +340,7 @@ class Worker:
             return
         self.stats.add("released", released)
         if acked < len(done):
-            self.stats.add("leases_lost", len(done) - acked)
+            self._lease_lost(len(done) - acked)
             log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
 
 

@@ -1,13 +1,17 @@
-"""The generated references: ``docs/reference/settings.md`` and ``docs/reference/events.md``.
+"""The generated references: ``docs/reference/settings.md``, ``events.md`` and ``metrics.md``.
 
-Both pages are written from the code, never by hand, so they cannot drift from it:
+The pages are written from the code, never by hand, so they cannot drift from it:
 
 - **settings** — every field of :class:`maintenance.settings.Settings`: the variable, its unit
   (from the field's type), its default and its description;
 - **events** — every structured log event: the start/stop/error events of each scheduled job
   with the job's result fields (from the job's spec), and every other event found in the source
   of ``maintenance/`` and ``harness/`` (a logger call whose first argument is a
-  dotted name), with the keyword fields it is logged with, and where.
+  dotted name), with the keyword fields it is logged with, and where;
+- **metrics** — every Prometheus family, collected from the very collectors the processes
+  export (the run telemetry with each job's declared result gauges, the metrics job's families,
+  the worker's :class:`~harness.metrics.HarnessMetrics`, the API's), fed one example of each
+  series so that their labels show: name, type, labels, help, and which process serves it.
 
 Regenerate after changing a setting or an event::
 
@@ -23,7 +27,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +38,7 @@ from pydantic import SecretStr
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = ROOT / "docs" / "reference" / "settings.md"
 EVENTS_PAGE = ROOT / "docs" / "reference" / "events.md"
+METRICS_PAGE = ROOT / "docs" / "reference" / "metrics.md"
 SCANNED_PACKAGES = ("maintenance", "harness")
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "exception", "critical"})
@@ -291,11 +296,105 @@ def render_dashboard() -> str:
     return monitoring.render_dashboard()
 
 
+# --- metrics ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MetricFamily:
+    name: str  # as queried: a counter's with _total
+    type: str
+    labels: tuple[str, ...]
+    documentation: str
+    served_by: str
+
+
+def _families(collected: Iterable[Any], served_by: str) -> Iterator[MetricFamily]:
+    for family in collected:
+        labels = sorted({k for s in family.samples for k in s.labels} - {"le", "quantile"})
+        name = f"{family.name}_total" if family.type == "counter" else family.name
+        yield MetricFamily(name, family.type, tuple(labels), family.documentation, served_by)
+
+
+def _example_metrics_result() -> Any:
+    """A metrics job result with one series of each family (the labels are what the page needs)."""
+    from maintenance.jobs.metrics.job import NEVER, ConsumerExecutions, MetricsResult, QueueFigures
+
+    return MetricsResult(
+        counted_from=NEVER,
+        counted_until=NEVER,
+        horizon="settle",
+        now=NEVER,
+        totals={"c": {"total": 1, "tenants": {}}},
+        dead_letters=[QueueFigures("q", 1, 1.0, 1, 1)],
+        executions=[ConsumerExecutions("c", {"RECONCILIATION_REQUIRED": 1}, 1.0)],
+        resolutions={("c", "RESUME"): 1},
+    )
+
+
+def collect_metrics() -> list[MetricFamily]:
+    """Every exported family, from the exporting collectors themselves, sorted by name."""
+    from prometheus_client import CollectorRegistry
+
+    from harness.metrics import HarnessMetrics
+    from maintenance.api.app import ApiMetrics
+    from maintenance.jobs.catalog import JOBS
+    from maintenance.service.telemetry import Telemetry
+
+    @dataclass
+    class Outcome:  # what Telemetry.record reads of a runner JobOutcome
+        name: str
+        fields: dict[str, Any]
+        result: Any
+        ok: bool = True
+        duration_s: float = 1.0
+        error: str | None = None
+
+    telemetry = Telemetry()
+    for spec in JOBS:
+        example = _example_metrics_result() if spec.name == "metrics" else object()
+        telemetry.record(Outcome(spec.name, spec.zero_fields(), example), spec.result_metrics)
+    worker = HarnessMetrics(CollectorRegistry())
+    worker.watch("consumer", "queue")
+    api = ApiMetrics()
+    api.observe("GET", "/", 200, 0.1)
+    api.resolutions.labels("RESUME").inc()
+    found = [
+        *_families(telemetry.registry.collect(), "`serve` /metrics; `run-once` push"),
+        *_families(worker.registry.collect(), "`worker --metrics-port`"),
+        *_families(api.registry.collect(), "`api` /metrics"),
+    ]
+    return sorted(found, key=lambda f: f.name)
+
+
+def render_metrics() -> str:
+    lines = [
+        "# Metrics reference",
+        "",
+        GENERATED,
+        "",
+        "Every Prometheus metric the processes export, collected from the collectors themselves.",
+        "Units are base units (seconds, rows); a job's result gauges are declared in its SPEC",
+        "(`result_metrics`) and describe its last run that returned a result. The manual is",
+        "[metrics.md](../metrics.md); the worker's series are described in `harness/metrics.py`.",
+        "",
+        "| metric | type | labels | help | served by |",
+        "|---|---|---|---|---|",
+    ]
+    for f in collect_metrics():
+        labels = ", ".join(f"`{label}`" for label in f.labels) or "—"
+        lines.append(f"| `{f.name}` | {f.type} | {labels} | {f.documentation} | {f.served_by} |")
+    return "\n".join(lines) + "\n"
+
+
 def _pages() -> dict[Path, Any]:
     """Every generated page (or block of one) and how to write it: the references, then each job's manual."""
     from maintenance.jobs.catalog import JOBS
 
-    pages: dict[Path, Any] = {SETTINGS_PAGE: render_settings, EVENTS_PAGE: render_events}
+    pages: dict[Path, Any] = {
+        SETTINGS_PAGE: render_settings,
+        EVENTS_PAGE: render_events,
+        METRICS_PAGE: render_metrics,
+    }
     for spec in JOBS:
         if spec.settings is not None:
             pages[manual_page(spec.name)] = lambda job=spec.name: render_manual(job)

@@ -124,6 +124,18 @@ UPDATE core.queue_messages AS m
 """
 
 
+# The worker's gauges of a queue (harness/metrics.py): ready messages — CLAIM's condition — and how
+# long the oldest has been due. Read between batches at most every figures_interval, never per
+# delivery; the (queue, run_at, id) index bounds it to the queue's due rows.
+QUEUE_FIGURES = """
+SELECT count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
+  FROM core.queue_messages
+ WHERE queue = %(queue)s
+   AND run_at <= now()
+   AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+"""
+
+
 class PgQueue:
     """The reference :class:`~harness.queue.port.QueuePort` on ``core.queue_messages``."""
 
@@ -204,6 +216,11 @@ class PgQueue:
             )
             for message_id, token, job_id, tenant_id, correlation_id, payload, replay_of, attempts, _run_at in rows
         ]
+
+    def figures(self, queue: str) -> tuple[int, float]:
+        """(ready messages, seconds the oldest of them has been due — 0 when none is) of ``queue``."""
+        depth, age = self.conn.execute(QUEUE_FIGURES, {"queue": queue}).fetchone()  # type: ignore[misc]
+        return int(depth), float(age)
 
     def ack(self, deliveries: Sequence[Delivery]) -> int:
         """Delete the messages still leased by these deliveries; return how many were."""

@@ -15,6 +15,7 @@ usage error, reported before any data is touched.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import threading
@@ -72,6 +73,8 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.jobs.catalog import by_name as jobs
     from maintenance.settings import format_duration
 
+    if args.json:
+        return _check_config_json(args, settings)
     out = sys.stdout
     out.write("Effective settings (secrets redacted):\n")
     for name, value in settings.effective().items():
@@ -95,6 +98,35 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
     out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
+
+
+def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
+    """check-config --json: the effective settings (secrets redacted), the guards and the jobs, one document."""
+    from maintenance.consumers import consumer_ttl_guard, load_consumer
+    from maintenance.jobs.catalog import by_name as jobs
+
+    guard = settings.ttl_guard()
+    consumers = []
+    for reference in args.consumers or []:
+        consumer = load_consumer(reference)
+        consumer_guard = consumer_ttl_guard(settings, consumer)
+        consumers.append(
+            {
+                "consumer": consumer.name,
+                "reference": reference,
+                "guard": {"ok": consumer_guard.ok, "explanation": consumer_guard.explain()},
+            }
+        )
+    ok = guard.ok and all(c["guard"]["ok"] for c in consumers)
+    document = {
+        "ok": ok,
+        "settings": settings.effective(),
+        "guard": {"ok": guard.ok, "explanation": guard.explain()},
+        "consumers": consumers,
+        "jobs": list(jobs()),
+    }
+    sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    return EXIT_OK if ok else EXIT_CONFIG
 
 
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
@@ -147,7 +179,14 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     for outcome in outcomes:
         push_configured(settings, outcome.name, telemetry)
     ping_heartbeat(settings, outcomes, source="core-jobs run-once")  # the dead-man's switch of the whole run
-    return EXIT_OK if all(o.ok for o in outcomes) else EXIT_JOB_FAILED
+    ok = all(o.ok for o in outcomes)
+    if args.json:  # the stop/error events' figures, as one document on stdout (the events went to stderr)
+        runs = [
+            {"job": o.name, "ok": o.ok, "duration_s": o.duration_s, "error": o.error, "fields": o.fields}
+            for o in outcomes
+        ]
+        sys.stdout.write(json.dumps({"ok": ok, "jobs": runs}, indent=2, default=str) + "\n")
+    return EXIT_OK if ok else EXIT_JOB_FAILED
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
@@ -212,10 +251,14 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODULE:OBJECT",
         help="also check this consumer's own window against the TTL (repeatable), e.g. harness.examples.points:consumer",
     )
+    p.add_argument("--json", action="store_true", help="print one JSON document (settings, guards, jobs) instead")
     p.set_defaults(handler=cmd_check_config)
 
     p = sub.add_parser("run-once", help="run the named jobs once (all when none is named)")
     p.add_argument("jobs", nargs="*", metavar="JOB")
+    p.add_argument(
+        "--json", action="store_true", help="print each job's outcome and fields as one JSON document; events to stderr"
+    )
     p.set_defaults(handler=cmd_run_once)
 
     p = sub.add_parser("serve", help="run every job on its cron schedule, with /healthz and /metrics, until SIGTERM")
@@ -257,7 +300,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    configure_logging(fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values())
+    # --json: stdout is the one JSON document; the log events go to stderr.
+    logs_to = sys.stderr if getattr(args, "json", False) else None
+    configure_logging(
+        fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values(), stream=logs_to
+    )
     try:
         return args.handler(args, settings)
     except (

@@ -61,7 +61,7 @@ def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry) -> JobO
     The outcome is also recorded as Prometheus metrics in ``telemetry``.
     """
     outcome = _run(spec, job, db)
-    telemetry.record(outcome)
+    telemetry.record(outcome, spec.result_metrics)
     return outcome
 
 

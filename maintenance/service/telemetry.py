@@ -8,10 +8,16 @@ metric                                                    type     meaning
 ``core_jobs_job_runs_total{job_name,outcome}``            counter  runs by outcome (``success``/``failure``)
 ``core_jobs_job_duration_seconds{job_name}``              gauge    wall-clock duration of the last run
 ``core_jobs_job_last_success_timestamp_seconds{job_name}`` gauge   Unix time the last successful run ended
-``core_jobs_job_result{job_name,field}``                  gauge    each numeric field of the last result
-                                                                   (zeros after a failed run, like the
-                                                                   ``.error`` event)
 ========================================================  =======  =====================================
+
+What a job's result means to Prometheus is declared by the job, in its SPEC's ``result_metrics``
+(:class:`maintenance.jobs.base.ResultMetric`): one gauge per quantity in base units, e.g.
+``core_jobs_purge_rows_deleted{job_name}`` or ``core_jobs_purge_longest_batch_seconds{job_name}``
+(the stop event's ``longest_batch_ms`` / 1000). They are set by every run that returned a result,
+ok or not; a run that raised leaves them as the last result set them (a zero would claim, e.g.,
+that no expired row is left). They carry ``job_name`` like the run series, so the series are
+the same served by ``serve`` and pushed (where ``job_name`` is the grouping key).
+docs/reference/metrics.md lists them all, generated from the declarations.
 
 A job whose result has ``metric_families()`` (the metrics job) adds its own families; the
 latest ones are served and pushed with the job's run metrics.
@@ -53,15 +59,11 @@ from prometheus_client.metrics_core import Metric
 
 from harness.errors import describe_error
 from maintenance.fields.urls import shown_url
+from maintenance.jobs.base import ResultMetric
 from maintenance.runtime.logs import get_logger
 
 PUSH_JOB = "core-jobs"
 JOB_LABEL = "job_name"
-
-
-def numeric_fields(fields: dict[str, Any]) -> dict[str, float]:
-    """The numeric (int/float, not bool) fields of a result."""
-    return {k: float(v) for k, v in fields.items() if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 @dataclass(frozen=True)
@@ -152,19 +154,27 @@ class Telemetry:
             [JOB_LABEL],
             registry=self._run_registry,
         )
-        self.result = Gauge(
-            "core_jobs_job_result",
-            "Numeric fields of the job's last result (0 after a failed run).",
-            [JOB_LABEL, "field"],
-            registry=self._run_registry,
-        )
+        self._results: dict[str, Gauge] = {}
         # What /metrics serves: the run series plus every job's own families.
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_RunSeries(self._run_registry))
         self.registry.register(_JobFamilies(self))
 
-    def record(self, outcome: Any) -> None:
-        """Record one run (a runner ``JobOutcome``: name, ok, fields, duration_s, error, result)."""
+    def result_gauge(self, metric: ResultMetric) -> Gauge:
+        """The gauge of one declared result metric, made on first use."""
+        with self._lock:
+            gauge = self._results.get(metric.name)
+            if gauge is None:
+                gauge = Gauge(metric.name, metric.documentation, [JOB_LABEL], registry=self._run_registry)
+                self._results[metric.name] = gauge
+            return gauge
+
+    def record(self, outcome: Any, result_metrics: Iterable[ResultMetric] = ()) -> None:
+        """Record one run (a runner ``JobOutcome``: name, ok, fields, duration_s, error, result).
+
+        ``result_metrics`` (the job's SPEC declares them) are set from the fields of a run that
+        returned a result; a run that raised sets none of them.
+        """
         name, ok, fields, duration_s = outcome.name, outcome.ok, outcome.fields, outcome.duration_s
         error, result = outcome.error, outcome.result
         finished = time.time()
@@ -172,8 +182,11 @@ class Telemetry:
         self.duration.labels(name).set(duration_s)
         if ok:
             self.last_success.labels(name).set(finished)
-        for field, value in numeric_fields(fields).items():
-            self.result.labels(name, field).set(value)
+        if result is not None:
+            for metric in result_metrics:
+                value = metric.value(fields)
+                if value is not None:
+                    self.result_gauge(metric).labels(name).set(value)
         families = getattr(result, "metric_families", None)
         with self._lock:
             if callable(families):

@@ -600,3 +600,48 @@ def test_template_refuses_secret_settings_even_without_the_schema(tmp_path, sett
         pytest.raises(helm_python.HelmRenderError, match="looks secret"),
     ):
         chart.render(with_secret({"settings": {setting: "s3cr3t"}}), name=RELEASE, namespace=NAMESPACE)
+
+
+# --- Prometheus Operator monitors ------------------------------------------------------------
+MONITORED = {"mode": "scheduler", "api": API_ON}
+
+
+@pytest.mark.parametrize(
+    ("kind", "toggle", "endpoints"),
+    [
+        ("ServiceMonitor", "serviceMonitor", "endpoints"),
+        ("PodMonitor", "podMonitor", "podMetricsEndpoints"),
+    ],
+)
+def test_a_monitor_toggle_scrapes_the_scheduler_and_the_api_by_their_own_labels(chart, kind, toggle, endpoints):
+    """With the toggle on, one monitor per served component selects exactly that component's Service (or pods) on port http /metrics, carrying the extra labels; the rest of the release still validates strictly."""
+    values = with_secret(MONITORED | {toggle: {"enabled": True, "interval": "15s", "labels": {"release": "kps"}}})
+    objects = render_objects(chart, values)
+    monitors = {m["metadata"]["labels"]["app.kubernetes.io/component"]: m for m in of_kind(objects, kind)}
+    assert set(monitors) == {"scheduler", "api"}
+    targets = of_kind(objects, "Service") if kind == "ServiceMonitor" else [t for _, t in pod_templates(objects)]
+    for component, monitor in monitors.items():
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert monitor["metadata"]["labels"]["release"] == "kps"
+        selector = monitor["spec"]["selector"]["matchLabels"]
+        chosen = [t for t in targets if selector.items() <= t["metadata"]["labels"].items()]
+        assert len(chosen) == 1, f"{component}: selects {len(chosen)} targets"
+        assert monitor["spec"][endpoints] == [
+            {"port": "http", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+        ]
+    for obj in objects:
+        if obj["apiVersion"] != "monitoring.coreos.com/v1":
+            kubernetes_validate.validate(obj, SUPPORTED_KUBE_VERSIONS[-1], strict=True)
+
+
+def test_no_monitor_by_default_nor_in_cronjob_mode(chart, cronjob_mode):
+    """The monitors are off by default, and in cronjob mode without the API there is nothing to scrape even with them on."""
+    assert not [o for o in cronjob_mode if o["apiVersion"] == "monitoring.coreos.com/v1"]
+    on = with_secret({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
+    assert not [o for o in render_objects(chart, on) if o["apiVersion"] == "monitoring.coreos.com/v1"]
+
+
+def test_the_schema_refuses_a_monitor_interval_prometheus_would_not_parse(chart):
+    """serviceMonitor.interval must be a Prometheus duration: "30 seconds" is refused by the values schema."""
+    with pytest.raises(Exception, match="interval"):
+        render_objects(chart, with_secret({"serviceMonitor": {"enabled": True, "interval": "30 seconds"}}))

@@ -272,3 +272,43 @@ def test_demo_without_the_demo_distribution_exits_2_saying_how_to_get_it(clean_e
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "core-jobs-demo" in err[0] and "uv sync" in err[0]
+
+
+def test_check_config_json_is_one_document_with_redacted_settings_and_the_guard(clean_env, capsys):
+    """check-config --json prints one JSON document: the settings with the password masked, the guard's verdict and explanation, and the jobs."""
+    import json
+
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-secret-1@db/core")
+    assert main(["check-config", "--json"]) == EXIT_OK
+    out = capsys.readouterr().out
+    document = json.loads(out)
+    assert "pw-secret-1" not in out
+    assert document["settings"]["CORE_JOBS_DATABASE_URL"] == "postgresql://app:***@db/core"
+    assert document["guard"]["ok"] is True and "PT22M24S: ok" in document["guard"]["explanation"]
+    assert document["jobs"] == ["purge", "alerts", "metrics"]
+
+
+def test_check_config_json_exits_2_with_the_failed_guard_in_the_document(clean_env, capsys):
+    """check-config --json with a TTL too short exits 2 and its document says ok false, guard ok false."""
+    import json
+
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
+    assert main(["check-config", "--json"]) == EXIT_CONFIG
+    document = json.loads(capsys.readouterr().out)
+    assert (document["ok"], document["guard"]["ok"]) == (False, False)
+
+
+def test_run_once_json_prints_each_jobs_outcome_and_fields_and_logs_to_stderr(clean_env, database_url, capsys):
+    """run-once --json purge metrics: stdout is one JSON document with each job's ok, duration and stop fields; the events go to stderr."""
+    import json
+
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    assert main(["run-once", "--json", "purge", "metrics"]) == EXIT_OK
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ok"] is True
+    assert [run["job"] for run in document["jobs"]] == ["purge", "metrics"]
+    purge = document["jobs"][0]
+    assert purge["ok"] is True and purge["error"] is None and purge["duration_s"] >= 0
+    assert {"num_deleted", "rows_left", "longest_batch_ms"} <= purge["fields"].keys()
+    assert '"maintenance.purge.stop"' in captured.err

@@ -114,3 +114,32 @@ def test_each_jobs_manual_is_written_once_in_docs_not_again_in_its_docstring(spe
     assert lines <= SUMMARY_MAX_LINES, (
         f"{package.__name__}'s docstring is {lines} lines: move the detail to docs/{spec.name}.md"
     )
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_result_metric_reads_a_stop_event_field_and_is_named_in_base_units(spec):
+    """Every metric a job declares from its result reads one of its stop event's fields and is named core_jobs_<job>_<quantity> without a millisecond unit."""
+    fields = spec.zero_fields()
+    for metric in spec.result_metrics:
+        assert metric.field in fields, f"{metric.name} reads {metric.field}, not a field of {spec.events}.stop"
+        assert metric.name.startswith(f"core_jobs_{spec.name}_"), metric.name
+        assert not metric.name.endswith(("_ms", "_milliseconds", "_total")), metric.name
+
+
+def test_the_contracted_result_metrics_are_declared():
+    """purge and alerts declare exactly the per-quantity gauges operators chart; the metrics job declares none (its families are its own)."""
+    declared = {spec.name: {m.name for m in spec.result_metrics} for spec in JOBS}
+    assert declared == {
+        "purge": {
+            "core_jobs_purge_rows_deleted",
+            "core_jobs_purge_rows_left",
+            "core_jobs_purge_longest_batch_seconds",
+            "core_jobs_purge_batches",
+        },
+        "alerts": {
+            "core_jobs_alerts_incidents_opened",
+            "core_jobs_alerts_incidents_resolved",
+            "core_jobs_alerts_escalations",
+        },
+        "metrics": set(),
+    }

@@ -79,3 +79,19 @@ def test_each_jobs_manual_lists_exactly_the_settings_its_package_declares(job):
     listed = [line.split("`")[1] for line in block.splitlines() if line.startswith("| `")]
     declared = by_name()[job].settings
     assert listed == [ENV_PREFIX + name.upper() for name in declared.model_fields]
+
+
+def test_metrics_page_lists_every_exported_family_with_its_labels():
+    """The metrics page has each job's declared result gauges, the worker's new series and the API's, each with its labels, and no core_jobs_job_result."""
+    from maintenance.jobs.catalog import JOBS
+
+    families = {f.name: f for f in reference.collect_metrics()}
+    for spec in JOBS:
+        for metric in spec.result_metrics:
+            assert families[metric.name].labels == ("job_name",)
+    assert families["harness_handler_duration_seconds"].type == "histogram"
+    assert families["harness_queue_depth"].labels == ("queue",)
+    assert families["harness_leases_lost_total"].labels == ("consumer",)
+    assert families["core_jobs_api_requests_total"].labels == ("method", "route", "status")
+    assert families["core_jobs_executions"].labels == ("consumer", "status")
+    assert "core_jobs_job_result" not in families

@@ -27,10 +27,12 @@ from maintenance.cli import EXIT_CONFIG, main
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import MetricsJob
 from maintenance.service.http import make_server, serve_in_background
-from maintenance.service.runner import build_jobs
+from maintenance.service.runner import build_jobs, run_job
 from maintenance.service.scheduler import JobScheduler
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
+
+PROMTOOL = "/usr/bin/promtool"
 
 START = datetime(2026, 11, 30, 12, 0, 30, tzinfo=UTC)
 
@@ -409,3 +411,36 @@ def read_event(proc: subprocess.Popen, event: str, timeout: float = 30.0) -> dic
             if f'"{event}"' in line:
                 return json.loads(line)
     raise AssertionError(f"{event} not logged; stderr: {proc.stderr.read() if proc.poll() is not None else ''}")
+
+
+def test_metrics_are_negotiated_text_or_openmetrics_and_pass_promtool(db, database_url):
+    """/metrics answers Prometheus text by default and OpenMetrics (ending # EOF) to an Accept asking for it; both parse, and promtool check metrics passes the text when it is installed."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    settings = Settings(database_url=database_url)
+    telemetry = Telemetry()
+    built = build_jobs(settings, db, ["purge", "metrics"])
+    for spec, job in built:
+        run_job(spec, job, db, telemetry)
+    server = make_server("127.0.0.1", 0, health=lambda: (True, {}), registry=telemetry.registry)
+    serve_in_background(server)
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        text = httpx.get(f"{base}/metrics")
+        openmetrics = httpx.get(f"{base}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    finally:
+        server.shutdown()
+        server.server_close()
+
+    assert text.headers["content-type"].startswith("text/plain")
+    assert {"core_jobs_purge_rows_deleted", "core_jobs_job_runs"} <= {
+        f.name for f in text_string_to_metric_families(text.text)
+    }
+    assert openmetrics.headers["content-type"].startswith("application/openmetrics-text")
+    assert openmetrics.text.endswith("# EOF\n")
+    assert {"core_jobs_purge_rows_deleted", "core_jobs_job_runs"} <= {
+        f.name for f in openmetrics_families(openmetrics.text)
+    }
+    if os.path.exists(PROMTOOL):
+        checked = subprocess.run([PROMTOOL, "check", "metrics"], input=text.content, capture_output=True, check=False)
+        assert checked.returncode == 0, checked.stderr.decode() + checked.stdout.decode()

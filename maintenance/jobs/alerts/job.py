@@ -27,7 +27,7 @@ from maintenance.jobs.alerts.sql import (
     READ_INSTALLATION,
     RECORD_INTENT,
 )
-from maintenance.jobs.base import JobSpec
+from maintenance.jobs.base import JobSpec, ResultMetric
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 from maintenance.runtime.progress import Progress, Report
@@ -532,4 +532,21 @@ SPEC = JobSpec(
     settings=AlertsFields,
     zero_fields=AlertFeedResult.zero_fields,
     event_prefix="alerts.feed",
+    result_metrics=(
+        ResultMetric(
+            "core_jobs_alerts_incidents_opened",
+            "incidents_posted",
+            "Better Stack incidents the last alerts run opened.",
+        ),
+        ResultMetric(
+            "core_jobs_alerts_incidents_resolved",
+            "incidents_resolved",
+            "Better Stack incidents the last alerts run resolved.",
+        ),
+        ResultMetric(
+            "core_jobs_alerts_escalations",
+            "escalations_posted",
+            "Escalations the last alerts run posted to Better Stack.",
+        ),
+    ),
 )

@@ -18,7 +18,7 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import format_duration
-from maintenance.jobs.base import JobSpec
+from maintenance.jobs.base import JobSpec, ResultMetric
 from maintenance.jobs.purge.config import (
     DEFAULT_SCHEDULE,
     MIN_IDEMPOTENCY_KEY_RETENTION,
@@ -395,4 +395,19 @@ SPEC = JobSpec(
     zero_fields=zero_fields,
     event_prefix=EVENTS,
     schedule=DEFAULT_SCHEDULE,
+    result_metrics=(
+        ResultMetric("core_jobs_purge_rows_deleted", "num_deleted", "Fences the last purge run deleted."),
+        ResultMetric(
+            "core_jobs_purge_rows_left",
+            "rows_left",
+            f"Expired fences still there after the last purge run (capped at {ROWS_LEFT_CAP}; -1: not counted).",
+        ),
+        ResultMetric(
+            "core_jobs_purge_longest_batch_seconds",
+            "longest_batch_ms",
+            "Duration of the longest delete batch of the last purge run.",
+            scale=0.001,
+        ),
+        ResultMetric("core_jobs_purge_batches", "num_batches", "Delete batches the last purge run made."),
+    ),
 )

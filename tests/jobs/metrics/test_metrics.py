@@ -75,7 +75,7 @@ def test_run_once_metrics_pushes_per_consumer_counts_and_logs_them(clean_env, da
         (("consumer", "points.expire"),): 3.0,
     }
     assert pushed["core_jobs_dead_letters_pending"] == {(("queue", "points.credit"),): 1.0}
-    assert pushed["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 11.0
+    assert "core_jobs_job_result" not in pushed  # one metric per quantity: the successes are core_jobs_successes_total
     assert (("job_name", "metrics"), ("outcome", "success")) in pushed["core_jobs_job_runs_total"]
     [event] = events_in(capsys.readouterr().out, "maintenance.metrics.collected")
     assert event["successes_total"] == {"notifications.email": 1, "points.credit": 7, "points.expire": 3}
@@ -148,7 +148,6 @@ def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, em
 
     assert gateway.families["core_jobs_job_last_success_timestamp_seconds"] == succeeded_at
     assert gateway.families["core_jobs_job_runs_total"] == {(("job_name", "metrics"), ("outcome", "failure")): 1.0}
-    assert gateway.families["core_jobs_job_result"][(("field", "num_successes"), ("job_name", "metrics"))] == 0.0
 
 
 @pytest.fixture
@@ -416,7 +415,7 @@ def test_horizon_is_the_oldest_open_transaction_within_bounds():
 
 # --- run metrics of every job --------------------------------------------------------------------
 def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
-    """A success sets runs_total{success}, duration, last success and result fields; a failure zeros the fields."""
+    """A success sets runs_total{success}, duration and last success; a failure counts and times its run, sets no last success and no result gauge."""
     telemetry = Telemetry()
     spec = JobSpec(
         name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
@@ -434,8 +433,6 @@ def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "metrics"}) > 0
     assert value("core_jobs_job_last_success_timestamp_seconds", {"job_name": "broken"}) is None
     assert value("core_jobs_job_duration_seconds", {"job_name": "broken"}) > 0  # the failed run was timed too
-    assert value("core_jobs_job_result", {"job_name": "broken", "field": "num_successes"}) == 0
-    assert value("core_jobs_job_result", {"job_name": "metrics", "field": "num_consumers"}) == 0
     assert telemetry.last_runs["broken"].ok is False and "UndefinedTable" in telemetry.last_runs["broken"].error
 
 
@@ -486,3 +483,25 @@ def test_run_once_metrics_pushes_the_execution_gauges(clean_env, database_url, c
     assert age[0] == (("consumer", "points.ledger"),) and 600 <= age[1] < 660
     [event] = events_in(capsys.readouterr().out, "maintenance.metrics.collected")
     assert event["executions"]["points.ledger"]["RECONCILIATION_REQUIRED"] == 1
+
+
+def test_a_run_that_raised_leaves_the_result_gauges_of_the_last_result(db, empty_database_url):
+    """A declared result gauge keeps the value of the last run that returned a result when a later run raises (never a made-up 0)."""
+    from maintenance.jobs.base import ResultMetric
+
+    declared = (ResultMetric("core_jobs_metrics_test_successes", "num_successes", "test"),)
+    spec = JobSpec(
+        name="metrics",
+        summary="",
+        build=lambda s, d, _stop: MetricsJob(d),
+        zero_fields=lambda: {"num_successes": 0},
+        result_metrics=declared,
+    )
+    telemetry = Telemetry()
+    run_job(spec, MetricsJob(db), db, telemetry)
+    counted = telemetry.registry.get_sample_value("core_jobs_metrics_test_successes", {"job_name": "metrics"})
+    broken = Database(empty_database_url)
+    run_job(spec, MetricsJob(broken), broken, telemetry)
+
+    assert counted is not None
+    assert telemetry.registry.get_sample_value("core_jobs_metrics_test_successes", {"job_name": "metrics"}) == counted

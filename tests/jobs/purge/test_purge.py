@@ -1014,3 +1014,22 @@ def test_refuses_an_idempotency_key_retention_shorter_than_a_day(clean_env):
         load_settings()
     with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
         Purger(PurgeConfig(guard=GUARD, idempotency_key_retention=timedelta(hours=12)), None)
+
+
+def test_a_purge_run_exports_one_metric_per_quantity_in_base_units(db, conn, now):
+    """A purge of 11 rows in batches of 7 ms and 3 ms sets core_jobs_purge_rows_deleted 11, _batches 2, _longest_batch_seconds 0.007 and _rows_left 0; no core_jobs_job_result is served."""
+    from maintenance.jobs.purge.job import SPEC
+    from maintenance.service.runner import run_job
+    from maintenance.service.telemetry import Telemetry
+
+    add_old_expired_fences(conn, now, 11)
+    telemetry = Telemetry()
+    run_job(SPEC, Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)), db, telemetry)
+
+    value = telemetry.registry.get_sample_value
+    labels = {"job_name": "purge"}
+    assert value("core_jobs_purge_rows_deleted", labels) == 11
+    assert value("core_jobs_purge_batches", labels) == 2
+    assert value("core_jobs_purge_longest_batch_seconds", labels) == pytest.approx(0.007)
+    assert value("core_jobs_purge_rows_left", labels) == 0
+    assert "core_jobs_job_result" not in {family.name for family in telemetry.registry.collect()}
