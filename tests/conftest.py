@@ -40,7 +40,7 @@ TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
 # (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
 # loyalty ledger of the durable-action tests (ledger_support).
-pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support", "ledger_support"]
+pytest_plugins = ["fake_betterstack", "logcapture", "helm_support", "api_support", "ledger_support", "tracing_support"]
 
 
 def _docker_answers() -> bool:

@@ -22,13 +22,11 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from harness.tracing import context_of
 from maintenance.api import bodies
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
@@ -36,7 +34,6 @@ from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.api.resources import dead_letters, executions, resolutions
 from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
-from maintenance.runtime.tracing import tracer
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -92,22 +89,6 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        # One SERVER span per request, a child of the caller's traceparent header when it is valid;
-        # named "<METHOD> <route>" once the route is known (maintenance/runtime/tracing.py).
-        headers = dict(scope.get("headers") or {})
-        parent = context_of(
-            headers.get(b"traceparent", b"").decode("latin-1") or None,
-            headers.get(b"tracestate", b"").decode("latin-1") or None,
-        )
-        with tracer().start_as_current_span(
-            scope["method"],
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": scope["method"], "url.path": scope["path"]},
-        ) as span:
-            await self._guard(scope, receive, send, span)
-
-    async def _guard(self, scope: Scope, receive: Receive, send: Send, span: Span) -> None:
         started = time.perf_counter()
         state: dict[str, Any] = {"status": 500, "started": False, "too_large": False}
 
@@ -167,11 +148,6 @@ class Guard:
             template = getattr(route, "path_format", None) or "unmatched"  # {id}, not {id:int}
             seconds = time.perf_counter() - started
             self.metrics.observe(scope["method"], template, state["status"], seconds)
-            span.update_name(f"{scope['method']} {template}")
-            span.set_attribute("http.route", template)
-            span.set_attribute("http.response.status_code", state["status"])
-            if state["status"] >= 500:
-                span.set_status(Status(StatusCode.ERROR, f"HTTP {state['status']}"))
             method, status, ms = scope["method"], state["status"], round(seconds * 1000, 2)
             subject = scope.get("state", {}).get("subject")
             if template in QUIET_ROUTES:  # probes and scrapes every few seconds: not at info
@@ -296,6 +272,12 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry spans: "<METHOD> <route>" (SERVER, a child of the request's
+        # traceparent), with its dependencies and endpoint inside; the Guard's request log is in it.
+        # Its OTel logs are off (an exception's text would bypass the log's secret masking) and so
+        # are its metrics (the app's Prometheus registry counts requests); the SDK is ours to set
+        # up (maintenance/runtime/tracing.py), never FastAPI's from the environment.
+        telemetry={"tracing": True, "logs": False, "metrics": False, "auto_configure": False},
         description="List, inspect, replay and discard dead letters; list and inspect durable-action executions."
         " Errors are application/problem+json.",
     )
