@@ -21,19 +21,20 @@ WORKDIR /src
 # Dependencies first, in their own layer: it is rebuilt only when the lockfile changes. The
 # workspace members' pyprojects (core-jobs-harness, core-jobs-demo) are needed to read the lock;
 # no distribution of the workspace is installed yet. --no-dev leaves out the dev group, and with it
-# the demo (core-jobs-demo) and the embedded PostgreSQL (pgserver): the image has neither.
+# the demo (core-jobs-demo) and the embedded PostgreSQL (pgserver): the image has neither. --extra otel:
+# the OpenTelemetry SDK and OTLP exporter, idle unless OTEL_* turns traces on (docs/deployment.md, "Traces").
 COPY pyproject.toml uv.lock ./
 COPY harness/pyproject.toml ./harness/
 COPY demo/pyproject.toml ./demo/
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-install-workspace
+    uv sync --frozen --no-dev --extra otel --no-install-workspace
 # Then core-jobs and core-jobs-harness, installed as packages (not editable): /src is not copied onward.
 COPY README.md ./
 COPY maintenance ./maintenance
 COPY harness ./harness
 COPY migrations ./migrations
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv sync --frozen --no-dev --no-editable
+    uv sync --frozen --no-dev --extra otel --no-editable
 
 FROM ${PYTHON_IMAGE}
 RUN groupadd --system --gid 10001 core-jobs \

@@ -3,7 +3,8 @@
 A dead letter carries the full payload, the attempts made, the last error as ``"Type:
 message"`` bounded to :data:`harness.errors.MAX_ERROR_CHARS` (:func:`harness.errors.describe_error`,
 which renders any exception, even one that cannot be printed), the correlation id, the queue, the consumer, the
-tenant and the job id, so that a replay republishes exactly the same job (J-B6). It is born
+tenant, the job id and the message's trace context, so that a replay republishes exactly the same
+job (J-B6) in the same trace (harness/tracing.py). It is born
 ``pending_review``; the database enforces its lifecycle. The caller supplies the transaction —
 the reference queue writes the letter in the one that removes the message, so a failure is
 neither lost nor recorded twice.
@@ -47,6 +48,9 @@ class DeadLetter:
     tenant_id: UUID | None = None
     correlation_id: str | None = None
     replay_of: int | None = None  # the dead letter whose replayed delivery failed again, if any
+    # The message's W3C trace context (harness/tracing.py), kept so that a replay joins the job's trace.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 # A replay's final outcome, once: the database stamps replay_handled_at and refuses a second one.
@@ -65,9 +69,9 @@ WITH replay_handled AS (
      WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
 )
 INSERT INTO core.dead_letters
-       (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id)
+       (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id, traceparent, tracestate)
 VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s,
-        %(tenant_id)s, %(correlation_id)s)
+        %(tenant_id)s, %(correlation_id)s, %(traceparent)s, %(tracestate)s)
 RETURNING id
 """
 
@@ -108,6 +112,8 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
             "tenant_id": letter.tenant_id,
             "correlation_id": letter.correlation_id,
             "replay_of": letter.replay_of,
+            "traceparent": letter.traceparent,
+            "tracestate": letter.tracestate,
         },
     ).fetchone()
     assert row is not None

@@ -56,7 +56,7 @@ from pydantic import ValidationError
 
 from harness.consumer.consumer import Consumer, JobContext
 from harness.consumer.retry import RetryPolicy, compute_delay
-from harness.dead_letters import DeadLetter, mark_replay_handled
+from harness.dead_letters import mark_replay_handled
 from harness.durable.executor import run_execution
 from harness.errors import PermanentError, PoisonMessage, TransientError, describe_error, validation_problems
 from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
@@ -181,19 +181,8 @@ def _past_the_budget(
 def _dead_letter(
     consumer: Consumer, delivery: Delivery, reason: str, error: BaseException, metrics: Metrics
 ) -> DeadLettered:
-    envelope = delivery.envelope
     metrics.dead_lettered(consumer.name, reason)
     return DeadLettered(
         reason=reason,  # type: ignore[arg-type]
-        letter=DeadLetter(
-            job_id=envelope.job_id,
-            queue=delivery.queue,
-            consumer=consumer.name,
-            payload=envelope.payload,
-            attempts=delivery.attempt,
-            last_error=describe_error(error),
-            tenant_id=envelope.tenant_id,
-            correlation_id=envelope.correlation_id,
-            replay_of=envelope.replay_of,
-        ),
+        letter=delivery.letter(consumer.name, attempts=delivery.attempt, last_error=describe_error(error)),
     )

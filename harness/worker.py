@@ -62,6 +62,7 @@ import psycopg
 import structlog
 from psycopg.pq import TransactionStatus
 
+from harness import tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error
@@ -237,15 +238,36 @@ class Worker:
             "attempt": delivery.attempt,
             "correlation_id": delivery.envelope.correlation_id,
         }
-        try:
-            self._handle_and_settle(conn, queue, delivery, done, fields)
-        except Exception as exc:
-            if not _usable(conn):
-                raise  # the worker itself is broken (its connection is lost): it stops, as designed
-            self._delivery_failed(queue, delivery, exc, fields)
+        envelope = delivery.envelope
+        attributes = {
+            "messaging.system": "postgresql",
+            "messaging.operation.type": "process",
+            "messaging.destination.name": delivery.queue,
+            "messaging.consumer.group.name": self.consumer.name,
+            "messaging.message.id": delivery.receipt[0] if isinstance(delivery.receipt, tuple) else None,
+            "messaging.message.conversation_id": envelope.correlation_id,
+            "core_jobs.job_id": str(envelope.job_id),
+            "core_jobs.attempt": delivery.attempt,
+            "core_jobs.replay_of": envelope.replay_of,
+        }
+        # Every attempt is a child of the message's context: the job's publish, or the replayed letter's.
+        with tracing.start_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes) as span:
+            try:
+                self._handle_and_settle(conn, queue, delivery, done, fields, span)
+            except Exception as exc:
+                if not _usable(conn):
+                    raise  # the worker itself is broken (its connection is lost): it stops, as designed
+                tracing.set_error(span, describe_error(exc))
+                self._delivery_failed(queue, delivery, exc, fields)
 
     def _handle_and_settle(
-        self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery], fields: dict
+        self,
+        conn: psycopg.Connection,
+        queue: PgQueue,
+        delivery: Delivery,
+        done: list[Delivery],
+        fields: dict,
+        span: tracing.Span,
     ) -> None:
         self.metrics.handling(self.consumer.name)
         started = time.perf_counter()
@@ -261,6 +283,11 @@ class Worker:
             )
         finally:
             self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+        span.set_attribute("core_jobs.outcome", type(outcome).__name__.lower())
+        if isinstance(outcome, RetryAfter):
+            tracing.set_error(span, outcome.error)
+        elif isinstance(outcome, DeadLettered):
+            tracing.set_error(span, outcome.letter.last_error)
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")

@@ -46,6 +46,7 @@ pytest_plugins = [
     "support.helm_support",
     "support.api_support",
     "support.ledger_support",
+    "support.tracing_support",
 ]
 
 

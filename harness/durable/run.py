@@ -9,11 +9,13 @@ every action has succeeded: the final transaction (harness/durable/finish.py) co
 
 from __future__ import annotations
 
+from harness import tracing
 from harness.consumer.actions import Action, ActionContext, idempotency_key
 from harness.durable.decide import OutputBroken, WorkerLost, validated
 from harness.durable.settle import fail, failed, reconcile
 from harness.durable.state import Execution, Record, check_held
 from harness.durable.window import max_takes
+from harness.errors import describe_error
 from harness.pipelined import transaction_begun_with
 from harness.queue.port import Outcome
 
@@ -87,12 +89,22 @@ def _run_action(ex: Execution, action: Action, position: int, attempt: int) -> O
         idempotency_key=idempotency_key(envelope.job_id, ex.consumer.name, action.name),
         results=dict(ex.results),
     )
-    try:
-        value = validated(action, action.call(ex.payload, context))
-    except KeyboardInterrupt:
-        raise  # the caller's stop: a write's STARTED checkpoint stays, the next take decides
-    except BaseException as exc:
-        return failed(ex, action, position, attempt, exc)
+    attributes = {
+        "core_jobs.consumer": ex.consumer.name,
+        "core_jobs.action": action.name,
+        "core_jobs.effect": str(action.effect),
+        "core_jobs.attempt": attempt,
+        "core_jobs.execution_id": ex.execution_id,
+    }
+    # A span per call, a child of the delivery's: the action's own requests (an HTTP client's) nest in it.
+    with tracing.span(f"action {action.name}", attributes=attributes) as span:
+        try:
+            value = validated(action, action.call(ex.payload, context))
+        except KeyboardInterrupt:
+            raise  # the caller's stop: a write's STARTED checkpoint stays, the next take decides
+        except BaseException as exc:
+            tracing.set_error(span, describe_error(exc))
+            return failed(ex, action, position, attempt, exc)
     ex.results[action.name] = value
     stored = value.model_dump(mode="json") if action.output is not None else value
     ex.pending.append(Record(action, position, "SUCCEEDED", attempt, result=stored))

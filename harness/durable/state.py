@@ -19,7 +19,6 @@ from psycopg.types.json import Jsonb
 
 from harness.consumer.actions import Action
 from harness.consumer.consumer import Consumer
-from harness.dead_letters import DeadLetter
 from harness.durable import sql
 from harness.fence import Runtime
 from harness.pipelined import Statement
@@ -103,20 +102,13 @@ class Execution:
 
     def dead_letter(self, why: Literal["permanent", "exhausted"], reason: str, *, attempts: int) -> DeadLettered:
         """The dead letter of a FAILED execution, carrying the delivery's ``replay_of``."""
-        envelope = self.delivery.envelope
         self.runtime.metrics.dead_lettered(self.consumer.name, why)
         return DeadLettered(
             reason=why,
-            letter=DeadLetter(
-                job_id=envelope.job_id,
-                queue=self.delivery.queue,
-                consumer=self.consumer.name,
-                payload=envelope.payload,
+            letter=self.delivery.letter(
+                self.consumer.name,
                 attempts=max(1, attempts),
                 last_error=f"execution {self.execution_id} FAILED: {reason}",
-                tenant_id=envelope.tenant_id,
-                correlation_id=envelope.correlation_id,
-                replay_of=envelope.replay_of,
             ),
         )
 

@@ -35,30 +35,38 @@ asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
+from opentelemetry.trace import SpanKind
 from psycopg.types.json import Jsonb
 
+from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.queue.port import Delivery, Envelope, check_payload, decode_payload
 
 __all__ = ["PgQueue"]
 
 PUBLISH = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
-VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(replay_of)s, now() + %(delay)s)
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
+                                 run_at)
+VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %(replay_of)s, %(traceparent)s,
+        %(tracestate)s, now() + %(delay)s)
 RETURNING id
 """
 
 # Many messages in one statement: parallel arrays, one element per message (a bulk replay's 10 000).
 PUBLISH_MANY = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
-SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, now() + %(delay)s
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
+                                 run_at)
+SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.traceparent, m.tracestate,
+       now() + %(delay)s
   FROM unnest(%(queues)s::text[], %(job_ids)s::uuid[], %(tenant_ids)s::uuid[], %(correlation_ids)s::text[],
-              %(payloads)s::jsonb[], %(replay_ofs)s::bigint[])
-       AS m(queue, job_id, tenant_id, correlation_id, payload, replay_of)
+              %(payloads)s::jsonb[], %(replay_ofs)s::bigint[], %(traceparents)s::text[], %(tracestates)s::text[])
+       AS m(queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate)
 """
 
 # Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
@@ -83,7 +91,7 @@ UPDATE core.queue_messages AS m
   FROM ready
  WHERE m.id = ready.id
 RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload::text, m.replay_of, m.attempts,
-          m.run_at
+          m.run_at, m.traceparent, m.tracestate
 """
 
 # Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
@@ -152,8 +160,8 @@ class PgQueue:
         A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
         """
         check_payload(envelope.payload)
-        with self.conn.transaction():
-            row = self.conn.execute(PUBLISH, self._publish_params(queue, envelope, delay)).fetchone()
+        with _publish_span([(queue, envelope)]) as traced, self.conn.transaction():
+            row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
         assert row is not None
         return row[0]
 
@@ -167,7 +175,8 @@ class PgQueue:
             check_payload(envelope.payload)
         if not messages:
             return
-        with self.conn.transaction():
+        with _publish_span(messages) as traced, self.conn.transaction():
+            messages = traced
             self.conn.execute(
                 PUBLISH_MANY,
                 {
@@ -177,6 +186,8 @@ class PgQueue:
                     "correlation_ids": [e.correlation_id for _q, e in messages],
                     "payloads": [Jsonb(e.payload) for _q, e in messages],
                     "replay_ofs": [e.replay_of for _q, e in messages],
+                    "traceparents": [e.traceparent for _q, e in messages],
+                    "tracestates": [e.tracestate for _q, e in messages],
                     "delay": delay,
                 },
             )
@@ -190,6 +201,8 @@ class PgQueue:
             "correlation_id": envelope.correlation_id,
             "payload": Jsonb(envelope.payload),
             "replay_of": envelope.replay_of,
+            "traceparent": envelope.traceparent,
+            "tracestate": envelope.tracestate,
             "delay": delay,
         }
 
@@ -210,11 +223,25 @@ class PgQueue:
                     tenant_id=tenant_id,
                     correlation_id=correlation_id,
                     replay_of=replay_of,
+                    traceparent=traceparent,
+                    tracestate=tracestate,
                 ),
                 attempt=attempts,
                 receipt=(message_id, token),
             )
-            for message_id, token, job_id, tenant_id, correlation_id, payload, replay_of, attempts, _run_at in rows
+            for (
+                message_id,
+                token,
+                job_id,
+                tenant_id,
+                correlation_id,
+                payload,
+                replay_of,
+                attempts,
+                _run_at,
+                traceparent,
+                tracestate,
+            ) in rows
         ]
 
     def figures(self, queue: str) -> tuple[int, float]:
@@ -254,3 +281,37 @@ class PgQueue:
         with self.conn.transaction():
             self.conn.execute(ASYNC_COMMIT)
             return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
+
+
+def _keeps_its_context(envelope: Envelope) -> bool:
+    """A replay keeps its dead letter's context (or none) unchanged; a context already given is kept too."""
+    return envelope.replay_of is not None or envelope.traceparent is not None
+
+
+@contextmanager
+def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tuple[str, Envelope]]]:
+    """The messages, each with the context of a ``<queue> publish`` span (PRODUCER) current around the write.
+
+    No span when every message keeps its own context (a replay: harness/tracing.py); none either,
+    and the messages unchanged, without a recording span (no SDK).
+    """
+    if all(_keeps_its_context(envelope) for _queue, envelope in messages):
+        yield list(messages)
+        return
+    queues = sorted({queue for queue, _envelope in messages})
+    attributes = {
+        "messaging.system": "postgresql",
+        "messaging.operation.type": "send",
+        "messaging.destination.name": queues[0] if len(queues) == 1 else None,
+        "messaging.batch.message_count": len(messages) if len(messages) > 1 else None,
+    }
+    with tracing.span(
+        f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
+    ):
+        traceparent, tracestate = tracing.current_context()
+        yield [
+            (queue, envelope)
+            if traceparent is None or _keeps_its_context(envelope)
+            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
+            for queue, envelope in messages
+        ]

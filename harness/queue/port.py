@@ -40,6 +40,10 @@ and until then the purge keeps the job's fences however long the message waits. 
 loses the message, or an adapter that drops ``replay_of``, leaves the replay outstanding: its
 fences are kept (never a double effect) until an operator releases it (``core-jobs dead-letters
 release``). docs/harness.md, "Replays and the purge".
+
+Traces. An adapter carries ``traceparent`` and ``tracestate`` (the W3C trace context) with the
+message like ``replay_of``: ``publish`` sets them from its ``<queue> publish`` span, unless the
+envelope is a replay, which keeps its dead letter's (harness/tracing.py).
 """
 
 from __future__ import annotations
@@ -89,6 +93,10 @@ class Envelope:
     tenant_id: UUID = NO_TENANT
     correlation_id: str | None = None
     replay_of: int | None = None  # the dead letter a replay republished; None for every other message
+    # The W3C trace context the job travels in (harness/tracing.py): set by publish from its span, kept
+    # unchanged by retries, the dead letter and a replay. None: published without tracing.
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 class InvalidPayload(ValueError):
@@ -191,6 +199,23 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
+
+    def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
+        """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
+        envelope = self.envelope
+        return DeadLetter(
+            job_id=envelope.job_id,
+            queue=self.queue,
+            consumer=consumer,
+            payload=envelope.payload,
+            attempts=attempts,
+            last_error=last_error,
+            tenant_id=envelope.tenant_id,
+            correlation_id=envelope.correlation_id,
+            replay_of=envelope.replay_of,
+            traceparent=envelope.traceparent,
+            tracestate=envelope.tracestate,
+        )
 
 
 @dataclass(frozen=True)

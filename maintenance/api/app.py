@@ -272,6 +272,12 @@ def create_app(
         redoc_url=None,
         openapi_url=None,
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry spans: "<METHOD> <route>" (SERVER, a child of the request's
+        # traceparent), with its dependencies and endpoint inside; the Guard's request log is in it.
+        # Its OTel logs are off (an exception's text would bypass the log's secret masking) and so
+        # are its metrics (the app's Prometheus registry counts requests); the SDK is ours to set
+        # up (maintenance/runtime/tracing.py), never FastAPI's from the environment.
+        telemetry={"tracing": True, "logs": False, "metrics": False, "auto_configure": False},
         description="List, inspect, replay and discard dead letters; list and inspect durable-action executions."
         " Errors are application/problem+json.",
     )

@@ -293,6 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help exits 0, a usage error 2
         return int(exc.code or 0)
     from maintenance.runtime.logs import configure_logging
+    from maintenance.runtime.tracing import configure_tracing
     from maintenance.settings import ConfigError, load_settings
 
     try:
@@ -306,6 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fmt=settings.log_format, level=settings.log_level, secrets=settings.secret_values(), stream=logs_to
     )
     try:
+        configure_tracing()  # only when OTEL_* asks for it (maintenance/runtime/tracing.py)
         return args.handler(args, settings)
     except (
         ConfigError

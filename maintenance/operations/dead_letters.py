@@ -123,6 +123,8 @@ class DeadLetterRow:
     status_changed_at: datetime | None
     replay_outcome: str | None  # NULL on a replayed letter: its delivery is outstanding
     replay_handled_at: datetime | None
+    traceparent: str | None  # the job's W3C trace context (harness/tracing.py): a replay carries it
+    tracestate: str | None
 
     @property
     def outstanding(self) -> bool:
@@ -132,7 +134,7 @@ class DeadLetterRow:
 
 _COLUMNS = (
     "id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
-    " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at"
+    " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at, traceparent, tracestate"
 )
 
 LIST = f"""
@@ -219,6 +221,10 @@ def replay(
                             tenant_id=row.tenant_id or NO_TENANT,
                             correlation_id=row.correlation_id,
                             replay_of=row.id,
+                            # The letter's trace, unchanged: the second attempt joins the first's trace
+                            # (and the publish guard of migration 0017 holds the API role to it).
+                            traceparent=row.traceparent,
+                            tracestate=row.tracestate,
                         ),
                     )
                     for row in rows

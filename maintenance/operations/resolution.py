@@ -146,16 +146,19 @@ REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id 
 # A dead letter's replay that was held in RECONCILIATION_REQUIRED is still outstanding (its delivery
 # was acked as Held): the re-queued message carries it (replay_of), so the execution's final outcome
 # — processed, duplicate or dead-lettered — ends that replay, as its own delivery would have.
+# It carries that replay's trace context (its letter's traceparent, tracestate; none without a replay),
+# so the resumed attempt joins the job's trace (harness/tracing.py).
 # Migration 0014's core.queue_messages_api_role_guard holds the API role to exactly this message
-# (the same replay_of rule): change both together.
+# (the same replay_of rule; 0017 the same trace context): change both together.
 REQUEUE_JOB = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, run_at)
-SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload,
-       (SELECT max(d.id) FROM core.dead_letters AS d
-         WHERE d.job_id = e.job_id AND (d.consumer IS NULL OR d.consumer = e.consumer)
-           AND d.status = 'replayed' AND d.replay_outcome IS NULL),
-       now()
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
+                                 run_at)
+SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload, held.id, held.traceparent, held.tracestate, now()
   FROM core.executions AS e
+  LEFT JOIN core.dead_letters AS held
+    ON held.id = (SELECT max(d.id) FROM core.dead_letters AS d
+                   WHERE d.job_id = e.job_id AND (d.consumer IS NULL OR d.consumer = e.consumer)
+                     AND d.status = 'replayed' AND d.replay_outcome IS NULL)
  WHERE e.id = %(id)s"""
 
 

@@ -6,7 +6,8 @@ in every event — including formatted exceptions — passes through :class:`Sec
 masks every configured secret value and every credential the one detector recognises
 (``maintenance/runtime/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
 provider keys, ``password=``/``token=`` pairs — the shapes a resolution's evidence is refused
-for), so a token never reaches a log line however it got there.
+for), so a token never reaches a log line however it got there. An event logged inside a span
+carries its ``trace_id`` and ``span_id`` (harness/tracing.py), so a log line leads to its trace.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from harness.tracing import add_trace_context
 from maintenance.runtime.credentials import MASK, mask_credentials
 
 
@@ -76,6 +78,7 @@ def configure_logging(
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
+            add_trace_context,  # trace_id, span_id while a span is active (maintenance/runtime/tracing.py)
             SecretRedactor(secrets),
             renderer,
         ],

@@ -19,11 +19,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from opentelemetry.trace import Status, StatusCode
+
 from harness.errors import describe_error
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
+from maintenance.runtime.tracing import tracer
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
 
@@ -66,6 +69,16 @@ def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry) -> JobO
 
 
 def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
+    # One span per run, a new trace each (maintenance/runtime/tracing.py); its events carry its ids.
+    with tracer().start_as_current_span(f"job {spec.name}", attributes={"core_jobs.job": spec.name}) as span:
+        outcome = _run_traced(spec, job, db)
+        span.set_attribute("core_jobs.ok", outcome.ok)
+        if not outcome.ok:
+            span.set_status(Status(StatusCode.ERROR, outcome.error or "the job reported a failure"))
+        return outcome
+
+
+def _run_traced(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
     log = get_logger(job=spec.name)
     started = time.monotonic()
     log.info(f"{spec.events}.start")

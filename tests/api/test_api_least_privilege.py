@@ -163,11 +163,17 @@ def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, co
 # below changes one thing of it, or publishes without marking the letter replayed first.
 MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = {letter}"
 COPY_OF_LETTER = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of)
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent)
 SELECT {queue}, {job_id}, coalesce(tenant_id, '00000000-0000-0000-0000-000000000000'), correlation_id, {payload},
-       {replay_of}
+       {replay_of}, {traceparent}
   FROM core.dead_letters WHERE id = {{letter}}"""
-AS_REPLAYED = {"queue": "queue", "job_id": "job_id", "payload": "payload", "replay_of": "id"}
+AS_REPLAYED = {
+    "queue": "queue",
+    "job_id": "job_id",
+    "payload": "payload",
+    "replay_of": "id",
+    "traceparent": "traceparent",
+}
 
 
 def copy_of_letter(**changes: str) -> str:
@@ -190,6 +196,7 @@ def copy_of_letter(**changes: str) -> str:
         [copy_of_letter()],
         [MARK_REPLAYED, copy_of_letter(), copy_of_letter()],
         [copy_of_letter().replace("{letter}", "{other}")],
+        [MARK_REPLAYED, copy_of_letter(traceparent="'00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01'")],
     ],
     ids=[
         "new-job",
@@ -201,10 +208,11 @@ def copy_of_letter(**changes: str) -> str:
         "letter-not-marked",
         "twice-for-one-letter",
         "letter-replayed-earlier",
+        "into-another-trace",
     ],
 )
 def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as_api_role, conn, statements):
-    """Each forged message — a new job, another payload, queue or job id, a replay_of of another letter, a copy — is refused."""
+    """Each forged message — a new job, another payload, queue, job id or trace, a replay_of of another letter, a copy — is refused."""
     from maintenance.operations import dead_letters as operations
 
     letter, other = add_dead_letters(conn, QUEUE, 2, payload={"points": 1})

@@ -130,16 +130,20 @@ def test_the_harness_wheel_holds_the_harness_package_and_nothing_else(dists):
     assert not [n for n in names if Path(n).stem in ("operations", "execution_views", "reconciliation", "keyset")]
 
 
-def test_the_harness_declares_only_psycopg_pydantic_structlog_and_a_metrics_extra(dists):
-    """Its requirements: psycopg, pydantic, structlog; prometheus-client only through the `metrics` extra."""
+def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_two_extras(dists):
+    """Its requirements: psycopg, pydantic, structlog, opentelemetry-api; prometheus-client only through the
+    `metrics` extra, the OpenTelemetry SDK and exporter only through the `otel` extra."""
     declared = metadata(wheel_in(dists, "core_jobs_harness"))
     assert sorted(declared["Requires-Dist"]) == [
+        "opentelemetry-api>=1.27",
+        "opentelemetry-exporter-otlp-proto-http>=1.27; extra == 'otel'",
+        "opentelemetry-sdk>=1.27; extra == 'otel'",
         "prometheus-client>=0.20; extra == 'metrics'",
         "psycopg>=3.2",
         "pydantic>=2.7",
         "structlog>=24.1",
     ]
-    assert declared["Provides-Extra"] == ["metrics"]
+    assert declared["Provides-Extra"] == ["metrics", "otel"]
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):

@@ -5,43 +5,10 @@ from __future__ import annotations
 import threading
 
 from freezegun import freeze_time
+from support.jobs import CountingJob, FailingJob, spec
 
-from maintenance.jobs.base import JobSpec
 from maintenance.service.runner import run_jobs
 from maintenance.service.telemetry import Telemetry
-
-
-class CountingResult:
-    ok = True
-
-    def fields(self) -> dict[str, int]:
-        return {"num_done": 3}
-
-
-class CountingJob:
-    """Records the clock it was given."""
-
-    def __init__(self) -> None:
-        self.now = None
-
-    def run_once(self, now):
-        self.now = now
-        return CountingResult()
-
-
-class FailingJob:
-    def run_once(self, now):
-        raise RuntimeError("provider down")
-
-
-def spec(name: str) -> JobSpec:
-    return JobSpec(
-        name=name,
-        summary=name,
-        build=lambda s, d, _stop: None,
-        zero_fields=lambda: {"num_done": 0},
-        event_prefix=f"test.{name}",
-    )
 
 
 def test_failed_job_emits_error_with_zero_fields_and_the_next_job_still_runs(db, logs):

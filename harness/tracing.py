@@ -1,0 +1,123 @@
+"""Traces: the W3C trace context a message carries, the harness's spans, and trace ids in the logs.
+
+The harness uses the OpenTelemetry **API** only: without an SDK configured by the service
+(``core-jobs-harness[otel]``, or the bundle's ``core-jobs[otel]``; docs/harness.md, "Traces")
+every span is a no-op and no message carries a context — nothing to pay, nothing to configure.
+With one, the harness records:
+
+=============================  ========  ==========================================================
+span                           kind      where
+=============================  ========  ==========================================================
+``<queue> publish``            PRODUCER  ``PgQueue.publish`` / ``publish_many``: its context is the
+                                         message's ``traceparent`` (and ``tracestate``)
+``<queue> process``            CONSUMER  the worker, per delivery, a child of the message's context:
+                                         every attempt of the job is in the trace of its publish
+``action <name>``              INTERNAL  a durable consumer's action call (harness/durable/run.py)
+=============================  ========  ==========================================================
+
+The context is a column of the message and of its dead letter (migration 0017), so it survives
+retries, lease expiries and the dead letter: a **replay** republishes the letter's context
+unchanged (it publishes no span of its own), and the replay's delivery joins the original trace —
+the first attempt, its retries, the dead letter and the second attempt under one trace id. The
+API role's publish guard holds a replay to its letter's context.
+
+:func:`add_trace_context` is a structlog processor: an event logged while a span is active gets
+``trace_id`` and ``span_id`` (hex, as a tracing backend shows them), so a log line finds its trace.
+The bundle's logging has it (maintenance/runtime/logs.py); a service that uses the harness alone
+adds it to its own structlog configuration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+__all__ = [
+    "TRACER_NAME",
+    "Span",
+    "TraceContext",
+    "add_trace_context",
+    "context_of",
+    "current_context",
+    "set_error",
+    "span",
+    "start_delivery_span",
+    "tracer",
+]
+
+TRACER_NAME = "harness"
+_PROPAGATOR = TraceContextTextMapPropagator()
+
+# (traceparent, tracestate): the W3C headers as a message keeps them; (None, None) without a trace.
+TraceContext = tuple[str | None, str | None]
+
+
+def tracer() -> trace.Tracer:
+    """The harness's tracer, from whatever provider the service set (a no-op one by default)."""
+    return trace.get_tracer(TRACER_NAME)
+
+
+def current_context() -> TraceContext:
+    """The active span's context as W3C headers; (None, None) when no recording span is active."""
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier)
+    return carrier.get("traceparent"), carrier.get("tracestate")
+
+
+def context_of(traceparent: str | None, tracestate: str | None) -> otel_context.Context | None:
+    """The context a message's headers name, or None (a new trace) without a valid one."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent, **({"tracestate": tracestate} if tracestate else {})}
+    extracted = _PROPAGATOR.extract(carrier)
+    return extracted if trace.get_current_span(extracted).get_span_context().is_valid else None
+
+
+@contextmanager
+def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
+    """A span of the harness's tracer, current inside the block; an exception escaping it is recorded."""
+    with tracer().start_as_current_span(name, kind=kind, attributes=_clean(attributes)) as current:
+        yield current
+
+
+@contextmanager
+def start_delivery_span(
+    queue: str, traceparent: str | None, tracestate: str | None, attributes: dict[str, Any]
+) -> Iterator[Span]:
+    """``<queue> process``, a child of the message's context (a new trace without one), current inside the block."""
+    with tracer().start_as_current_span(
+        f"{queue} process",
+        context=context_of(traceparent, tracestate),
+        kind=SpanKind.CONSUMER,
+        attributes=_clean(attributes),
+    ) as current:
+        yield current
+
+
+def set_error(current: Span, description: str) -> None:
+    """Mark ``current`` failed with ``description`` (an outcome that is not an exception: a retry, a dead letter)."""
+    current.set_status(Status(StatusCode.ERROR, description))
+
+
+def _clean(attributes: dict[str, Any] | None) -> dict[str, Any]:
+    """OpenTelemetry takes str, bool, int and float attributes: None is left out, anything else is text."""
+    return {
+        key: value if isinstance(value, str | bool | int | float) else str(value)
+        for key, value in (attributes or {}).items()
+        if value is not None
+    }
+
+
+def add_trace_context(logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A structlog processor: ``trace_id`` and ``span_id`` of the active span, when one is recording."""
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        event_dict.setdefault("trace_id", format(context.trace_id, "032x"))
+        event_dict.setdefault("span_id", format(context.span_id, "016x"))
+    return event_dict
