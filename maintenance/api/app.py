@@ -22,7 +22,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.exposition import choose_encoder
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -317,8 +318,10 @@ def create_app(
         return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    def prometheus(request: Request) -> Response:
+        # prometheus-client's own negotiation: OpenMetrics to a scraper that asks for it, else the text format.
+        encode, content_type = choose_encoder(request.headers.get("accept", ""))
+        return Response(encode(metrics.registry), media_type=content_type)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

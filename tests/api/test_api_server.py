@@ -184,3 +184,17 @@ def test_accepted_connections_have_tcp_nodelay(api):
         assert client.recv(65536).startswith(b"HTTP/1.1 200")
         with _server_side_of(client) as accepted:
             assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
+def test_metrics_are_negotiated_text_or_openmetrics(api):
+    """/metrics answers Prometheus text by default and OpenMetrics (ending in # EOF) to a scraper that asks for it."""
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
+
+    api.get("/healthz")
+    text = api.get("/metrics")
+    assert text.headers["content-type"].startswith("text/plain")
+    negotiated = api.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+    assert negotiated.headers["content-type"].startswith("application/openmetrics-text")
+    assert negotiated.text.endswith("# EOF\n")
+    names = {family.name for family in openmetrics_families(negotiated.text)}
+    assert "core_jobs_api_requests" in names
