@@ -33,7 +33,12 @@ from maintenance.jobs.purge.paths import (
     read_estimates,
 )
 from maintenance.jobs.purge.settings import PurgeFields
-from maintenance.jobs.purge.sql import COUNT_HOLDING, DELETE_EXPIRED_IDEMPOTENCY_KEYS, DELETE_FAILED_EXECUTIONS
+from maintenance.jobs.purge.sql import (
+    COUNT_HOLDING,
+    DELETE_EXPIRED_IDEMPOTENCY_KEYS,
+    DELETE_FAILED_EXECUTIONS,
+    SET_ROW_BATCH_LIMITS,
+)
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
 
@@ -208,7 +213,9 @@ class Purger:
         total = 0
         while self._monotonic() < deadline and not self._stop.is_set():
             try:
-                (deleted,) = fetch_limited(conn, timeout, statement, params | {"batch_size": batch_size})
+                (deleted,) = fetch_limited(
+                    conn, timeout, statement, params | {"batch_size": batch_size}, SET_ROW_BATCH_LIMITS
+                )
             except errors.QueryCanceled:
                 result.num_timeouts += 1
                 self._log.warning(f"{EVENTS}.statement_timeout", batch_size=batch_size, part=part)

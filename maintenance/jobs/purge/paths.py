@@ -71,10 +71,12 @@ SWEEP_MARGIN = 0.9
 FALLBACK_ROWS_PER_PAGE = 80.0
 
 
-def fetch_limited(conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any]) -> tuple:
-    """One row of ``query``, run in its own transaction under the batch limits."""
+def fetch_limited(
+    conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any], limits: str = SET_BATCH_LIMITS
+) -> tuple:
+    """One row of ``query``, run in its own transaction under the batch limits (``limits``: sql.SET_BATCH_LIMITS or sql.SET_ROW_BATCH_LIMITS)."""
     with conn.transaction():
-        conn.execute(SET_BATCH_LIMITS, (timeout,))
+        conn.execute(limits, (timeout,))
         # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
         # and for the batch delete one such plan ran 10x slower in the benchmark.
         row = conn.execute(query, params, prepare=False).fetchone()

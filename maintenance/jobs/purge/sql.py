@@ -56,6 +56,22 @@ SET_BATCH_LIMITS = """
 SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
        set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"""
 
+# The row batches (DELETE_FAILED_EXECUTIONS, DELETE_EXPIRED_IDEMPOTENCY_KEYS) add: no sequential
+# scan. Their DELETE fetches the rows the inner SELECT chose by ``ctid = ANY (ARRAY(…))``, and the
+# planner prices that TID scan at a fixed 10 tuples x random_page_cost (~40: it cannot know the
+# array's length), against a sequential scan priced by the table's blocks now. A table of fewer
+# than ~25 blocks — as compact as a restore or a bulk load leaves it, or one whose dead versions
+# pruning happened to reclaim — made the sequential scan cheaper on paper: the batch read every
+# row of the table to delete its 10 (300 FAILED executions: 310 rows read; whether it happened
+# depended on the transactions open on the whole server while the rows were written, which decide
+# what pruning may reclaim). Disabled, the TID scan is the only path left for the DELETE, and the
+# inner SELECT reads only indexes already (its order, its anti-join probe). Not for the fence
+# batches: the hashed spelling's NOT IN reads its holders by a sequential scan on purpose.
+SET_ROW_BATCH_LIMITS = """
+SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+       set_config('enable_sort', 'off', true), set_config('jit', 'off', true),
+       set_config('enable_seqscan', 'off', true)"""
+
 # index walk, one batch (hashed / probed). The inner SELECT walks processed_jobs_expires_at_idx
 # from the cursor in expiry order and picks the physical addresses (ctid) of up to :batch_size
 # deletable rows; the DELETE fetches exactly those tuples (a TID scan). It runs in the snapshot of
@@ -205,6 +221,7 @@ SELECT count(*), count(*) FILTER (WHERE deletable), corr(physical, logical) FROM
 # By ctid, like the index walk, with the re-check ``IS TRUE`` (never an index condition): a TID
 # scan fetches exactly the chosen rows, where ``id = ANY`` and a plain re-check let a planner
 # without statistics re-read every FAILED execution along executions_status_idx for each batch.
+# Sent under SET_ROW_BATCH_LIMITS (no sequential scan: the TID scan is the DELETE's only path).
 DELETE_FAILED_EXECUTIONS = """
 WITH deleted AS (
     DELETE FROM core.executions AS e
@@ -225,7 +242,8 @@ SELECT count(*) FROM deleted"""
 
 # The operations API's idempotency keys recorded before :kept_from (cutoff - retention), up to
 # :batch_size per call, oldest first along api_idempotency_keys_created_idx; by ctid with the
-# re-check ``IS TRUE``, like the other batches, whatever the statistics. Only this ledger: the
+# re-check ``IS TRUE``, like the other batches, whatever the statistics; under SET_ROW_BATCH_LIMITS,
+# whatever the table's size. Only this ledger: the
 # resolution keys live in the append-only core.execution_resolutions and stay.
 DELETE_EXPIRED_IDEMPOTENCY_KEYS = """
 WITH deleted AS (
