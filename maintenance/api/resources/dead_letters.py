@@ -9,6 +9,7 @@ layer that the CLI's ``dead-letters`` commands call too, and turns its answer (o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
@@ -303,6 +304,33 @@ def get_dead_letter(
     )
 
 
+def _bulk(
+    request: Request,
+    principal: Principal,
+    idempotency_key: str | None,
+    body: BulkReplayIn | BulkDiscardIn,
+    operation: Callable[..., list[DeadLetterRow]],
+    verb: Literal["replayed", "discarded"],
+) -> Response:
+    """A bulk replay or discard (ids or a queue filter, all or nothing), idempotent per key."""
+
+    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
+        try:
+            rows = operation(
+                conn,
+                body.ids or (),
+                queue=body.filter.queue if body.filter else None,
+                operator=principal.subject,
+                reason=body.reason,
+                max_rows=request.app.state.bulk_max,
+            )
+        except OperationRefused as exc:
+            raise _refusal(exc) from None
+        return 200, BulkOut(action=verb, count=len(rows), ids=[r.id for r in rows]).model_dump()
+
+    return run_idempotent(request, principal, idempotency_key, body, action)
+
+
 @router.post(
     "/replay",
     response_model=BulkOut,
@@ -315,21 +343,7 @@ def replay_many(
     body: BulkReplayIn,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
-        try:
-            rows = operations.replay(
-                conn,
-                body.ids or (),
-                queue=body.filter.queue if body.filter else None,
-                operator=principal.subject,
-                reason=body.reason,
-                max_rows=request.app.state.bulk_max,
-            )
-        except OperationRefused as exc:
-            raise _refusal(exc) from None
-        return 200, BulkOut(action="replayed", count=len(rows), ids=[r.id for r in rows]).model_dump()
-
-    return run_idempotent(request, principal, idempotency_key, body, action)
+    return _bulk(request, principal, idempotency_key, body, operations.replay, "replayed")
 
 
 @router.post(
@@ -344,21 +358,7 @@ def discard_many(
     body: BulkDiscardIn,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
-        try:
-            rows = operations.discard(
-                conn,
-                body.ids or (),
-                queue=body.filter.queue if body.filter else None,
-                operator=principal.subject,
-                reason=body.reason,
-                max_rows=request.app.state.bulk_max,
-            )
-        except OperationRefused as exc:
-            raise _refusal(exc) from None
-        return 200, BulkOut(action="discarded", count=len(rows), ids=[r.id for r in rows]).model_dump()
-
-    return run_idempotent(request, principal, idempotency_key, body, action)
+    return _bulk(request, principal, idempotency_key, body, operations.discard, "discarded")
 
 
 @router.post(
