@@ -44,7 +44,9 @@ settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` 
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
-``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``; successes are metrics only, counted in the ``metrics`` passed
+``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.figures_failed`` (the
+queue's depth and age could not be read — a statement timeout over a large backlog: the gauges keep their last
+values and the worker goes on; only a lost connection stops it); successes are metrics only, counted in the ``metrics`` passed
 (default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
 ``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
 """
@@ -209,7 +211,15 @@ class Worker:
             if now < self._figures_due:
                 return
             self._figures_due = now + self.config.figures_interval.total_seconds()
-        depth, age = queue.figures(self.consumer.queue)
+        try:
+            depth, age = queue.figures(self.consumer.queue)
+        except Exception as exc:
+            # Only metrics: a failed read (a statement timeout on a large backlog) must not stop the
+            # messages. _usable rolls back a transaction it left open, so the next claim is not refused.
+            if not _usable(queue.conn):
+                raise  # the connection is lost: the worker stops, as designed
+            log.warning("harness.worker.figures_failed", queue=self.consumer.queue, error=describe_error(exc))
+            return  # the gauges keep their last values until the next read
         self.metrics.queue_figures(self.consumer.queue, depth, age)
 
     def _lease_lost(self, n: int = 1) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import psycopg
+import pytest
 from prometheus_client import CollectorRegistry
 from support.factories import QUEUE, publish
 from support.harness_support import TTL
@@ -116,3 +117,49 @@ def test_a_success_whose_lease_ran_out_before_its_ack_counts_a_lease_loss(databa
     assert stats.leases_lost == 1
     assert sample(metrics, "harness_leases_lost_total", consumer=points.name) == 1
     assert stats.duplicates == 1  # the pass claims it again: the fence absorbs it
+
+
+def cancelled_figures_in_a_transaction(queue: PgQueue, name: str) -> tuple[int, float]:
+    """A figures read the server cancels (statement_timeout) inside a transaction: the connection is left aborted."""
+    queue.conn.execute("BEGIN")
+    queue.conn.execute("SET LOCAL statement_timeout = '1ms'")
+    queue.conn.execute("SELECT pg_sleep(1)")  # raises QueryCanceled
+    raise AssertionError("the statement was not cancelled")
+
+
+def test_a_failing_queue_figures_read_is_logged_and_the_worker_goes_on_with_its_messages(
+    database_url, conn, logs, monkeypatch
+):
+    """The figures statement cancelled by the server in an open transaction: figures_failed is logged with the error, the gauges keep their last values, and the published message is still claimed and processed."""
+    publish(conn, {"member_id": "a", "points": 1})
+    monkeypatch.setattr(PgQueue, "figures", cancelled_figures_in_a_transaction)
+    run, metrics = worker(database_url)
+    metrics.queue_figures(points.queue, 5, 7.0)
+
+    stats = run.run(once=True)
+
+    assert stats.processed == 1
+    (failed,) = logs.named("harness.worker.figures_failed")
+    assert failed["queue"] == points.queue
+    assert failed["error"].startswith("QueryCanceled: canceling statement due to statement timeout")
+    assert sample(metrics, "harness_queue_depth", queue=points.queue) == 5
+    assert sample(metrics, "harness_queue_oldest_ready_age_seconds", queue=points.queue) == 7
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone() == (0,)
+
+
+def lost_connection_figures(queue: PgQueue, name: str) -> tuple[int, float]:
+    """A figures read whose connection is lost: the server ends its own backend."""
+    queue.conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    raise AssertionError("the connection was not lost")
+
+
+def test_a_queue_figures_read_that_loses_the_connection_stops_the_worker(database_url, conn, monkeypatch):
+    """The figures statement losing the worker's connection: run raises the connection's error, as any lost connection does, and the message waits unclaimed."""
+    publish(conn, {"member_id": "a", "points": 1})
+    monkeypatch.setattr(PgQueue, "figures", lost_connection_figures)
+    run, _metrics = worker(database_url)
+
+    with pytest.raises(psycopg.OperationalError):
+        run.run(once=True)
+
+    assert conn.execute("SELECT attempts FROM core.queue_messages").fetchone() == (0,)
