@@ -163,9 +163,10 @@ def test_the_api_role_can_read_what_the_execution_endpoints_show(as_api_role, co
 # below changes one thing of it, or publishes without marking the letter replayed first.
 MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = {letter}"
 COPY_OF_LETTER = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent)
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent,
+                                 tracestate)
 SELECT {queue}, {job_id}, coalesce(tenant_id, '00000000-0000-0000-0000-000000000000'), correlation_id, {payload},
-       {replay_of}, {traceparent}
+       {replay_of}, {traceparent}, {tracestate}
   FROM core.dead_letters WHERE id = {{letter}}"""
 AS_REPLAYED = {
     "queue": "queue",
@@ -173,6 +174,7 @@ AS_REPLAYED = {
     "payload": "payload",
     "replay_of": "id",
     "traceparent": "traceparent",
+    "tracestate": "tracestate",
 }
 
 
@@ -223,6 +225,46 @@ def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as
     assert conn.execute("SELECT replay_of, payload->>'points' FROM core.queue_messages").fetchall() == [(other, "1")]
 
 
+# A letter whose job was published in a trace (0017): its replay must carry exactly this context.
+TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+TRACESTATE = "vendor=opaque,other=1"
+# Each forgery changes one part of the trace context and nothing else.
+TRACE_FORGERIES = {
+    "other-tracestate": {"tracestate": "'vendor=chosen'"},
+    "tracestate-dropped": {"tracestate": "NULL"},
+    "other-trace-id": {"traceparent": "'00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01'"},
+    "only-the-flags-byte": {"traceparent": "'00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00'"},
+    "trace-context-dropped": {"traceparent": "NULL", "tracestate": "NULL"},
+}
+
+
+def traced_letter(conn: psycopg.Connection) -> int:
+    """One pending dead letter of ``QUEUE`` whose job carried TRACEPARENT and TRACESTATE; its id."""
+    (letter,) = add_dead_letters(conn, QUEUE, 1, payload={"points": 1}, traceparent=TRACEPARENT, tracestate=TRACESTATE)
+    return letter
+
+
+@pytest.mark.parametrize("changes", TRACE_FORGERIES.values(), ids=TRACE_FORGERIES.keys())
+def test_the_api_role_replays_a_traced_letter_only_into_its_own_trace_context(as_api_role, conn, changes):
+    """A replay of a letter with a traceparent and tracestate whose message carries another tracestate, none, another trace id or only another flags byte is refused."""
+    letter = traced_letter(conn)
+    with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"), as_api_role.transaction():
+        as_api_role.execute(MARK_REPLAYED.format(letter=letter))
+        as_api_role.execute(copy_of_letter(**changes).format(letter=letter))
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone() == (0,)
+
+
+def test_the_api_role_replays_a_traced_letter_with_its_exact_trace_context(as_api_role, conn):
+    """The exact copy of a letter with a traceparent and tracestate is accepted, and the message carries both."""
+    letter = traced_letter(conn)
+    with as_api_role.transaction():
+        as_api_role.execute(MARK_REPLAYED.format(letter=letter))
+        as_api_role.execute(copy_of_letter().format(letter=letter))
+    assert conn.execute("SELECT replay_of, traceparent, tracestate FROM core.queue_messages").fetchall() == [
+        (letter, TRACEPARENT, TRACESTATE)
+    ]
+
+
 def test_the_api_role_replays_one_letter_or_a_whole_queue(as_api_role, conn):
     """A replay by ids and a bulk replay of a queue, each inside an outer transaction as the API runs them, publish."""
     from maintenance.operations import dead_letters as operations
@@ -251,6 +293,36 @@ def test_the_api_role_publishes_only_what_a_resolution_in_the_same_transaction_r
         with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"):
             as_api_role.execute(copy.format(payload=payload), (execution,))
     assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
+
+
+@pytest.mark.parametrize("changes", [{}, *TRACE_FORGERIES.values()], ids=["exact", *TRACE_FORGERIES.keys()])
+def test_the_api_role_requeues_a_resumed_replay_only_into_its_held_letters_trace_context(
+    as_api_role, conn, monkeypatch, changes
+):
+    """A RESUME, as the API role, of an execution holding a traced letter's replay: its re-queue carrying the letter's traceparent and tracestate is accepted; with another tracestate, none, another trace id or only another flags byte it is refused."""
+    from support.factories import resolve_execution
+
+    from maintenance.operations import resolution
+
+    execution = add_execution(conn)
+    (job_id,) = conn.execute("SELECT job_id FROM core.executions WHERE id = %s", (execution,)).fetchone()
+    (letter,) = add_dead_letters(conn, QUEUE, 1, job_id=job_id, traceparent=TRACEPARENT, tracestate=TRACESTATE)
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (letter,))  # the replay it holds
+    requeue = resolution.REQUEUE_JOB
+    for column, forged in changes.items():
+        requeue = requeue.replace(f"held.{column},", f"{forged},", 1)
+    assert requeue != resolution.REQUEUE_JOB or not changes, "each forgery changes the re-queue"
+    monkeypatch.setattr(resolution, "REQUEUE_JOB", requeue)
+
+    if changes:
+        with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"):
+            resolve_execution(as_api_role, execution)
+        assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone() == (0,)
+    else:
+        resolve_execution(as_api_role, execution)
+        assert conn.execute("SELECT replay_of, traceparent, tracestate FROM core.queue_messages").fetchall() == [
+            (letter, TRACEPARENT, TRACESTATE)
+        ]
 
 
 @pytest.mark.parametrize(

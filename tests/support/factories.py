@@ -44,12 +44,12 @@ RETURNING job_id"""
 # second ago), each next one a second earlier; correlation ids corr-<queue>-<n>; consumer and tenant if given.
 INSERT_DEAD_LETTERS = """
 INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at, consumer,
-                               tenant_id)
+                               tenant_id, traceparent, tracestate)
 SELECT coalesce(%(job_id)s::uuid, gen_random_uuid()), %(queue)s, %(payload)s, 5, %(error)s,
        'corr-' || %(queue)s || '-' || g,
        coalesce(%(created_at)s::timestamptz, now() - %(age)s::interval - interval '1 second')
          - (g - 1) * interval '1 second',
-       %(consumer)s, %(tenant_id)s::uuid
+       %(consumer)s, %(tenant_id)s::uuid, %(traceparent)s, %(tracestate)s
   FROM generate_series(1, %(count)s) AS g
  ORDER BY g
 RETURNING id"""
@@ -108,6 +108,8 @@ def add_dead_letters(
     payload: Any = None,
     consumer: str | None = None,
     tenant_id: uuid.UUID | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> list[int]:
     """Insert ``count`` pending dead letters written ``age`` ago (or at ``created_at``), a second apart; their ids."""
     rows = conn.execute(
@@ -122,6 +124,8 @@ def add_dead_letters(
             "count": count,
             "consumer": consumer,
             "tenant_id": tenant_id,
+            "traceparent": traceparent,
+            "tracestate": tracestate,
         },
     )
     return [r[0] for r in rows.fetchall()]
