@@ -25,11 +25,21 @@ API role's publish guard holds a replay to its letter's context.
 ``trace_id`` and ``span_id`` (hex, as a tracing backend shows them), so a log line finds its trace.
 The bundle's logging has it (maintenance/runtime/logs.py); a service that uses the harness alone
 adds it to its own structlog configuration.
+
+**An error text leaves through a span too**, to a tracing backend that sees no log redactor: a
+span's status and its exception events are written only through :func:`set_error`, which passes
+the text through the process's redactor (:func:`set_redactor`). The harness imports no credential
+detector of its own, so the default is the identity; the bundle installs its log's
+``SecretRedactor`` when it configures logging (maintenance/runtime/logs.py), so a span says what
+the log line says, credentials masked. The harness's spans neither record an escaping exception
+nor set a status from it (the SDK's defaults would send its raw text and traceback): an
+exception leaving a span marks it failed by its type's name; a caller that handles one (the worker, a
+durable action) sets its described text through :func:`set_error`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, MutableMapping
+from collections.abc import Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -46,6 +56,7 @@ __all__ = [
     "context_of",
     "current_context",
     "set_error",
+    "set_redactor",
     "span",
     "start_delivery_span",
     "tracer",
@@ -56,6 +67,15 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 
 # (traceparent, tracestate): the W3C headers as a message keeps them; (None, None) without a trace.
 TraceContext = tuple[str | None, str | None]
+
+# What every error text goes through before a span carries it: the identity until set_redactor.
+_redact: Callable[[str], str] = str
+
+
+def set_redactor(redact: Callable[[str], str]) -> None:
+    """Make ``redact`` the masking of every error text a span carries from now on (the process's log redactor)."""
+    global _redact
+    _redact = redact
 
 
 def tracer() -> trace.Tracer:
@@ -82,7 +102,12 @@ def context_of(traceparent: str | None, tracestate: str | None) -> otel_context.
 @contextmanager
 def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str, Any] | None = None) -> Iterator[Span]:
     """A span of the harness's tracer, current inside the block; an exception escaping it is recorded."""
-    with tracer().start_as_current_span(name, kind=kind, attributes=_clean(attributes)) as current:
+    with (
+        tracer().start_as_current_span(
+            name, kind=kind, attributes=_clean(attributes), record_exception=False, set_status_on_exception=False
+        ) as current,
+        _failing(current),
+    ):
         yield current
 
 
@@ -91,18 +116,40 @@ def start_delivery_span(
     queue: str, traceparent: str | None, tracestate: str | None, attributes: dict[str, Any]
 ) -> Iterator[Span]:
     """``<queue> process``, a child of the message's context (a new trace without one), current inside the block."""
-    with tracer().start_as_current_span(
-        f"{queue} process",
-        context=context_of(traceparent, tracestate),
-        kind=SpanKind.CONSUMER,
-        attributes=_clean(attributes),
-    ) as current:
+    with (
+        tracer().start_as_current_span(
+            f"{queue} process",
+            context=context_of(traceparent, tracestate),
+            kind=SpanKind.CONSUMER,
+            attributes=_clean(attributes),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as current,
+        _failing(current),
+    ):
         yield current
 
 
+@contextmanager
+def _failing(current: Span) -> Iterator[None]:
+    """An exception leaving the block marks ``current`` failed by its type's name alone, never its text.
+
+    The SDK's own record would export the raw message and traceback. A caller that handles an
+    exception sets its described text itself, through :func:`set_error` (harness/worker.py).
+    """
+    try:
+        yield
+    except BaseException as exc:
+        set_error(current, type(exc).__name__)
+        raise
+
+
 def set_error(current: Span, description: str) -> None:
-    """Mark ``current`` failed with ``description`` (an outcome that is not an exception: a retry, a dead letter)."""
-    current.set_status(Status(StatusCode.ERROR, description))
+    """Mark ``current`` failed with ``description``, masked by the process's redactor (:func:`set_redactor`).
+
+    The one way an error text reaches a span: a retry, a dead letter, a failed action or job.
+    """
+    current.set_status(Status(StatusCode.ERROR, _redact(description)))
 
 
 def _clean(attributes: dict[str, Any] | None) -> dict[str, Any]:

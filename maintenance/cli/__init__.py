@@ -299,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings()
     except ConfigError as exc:
-        print(f"core-jobs: configuration error: {exc}", file=sys.stderr)
+        _report(f"configuration error: {exc}", None, args)
         return EXIT_CONFIG
     # --json: stdout is the one JSON document; the log events go to stderr.
     logs_to = sys.stderr if getattr(args, "json", False) else None
@@ -312,7 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (
         ConfigError
     ) as exc:  # one line, secrets masked: it may quote a user's module (maintenance/consumers.py::load_consumer)
-        _report(f"configuration error: {exc}", settings)
+        _report(f"configuration error: {exc}", settings, args)
         return EXIT_CONFIG
     except Exception as exc:
         code = _known_failure(exc, args, settings)
@@ -343,11 +343,18 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
     return None
 
 
-def _report(message: str, settings: Settings) -> None:
-    """A failure on stderr as one line, every secret masked (stderr does not pass through the log redactor)."""
+def _report(message: str, settings: Settings | None, args: argparse.Namespace | None = None) -> None:
+    """A failure on stderr as one line, every secret masked (stderr does not pass through the log redactor).
+
+    ``check-config --json`` also answers it on stdout, as its one document: ``{"ok": false, "error": ...}``.
+    Without settings (they could not be loaded) the credential shapes are still masked.
+    """
     from maintenance.runtime.logs import SecretRedactor
 
-    text = SecretRedactor(settings.secret_values()).redact(" ".join(message.split()))
+    secrets = settings.secret_values() if settings is not None else ()
+    text = SecretRedactor(secrets).redact(" ".join(message.split()))
+    if args is not None and args.command == "check-config" and args.json:
+        sys.stdout.write(json.dumps({"ok": False, "error": text}, indent=2) + "\n")
     print(f"core-jobs: {text}", file=sys.stderr)
 
 

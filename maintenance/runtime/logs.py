@@ -6,7 +6,9 @@ in every event — including formatted exceptions — passes through :class:`Sec
 masks every configured secret value and every credential the one detector recognises
 (``maintenance/runtime/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
 provider keys, ``password=``/``token=`` pairs — the shapes a resolution's evidence is refused
-for), so a token never reaches a log line however it got there. An event logged inside a span
+for), so a token never reaches a log line however it got there. The same redactor masks every error text
+that leaves the process by another way: :func:`redact` (a ``--json`` document, a job's outcome) and,
+installed by :func:`configure_logging`, a span's status (:func:`harness.tracing.set_redactor`). An event logged inside a span
 carries its ``trace_id`` and ``span_id`` (harness/tracing.py), so a log line leads to its trace.
 """
 
@@ -19,6 +21,7 @@ from typing import Any, TextIO
 
 import structlog
 
+from harness import tracing
 from harness.tracing import add_trace_context
 from maintenance.runtime.credentials import MASK, mask_credentials
 
@@ -50,6 +53,14 @@ class SecretRedactor:
         return {key: self._walk(value) for key, value in event_dict.items()}
 
 
+_REDACTOR = SecretRedactor()  # configure_logging's, with the configured secrets
+
+
+def redact(text: str) -> str:
+    """``text`` masked as a log line would be: for an error text that leaves the process other than by the log."""
+    return _REDACTOR.redact(text)
+
+
 class _CurrentStdout:
     """sys.stdout as it is at each write, so a replaced stdout (pytest capture) is followed."""
 
@@ -63,7 +74,10 @@ class _CurrentStdout:
 def configure_logging(
     *, fmt: str = "auto", level: str = "INFO", secrets: Iterable[str] = (), stream: TextIO | None = None
 ) -> None:
-    """Configure structlog for the whole process. Safe to call more than once."""
+    """Configure structlog for the whole process, and its redactor for spans and :func:`redact`. Safe to call more than once."""
+    global _REDACTOR
+    _REDACTOR = SecretRedactor(secrets)
+    tracing.set_redactor(_REDACTOR.redact)
     out = stream if stream is not None else sys.stdout
     sink = stream if stream is not None else _CurrentStdout()
     as_json = fmt == "json" or (fmt == "auto" and not out.isatty())
@@ -79,7 +93,7 @@ def configure_logging(
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
             add_trace_context,  # trace_id, span_id while a span is active (maintenance/runtime/tracing.py)
-            SecretRedactor(secrets),
+            _REDACTOR,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),

@@ -27,6 +27,7 @@ header when it has a valid one. The harness's: publish, delivery and durable act
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -81,7 +82,7 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> str | None:
         raise ConfigError(EXTRA_MISSING.format(why=why)) from exc
     exporter: Any
     if exporter_name == "console":
-        exporter = ConsoleSpanExporter()
+        exporter = ConsoleSpanExporter(out=sys.stderr)  # stdout is a --json command's document
     else:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter

@@ -19,13 +19,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry.trace import Status, StatusCode
-
+from harness import tracing
 from harness.errors import describe_error
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
-from maintenance.runtime.logs import get_logger
+from maintenance.runtime.logs import get_logger, redact
 from maintenance.runtime.tracing import tracer
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
@@ -74,7 +73,7 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         outcome = _run_traced(spec, job, db)
         span.set_attribute("core_jobs.ok", outcome.ok)
         if not outcome.ok:
-            span.set_status(Status(StatusCode.ERROR, outcome.error or "the job reported a failure"))
+            tracing.set_error(span, outcome.error or "the job reported a failure")
         return outcome
 
 
@@ -87,7 +86,7 @@ def _run_traced(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         result = job.run_once(now)
     except Exception as exc:  # a job failure must not stop the next job
         fields = spec.zero_fields()
-        error = describe_error(exc)  # never raises, even for an exception that cannot be printed
+        error = redact(describe_error(exc))  # never raises, even for an exception that cannot be printed
         duration_s = round(time.monotonic() - started, 3)
         log.error(f"{spec.events}.error", **fields, duration_s=duration_s, error=error)
         return JobOutcome(spec.name, False, fields, error, duration_s=duration_s)

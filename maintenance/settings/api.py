@@ -18,6 +18,7 @@ from pydantic_settings import NoDecode
 from maintenance.fields.durations import NonNegativeDuration as _Duration
 from maintenance.fields.durations import PositiveDuration as _PositiveDuration
 from maintenance.fields.durations import PostgresTimeout
+from maintenance.fields.urls import check_http_url
 
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 
@@ -53,7 +54,7 @@ class ApiSettings(BaseModel):
     )
     api_jwks_url: str | None = Field(
         default=None,
-        description="JWKS URL of the token issuer (http:// or https://). Keys are cached and fetched again when a "
+        description="JWKS URL of the token issuer (http:// or https://, no user:password@: refused). Keys are cached and fetched again when a "
         "token names an unknown kid. One of API_JWKS_URL and API_JWT_PUBLIC_KEY_FILE is required.",
     )
     api_jwt_public_key_file: str | None = Field(
@@ -159,8 +160,8 @@ class ApiSettings(BaseModel):
     def _jwks_url(cls, value: str | None) -> str | None:
         if value is None or not value.strip():
             return None
-        if not value.startswith(("https://", "http://")):
-            raise ValueError("must be an http:// or https:// URL")
+        # No user:password@ (check-config shows the URL, and a key set needs no secret); never quoted back.
+        check_http_url(value, credentials_hint="; serve the key set without one")
         return value.strip()
 
     admin_enabled: bool = Field(

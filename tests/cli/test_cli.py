@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -312,3 +313,50 @@ def test_run_once_json_prints_each_jobs_outcome_and_fields_and_logs_to_stderr(cl
     assert purge["ok"] is True and purge["error"] is None and purge["duration_s"] >= 0
     assert {"num_deleted", "rows_left", "longest_batch_ms"} <= purge["fields"].keys()
     assert '"maintenance.purge.stop"' in captured.err
+
+
+def test_run_once_json_masks_credentials_in_a_failed_jobs_error(clean_env, database_url, capsys, monkeypatch):
+    """run-once --json: a job error quoting a URL password is in the document with the password masked, as in its error event."""
+    from support.jobs import spec
+
+    from maintenance.service import runner
+
+    class LeakyJob:
+        def run_once(self, now):
+            raise RuntimeError("refused at postgresql://app:pw-9876@db/core")
+
+    leaky = dataclasses.replace(spec("leaky"), build=lambda *_: LeakyJob())
+    monkeypatch.setattr(runner, "jobs", lambda: {"leaky": leaky})
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
+    assert main(["run-once", "--json"]) == EXIT_JOB_FAILED
+    captured = capsys.readouterr()
+    assert "pw-9876" not in captured.out + captured.err
+    assert json.loads(captured.out)["jobs"][0]["error"] == "RuntimeError: refused at postgresql://app:***@db/core"
+
+
+def test_run_once_json_stays_one_document_with_the_console_span_exporter(database_url):
+    """With OTEL_TRACES_EXPORTER=console, run-once --json's stdout is still exactly one JSON document (the spans go to stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CORE_JOBS_", "OTEL_"))}
+    env |= {"CORE_JOBS_DATABASE_URL": database_url, "OTEL_TRACES_EXPORTER": "console"}
+    done = subprocess.run(
+        [sys.executable, "-m", "maintenance", "run-once", "--json", "metrics"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == EXIT_OK, done.stderr
+    assert json.loads(done.stdout)["jobs"][0]["job"] == "metrics"
+    assert '"name": "job metrics"' in done.stderr
+
+
+def test_check_config_json_reports_a_configuration_error_as_a_document_too(clean_env, capsys):
+    """check-config --json with a bad setting exits 2 with {"ok": false, "error": ...} on stdout naming it, and the stderr line."""
+    clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-cfg-77@db/core")
+    clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "a week")
+    assert main(["check-config", "--json"]) == EXIT_CONFIG
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ok"] is False and "CORE_JOBS_PROCESSED_JOBS_TTL" in document["error"]
+    assert "CORE_JOBS_PROCESSED_JOBS_TTL" in captured.err
+    assert "pw-cfg-77" not in captured.out + captured.err

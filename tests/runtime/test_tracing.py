@@ -222,3 +222,33 @@ def test_refuses_traces_asked_for_without_the_sdk(monkeypatch):
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # what an install without the extra has
     with pytest.raises(ConfigError, match=r"OTEL_EXPORTER_OTLP_ENDPOINT is set.*core-jobs\[otel\]"):
         configure_tracing({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"})
+
+
+def test_a_failed_deliverys_span_status_masks_credentials_as_the_log_does(spans, database_url, conn, logs):
+    """A handler error quoting a URL password reaches the delivery span's status with the password masked, as in its log event."""
+
+    def leak(conn, payload, ctx):
+        raise RuntimeError("refused at postgresql://app:pw-9876@db/core")
+
+    consumer = Consumer(name="points.credit", queue=QUEUE, payload_schema=CreditPoints, handler=leak)
+    publish(conn, {"member_id": "m-1", "points": 5}, queue=QUEUE)
+    run_worker(database_url, consumer=consumer)
+
+    status = spans.one(f"{QUEUE} process").status
+    assert status.status_code is StatusCode.ERROR
+    assert status.description == "RuntimeError: refused at postgresql://app:***@db/core"
+    assert status.description == logs.by_name()["harness.job.retry_scheduled"]["error"]
+
+
+@pytest.mark.pure
+def test_an_exception_escaping_a_harness_span_is_recorded_masked(spans):
+    """An exception leaving a harness span sets its status and exception event without the password it quotes."""
+    from harness import tracing
+
+    with pytest.raises(RuntimeError), tracing.span("leaky"):
+        raise RuntimeError("refused at postgresql://app:pw-9876@db/core")
+
+    leaky = spans.one("leaky")
+    texts = [leaky.status.description or ""] + [str(v) for e in leaky.events for v in e.attributes.values()]
+    assert leaky.status.status_code is StatusCode.ERROR
+    assert not [t for t in texts if "pw-9876" in t]

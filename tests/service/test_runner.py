@@ -52,3 +52,21 @@ def test_a_job_error_that_cannot_be_printed_is_recorded_by_its_type_and_the_next
     assert [(o.name, o.ok) for o in outcomes] == [("broken", False), ("after", True)]
     assert outcomes[0].error is not None and outcomes[0].error.startswith("Unprintable: <message unprintable")
     assert logs.by_name()["test.broken.error"]["error"] == outcomes[0].error
+
+
+LEAKY = "RuntimeError: Better Stack refused at postgresql://app:pw-9876@db/core"
+
+
+class LeakyJob:
+    def run_once(self, now):
+        raise RuntimeError("Better Stack refused at postgresql://app:pw-9876@db/core")
+
+
+def test_a_failed_jobs_span_status_and_outcome_mask_its_credentials_as_its_log_line_does(spans, db, logs):
+    """A job error quoting a URL password reaches the span status and JobOutcome.error masked exactly as its error event."""
+    (outcome,) = run_jobs([(spec("leaky"), LeakyJob())], db, Telemetry(), stop=threading.Event())
+
+    logged = logs.by_name()["test.leaky.error"]["error"]
+    assert logged == LEAKY.replace("pw-9876", "***")
+    assert outcome.error == logged
+    assert spans.one("job leaky").status.description == logged

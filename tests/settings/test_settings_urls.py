@@ -46,3 +46,13 @@ def test_shown_url_keeps_only_the_origin():
     assert shown_url("https://uptime.betterstack.com:443/api/v1/heartbeat/tok-123?x=1") == (
         "https://uptime.betterstack.com:443/…"
     )
+
+
+def test_refuses_credentials_in_the_jwks_url_naming_the_setting_not_the_password(clean_env):
+    """CORE_JOBS_API_JWKS_URL with user:password@ is a configuration error naming the setting, never the password."""
+    from maintenance.settings import ConfigError, load_settings
+
+    clean_env.setenv("CORE_JOBS_API_JWKS_URL", "https://u:JwksPW88@idp.example/jwks.json")
+    with pytest.raises(ConfigError, match=r"CORE_JOBS_API_JWKS_URL.*credentials") as raised:
+        load_settings()
+    assert "JwksPW88" not in str(raised.value)
