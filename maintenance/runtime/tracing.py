@@ -92,6 +92,53 @@ def configure_tracing(env: Mapping[str, str] | None = None) -> str | None:
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES; the name defaults to ours.
     resource = Resource.create({SERVICE_NAME: env.get("OTEL_SERVICE_NAME") or "core-jobs"})
     provider = TracerProvider(resource=resource)  # flushed and shut down at exit (shutdown_on_exit)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider.add_span_processor(BatchSpanProcessor(redacting(exporter)))
     trace.set_tracer_provider(provider)
     return exporter_name
+
+
+def redacting(exporter: Any) -> Any:
+    """``exporter`` behind the log's masking: every exported span's texts — status description, string
+    attributes, event attributes (an exception's message and stack trace) — pass through
+    :func:`maintenance.runtime.logs.redact` first, whoever made the span (ours, FastAPI's, a library's).
+    The harness masks what it writes itself (``harness.tracing.set_error``); this is the same rule at
+    the one door every span leaves by."""
+    from opentelemetry.sdk.trace import Event, ReadableSpan
+    from opentelemetry.sdk.trace.export import SpanExporter
+    from opentelemetry.trace import Status
+
+    from maintenance.runtime.logs import redact
+
+    def masked(attributes: Any) -> dict[str, Any]:
+        return {k: redact(v) if isinstance(v, str) else v for k, v in (attributes or {}).items()}
+
+    def copy(span: ReadableSpan) -> ReadableSpan:
+        status = span.status
+        if status.description:
+            status = Status(status.status_code, redact(status.description))
+        return ReadableSpan(
+            name=span.name,
+            context=span.context,
+            parent=span.parent,
+            resource=span.resource,
+            attributes=masked(span.attributes),
+            events=[Event(e.name, masked(e.attributes), e.timestamp) for e in span.events],
+            links=span.links,
+            kind=span.kind,
+            status=status,
+            start_time=span.start_time,
+            end_time=span.end_time,
+            instrumentation_scope=span.instrumentation_scope,
+        )
+
+    class Redacting(SpanExporter):
+        def export(self, spans: Any) -> Any:
+            return exporter.export([copy(span) for span in spans])
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30_000) -> bool:
+            return bool(exporter.force_flush(timeout_millis))
+
+    return Redacting()

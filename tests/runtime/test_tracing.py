@@ -252,3 +252,29 @@ def test_an_exception_escaping_a_harness_span_is_recorded_masked(spans):
     texts = [leaky.status.description or ""] + [str(v) for e in leaky.events for v in e.attributes.values()]
     assert leaky.status.status_code is StatusCode.ERROR
     assert not [t for t in texts if "pw-9876" in t]
+
+
+def test_every_exported_span_is_masked_whoever_made_it(monkeypatch):
+    """A span made outside our code (a library's, FastAPI's) that records an exception with a database password leaves the exporter masked: status, attributes and the exception event."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import Status, StatusCode
+
+    from maintenance.runtime.logs import configure_logging
+    from maintenance.runtime.tracing import redacting
+
+    configure_logging(fmt="json", level="INFO", secrets=())
+    inner = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(redacting(inner)))
+    leak = "postgresql://app:pw-9876@db/core"
+    with provider.get_tracer("a.library").start_as_current_span("GET /x") as span:
+        span.set_attribute("db.statement", f"connect {leak}")
+        span.record_exception(RuntimeError(f"could not connect to {leak}"))
+        span.set_status(Status(StatusCode.ERROR, f"failed at {leak}"))
+    [exported] = inner.get_finished_spans()
+    texts = [exported.status.description, *exported.attributes.values()]
+    texts += [v for event in exported.events for v in event.attributes.values()]
+    assert texts and not any("pw-9876" in str(t) for t in texts)
+    assert any("app:***@" in str(t) for t in texts)
