@@ -147,8 +147,11 @@ def _failing(current: Span) -> Iterator[None]:
 def set_error(current: Span, description: str) -> None:
     """Mark ``current`` failed with ``description``, masked by the process's redactor (:func:`set_redactor`).
 
-    The one way an error text reaches a span: a retry, a dead letter, a failed action or job.
+    The one way an error text reaches a span: a retry, a dead letter, a failed action or job. Nothing
+    is masked for a span that records nothing (tracing off, or not sampled): this runs per failed delivery.
     """
+    if not current.is_recording():
+        return
     current.set_status(Status(StatusCode.ERROR, _redact(description)))
 
 

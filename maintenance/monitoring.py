@@ -27,7 +27,6 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 
 MONITORING_DIR = Path(__file__).resolve().parent.parent / "helm" / "core-jobs" / "monitoring"
-DASHBOARD_FILE = MONITORING_DIR / "core-jobs-dashboard.json"
 RULES_FILE = MONITORING_DIR / "core-jobs.rules.yaml"
 UID = "core-jobs"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")

@@ -30,9 +30,11 @@ def run(ex: Execution) -> Outcome | None:
         if checkpoint is None or rules.started == "none" or checkpoint.status not in ("STARTED", "UNCERTAIN"):
             continue
         lost = WorkerLost("the worker was lost while the request may have been sent")
-        if rules.lost_while_started == "reconcile" or checkpoint.status == "UNCERTAIN":
-            return reconcile(ex, action, position, checkpoint.attempts, lost)
-        if checkpoint.attempts >= action.policy.max_attempts:
+        if (
+            rules.lost_while_started == "reconcile"
+            or checkpoint.status == "UNCERTAIN"
+            or checkpoint.attempts >= action.policy.max_attempts
+        ):
             return reconcile(ex, action, position, checkpoint.attempts, lost)
     if ex.takes > max_takes(ex.consumer, ex.runtime.policy):
         return _crash_looped(ex)

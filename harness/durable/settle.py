@@ -47,7 +47,7 @@ def _retry(ex: Execution, action: Action | None, position: int | None, attempt: 
         # An HTTP-date Retry-After is measured against PostgreSQL's clock, read once.
         now = server_now(ex.conn) if isinstance(retry_after, str) else None
         delay = compute_delay(policy, attempt, retry_after=retry_after, now=now, random=ex.runtime.random)
-        ex.renew_and_record(ex.with_pending(_failure_record(action, position, "FAILED", attempt, detail)))
+        ex.renew_and_record(ex.with_pending(_failure_record(action, position, attempt, detail)))
         moved = ex.conn.execute(
             sql.SCHEDULE_RETRY,
             {
@@ -98,7 +98,7 @@ def fail(
     """FAILED, and the dead letter that carries it (``action`` None: the final write)."""
     detail = describe_error(error)
     reason = f"{action.name if action else 'the final write'}: {detail}"
-    _settle(ex, "FAILED", action, attempt, reason, _failure_record(action, position, "FAILED", attempt, detail))
+    _settle(ex, "FAILED", action, attempt, reason, _failure_record(action, position, attempt, detail))
     log.warning("harness.execution.failed", **ex.fields(action, attempt), reason=why, error=detail)
     return ex.dead_letter(why, reason, attempts=attempt)
 
@@ -123,9 +123,7 @@ def _settle(
             raise StaleWrite()
 
 
-def _failure_record(
-    action: Action | None, position: int | None, status: str, attempt: int, detail: str
-) -> Record | None:
+def _failure_record(action: Action | None, position: int | None, attempt: int, detail: str) -> Record | None:
     if action is None or position is None:
         return None  # the final write has no checkpoint
-    return Record(action, position, status, attempt, error=detail)
+    return Record(action, position, "FAILED", attempt, error=detail)

@@ -135,7 +135,6 @@ class Shape:
         return spans
 
 
-_TOKEN68 = r"[A-Za-z0-9._~+/-]+=*"
 # scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
 # last @ before the host (the first @ not followed by another one before the host ends).
 URL_PASSWORD = Shape(
