@@ -31,9 +31,10 @@ redelivers it), logged ``harness.worker.delivery_failed`` with the error, counte
 other (a dead letter; a durable execution's crash-loop bound). The worker itself stops only when it cannot
 go on: its database connection is lost, or a handler raised ``KeyboardInterrupt``. Then, too,
 the batch's successes are acked and its unstarted messages released — on a fresh connection if
-the worker's own is gone, through a port opened anew on it (``harness.worker.give_back_failed`` if that
-fails as well: they wait out their lease) — while the message in hand keeps its lease and its counted attempt: if it is
-what breaks the worker, the attempt budget ends it as a dead letter instead of a crash loop.
+the worker's own is gone, through a port opened anew on it (``harness.worker.give_back_failed``
+if that fails as well: they wait out their lease) — while the message in hand keeps its lease
+and its counted attempt: if it is what breaks the worker, the attempt budget ends it as a dead
+letter instead of a crash loop.
 :meth:`Worker.run` then raises that error, after every thread has stopped.
 
 ``core-jobs worker`` exits **0** when it stopped as asked (``--once`` found nothing ready,
