@@ -199,6 +199,9 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
+    # The broker says it may have been handled before without being settled (a crash between the
+    # database's commit and the broker's ack). The reference queue settles with the database: never.
+    redelivered: bool = False
 
     def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
         """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
