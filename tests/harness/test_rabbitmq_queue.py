@@ -284,3 +284,21 @@ def test_a_port_without_tracing_publishes_a_body_of_plain_json(rabbit, conn):
     assert json.loads(delivery.receipt.body) == sent.payload
     assert delivery.receipt.properties.message_id == str(sent.job_id)
     assert delivery.receipt.properties.delivery_mode == 2
+
+
+def test_a_publish_after_a_dropped_connection_reconnects_and_is_delivered_once(rabbit, conn, logs):
+    """The port's connection cut while idle: the next publish reconnects, and exactly one message is on the queue."""
+    port = rabbit.port(conn)
+    port.publish(rabbit.queue, envelope())
+    rabbit.crash(port)
+    sent = envelope()
+    port.publish(rabbit.queue, sent)
+    assert len(logs.named("harness.rabbitmq.reconnected")) == 1
+    assert port.figures(rabbit.queue) == (2, 0.0)
+
+
+def test_a_queue_declared_with_another_delivery_limit_is_refused_naming_the_argument(rabbit, conn):
+    """Every process must declare a queue alike: the broker refuses a different x-delivery-limit, and the error says so."""
+    rabbit.port(conn, delivery_limit=5).publish(rabbit.queue, envelope())
+    with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="x-delivery-limit"):
+        rabbit.port(conn, delivery_limit=6).claim(rabbit.queue, 1)
