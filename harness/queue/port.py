@@ -199,8 +199,8 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
-    # The broker says it may have been handled before without being settled (a crash between the
-    # database's commit and the broker's ack). The reference queue settles with the database: never.
+    # The broker says this message may have been handled before without being settled (delivered, not acked,
+    # its consumer gone). PgQueue settles atomically with the database: always False there.
     redelivered: bool = False
 
     def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
