@@ -199,6 +199,9 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
+    # The broker says this message may have been handled before without being settled (delivered, not acked,
+    # its consumer gone). PgQueue settles atomically with the database: always False there.
+    redelivered: bool = False
 
     def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
         """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
