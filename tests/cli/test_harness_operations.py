@@ -447,3 +447,23 @@ def test_enqueue_and_worker_exit_2_when_the_queue_urls_adapter_cannot_be_importe
     err = capsys.readouterr().err
     assert "CORE_JOBS_QUEUE_URL" in err and "core-jobs-harness[rabbitmq]" in err and "Rabbit-pw-2" not in err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_enqueue_and_worker_run_a_job_through_rabbitmq_when_core_jobs_queue_url_is_amqp(
+    cli, clean_env, conn, capsys, rabbit_url
+):
+    """With an amqp:// CORE_JOBS_QUEUE_URL, `enqueue` puts the message on the broker (not core.queue_messages) and
+    `worker --once` takes it from there and credits the points."""
+    from support.rabbit_support import RabbitUnderTest
+
+    prefix = f"test.{uuid.uuid4().hex[:12]}."  # the adapter's queue-name prefix: a namespace of this test's own
+    broker = RabbitUnderTest(rabbit_url, queue=prefix + QUEUE)
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", f"{rabbit_url}{'&' if '?' in rabbit_url else '?'}prefix={prefix}")
+    payload = '{"member_id": "m-r", "points": 3}'
+    try:
+        assert cli(["enqueue", QUEUE, "--payload", payload, "--tenant-id", str(TENANT)]) == EXIT_OK
+        assert broker.ready() == 1 and scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+        assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
+        assert points(conn, "m-r") == 3 and broker.ready() == 0
+    finally:
+        broker.delete()

@@ -99,13 +99,15 @@ def test_choosing_an_adapter_imports_neither_the_rabbitmq_adapter_nor_pika_nor_p
     assert json.loads(done.stdout) == []
 
 
-def test_an_amqp_url_opens_the_rabbitmq_adapter_on_the_broker(conn):
-    """With the RabbitMQ adapter installed, an amqp:// URL opens RabbitQueue, whose spans say rabbitmq."""
-    pytest.importorskip("harness.queue.rabbitmq", exc_type=ImportError)
-    port = open_queue("amqp://guest:guest@127.0.0.1:5672/%2F", conn, worker="w/0", lease=LEASE)
+def test_an_amqp_url_opens_the_rabbitmq_adapter_with_the_worker_name_and_lease(conn, rabbit_url):
+    """An amqp:// URL opens RabbitQueue (its spans say rabbitmq) on the connection given, with the worker name and
+    lease."""
+    from harness.queue.rabbitmq import RabbitQueue
+
+    port = open_queue(rabbit_url, conn, worker="w/0", lease=LEASE)
     try:
-        assert type(port).__name__ == "RabbitQueue"
-        assert port.system == "rabbitmq"  # type: ignore[attr-defined]
+        assert type(port) is RabbitQueue
+        assert (port.system, port.worker, port.lease) == ("rabbitmq", "w/0", LEASE)
     finally:
         port.close()
 
