@@ -34,8 +34,9 @@ NOT_IN_A_CONSUMER = (
     "migrations",
 )
 
-# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module, say which
-# forbidden modules could be imported, handle one job through the fence with the default metrics.
+# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module (saying which
+# need a dependency the venv lacks: an extra's), say which forbidden modules could be imported, handle one job
+# through the fence with the default metrics.
 STANDALONE_CHECK = r"""
 import importlib, importlib.util, json, pkgutil, sys, uuid
 from datetime import timedelta
@@ -44,8 +45,12 @@ import psycopg
 import harness
 
 modules = sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harness."))
+needs = {}
 for name in modules:
-    importlib.import_module(name)
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        needs[name] = exc.name
 
 from harness import Delivery, Envelope, HarnessMetrics, RetryPolicy, handle
 from harness.examples.points import consumer
@@ -70,6 +75,7 @@ print(json.dumps({
     "outcome": type(outcome).__name__,
     "fences": fences,
     "prometheus_error": prometheus_error,
+    "needs": needs,
 }))
 """
 
@@ -130,27 +136,28 @@ def test_the_harness_wheel_holds_the_harness_package_and_nothing_else(dists):
     assert not [n for n in names if Path(n).stem in ("operations", "execution_views", "reconciliation", "keyset")]
 
 
-def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_two_extras(dists):
+def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_three_extras(dists):
     """Its requirements: psycopg, pydantic, structlog, opentelemetry-api; prometheus-client only through the
-    `metrics` extra, the OpenTelemetry SDK and exporter only through the `otel` extra."""
+    `metrics` extra, the OpenTelemetry SDK and exporter only through the `otel` extra, pika only through `rabbitmq`."""
     declared = metadata(wheel_in(dists, "core_jobs_harness"))
     assert sorted(declared["Requires-Dist"]) == [
         "opentelemetry-api>=1.27",
         "opentelemetry-exporter-otlp-proto-http>=1.27; extra == 'otel'",
         "opentelemetry-sdk>=1.27; extra == 'otel'",
+        "pika>=1.3; extra == 'rabbitmq'",
         "prometheus-client>=0.20; extra == 'metrics'",
         "psycopg>=3.2",
         "pydantic>=2.7",
         "structlog>=24.1",
     ]
-    assert declared["Provides-Extra"] == ["metrics", "otel"]
+    assert declared["Provides-Extra"] == ["metrics", "otel", "rabbitmq"]
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):
-    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics."""
+    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics and RabbitMQ."""
     wheel = wheel_in(dists, "core_jobs")
     assert top_level(wheel) == {"maintenance", "migrations"}
-    assert "core-jobs-harness[metrics]" in metadata(wheel)["Requires-Dist"]
+    assert "core-jobs-harness[metrics,rabbitmq]" in metadata(wheel)["Requires-Dist"]
 
 
 # What a production install must not carry: the demo (a distribution of its own, in the dev group) and the
@@ -204,3 +211,5 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]
+    # Only the RabbitMQ adapter needs what the venv lacks: pika, its `rabbitmq` extra (open_queue says so).
+    assert checked["needs"] == {"harness.queue.rabbitmq": "pika"}
