@@ -167,7 +167,6 @@ async def _pgqueuer_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
-
     from pgqueuer.types import QueueExecutionMode
 
     async with (
@@ -314,7 +313,9 @@ def main() -> None:
         def core(batch: int, consumer: Consumer = CORE_JOBS) -> Callable[[], float]:
             def run() -> float:
                 core_jobs_fill(core_url, jobs)
-                return drain(core_url, core_jobs_drain, (batch, consumer), jobs, "SELECT count(*) FROM core.queue_messages")
+                return drain(
+                    core_url, core_jobs_drain, (batch, consumer), jobs, "SELECT count(*) FROM core.queue_messages"
+                )
 
             return run
 
@@ -355,9 +356,7 @@ def main() -> None:
             medians = report(rates)
             labels = list(configs)
             for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4)):
-                print(
-                    f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x"
-                )
+                print(f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x")
 
         enqueue: dict[str, list[float]] = {"core-jobs publish_many": [], "pgqueuer enqueue (lists)": []}
         for _ in range(args.rounds):
@@ -365,9 +364,7 @@ def main() -> None:
             enqueue["pgqueuer enqueue (lists)"].append(jobs / asyncio.run(_pgqueuer_enqueue(pgq_url, jobs)))
         print(f"\nEnqueue: {jobs} jobs in one call, {args.rounds} rounds alternating (median):")
         medians = report(enqueue)
-        print(
-            f"  core-jobs / pgqueuer: {medians['core-jobs publish_many'] / medians['pgqueuer enqueue (lists)']:.2f}x"
-        )
+        print(f"  core-jobs / pgqueuer: {medians['core-jobs publish_many'] / medians['pgqueuer enqueue (lists)']:.2f}x")
 
 
 if __name__ == "__main__":

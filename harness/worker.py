@@ -57,8 +57,11 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import structlog
@@ -68,11 +71,22 @@ from harness import tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error
-from harness.handling import handle
+from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
+from harness.queue.port import (
+    Acked,
+    DeadLettered,
+    Delivery,
+    Duplicate,
+    Held,
+    Outcome,
+    QueuePort,
+    RetryAfter,
+    Stale,
+    settle,
+)
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -226,7 +240,10 @@ class Worker:
         self.stats.add("leases_lost", n)
         self.metrics.leases_lost(self.consumer.name, n)
 
-    def _run_batch(self, conn: psycopg.Connection, queue: PgQueue, batch: list[Delivery]) -> None:
+    def _run_batch(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
+        if len(batch) > 1 and self.consumer.shares_transactions and not self.consumer.durable:
+            self._run_together(conn, queue, batch)
+            return
         done: list[Delivery] = []
         started = 0
         try:
@@ -241,39 +258,117 @@ class Worker:
             # unstarted rest did nothing wrong and goes back at once.
             self._end_batch(conn, queue, done, batch[started:])
 
-    def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
-        fields = {
-            "consumer": self.consumer.name,
-            "job_id": str(delivery.envelope.job_id),
-            "attempt": delivery.attempt,
-            "correlation_id": delivery.envelope.correlation_id,
-        }
+    def _run_together(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
+        """The batch's work in shared transactions (harness.handling.handle_together), then each outcome settled.
+
+        Each delivery keeps its own span (current while it is handled and while it is settled), its
+        handling time and its log events. Successes are acked with the batch, after their commit;
+        a failure is settled alone. A delivery whose work was rolled back with a transaction that
+        never committed (the worker stopping or losing its connection) goes back like an unstarted one.
+        """
+        progress = BatchProgress()
+        spans: dict[int, tracing.Span] = {}
+
+        @contextmanager
+        def each(delivery: Delivery) -> Iterator[None]:
+            span = spans.get(id(delivery))
+            if span is None:
+                span = spans[id(delivery)] = tracing.open_delivery_span(
+                    delivery.queue,
+                    delivery.envelope.traceparent,
+                    delivery.envelope.tracestate,
+                    _attributes(delivery, self.consumer.name, queue),
+                )
+            self.metrics.handling(self.consumer.name)
+            started = time.perf_counter()
+            try:
+                with tracing.within(span):
+                    yield
+            finally:
+                self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+
+        done: list[Delivery] = []
+        failure: BaseException | None = None
+        try:
+            handle_together(
+                conn,
+                self.consumer,
+                batch,
+                policy=self.policy,
+                fence_ttl=self.config.fence_ttl,
+                progress=progress,
+                metrics=self.metrics,
+                lease=self.config.lease,
+                each=each,
+                stopping=self._stopping.is_set,
+            )
+        except BaseException as exc:
+            failure = exc
+        try:
+            for delivery, outcome in progress.settled:
+                span = spans.pop(id(delivery))
+                with tracing.within(span):
+                    self._settle_one(conn, queue, delivery, outcome, done, span)
+                span.end()
+            if failure is not None and isinstance(failure, Exception) and progress.in_hand is not None:
+                if not _usable(conn):
+                    raise failure
+                in_hand = progress.in_hand
+                span = spans.pop(id(in_hand))
+                with tracing.within(span):
+                    tracing.set_error(span, describe_error(failure))
+                    self._delivery_failed(conn, queue, in_hand, failure, _fields(in_hand, self.consumer.name))
+                span.end()
+                failure = None
+        finally:
+            for span in spans.values():  # the deliveries given back, and the one in hand when the worker stops
+                span.end()
+            settled = {id(delivery) for delivery, _outcome in progress.settled}
+            kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
+            self._end_batch(conn, queue, done, [d for d in batch if id(d) not in settled and id(d) != kept])
+        if failure is not None:
+            raise failure
+
+    def _settle_one(
+        self,
+        conn: psycopg.Connection,
+        queue: QueuePort,
+        delivery: Delivery,
+        outcome: Outcome | Exception,
+        done: list[Delivery],
+        span: tracing.Span,
+    ) -> None:
+        """Settle one outcome of a shared-transaction batch, as :meth:`_run_one` would; an error of its own fails it alone."""
+        fields = _fields(delivery, self.consumer.name)
+        try:
+            if isinstance(outcome, Exception):
+                raise outcome
+            self._settle(queue, delivery, outcome, done, fields, span)
+        except Exception as exc:
+            if not _usable(conn):
+                raise
+            tracing.set_error(span, describe_error(exc))
+            self._delivery_failed(conn, queue, delivery, exc, fields)
+
+    def _run_one(self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, done: list[Delivery]) -> None:
+        fields = _fields(delivery, self.consumer.name)
         envelope = delivery.envelope
-        attributes = {
-            "messaging.system": "postgresql",
-            "messaging.operation.type": "process",
-            "messaging.destination.name": delivery.queue,
-            "messaging.consumer.group.name": self.consumer.name,
-            "messaging.message.id": delivery.receipt[0] if isinstance(delivery.receipt, tuple) else None,
-            "messaging.message.conversation_id": envelope.correlation_id,
-            "core_jobs.job_id": str(envelope.job_id),
-            "core_jobs.attempt": delivery.attempt,
-            "core_jobs.replay_of": envelope.replay_of,
-        }
         # Every attempt is a child of the message's context: the job's publish, or the replayed letter's.
-        with tracing.start_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes) as span:
+        with tracing.start_delivery_span(
+            delivery.queue, envelope.traceparent, envelope.tracestate, _attributes(delivery, self.consumer.name, queue)
+        ) as span:
             try:
                 self._handle_and_settle(conn, queue, delivery, done, fields, span)
             except Exception as exc:
                 if not _usable(conn):
                     raise  # the worker itself is broken (its connection is lost): it stops, as designed
                 tracing.set_error(span, describe_error(exc))
-                self._delivery_failed(queue, delivery, exc, fields)
+                self._delivery_failed(conn, queue, delivery, exc, fields)
 
     def _handle_and_settle(
         self,
         conn: psycopg.Connection,
-        queue: PgQueue,
+        queue: QueuePort,
         delivery: Delivery,
         done: list[Delivery],
         fields: dict,
@@ -293,6 +388,18 @@ class Worker:
             )
         finally:
             self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+        self._settle(queue, delivery, outcome, done, fields, span)
+
+    def _settle(
+        self,
+        queue: QueuePort,
+        delivery: Delivery,
+        outcome: Outcome,
+        done: list[Delivery],
+        fields: dict,
+        span: tracing.Span,
+    ) -> None:
+        """Record ``outcome`` on the span and the stats; a success joins ``done`` (acked with the batch), the rest is settled now."""
         span.set_attribute("core_jobs.outcome", type(outcome).__name__.lower())
         if isinstance(outcome, RetryAfter):
             tracing.set_error(span, outcome.error)
@@ -323,7 +430,9 @@ class Worker:
             self.stats.add("dead_lettered")
             log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason, error=outcome.letter.last_error)
 
-    def _delivery_failed(self, queue: PgQueue, delivery: Delivery, error: Exception, fields: dict) -> None:
+    def _delivery_failed(
+        self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, error: Exception, fields: dict
+    ) -> None:
         """An unexpected error while handling or settling ``delivery`` on a usable connection: that delivery's
         failure, not the worker's. It is retried after the policy's backoff (its attempt counted, the error its
         ``last_error``); if even that is refused, it waits out its lease. The batch goes on."""
@@ -337,14 +446,14 @@ class Worker:
                 self._lease_lost()
                 log.warning("harness.job.lease_lost", **fields)
         except Exception as exc:
-            if not _usable(queue.conn):
+            if not _usable(conn):
                 raise
             delay = self.config.lease  # not even the retry could be recorded: the lease's expiry redelivers it
             detail = f"{detail}; its retry was refused too: {describe_error(exc)}"
         log.error("harness.worker.delivery_failed", **fields, delay_s=delay.total_seconds(), error=detail)
 
     def _end_batch(
-        self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery], unstarted: list[Delivery]
+        self, conn: psycopg.Connection, queue: QueuePort, done: list[Delivery], unstarted: list[Delivery]
     ) -> None:
         """Ack the batch's successes and release its unstarted messages; never raises.
 
@@ -364,7 +473,7 @@ class Worker:
                     application_name=self.application_name,
                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                 ) as fresh:
-                    other = PgQueue(fresh, lease=self.config.lease, worker=queue.worker)
+                    other = PgQueue(fresh, lease=self.config.lease, worker=getattr(queue, "worker", ""))
                     acked, released = other.ack(done), other.release(unstarted)
         except Exception as exc:
             log.warning(
@@ -379,6 +488,32 @@ class Worker:
         if acked < len(done):
             self._lease_lost(len(done) - acked)
             log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
+
+
+def _fields(delivery: Delivery, consumer: str) -> dict[str, Any]:
+    """The log fields of every event about ``delivery``."""
+    return {
+        "consumer": consumer,
+        "job_id": str(delivery.envelope.job_id),
+        "attempt": delivery.attempt,
+        "correlation_id": delivery.envelope.correlation_id,
+    }
+
+
+def _attributes(delivery: Delivery, consumer: str, queue: QueuePort) -> dict[str, Any]:
+    """The attributes of ``delivery``'s ``<queue> process`` span (OpenTelemetry's messaging conventions)."""
+    envelope = delivery.envelope
+    return {
+        "messaging.system": getattr(queue, "system", "postgresql"),
+        "messaging.operation.type": "process",
+        "messaging.destination.name": delivery.queue,
+        "messaging.consumer.group.name": consumer,
+        "messaging.message.id": delivery.receipt[0] if isinstance(delivery.receipt, tuple) else None,
+        "messaging.message.conversation_id": envelope.correlation_id,
+        "core_jobs.job_id": str(envelope.job_id),
+        "core_jobs.attempt": delivery.attempt,
+        "core_jobs.replay_of": envelope.replay_of,
+    }
 
 
 def _usable(conn: psycopg.Connection) -> bool:
