@@ -8,9 +8,9 @@ the same trivial work — one ``INSERT INTO bench_effects`` — each system the 
 be used:
 
 - **core-jobs**: ``harness.worker.Worker`` on the reference queue (``PgQueue``), batch 10 and
-  100. Exactly once: the INSERT and the job's fence commit in one transaction (J-B1) — per job,
-  or per batch of plain deliveries with a savepoint each (docs/harness.md, "Batched work
-  transactions").
+  100. Exactly once: the INSERT and the job's fence commit in one transaction (J-B1), shared by
+  the batch's jobs with a savepoint each (docs/harness.md, "Batched work transactions"); and the
+  same consumer with ``shares_transactions=False`` — one transaction per job, the path before.
 - **pgqueuer** 1.6 (``QueueManager`` over a psycopg ``AsyncConnection``, ``mode=drain``), batch
   10 and 100. At least once: the INSERT commits on the work connection, then the job's
   completion is buffered in memory and logged with its batch-mates' — a crash in between runs
@@ -84,6 +84,8 @@ def _effect(conn: psycopg.Connection, payload: Numbered, ctx: JobContext) -> Non
 
 
 CORE_JOBS = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect)
+# The same consumer opting out of shared transactions: one commit per job, as before issue 20.
+ALONE = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect, shares_transactions=False)
 
 
 def core_jobs_fill(url: str, jobs: int) -> None:
@@ -343,6 +345,8 @@ def main() -> None:
                 "core-jobs, batch 100": core(100),
                 "pgqueuer, batch 100": pgq(100),
                 f"procrastinate, concurrency {args.procrastinate_concurrency}": proc,
+                "core-jobs, batch 10, a transaction per job": core(10, ALONE),
+                "core-jobs, batch 100, a transaction per job": core(100, ALONE),
             }
             rates: dict[str, list[float]] = {label: [] for label in configs}
             for _ in range(args.rounds):
@@ -355,7 +359,7 @@ def main() -> None:
             )
             medians = report(rates)
             labels = list(configs)
-            for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4)):
+            for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4), (0, 5), (2, 6)):
                 print(f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x")
 
         enqueue: dict[str, list[float]] = {"core-jobs publish_many": [], "pgqueuer enqueue (lists)": []}

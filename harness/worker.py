@@ -3,9 +3,17 @@
 Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
 ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
 claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
-retries and dead letters at once, and ack the batch's successes and duplicates in one statement
+retries and dead letters, and ack the batch's successes and duplicates in one statement
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
 claim waits ``poll_interval`` — or, with ``once``, ends the thread.
+
+A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
+50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
+true): its successes are acked after that commit, its failures settled one by one after it, each
+delivery with its own span, timing and events. A message whose work was rolled back with a
+shared transaction that never committed (the worker stopping or losing its connection) is
+released like an unstarted one. ``Consumer(shares_transactions=False)``, a durable consumer, and
+a batch of one are handled one transaction per job, each failure settled at once.
 
 Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
 passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
