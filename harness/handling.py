@@ -40,6 +40,31 @@
 6. A consumer that declares actions runs as a durable execution instead of steps 2-5:
    after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
 
+**A batch in one transaction** (:func:`handle_together`, what the worker does with a claimed
+batch of a plain consumer): step 2's transaction is shared by up to
+:data:`SAVEPOINTS_PER_TRANSACTION` deliveries, each one's fence, handler and replay mark under a
+savepoint of its own (:func:`harness.fence.work_in_savepoint`), and committed once — one
+synchronous commit for the lot instead of one per job. The guarantees are step 2's, per job:
+
+- the commit is all or none: a crash before it leaves no job's work and no job's fence (each
+  comes back when its lease expires and runs once); after it, every job's work and fence;
+- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls back to its
+  own savepoint — its fence and writes undone, its batch-mates' untouched — and is decided by
+  step 3 alone; its retry or dead letter is settled after the commit, on its own;
+- poison (step 1) never enters the transaction; a delivery beyond ``max_attempts`` (step 4) is
+  handled alone, after the open transaction commits;
+- a handler that ends the shared transaction (COMMIT, ROLLBACK) is dead-lettered as in step 2;
+  its batch-mates' writes went with it — committed by its COMMIT or lost by its ROLLBACK — so
+  each one's fence is read: there, the job is done (acked); absent, it runs again, in the next
+  shared transaction;
+- a commit that fails (a deferred constraint, a serialization failure) commits nothing: each
+  of its jobs runs again alone, through :func:`handle`, so one job's fault stays its own.
+
+A consumer whose handler must not share its transaction says ``shares_transactions=False``
+(harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
+phases). What was decided is in a :class:`BatchProgress` the caller reads, even when the
+handling raised (the caller's stop, a lost connection).
+
 Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
 the default counts nothing) (J-B9, J-AC8).
 The outcome is returned, not applied: the queue adapter settles it (harness/queue/port.py).
@@ -48,10 +73,15 @@ The outcome is returned, not applied: the queue adapter settles it (harness/queu
 from __future__ import annotations
 
 import random as _random
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext, suppress
+from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
 from harness.consumer.consumer import Consumer, JobContext
@@ -59,12 +89,33 @@ from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.dead_letters import mark_replay_handled
 from harness.durable.executor import run_execution
 from harness.errors import PermanentError, PoisonMessage, TransientError, describe_error, validation_problems
-from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, work_under_fence
+from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, work_in_savepoint, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
-from harness.queue.port import DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
+from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
 
-__all__ = ["DEFAULT_LEASE", "INSERT_FENCE", "failure_outcome", "handle"]
+__all__ = [
+    "DEFAULT_LEASE",
+    "INSERT_FENCE",
+    "SAVEPOINTS_PER_TRANSACTION",
+    "BatchProgress",
+    "failure_outcome",
+    "handle",
+    "handle_together",
+]
+
+# The jobs one shared transaction holds at most. Each job's savepoint that writes takes a
+# subtransaction id; past 64 in one transaction, PostgreSQL's per-backend cache of them overflows
+# and every other session's snapshot must look subtransactions up in pg_subtrans until this
+# transaction ends — a slowdown of the whole server. 50 leaves room for handlers' own savepoints;
+# a claimed batch of 100 commits as two transactions.
+SAVEPOINTS_PER_TRANSACTION = 50
+
+# The job ids of a consumer whose fences exist: which of a shared transaction's jobs were
+# committed, after a handler ended that transaction itself.
+FENCED_JOBS = """
+SELECT job_id FROM core.processed_jobs WHERE consumer = %(consumer)s AND job_id = ANY(%(job_ids)s)
+"""
 
 
 class DeliveriesExhausted(Exception):
@@ -186,3 +237,180 @@ def _dead_letter(
         reason=reason,  # type: ignore[arg-type]
         letter=delivery.letter(consumer.name, attempts=delivery.attempt, last_error=describe_error(error)),
     )
+
+
+@dataclass
+class BatchProgress:
+    """What :func:`handle_together` decided, in order; complete when it returns, the part decided so far when it raises.
+
+    ``settled``: each delivery's final outcome — or the unexpected error of its handling (a
+    failure outside the handler, on a usable connection), for the caller to fail alone.
+    ``in_hand``: the delivery being handled last (the one that raised, when it raised).
+    Deliveries in neither were not started, or their work was rolled back with a shared
+    transaction that never committed: the caller gives them back.
+    """
+
+    settled: list[tuple[Delivery, Outcome | Exception]] = field(default_factory=list)
+    in_hand: Delivery | None = None
+
+
+def handle_together(
+    conn: psycopg.Connection,
+    consumer: Consumer,
+    deliveries: Sequence[Delivery],
+    *,
+    policy: RetryPolicy,
+    fence_ttl: timedelta,
+    progress: BatchProgress,
+    metrics: Metrics = NO_METRICS,
+    random: Callable[[], float] = _random.random,
+    lease: timedelta = DEFAULT_LEASE,
+    each: Callable[[Delivery], AbstractContextManager[Any]] = lambda _delivery: nullcontext(),
+    stopping: Callable[[], bool] = lambda: False,
+) -> None:
+    """Handle a batch of a plain consumer on ``conn`` (autocommit, idle), its jobs' work in shared transactions.
+
+    See the module docstring ("A batch in one transaction"). ``each(delivery)`` is entered around
+    each delivery's handling (the worker's span and timing); ``stopping()`` is asked before each
+    delivery: once it is true, the rest are not started. Outcomes go to ``progress``, in the
+    order they become final: a shared transaction's successes when it commits.
+    """
+    if consumer.durable:
+        raise ValueError(f"consumer {consumer.name} is durable: its executions do not share transactions")
+    runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
+    todo: deque[tuple[Delivery, bool]] = deque((delivery, False) for delivery in deliveries)  # (delivery, alone)
+    shared: list[tuple[Delivery, bool]] = []  # the open transaction's jobs: (delivery, whether it wrote the fence)
+    savepoints = 0  # set in the open transaction, failed ones included (each took a subtransaction id)
+
+    def commit() -> None:
+        nonlocal savepoints
+        savepoints = 0
+        if conn.info.transaction_status != TransactionStatus.INTRANS:
+            return
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error:
+            if conn.closed or conn.broken:
+                raise
+            conn.rollback()
+            todo.extendleft(reversed([(delivery, True) for delivery, _fenced in shared]))  # each again, alone
+        else:
+            for delivery, fenced in shared:
+                (metrics.processed if fenced else metrics.duplicate)(consumer.name)
+                progress.settled.append((delivery, Acked() if fenced else Duplicate()))
+        shared.clear()
+
+    def ended(offender: Delivery, error: TransactionEnded) -> None:
+        """The handler of ``offender`` ended the shared transaction: keep what committed, run the rest again."""
+        nonlocal savepoints
+        savepoints = 0
+        conn.rollback()  # whatever it left open
+        wrote = [delivery.envelope.job_id for delivery, fenced in shared if fenced]
+        committed = {row[0] for row in conn.execute(FENCED_JOBS, {"consumer": consumer.name, "job_ids": wrote})}
+        again = []
+        for delivery, fenced in shared:
+            if fenced and delivery.envelope.job_id in committed:
+                metrics.processed(consumer.name)
+                progress.settled.append((delivery, Acked()))
+            else:
+                again.append((delivery, False))
+        shared.clear()
+        todo.extendleft(reversed(again))
+        # Dead-lettered as a handler ending its own transaction alone is (harness.fence.check_work_transaction).
+        failure = PermanentError(str(error))
+        progress.settled.append((offender, failure_outcome(conn, consumer, offender, failure, runtime)))
+
+    try:
+        while todo and not stopping():
+            delivery, alone = todo.popleft()
+            progress.in_hand = delivery
+            with each(delivery):
+                admitted = None if alone else _admit(consumer, delivery, runtime)
+                if admitted is None:  # poison, past the budget, or after a failed commit: on its own
+                    if delivery.attempt > policy.max_attempts or alone:
+                        commit()  # its own transaction comes after the open one
+                    try:
+                        progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
+                    except KeyboardInterrupt:
+                        raise
+                    except Exception as exc:
+                        if conn.closed or conn.broken:
+                            raise
+                        progress.settled.append((delivery, exc))
+                    continue
+                payload, context, fence = admitted
+                if conn.info.transaction_status == TransactionStatus.IDLE:
+                    conn.execute("BEGIN")
+                savepoints += 1
+                try:
+                    fenced = work_in_savepoint(
+                        conn,
+                        consumer,
+                        payload,
+                        context,
+                        fence=(INSERT_FENCE, fence),
+                        replay_of=delivery.envelope.replay_of,
+                    )
+                except KeyboardInterrupt:
+                    raise
+                except TransactionEnded as exc:
+                    ended(delivery, exc)
+                    continue
+                except BaseException as exc:
+                    if conn.closed or conn.broken:
+                        raise
+                    progress.settled.append((delivery, failure_outcome(conn, consumer, delivery, exc, runtime)))
+                else:
+                    shared.append((delivery, fenced))
+                if savepoints >= SAVEPOINTS_PER_TRANSACTION:
+                    commit()
+        commit()
+    except BaseException:
+        # The caller's stop or a lost connection: the open transaction's jobs commit if the connection
+        # still can (their work is done and sound); else they are rolled back and given back.
+        if shared and not (conn.closed or conn.broken):
+            with suppress(psycopg.Error):
+                commit()
+        raise
+
+
+def _keywords(runtime: Runtime) -> dict[str, Any]:
+    return {
+        "policy": runtime.policy,
+        "fence_ttl": runtime.fence_ttl,
+        "metrics": runtime.metrics,
+        "random": runtime.random,
+        "lease": runtime.lease,
+    }
+
+
+def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[Any, JobContext, dict[str, Any]] | None:
+    """A delivery's validated payload, context and fence parameters if it may share a transaction, else None.
+
+    None for what :func:`handle` decides alone: an undecodable or invalid payload (poison, no
+    transaction at all), a delivery beyond ``max_attempts`` (a fence probe of its own).
+    """
+    envelope = delivery.envelope
+    if isinstance(envelope.payload, UndecodablePayload) or delivery.attempt > runtime.policy.max_attempts:
+        return None
+    try:
+        payload = consumer.payload_schema.model_validate(envelope.payload)
+    except KeyboardInterrupt:
+        raise
+    except BaseException:
+        return None  # handle() validates again and says why
+    context = JobContext(
+        job_id=envelope.job_id,
+        tenant_id=envelope.tenant_id,
+        correlation_id=envelope.correlation_id,
+        attempt=delivery.attempt,
+        queue=delivery.queue,
+        consumer=consumer.name,
+    )
+    fence = {
+        "job_id": envelope.job_id,
+        "consumer": consumer.name,
+        "tenant_id": envelope.tenant_id,
+        "ttl": runtime.fence_ttl,
+    }
+    return payload, context, fence

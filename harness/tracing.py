@@ -55,11 +55,13 @@ __all__ = [
     "add_trace_context",
     "context_of",
     "current_context",
+    "open_delivery_span",
     "set_error",
     "set_redactor",
     "span",
     "start_delivery_span",
     "tracer",
+    "within",
 ]
 
 TRACER_NAME = "harness"
@@ -125,6 +127,30 @@ def start_delivery_span(
             record_exception=False,
             set_status_on_exception=False,
         ) as current,
+        _failing(current),
+    ):
+        yield current
+
+
+def open_delivery_span(queue: str, traceparent: str | None, tracestate: str | None, attributes: dict[str, Any]) -> Span:
+    """``<queue> process`` as :func:`start_delivery_span` makes it, started but not current: the caller makes it
+    current with :func:`within` for each step (a batch's deliveries share a transaction: handled, committed
+    together, then settled one by one) and ends it."""
+    return tracer().start_span(
+        f"{queue} process",
+        context=context_of(traceparent, tracestate),
+        kind=SpanKind.CONSUMER,
+        attributes=_clean(attributes),
+        record_exception=False,
+        set_status_on_exception=False,
+    )
+
+
+@contextmanager
+def within(current: Span) -> Iterator[Span]:
+    """``current`` the active span inside the block, not ended at its end; an exception leaving it marks it failed."""
+    with (
+        trace.use_span(current, end_on_exit=False, record_exception=False, set_status_on_exception=False),
         _failing(current),
     ):
         yield current

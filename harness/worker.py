@@ -10,9 +10,17 @@ the thread ends.
 Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
 ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
 claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
-retries and dead letters at once, and ack the batch's successes and duplicates in one statement
+retries and dead letters, and ack the batch's successes and duplicates in one statement
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
 claim waits ``poll_interval`` — or, with ``once``, ends the thread.
+
+A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
+50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
+true): its successes are acked after that commit, its failures settled one by one after it, each
+delivery with its own span, timing and events. A message whose work was rolled back with a
+shared transaction that never committed (the worker stopping or losing its connection) is
+released like an unstarted one. ``Consumer(shares_transactions=False)``, a durable consumer, and
+a batch of one are handled one transaction per job, each failure settled at once.
 
 Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
 passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
@@ -65,9 +73,11 @@ import os
 import socket
 import threading
 import time
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 import structlog
@@ -77,11 +87,22 @@ from harness import tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error
-from harness.handling import handle
+from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
 from harness.queue.adapters import adapter_class, open_queue
-from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, QueuePort, RetryAfter, Stale, settle
+from harness.queue.port import (
+    Acked,
+    DeadLettered,
+    Delivery,
+    Duplicate,
+    Held,
+    Outcome,
+    QueuePort,
+    RetryAfter,
+    Stale,
+    settle,
+)
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -253,6 +274,9 @@ class Worker:
         self.metrics.leases_lost(self.consumer.name, n)
 
     def _run_batch(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
+        if len(batch) > 1 and self.consumer.shares_transactions and not self.consumer.durable:
+            self._run_together(conn, queue, batch)
+            return
         done: list[Delivery] = []
         started = 0
         try:
@@ -267,27 +291,105 @@ class Worker:
             # unstarted rest did nothing wrong and goes back at once.
             self._end_batch(conn, queue, done, batch[started:])
 
+    def _run_together(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
+        """The batch's work in shared transactions (harness.handling.handle_together), then each outcome settled.
+
+        Each delivery keeps its own span (current while it is handled and while it is settled), its
+        handling time and its log events. Successes are acked with the batch, after their commit;
+        a failure is settled alone. A delivery whose work was rolled back with a transaction that
+        never committed (the worker stopping or losing its connection) goes back like an unstarted one.
+        """
+        progress = BatchProgress()
+        spans: dict[int, tracing.Span] = {}
+
+        @contextmanager
+        def each(delivery: Delivery) -> Iterator[None]:
+            span = spans.get(id(delivery))
+            if span is None:
+                span = spans[id(delivery)] = tracing.open_delivery_span(
+                    delivery.queue,
+                    delivery.envelope.traceparent,
+                    delivery.envelope.tracestate,
+                    _attributes(delivery, self.consumer.name, queue),
+                )
+            self.metrics.handling(self.consumer.name)
+            started = time.perf_counter()
+            try:
+                with tracing.within(span):
+                    yield
+            finally:
+                self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+
+        done: list[Delivery] = []
+        failure: BaseException | None = None
+        try:
+            handle_together(
+                conn,
+                self.consumer,
+                batch,
+                policy=self.policy,
+                fence_ttl=self.config.fence_ttl,
+                progress=progress,
+                metrics=self.metrics,
+                lease=self.config.lease,
+                each=each,
+                stopping=self._stopping.is_set,
+            )
+        except BaseException as exc:
+            failure = exc
+        try:
+            for delivery, outcome in progress.settled:
+                span = spans.pop(id(delivery))
+                with tracing.within(span):
+                    self._settle_one(conn, queue, delivery, outcome, done, span)
+                span.end()
+            if failure is not None and isinstance(failure, Exception) and progress.in_hand is not None:
+                if not _usable(conn):
+                    raise failure
+                in_hand = progress.in_hand
+                span = spans.pop(id(in_hand))
+                with tracing.within(span):
+                    tracing.set_error(span, describe_error(failure))
+                    self._delivery_failed(conn, queue, in_hand, failure, _fields(in_hand, self.consumer.name))
+                span.end()
+                failure = None
+        finally:
+            for span in spans.values():  # the deliveries given back, and the one in hand when the worker stops
+                span.end()
+            settled = {id(delivery) for delivery, _outcome in progress.settled}
+            kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
+            self._end_batch(conn, queue, done, [d for d in batch if id(d) not in settled and id(d) != kept])
+        if failure is not None:
+            raise failure
+
+    def _settle_one(
+        self,
+        conn: psycopg.Connection,
+        queue: QueuePort,
+        delivery: Delivery,
+        outcome: Outcome | Exception,
+        done: list[Delivery],
+        span: tracing.Span,
+    ) -> None:
+        """Settle one outcome of a shared-transaction batch, as :meth:`_run_one` would; an error of its own fails it alone."""
+        fields = _fields(delivery, self.consumer.name)
+        try:
+            if isinstance(outcome, Exception):
+                raise outcome
+            self._settle(queue, delivery, outcome, done, fields, span)
+        except Exception as exc:
+            if not _usable(conn):
+                raise
+            tracing.set_error(span, describe_error(exc))
+            self._delivery_failed(conn, queue, delivery, exc, fields)
+
     def _run_one(self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, done: list[Delivery]) -> None:
-        fields = {
-            "consumer": self.consumer.name,
-            "job_id": str(delivery.envelope.job_id),
-            "attempt": delivery.attempt,
-            "correlation_id": delivery.envelope.correlation_id,
-        }
+        fields = _fields(delivery, self.consumer.name)
         envelope = delivery.envelope
-        attributes = {
-            "messaging.system": getattr(queue, "system", None),
-            "messaging.operation.type": "process",
-            "messaging.destination.name": delivery.queue,
-            "messaging.consumer.group.name": self.consumer.name,
-            "messaging.message.id": delivery.receipt[0] if isinstance(delivery.receipt, tuple) else None,
-            "messaging.message.conversation_id": envelope.correlation_id,
-            "core_jobs.job_id": str(envelope.job_id),
-            "core_jobs.attempt": delivery.attempt,
-            "core_jobs.replay_of": envelope.replay_of,
-        }
         # Every attempt is a child of the message's context: the job's publish, or the replayed letter's.
-        with tracing.start_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes) as span:
+        with tracing.start_delivery_span(
+            delivery.queue, envelope.traceparent, envelope.tracestate, _attributes(delivery, self.consumer.name, queue)
+        ) as span:
             try:
                 self._handle_and_settle(conn, queue, delivery, done, fields, span)
             except Exception as exc:
@@ -319,6 +421,18 @@ class Worker:
             )
         finally:
             self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+        self._settle(queue, delivery, outcome, done, fields, span)
+
+    def _settle(
+        self,
+        queue: QueuePort,
+        delivery: Delivery,
+        outcome: Outcome,
+        done: list[Delivery],
+        fields: dict,
+        span: tracing.Span,
+    ) -> None:
+        """Record ``outcome`` on the span and the stats; a success joins ``done`` (acked with the batch), the rest is settled now."""
         span.set_attribute("core_jobs.outcome", type(outcome).__name__.lower())
         if isinstance(outcome, RetryAfter):
             tracing.set_error(span, outcome.error)
@@ -410,6 +524,32 @@ class Worker:
         if acked < len(done):
             self._lease_lost(len(done) - acked)
             log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
+
+
+def _fields(delivery: Delivery, consumer: str) -> dict[str, Any]:
+    """The log fields of every event about ``delivery``."""
+    return {
+        "consumer": consumer,
+        "job_id": str(delivery.envelope.job_id),
+        "attempt": delivery.attempt,
+        "correlation_id": delivery.envelope.correlation_id,
+    }
+
+
+def _attributes(delivery: Delivery, consumer: str, queue: QueuePort) -> dict[str, Any]:
+    """The attributes of ``delivery``'s ``<queue> process`` span (OpenTelemetry's messaging conventions)."""
+    envelope = delivery.envelope
+    return {
+        "messaging.system": getattr(queue, "system", None),
+        "messaging.operation.type": "process",
+        "messaging.destination.name": delivery.queue,
+        "messaging.consumer.group.name": consumer,
+        "messaging.message.id": delivery.receipt[0] if isinstance(delivery.receipt, tuple) else None,
+        "messaging.message.conversation_id": envelope.correlation_id,
+        "core_jobs.job_id": str(envelope.job_id),
+        "core_jobs.attempt": delivery.attempt,
+        "core_jobs.replay_of": envelope.replay_of,
+    }
 
 
 def _usable(conn: psycopg.Connection) -> bool:

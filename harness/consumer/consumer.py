@@ -30,6 +30,13 @@ The harness records a checkpoint per action and retries, resumes or parks the jo
 operator (``RECONCILIATION_REQUIRED``) by effect class (harness/durable/executor.py,
 docs/durable-actions.md). ``business_scope`` names the business area whose operators may resolve
 its executions (R-5). A consumer with no actions works exactly as before.
+
+Shared work transactions: the worker commits a batch's deliveries of a plain consumer together,
+each under its own savepoint (harness/handling.py, :func:`~harness.handling.handle_together`).
+A handler that must not share its transaction with other jobs' — it takes a transaction-wide
+lock (``pg_advisory_xact_lock``, ``LOCK TABLE``) that would then be held for the whole batch,
+sets ``SET LOCAL`` settings, or must be visible to others the moment it commits — says
+``shares_transactions=False`` and gets one transaction per job, as before.
 """
 
 from __future__ import annotations
@@ -87,6 +94,7 @@ class Consumer(Generic[Payload]):
     retry_justification: str | None = None
     actions: tuple[Action, ...] = ()
     business_scope: str | None = None
+    shares_transactions: bool = True
 
     def __post_init__(self) -> None:
         for attribute in ("name", "queue"):
@@ -109,6 +117,10 @@ class Consumer(Generic[Payload]):
         names = [a.name for a in self.actions]
         if len(set(names)) != len(names):
             raise ConsumerError(f"consumer {self.name}: action names must be unique, got {names}")
+        if not isinstance(self.shares_transactions, bool):
+            raise ConsumerError(
+                f"consumer {self.name}: shares_transactions must be True or False, got {self.shares_transactions!r}"
+            )
         if self.business_scope is not None and not valid_name(self.business_scope):
             raise ConsumerError(
                 f"consumer {self.name}: business_scope must be a name of letters, digits and . _ : -, "

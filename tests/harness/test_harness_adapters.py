@@ -214,7 +214,14 @@ def test_a_worker_that_lost_its_connection_gives_its_batch_back_through_a_port_o
             conn_.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         credit(conn_, payload, ctx)
 
-    consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=cut_off)
+    # One transaction per job, so m-ok's success is committed before the cut (a shared one would go with it).
+    consumer = Consumer(
+        name=points_consumer.name,
+        queue=QUEUE,
+        payload_schema=CreditPoints,
+        handler=cut_off,
+        shares_transactions=False,
+    )
     worker, _metrics = echo_worker(database_url, consumer)
 
     with pytest.raises(psycopg.OperationalError):

@@ -354,7 +354,10 @@ def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_
             conn_.execute("SELECT pg_terminate_backend(pg_backend_pid())")
         credit(conn_, payload, ctx)
 
-    consumer = Consumer(name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=cut_off)
+    # One transaction per job: m-ok's work is committed before m-cut's handler cuts the connection.
+    consumer = Consumer(
+        name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=cut_off, shares_transactions=False
+    )
     worker = Worker(database_url, consumer, policy=RetryPolicy(), config=CONFIG, metrics=metrics)
     with capture_logs() as logs, pytest.raises(psycopg.OperationalError, match="connection is lost"):
         worker.run(once=True)

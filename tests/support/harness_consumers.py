@@ -103,3 +103,31 @@ durable_ledger = Consumer(
         Action(name="notify", effect=Effect.NON_IDEMPOTENT_WRITE, call=_never_called),
     ),
 )
+
+
+# The points consumer whose handler, for member m-block only, waits for the advisory lock
+# LOCK_KEY after crediting: a test holding that lock freezes a batch in the middle of its shared
+# transaction, the jobs before m-block handled and uncommitted.
+def _credit_then_wait_for_m_block(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    points.handler(conn, payload, ctx)
+    if payload.member_id == "m-block":
+        print(f"in-handler {ctx.job_id}", flush=True)
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (LOCK_KEY,))
+
+
+blocking_one = Consumer(
+    name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_credit_then_wait_for_m_block
+)
+
+
+# The points consumer whose handler ends its transaction itself for two members: COMMIT
+# (m-commit) or ROLLBACK (m-rollback), after crediting; every other member is credited.
+def _end_the_transaction(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    points.handler(conn, payload, ctx)
+    if payload.member_id == "m-commit":
+        conn.execute("COMMIT")
+    if payload.member_id == "m-rollback":
+        conn.execute("ROLLBACK")
+
+
+ending = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_end_the_transaction)

@@ -1,0 +1,375 @@
+"""core-jobs beside its peers on PostgreSQL: pgqueuer and procrastinate, draining and enqueuing the same jobs.
+
+    uv run --group bench python bench/peers.py                  # 10 000 jobs, 3 rounds
+    uv run --group bench python bench/peers.py --jobs 5000 --rounds 5
+
+**Drain.** ``--jobs`` ready jobs, drained by 2 worker processes of each system, every job doing
+the same trivial work — one ``INSERT INTO bench_effects`` — each system the way it is meant to
+be used:
+
+- **core-jobs**: ``harness.worker.Worker`` on the reference queue (``PgQueue``), batch 10 and
+  100. Exactly once: the INSERT and the job's fence commit in one transaction (J-B1), shared by
+  the batch's jobs with a savepoint each (docs/harness.md, "Batched work transactions"); and the
+  same consumer with ``shares_transactions=False`` — one transaction per job, the path before.
+- **pgqueuer** 1.6 (``QueueManager`` over a psycopg ``AsyncConnection``, ``mode=drain``), batch
+  10 and 100. At least once: the INSERT commits on the work connection, then the job's
+  completion is buffered in memory and logged with its batch-mates' — a crash in between runs
+  the job again, and nothing fences the second run.
+- **procrastinate** 3.10 (``App`` with a ``PsycopgConnector``, ``run_worker(wait=False)``,
+  concurrency ``--procrastinate-concurrency``). At least once: the INSERT commits, then the
+  job's status is written.
+
+Each system has its own scratch database; the configurations alternate within each round (the
+machine is shared and noisy), the clock starts once every process has imported and connected,
+and stops when both have exited with the queue empty. Each run checks that every job left
+exactly one effect. Prints each median in jobs/s and core-jobs's ratio to each peer.
+
+**Enqueue.** ``--jobs`` jobs published in one call, alternately: core-jobs's
+``PgQueue.publish_many`` (its port's batch publish: one statement, all or none) and pgqueuer's
+``Queries.enqueue`` with lists (its batch insert). Prints jobs/s and the ratio.
+
+Server: ``HARNESS_BENCH_DATABASE_URL`` (bench/harness.py), default the local test server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg
+from prometheus_client import CollectorRegistry
+from pydantic import BaseModel
+
+from bench.harness import DEFAULT_SERVER, TENANT, TTL
+from core_jobs_demo import scratch_database
+from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.retry import RetryPolicy
+from harness.metrics import HarnessMetrics
+from harness.pg import connect
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Envelope
+from harness.worker import Worker, WorkerConfig
+from maintenance.runtime import migrate
+from maintenance.runtime.logs import configure_logging
+
+QUEUE = "bench.peers"
+PROCESSES = 2
+
+# The one piece of work every system's job does.
+EFFECTS_TABLE = "CREATE TABLE bench_effects (n bigint NOT NULL)"
+EFFECT = "INSERT INTO bench_effects (n) VALUES (%s)"
+EFFECTS = "SELECT count(*), count(DISTINCT n) FROM bench_effects"
+
+
+# --- core-jobs ----------------------------------------------------------------------------------
+
+
+class Numbered(BaseModel):
+    n: int
+
+
+def _effect(conn: psycopg.Connection, payload: Numbered, ctx: JobContext) -> None:
+    conn.execute(EFFECT, (payload.n,))
+
+
+CORE_JOBS = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect)
+# The same consumer opting out of shared transactions: one commit per job, as before issue 20.
+ALONE = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect, shares_transactions=False)
+
+
+def core_jobs_fill(url: str, jobs: int) -> None:
+    with connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE core.queue_messages, core.processed_jobs, bench_effects")
+        PgQueue(conn).publish_many(envelopes(jobs))
+        conn.execute("VACUUM ANALYZE core.queue_messages")
+
+
+def envelopes(jobs: int) -> list[tuple[str, Envelope]]:
+    return [(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": n}, tenant_id=TENANT)) for n in range(jobs)]
+
+
+def core_jobs_drain(url: str, batch_size: int, consumer: Consumer, ready: mp.Barrier) -> None:
+    configure_logging(level="ERROR")
+    config = WorkerConfig(fence_ttl=TTL, batch_size=batch_size, lease=timedelta(minutes=5))
+    worker = Worker(url, consumer, policy=RetryPolicy(), config=config, metrics=HarnessMetrics(CollectorRegistry()))
+    with connect(url):  # warm the connection path before the clock starts
+        pass
+    ready.wait()
+    worker.run(once=True)
+
+
+# --- pgqueuer -----------------------------------------------------------------------------------
+
+
+async def _pgqueuer_install(url: str) -> None:
+    from pgqueuer.queries import Queries
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await Queries.from_psycopg_connection(conn).install()
+        await conn.execute(EFFECTS_TABLE)
+
+
+async def _pgqueuer_enqueue(url: str, jobs: int) -> float:
+    """Seconds ``Queries.enqueue`` takes to insert ``jobs`` jobs in one call (lists: its batch insert)."""
+    from pgqueuer.queries import Queries
+
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("TRUNCATE pgqueuer, pgqueuer_log, pgqueuer_statistics, bench_effects")
+        queries = Queries.from_psycopg_connection(conn)
+        payloads: list[bytes | None] = [str(n).encode() for n in range(jobs)]
+        started = time.perf_counter()
+        await queries.enqueue([QUEUE] * jobs, payloads, [0] * jobs)
+        elapsed = time.perf_counter() - started
+        await conn.execute("VACUUM ANALYZE pgqueuer")
+    return elapsed
+
+
+def _listening_apart(queue_conn: psycopg.AsyncConnection, listen_conn: psycopg.AsyncConnection):  # type: ignore[no-untyped-def]
+    """pgqueuer's psycopg driver with its LISTEN on a connection of its own.
+
+    Its stock driver waits for notifications holding the query connection's lock (``notifies(timeout=1.0)``),
+    so each dequeue can wait up to a second for the next NOTIFY (measured: 2 000 jobs, 1 process, batch 10 —
+    106 s of wall time for 2.5 s of CPU). asyncpg, its other driver, is not installed here; a listener
+    apart gives pgqueuer what asyncpg would: queries never wait on the listener.
+    """
+    from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
+    from psycopg import sql
+
+    class ListeningApart(PsycopgDriver):
+        async def add_listener(self, channel, callback):  # type: ignore[no-untyped-def]
+            if channel not in self._listeners:
+                await listen_conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
+                self._listeners[channel] = []
+            self._listeners[channel].append(callback)
+            if self._watcher is None:
+                self._watcher = asyncio.create_task(self.watch_notifies())
+                self._tm.add(self._watcher)
+
+        async def watch_notifies(self) -> None:
+            while not self.shutdown.is_set():
+                async for note in listen_conn.notifies(timeout=1.0, stop_after=1):
+                    for callback in list(self._listeners.get(note.channel, [])):
+                        callback(note.payload)
+
+    return ListeningApart(queue_conn)
+
+
+async def _pgqueuer_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
+    from pgqueuer.models import Job
+    from pgqueuer.qm import QueueManager
+    from pgqueuer.queries import Queries
+    from pgqueuer.types import QueueExecutionMode
+
+    async with (
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as queue_conn,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as listen_conn,
+        await psycopg.AsyncConnection.connect(url, autocommit=True) as work_conn,
+    ):
+        manager = QueueManager(Queries(_listening_apart(queue_conn, listen_conn)))
+
+        @manager.entrypoint(QUEUE)
+        async def effect(job: Job) -> None:
+            assert job.payload is not None
+            await work_conn.execute(EFFECT, (int(job.payload),))
+
+        ready.wait()
+        await manager.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
+
+
+def pgqueuer_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
+    import logging
+
+    logging.getLogger("pgqueuer").setLevel(logging.ERROR)
+    asyncio.run(_pgqueuer_drain(url, batch_size, ready))
+
+
+# --- procrastinate ------------------------------------------------------------------------------
+
+
+def _procrastinate_app(url: str, concurrency: int):  # type: ignore[no-untyped-def]
+    import procrastinate
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+    work: dict[str, psycopg.AsyncConnection] = {}
+
+    @app.task(name="effect", queue=QUEUE)
+    async def effect(n: int) -> None:
+        if "conn" not in work:
+            work["conn"] = await psycopg.AsyncConnection.connect(url, autocommit=True)
+        await work["conn"].execute(EFFECT, (n,))
+
+    return app, effect, work
+
+
+def procrastinate_install(url: str) -> None:
+    app, _effect_task, _work = _procrastinate_app(url, 1)
+    with app.open():
+        app.schema_manager.apply_schema()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(EFFECTS_TABLE)
+
+
+def procrastinate_fill(url: str, jobs: int) -> None:
+    app, effect_task, _work = _procrastinate_app(url, 1)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE procrastinate_jobs, procrastinate_events, bench_effects CASCADE")
+    with app.open():
+        for start in range(0, jobs, 1000):
+            effect_task.batch_defer(*[{"n": n} for n in range(start, min(jobs, start + 1000))])
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE procrastinate_jobs")
+
+
+def procrastinate_drain(url: str, concurrency: int, ready: mp.Barrier) -> None:
+    import logging
+
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
+    app, _effect_task, work = _procrastinate_app(url, concurrency)
+
+    async def run() -> None:
+        async with app.open_async():
+            ready.wait()
+            await app.run_worker_async(
+                queues=[QUEUE], wait=False, concurrency=concurrency, install_signal_handlers=False, listen_notify=False
+            )
+        if "conn" in work:
+            await work["conn"].close()
+
+    asyncio.run(run())
+
+
+# --- the runs -----------------------------------------------------------------------------------
+
+
+def drain(url: str, target: Callable[..., None], args: tuple, jobs: int, left: str) -> float:
+    """Jobs/s of :data:`PROCESSES` processes running ``target(url, *args, ready)``; checks one effect per job."""
+    ready = mp.Barrier(PROCESSES + 1)
+    workers = [mp.Process(target=target, args=(url, *args, ready)) for _ in range(PROCESSES)]
+    for w in workers:
+        w.start()
+    ready.wait()
+    started = time.perf_counter()
+    for w in workers:
+        w.join()
+    elapsed = time.perf_counter() - started
+    assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
+    with psycopg.connect(url, autocommit=True) as conn:
+        effects, distinct = conn.execute(EFFECTS).fetchone()  # type: ignore[misc]
+        remaining = conn.execute(left).fetchone()[0]  # type: ignore[index]
+    assert (effects, distinct, remaining) == (jobs, jobs, 0), (effects, distinct, remaining)
+    return jobs / elapsed
+
+
+def core_jobs_enqueue(url: str, jobs: int) -> float:
+    """Seconds ``PgQueue.publish_many`` takes to publish ``jobs`` envelopes (built beforehand, as pgqueuer's lists are)."""
+    messages = envelopes(jobs)
+    with connect(url, autocommit=True) as conn:
+        conn.execute("TRUNCATE core.queue_messages")
+        started = time.perf_counter()
+        PgQueue(conn).publish_many(messages)
+        elapsed = time.perf_counter() - started
+        conn.execute("VACUUM ANALYZE core.queue_messages")
+    return elapsed
+
+
+def report(rates: dict[str, list[float]]) -> dict[str, float]:
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    for label, values in rates.items():
+        print(f"  {label:<40} median {medians[label]:7.0f} jobs/s   (runs: {', '.join(f'{r:.0f}' for r in values)})")
+    return medians
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=10000, help="jobs per run (default 10000)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--procrastinate-concurrency", type=int, default=1, help="its worker's concurrency (default 1)")
+    parser.add_argument("--skip-drain", action="store_true", help="only the enqueue rates")
+    args = parser.parse_args()
+    configure_logging(level="ERROR")
+    server = os.environ.get("HARNESS_BENCH_DATABASE_URL", DEFAULT_SERVER)
+    jobs = args.jobs
+
+    with (
+        scratch_database(server, "bench_core_jobs") as core_url,
+        scratch_database(server, "bench_pgqueuer") as pgq_url,
+        scratch_database(server, "bench_procrastinate") as proc_url,
+    ):
+        migrate.upgrade(core_url)
+        with connect(core_url, autocommit=True) as conn:
+            conn.execute(EFFECTS_TABLE)
+        asyncio.run(_pgqueuer_install(pgq_url))
+        procrastinate_install(proc_url)
+
+        def core(batch: int, consumer: Consumer = CORE_JOBS) -> Callable[[], float]:
+            def run() -> float:
+                core_jobs_fill(core_url, jobs)
+                return drain(
+                    core_url, core_jobs_drain, (batch, consumer), jobs, "SELECT count(*) FROM core.queue_messages"
+                )
+
+            return run
+
+        def pgq(batch: int) -> Callable[[], float]:
+            def run() -> float:
+                asyncio.run(_pgqueuer_enqueue(pgq_url, jobs))
+                return drain(pgq_url, pgqueuer_drain, (batch,), jobs, "SELECT count(*) FROM pgqueuer")
+
+            return run
+
+        def proc() -> float:
+            procrastinate_fill(proc_url, jobs)
+            return drain(
+                proc_url,
+                procrastinate_drain,
+                (args.procrastinate_concurrency,),
+                jobs,
+                "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')",
+            )
+
+        if not args.skip_drain:
+            configs: dict[str, Callable[[], float]] = {
+                "core-jobs, batch 10": core(10),
+                "pgqueuer, batch 10": pgq(10),
+                "core-jobs, batch 100": core(100),
+                "pgqueuer, batch 100": pgq(100),
+                f"procrastinate, concurrency {args.procrastinate_concurrency}": proc,
+                "core-jobs, batch 10, a transaction per job": core(10, ALONE),
+                "core-jobs, batch 100, a transaction per job": core(100, ALONE),
+            }
+            rates: dict[str, list[float]] = {label: [] for label in configs}
+            for _ in range(args.rounds):
+                for label, run in configs.items():
+                    rates[label].append(run())
+                    print(f"    {label}: {rates[label][-1]:.0f} jobs/s", file=sys.stderr, flush=True)
+            print(
+                f"Drain: {jobs} ready jobs, {PROCESSES} worker processes, one INSERT per job, {args.rounds} rounds"
+                " (configurations alternate within each round; median of the rounds):"
+            )
+            medians = report(rates)
+            labels = list(configs)
+            for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4), (0, 5), (2, 6)):
+                print(f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x")
+
+        enqueue: dict[str, list[float]] = {"core-jobs publish_many": [], "pgqueuer enqueue (lists)": []}
+        for _ in range(args.rounds):
+            enqueue["core-jobs publish_many"].append(jobs / core_jobs_enqueue(core_url, jobs))
+            enqueue["pgqueuer enqueue (lists)"].append(jobs / asyncio.run(_pgqueuer_enqueue(pgq_url, jobs)))
+        print(f"\nEnqueue: {jobs} jobs in one call, {args.rounds} rounds alternating (median):")
+        medians = report(enqueue)
+        print(f"  core-jobs / pgqueuer: {medians['core-jobs publish_many'] / medians['pgqueuer enqueue (lists)']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
