@@ -74,12 +74,24 @@ FALLBACK_ROWS_PER_PAGE = 80.0
 def fetch_limited(
     conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any], limits: str = SET_BATCH_LIMITS
 ) -> tuple:
-    """One row of ``query``, run in its own transaction under the batch limits (``limits``: sql.SET_BATCH_LIMITS or sql.SET_ROW_BATCH_LIMITS)."""
-    with conn.transaction():
-        conn.execute(limits, (timeout,))
-        # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
-        # and for the batch delete one such plan ran 10x slower in the benchmark.
-        row = conn.execute(query, params, prepare=False).fetchone()
+    """One row of ``query``, run in its own transaction under the batch limits, in one round trip.
+
+    ``limits`` (sql.SET_BATCH_LIMITS or sql.SET_ROW_BATCH_LIMITS) and ``query`` travel as one
+    simple-protocol message, the values bound client-side: PostgreSQL runs one message's
+    statements as one implicit transaction, so the limits (``set_config(…, true)``) hold for
+    exactly this statement's transaction, which commits when the message is done — one round
+    trip, where BEGIN, the limits, the statement and COMMIT each waited for an answer (four; on
+    the loaded machine each wait cost a scheduling delay: bench/purge_profile.py). A failed
+    statement (a timeout) rolls the whole message back and leaves the connection idle. Never a
+    prepared statement: after five runs PostgreSQL may switch to a generic plan, and for the batch
+    delete one such plan ran 10x slower in the benchmark. ``conn`` must be in autocommit, or the
+    message would join the connection's open transaction.
+    """
+    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute(f"{limits};\n{query}", params | {"statement_timeout": timeout})
+        cursor.nextset()  # past the limits' row, to the statement's
+        row = cursor.fetchone()
     assert row is not None
     return row
 

@@ -39,8 +39,13 @@ COUNT_HOLDING = """
 SELECT (SELECT count(*) FROM core.dead_letters AS d WHERE core.holds_fence(d, %(protected_from)s)),
        (SELECT count(*) FROM core.executions AS e WHERE e.status <> 'FAILED')"""
 
-# Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
-# server crash may undo the last few batches, which the next run simply deletes again.
+# Per batch transaction, sent in the same message as the batch's statement (paths.fetch_limited):
+# PostgreSQL runs one message's statements as one implicit transaction, so these ``set_config(…,
+# true)`` last exactly as long as the batch's transaction, and the batch costs one round trip.
+# The statement timeout; and no wait for the WAL flush at commit: a purge deletion lost in a
+# server crash only keeps an expired fence a run longer, which the next run deletes again (a
+# fence is never *needed* by its deletion), while a flush per batch cost 1.5-2x the commit
+# time in bench/purge_profile.py (thousands of short transactions per large run).
 # And no sort: a batch takes the first :batch_size rows in an index's order (expires_at; FAILED
 # executions by status_changed_at, id), and the only other plan, a bitmap scan of *every* row in
 # the range then a sort, is what the planner picks when it thinks the range holds few rows — on a
@@ -53,7 +58,7 @@ SELECT (SELECT count(*) FROM core.dead_letters AS d WHERE core.holds_fence(d, %(
 # that still sorts (auto's sample ranks its rows) was JIT-compiled each time: 80-90 ms of
 # compiling for a 14 ms statement (the batches are meant to take ~10 ms; JIT never pays there).
 SET_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+SELECT set_config('statement_timeout', %(statement_timeout)s, true), set_config('synchronous_commit', 'off', true),
        set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"""
 
 # The row batches (DELETE_FAILED_EXECUTIONS, DELETE_EXPIRED_IDEMPOTENCY_KEYS) add: no sequential
@@ -68,7 +73,7 @@ SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit
 # inner SELECT reads only indexes already (its order, its anti-join probe). Not for the fence
 # batches: the hashed spelling's NOT IN reads its holders by a sequential scan on purpose.
 SET_ROW_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+SELECT set_config('statement_timeout', %(statement_timeout)s, true), set_config('synchronous_commit', 'off', true),
        set_config('enable_sort', 'off', true), set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true)"""
 

@@ -10,13 +10,16 @@ mechanics say which.
 from __future__ import annotations
 
 import itertools
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg.pq import Trace, TransactionStatus
 from support.factories import CONSUMER, TENANT, add_dead_letter, add_dead_letters, add_execution, add_fence
 from support.harness_support import backdate_replay
 from support.logcapture import LoggedEvents, events_in
@@ -25,7 +28,7 @@ from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
 from maintenance.jobs.purge.job import LOCK_NAME, Purger
-from maintenance.jobs.purge.paths import Estimates, choose, fetch_limited, sample_percent
+from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, fetch_limited, sample_percent
 from maintenance.jobs.purge.sql import (
     DELETE_EXPIRED_IDEMPOTENCY_KEYS,
     DELETE_FAILED_EXECUTIONS,
@@ -543,6 +546,43 @@ def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UU
         for job_id, processed_at, expires_at in rows
         if expires_at >= now or processed_at >= now - PROTECTED or job_id in pending
     }
+
+
+@contextmanager
+def protocol_trace(conn: psycopg.Connection) -> Iterator[list[str]]:
+    """The protocol messages ``conn`` exchanges inside the block, as libpq traces them: one line each, "F" sent, "B" received."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        try:
+            yield lines
+        finally:
+            conn.pgconn.untrace()
+            trace.seek(0)
+            lines.extend(trace.read().splitlines())
+
+
+@REPLAY_GUARDS
+@pytest.mark.parametrize("walk", ["index", "sweep"])
+def test_a_batch_is_one_round_trip_and_one_transaction_that_keeps_its_limits_to_itself(
+    conn, now, walk, hashed_pending_limit
+):
+    """A batch sends one message (its limits and its statement) and waits for one answer; it deletes, commits, and leaves the session's settings as they were."""
+    load_fences(conn, now, 2000, 1.0, shuffled=False)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cutoff": now, "protected_from": now - PROTECTED}
+    path = IndexWalk(guard, None) if walk == "index" else BlockSweep(guard, Estimates(table_blocks(conn), 100.0))
+    with protocol_trace(conn) as trace:
+        batch = path.batch(conn, "5s", params, 100)
+    sent = [line.split("\t")[2] for line in trace if line.startswith("F")]
+    answers = [line for line in trace if line.startswith("B") and "ReadyForQuery" in line]
+    assert (sent, len(answers), conn.info.transaction_status) == (["Query"], 1, TransactionStatus.IDLE)
+    left = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
+    expected = 100 if walk == "index" else 2000 - left  # the index walk: the batch size; the sweep: its blocks' rows
+    assert (batch["num_deleted"], left < 2000) == (expected, True)
+    settings = conn.execute("SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')")
+    assert settings.fetchone() == ("0", "on")
 
 
 @REPLAY_GUARDS
