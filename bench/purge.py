@@ -324,7 +324,9 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also load N replayed dead letters handled 30 days ago (default 0)",
     )
-    parser.add_argument("--batch-size", type=int, default=10_000, help="purge batch size (default 10 000)")
+    parser.add_argument(
+        "--batch-size", type=int, default=PurgeConfig.batch_size, help="largest purge batch (default: the setting's)"
+    )
     parser.add_argument(
         "--target-batch-ms",
         type=float,
@@ -334,6 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")
     parser.add_argument("--idle-seconds", type=float, default=3.0, help="idle writer measurement (default 3)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, each run once per round (default 3)")
+    parser.add_argument(
+        "--compare-batch-size",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run the auto purge with batches of at most N rows, to compare with --batch-size",
+    )
     parser.add_argument("--skip-other", action="store_true", help="leave out the purge forced onto the other strategy")
     args = parser.parse_args(argv)
     if not 0 < args.expired_percent < 100:
@@ -361,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen: list[dict] = []
     # label -> per round: (Run, writer samples); the purges' result fields by label, per round
     runs: dict[str, list[tuple[Run, list]]] = {}
-    fields: dict[str, list[dict]] = {"auto": [], "other": []}
+    fields: dict[str, list[dict]] = {"auto": [], "other": [], "auto@": []}
     try:
         _, load_s = build_template(
             server, template, args.rows, shuffled, args.expired_percent / 100, args.replay_history
@@ -374,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
                 "guarded": guarded_delete_action,
                 "unguarded": single_delete_action,
             }
+            if args.compare_batch_size:
+                actions["auto@"] = purge_action(args.compare_batch_size, target, "auto", [], fields["auto@"])
             if not args.skip_other and other_strategy:
                 actions["other"] = purge_action(args.batch_size, target, other_strategy, [], fields["other"])
             labels = list(actions)
@@ -386,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 runs.setdefault(label, []).append((run, samples))
                 extra = ""
-                if label in ("auto", "other"):
+                if label in fields:
                     f = fields[label][-1]
                     path = "sweep" if f["used_sweep"] else "index"
                     extra = f"; {path}, {f['num_batches']} batches, the last of {f['batch_size']:,}"
@@ -416,6 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         "other": f"(a') purge, forced {other_strategy}",
         "guarded": "(b)  guarded single DELETE",
         "unguarded": "(b') unguarded single DELETE",
+        "auto@": f'(a") purge, auto, batch <= {args.compare_batch_size:,}',
     }
     print(f"medians (min-max) over {args.rounds} rounds, interleaved:")
     for label, pairs in runs.items():
@@ -436,6 +448,11 @@ def main(argv: list[str] | None = None) -> int:
         + (
             f"; forced {other_strategy} / guarded DELETE {spread(ratios('other', 'guarded'), '.2f')}"
             if "other" in runs
+            else ""
+        )
+        + (
+            f"; {names['auto@']} / guarded DELETE {spread(ratios('auto@', 'guarded'), '.2f')}"
+            if "auto@" in runs
             else ""
         )
     )

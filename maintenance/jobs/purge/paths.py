@@ -179,14 +179,14 @@ class IndexWalk:
         return None if self._deletable is None else max(0, self._deletable - deleted)
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
-        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
-        deleted, last_expires_at = fetch_limited(
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
+        deleted, last_expires_at, transaction_ms = fetch_limited(
             conn, timeout, self._delete, params | {"cursor": self.cursor, "batch_size": batch_size}
         )
         self.done = deleted < batch_size  # a short batch: nothing deletable is left
         if not self.done:
             self.cursor = last_expires_at
-        return {"num_deleted": deleted}
+        return {"num_deleted": deleted, "transaction_ms": round(transaction_ms, 3)}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
         return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": self.cursor, "cap": cap})[0])
@@ -215,12 +215,17 @@ class BlockSweep:
         return max(1, round(batch_size / self._rows_per_page))
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
-        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
         to_block = self.next_block + self.blocks(batch_size)
-        deleted, _ = fetch_limited(
+        deleted, _, transaction_ms = fetch_limited(
             conn, timeout, self._delete, params | {"from_block": self.next_block, "to_block": to_block}
         )
-        fields = {"num_deleted": deleted, "from_block": self.next_block, "to_block": to_block}
+        fields = {
+            "num_deleted": deleted,
+            "transaction_ms": round(transaction_ms, 3),
+            "from_block": self.next_block,
+            "to_block": to_block,
+        }
         self.next_block = to_block
         self.done = to_block >= self.end_block
         return fields

@@ -27,7 +27,7 @@ from support.logcapture import LoggedEvents, events_in
 from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
-from maintenance.jobs.purge.job import LOCK_NAME, Purger
+from maintenance.jobs.purge.job import LOCK_NAME, Purger, on_the_batch_clock
 from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, fetch_limited, sample_percent
 from maintenance.jobs.purge.sql import (
     DELETE_EXPIRED_IDEMPOTENCY_KEYS,
@@ -92,10 +92,10 @@ def events(logs: LoggedEvents) -> LoggedEvents:
 
 
 def test_defaults(clean_env):
-    """With nothing set: batches aiming at 10 ms from 1 000 up to 10 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
+    """With nothing set: batches aiming at 10 ms from 1 000 up to 50 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
     config = PurgeConfig.from_settings(load_settings())
     expected = {
-        "batch_size": 10_000,
+        "batch_size": 50_000,
         "min_batch_size": 100,
         "target_batch_duration": timedelta(milliseconds=10),
         "slow_start_batch_size": 1000,
@@ -181,7 +181,8 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
     """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run; longest_batch_ms is the longer one."""
     add_old_expired_fences(conn, now, 11)
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
-    result = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)).run_once(now)
+    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    result = purge.run_once(now)
     assert (result.num_deleted, result.num_batches, result.stopped_on_budget) == (11, 2, 0)
     assert [e["num_deleted"] for e in events.named("maintenance.purge.batch_deleted")] == [10, 1]
     assert remaining(conn) == {kept}
@@ -200,7 +201,24 @@ def steered(db, clock, **overrides) -> Purger:
     config = PurgeConfig(
         guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides
     )
-    return Purger(config, db, batch_clock=clock)
+    return Purger(config, db, batch_clock=clock, timed_by=on_the_batch_clock)
+
+
+def test_steers_on_the_transaction_time_the_server_measured_not_the_round_trip(db, conn, now, events):
+    """Batches whose round trips take 5 s (a starved client) but whose transactions take well under half the 2 s target still double; longest_batch_ms is the server's figure."""
+    load_fences(conn, now, 1500, 1.0, shuffled=False)
+    config = PurgeConfig(
+        guard=GUARD,
+        strategy="index",
+        target_batch_duration=timedelta(seconds=2),
+        batch_size=400,
+        min_batch_size=10,
+        slow_start_batch_size=50,
+    )
+    result = Purger(config, db, batch_clock=batch_clock(5000)).run_once(now)
+    assert batch_sizes(events) == [(50, 50), (100, 100), (200, 200), (400, 400), (400, 400), (400, 350)]
+    logged = [e["transaction_ms"] for e in events.named("maintenance.purge.batch_deleted")]
+    assert result.longest_batch_ms == max(logged) < 1000
 
 
 def batch_sizes(events: LoggedEvents) -> list[tuple[int, int]]:
@@ -1094,7 +1112,8 @@ def test_a_purge_run_exports_one_metric_per_quantity_in_base_units(db, conn, now
 
     add_old_expired_fences(conn, now, 11)
     telemetry = Telemetry()
-    run_job(SPEC, Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)), db, telemetry)
+    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    run_job(SPEC, purge, db, telemetry)
 
     value = telemetry.registry.get_sample_value
     labels = {"job_name": "purge"}
