@@ -1,6 +1,7 @@
 """Benchmark of the purge job against one unbounded DELETE, under a steady concurrent writer.
 
-    uv run python bench/purge.py                 # 2 M fences in expiry order
+    uv run python bench/purge.py                 # 2 M fences in expiry order, 3 rounds
+    uv run python bench/purge.py --rounds 5 --skip-other --compare-batch-size 10000
     uv run python bench/purge.py --shuffled      # the same, rows not in expiry order
     uv run python bench/purge.py --rows 200000   # smaller, quicker
     uv run python bench/purge.py --shuffled --expired-percent 1   # the steady state: few expired
@@ -10,15 +11,19 @@
 Loads N fences (60 % expired, 8 consumers, 1 000 tenants, 0.05 % of the expired ones held by
 a pending dead letter; with ``--replay-history N`` also N replayed dead letters whose deliveries
 were handled 30 days ago, the history the replay guard's index must skip) into a template
-database, then on identical copies
-(``CREATE DATABASE … TEMPLATE``) runs (a) the purge job (``maintenance.jobs.purge.job.Purger``, default
-settings, strategy ``auto``), (a') the purge forced onto the strategy auto did not choose, and
-(b) one ``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer
-process inserts fences at a steady 500/s, one per transaction, 10 % of them redeliveries
+database, then, round after round (``--rounds``, the order rotating so drift hits each alike),
+on identical copies (``CREATE DATABASE … TEMPLATE``) runs (a) the purge job
+(``maintenance.jobs.purge.job.Purger``, default settings, strategy ``auto``), (a') from the
+second round, the purge forced onto the strategy auto did not choose (unless ``--skip-other``),
+(a") with ``--compare-batch-size N`` the auto purge with batches of at most N rows, (b) the
+baseline: one DELETE with the purge's own guards (``GUARDED_DELETE``), and (b') the unguarded
+``DELETE FROM core.processed_jobs WHERE expires_at < now()``. On each copy a writer process
+inserts fences at a steady 500/s, one per transaction, 10 % of them redeliveries
 (``ON CONFLICT DO NOTHING``); its latency is measured idle first, then during the run. Prints
-auto's choice and the estimates it rests on, rows/s of each run and their ratios, the longest
-purge transactions, and the writer's p50/p99/max latency. Ratios matter more than absolute
-figures on a shared machine.
+each run, auto's choice and the estimates it rests on, medians and ranges of rows/s and of the
+longest transactions, the ratios round by round, the writer's p50/p99/max latency, and issue
+20's targets (≥ 0.8 x the guarded DELETE, transactions ≤ 15 ms, writer p99 ≤ 3 ms). Ratios
+matter more than absolute figures on a shared machine.
 
 Server: ``CORE_JOBS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``
 (any database on the server; the benchmark creates and drops its own ``core_jobs_bench_*``).

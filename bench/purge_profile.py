@@ -14,8 +14,8 @@ template, then, round after round on fresh identical copies, in turn:
   the same way and committed, in one of three protocols:
   ``4rt`` — what the purge sent before: BEGIN, the SET LOCAL limits, the statement, COMMIT (four
   round trips), synchronous_commit off; ``4rt-sync`` — the same with synchronous_commit on (a WAL
-  flush per batch); ``1rt`` — the limits set once for the session, then each batch one
-  statement in autocommit (one round trip, its own transaction).
+  flush per batch); ``1rt`` — what the purge sends now (``paths.fetch_limited``): the limits and
+  the statement as one message, one implicit transaction, one round trip.
 
 For each: rows/s, the sum over batches of the server's planning and execution time, and the
 rest (round trips, commit, client) as the difference from the wall time; WAL bytes and full-page
@@ -43,6 +43,7 @@ from bench.purge import DEFAULT_SERVER, GUARDED_DELETE, TTL, admin, build_templa
 from core_jobs_demo import with_database
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
+from maintenance.jobs.purge.paths import fetch_limited
 from maintenance.jobs.purge.sql import SET_BATCH_LIMITS, SWEEP_BATCH_HASHED
 from maintenance.settings import TtlGuard
 
@@ -131,22 +132,19 @@ def sweep(url: str, protocol: str, batch_rows: int) -> Profile:
             " WHERE oid = 'core.processed_jobs'::regclass"
         ).fetchone()
         step = max(1, round(batch_rows / (reltuples / relpages)))
-        if protocol == "1rt":
-            for statement in SESSION_LIMITS.split("; "):
-                conn.execute(statement)
         statement = EXPLAIN + SWEEP_BATCH_HASHED
         began = time.perf_counter()
         for first in range(0, blocks_total, step):
             batch = params | {"from_block": first, "to_block": first + step}
             t0 = time.perf_counter()
             if protocol == "1rt":
-                (plan,) = conn.execute(statement, batch, prepare=False).fetchone()[0]
+                (plan,) = fetch_limited(conn, "5s", statement, batch)[0]
                 t3 = time.perf_counter()
                 profile.phases_ms["statement"] += (t3 - t0) * 1000
             else:
                 conn.execute("BEGIN")
                 t1 = time.perf_counter()
-                conn.execute(limits, ("5s",))
+                conn.execute(limits, {"statement_timeout": "5s"})
                 t2 = time.perf_counter()
                 (plan,) = conn.execute(statement, batch, prepare=False).fetchone()[0]
                 t3 = time.perf_counter()
