@@ -74,12 +74,24 @@ FALLBACK_ROWS_PER_PAGE = 80.0
 def fetch_limited(
     conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any], limits: str = SET_BATCH_LIMITS
 ) -> tuple:
-    """One row of ``query``, run in its own transaction under the batch limits (``limits``: sql.SET_BATCH_LIMITS or sql.SET_ROW_BATCH_LIMITS)."""
-    with conn.transaction():
-        conn.execute(limits, (timeout,))
-        # Never a prepared statement: after five runs PostgreSQL may switch to a generic plan,
-        # and for the batch delete one such plan ran 10x slower in the benchmark.
-        row = conn.execute(query, params, prepare=False).fetchone()
+    """One row of ``query``, run in its own transaction under the batch limits, in one round trip.
+
+    ``limits`` (sql.SET_BATCH_LIMITS or sql.SET_ROW_BATCH_LIMITS) and ``query`` travel as one
+    simple-protocol message, the values bound client-side: PostgreSQL runs one message's
+    statements as one implicit transaction, so the limits (``set_config(…, true)``) hold for
+    exactly this statement's transaction, which commits when the message is done — one round
+    trip, where BEGIN, the limits, the statement and COMMIT each waited for an answer (four; on
+    the loaded machine each wait cost a scheduling delay: bench/purge_profile.py). A failed
+    statement (a timeout) rolls the whole message back and leaves the connection idle. Never a
+    prepared statement: after five runs PostgreSQL may switch to a generic plan, and for the batch
+    delete one such plan ran 10x slower in the benchmark. ``conn`` must be in autocommit, or the
+    message would join the connection's open transaction.
+    """
+    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute(f"{limits};\n{query}", params | {"statement_timeout": timeout})
+        cursor.nextset()  # past the limits' row, to the statement's
+        row = cursor.fetchone()
     assert row is not None
     return row
 
@@ -167,14 +179,14 @@ class IndexWalk:
         return None if self._deletable is None else max(0, self._deletable - deleted)
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
-        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
-        deleted, last_expires_at = fetch_limited(
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
+        deleted, last_expires_at, transaction_ms = fetch_limited(
             conn, timeout, self._delete, params | {"cursor": self.cursor, "batch_size": batch_size}
         )
         self.done = deleted < batch_size  # a short batch: nothing deletable is left
         if not self.done:
             self.cursor = last_expires_at
-        return {"num_deleted": deleted}
+        return {"num_deleted": deleted, "transaction_ms": round(transaction_ms, 3)}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
         return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": self.cursor, "cap": cap})[0])
@@ -203,12 +215,17 @@ class BlockSweep:
         return max(1, round(batch_size / self._rows_per_page))
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
-        """Delete one batch; returns the batch's log fields (``num_deleted`` first)."""
+        """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
         to_block = self.next_block + self.blocks(batch_size)
-        deleted, _ = fetch_limited(
+        deleted, _, transaction_ms = fetch_limited(
             conn, timeout, self._delete, params | {"from_block": self.next_block, "to_block": to_block}
         )
-        fields = {"num_deleted": deleted, "from_block": self.next_block, "to_block": to_block}
+        fields = {
+            "num_deleted": deleted,
+            "transaction_ms": round(transaction_ms, 3),
+            "from_block": self.next_block,
+            "to_block": to_block,
+        }
         self.next_block = to_block
         self.done = to_block >= self.end_block
         return fields

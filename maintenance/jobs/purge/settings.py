@@ -25,8 +25,11 @@ class PurgeFields(BaseModel):
     """The purge of expired processed_jobs fences: each field is its setting ``CORE_JOBS_<FIELD>``."""
 
     schedule_purge: Crontab = Field(default="*/15 * * * *", description="`serve`: crontab (UTC) of the purge job.")
+    # 50 000, not lower: the steering sizes batches to the target; a ceiling under what the target
+    # allows only adds batches (on the quiet development machine the single DELETE ran at
+    # 2.2-2.5 M rows/s: 10 000 rows in ~4-5 ms, under the 10 ms target).
     purge_batch_size: int = Field(
-        default=10_000,
+        default=50_000,
         ge=1,
         description="Largest number of fences per batch; each batch is its own short transaction, sized "
         "to CORE_JOBS_PURGE_TARGET_BATCH_DURATION.",
@@ -39,7 +42,8 @@ class PurgeFields(BaseModel):
     )
     purge_target_batch_duration: PositiveDuration = Field(
         default=timedelta(milliseconds=10),
-        description="Wall time each batch transaction aims at: after a slower batch the batch size shrinks in "
+        description="Time each batch transaction aims at, as the server measures it (its start to the end of its "
+        "DELETE, without the round trip): after a slower batch the batch size shrinks in "
         "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )
     purge_timeouts_before_shrink: int = Field(

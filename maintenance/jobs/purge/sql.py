@@ -39,8 +39,13 @@ COUNT_HOLDING = """
 SELECT (SELECT count(*) FROM core.dead_letters AS d WHERE core.holds_fence(d, %(protected_from)s)),
        (SELECT count(*) FROM core.executions AS e WHERE e.status <> 'FAILED')"""
 
-# Per batch transaction: the statement timeout, and no wait for the WAL flush at commit — a
-# server crash may undo the last few batches, which the next run simply deletes again.
+# Per batch transaction, sent in the same message as the batch's statement (paths.fetch_limited):
+# PostgreSQL runs one message's statements as one implicit transaction, so these ``set_config(…,
+# true)`` last exactly as long as the batch's transaction, and the batch costs one round trip.
+# The statement timeout; and no wait for the WAL flush at commit: a purge deletion lost in a
+# server crash only keeps an expired fence a run longer, which the next run deletes again (a
+# fence is never *needed* by its deletion), while a flush per batch cost 1.5-2x the commit
+# time in bench/purge_profile.py (thousands of short transactions per large run).
 # And no sort: a batch takes the first :batch_size rows in an index's order (expires_at; FAILED
 # executions by status_changed_at, id), and the only other plan, a bitmap scan of *every* row in
 # the range then a sort, is what the planner picks when it thinks the range holds few rows — on a
@@ -53,7 +58,7 @@ SELECT (SELECT count(*) FROM core.dead_letters AS d WHERE core.holds_fence(d, %(
 # that still sorts (auto's sample ranks its rows) was JIT-compiled each time: 80-90 ms of
 # compiling for a 14 ms statement (the batches are meant to take ~10 ms; JIT never pays there).
 SET_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+SELECT set_config('statement_timeout', %(statement_timeout)s, true), set_config('synchronous_commit', 'off', true),
        set_config('enable_sort', 'off', true), set_config('jit', 'off', true)"""
 
 # The row batches (DELETE_FAILED_EXECUTIONS, DELETE_EXPIRED_IDEMPOTENCY_KEYS) add: no sequential
@@ -68,10 +73,17 @@ SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit
 # inner SELECT reads only indexes already (its order, its anti-join probe). Not for the fence
 # batches: the hashed spelling's NOT IN reads its holders by a sequential scan on purpose.
 SET_ROW_BATCH_LIMITS = """
-SELECT set_config('statement_timeout', %s, true), set_config('synchronous_commit', 'off', true),
+SELECT set_config('statement_timeout', %(statement_timeout)s, true), set_config('synchronous_commit', 'off', true),
        set_config('enable_sort', 'off', true), set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true)"""
 
+# Every fence batch also returns its transaction's time so far, as the server's clock measured it:
+# from the start of the batch's message (its limits) to the end of its DELETE, the final SELECT
+# being evaluated after the aggregate has consumed every deleted row. The steering aims this at
+# the target (job.on_the_server): the wall time seen by the client adds the round trip and, on a
+# loaded machine, several milliseconds of waiting to be scheduled, which no batch size changes —
+# steered on it, batches shrank to ~1 300 rows under load and the run took 10x the single DELETE.
+#
 # index walk, one batch (hashed / probed). The inner SELECT walks processed_jobs_expires_at_idx
 # from the cursor in expiry order and picks the physical addresses (ctid) of up to :batch_size
 # deletable rows; the DELETE fetches exactly those tuples (a TID scan). It runs in the snapshot of
@@ -100,7 +112,7 @@ WITH deleted AS (
        AND (p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s) IS TRUE
     RETURNING p.expires_at
 )
-SELECT count(*), max(expires_at) FROM deleted"""
+SELECT count(*), max(expires_at), (extract(epoch FROM clock_timestamp() - transaction_timestamp()) * 1000)::float8 FROM deleted"""
 
 INDEX_BATCH_PROBED = """
 WITH deleted AS (
@@ -120,7 +132,7 @@ WITH deleted AS (
        AND (p.expires_at < %(cutoff)s AND p.processed_at < %(protected_from)s) IS TRUE
     RETURNING p.expires_at
 )
-SELECT count(*), max(expires_at) FROM deleted"""
+SELECT count(*), max(expires_at), (extract(epoch FROM clock_timestamp() - transaction_timestamp()) * 1000)::float8 FROM deleted"""
 
 # block sweep, one batch (hashed / probed). A TID range scan reads the blocks
 # [:from_block, :to_block) in physical order and deletes the deletable rows among them. The time
@@ -142,7 +154,7 @@ WITH deleted AS (
                                            WHERE e.status <> 'FAILED')
     RETURNING 1
 )
-SELECT count(*), NULL FROM deleted"""
+SELECT count(*), NULL, (extract(epoch FROM clock_timestamp() - transaction_timestamp()) * 1000)::float8 FROM deleted"""
 
 SWEEP_BATCH_PROBED = """
 WITH deleted AS (
@@ -156,7 +168,7 @@ WITH deleted AS (
                     WHERE e.job_id = p.job_id AND e.consumer = p.consumer AND e.status <> 'FAILED')
     RETURNING 1
 )
-SELECT count(*), NULL FROM deleted"""
+SELECT count(*), NULL, (extract(epoch FROM clock_timestamp() - transaction_timestamp()) * 1000)::float8 FROM deleted"""
 
 # Deletable rows the index walk has not passed yet, stopping at :cap so a huge backlog stays cheap:
 # along the expires_at index from the cursor (processed_at ``IS TRUE``: never an index condition,

@@ -10,13 +10,16 @@ mechanics say which.
 from __future__ import annotations
 
 import itertools
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import psycopg
 import pytest
+from psycopg.pq import Trace, TransactionStatus
 from support.factories import CONSUMER, TENANT, add_dead_letter, add_dead_letters, add_execution, add_fence
 from support.harness_support import backdate_replay
 from support.logcapture import LoggedEvents, events_in
@@ -24,8 +27,8 @@ from support.logcapture import LoggedEvents, events_in
 from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
-from maintenance.jobs.purge.job import LOCK_NAME, Purger
-from maintenance.jobs.purge.paths import Estimates, choose, fetch_limited, sample_percent
+from maintenance.jobs.purge.job import LOCK_NAME, Purger, on_the_batch_clock
+from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, fetch_limited, sample_percent
 from maintenance.jobs.purge.sql import (
     DELETE_EXPIRED_IDEMPOTENCY_KEYS,
     DELETE_FAILED_EXECUTIONS,
@@ -89,10 +92,10 @@ def events(logs: LoggedEvents) -> LoggedEvents:
 
 
 def test_defaults(clean_env):
-    """With nothing set: batches aiming at 10 ms from 1 000 up to 10 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
+    """With nothing set: batches aiming at 10 ms from 1 000 up to 50 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
     config = PurgeConfig.from_settings(load_settings())
     expected = {
-        "batch_size": 10_000,
+        "batch_size": 50_000,
         "min_batch_size": 100,
         "target_batch_duration": timedelta(milliseconds=10),
         "slow_start_batch_size": 1000,
@@ -178,7 +181,8 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
     """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run; longest_batch_ms is the longer one."""
     add_old_expired_fences(conn, now, 11)
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
-    result = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)).run_once(now)
+    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    result = purge.run_once(now)
     assert (result.num_deleted, result.num_batches, result.stopped_on_budget) == (11, 2, 0)
     assert [e["num_deleted"] for e in events.named("maintenance.purge.batch_deleted")] == [10, 1]
     assert remaining(conn) == {kept}
@@ -197,7 +201,24 @@ def steered(db, clock, **overrides) -> Purger:
     config = PurgeConfig(
         guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides
     )
-    return Purger(config, db, batch_clock=clock)
+    return Purger(config, db, batch_clock=clock, timed_by=on_the_batch_clock)
+
+
+def test_steers_on_the_transaction_time_the_server_measured_not_the_round_trip(db, conn, now, events):
+    """Batches whose round trips take 5 s (a starved client) but whose transactions take well under half the 2 s target still double; longest_batch_ms is the server's figure."""
+    load_fences(conn, now, 1500, 1.0, shuffled=False)
+    config = PurgeConfig(
+        guard=GUARD,
+        strategy="index",
+        target_batch_duration=timedelta(seconds=2),
+        batch_size=400,
+        min_batch_size=10,
+        slow_start_batch_size=50,
+    )
+    result = Purger(config, db, batch_clock=batch_clock(5000)).run_once(now)
+    assert batch_sizes(events) == [(50, 50), (100, 100), (200, 200), (400, 400), (400, 400), (400, 350)]
+    logged = [e["transaction_ms"] for e in events.named("maintenance.purge.batch_deleted")]
+    assert result.longest_batch_ms == max(logged) < 1000
 
 
 def batch_sizes(events: LoggedEvents) -> list[tuple[int, int]]:
@@ -543,6 +564,43 @@ def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UU
         for job_id, processed_at, expires_at in rows
         if expires_at >= now or processed_at >= now - PROTECTED or job_id in pending
     }
+
+
+@contextmanager
+def protocol_trace(conn: psycopg.Connection) -> Iterator[list[str]]:
+    """The protocol messages ``conn`` exchanges inside the block, as libpq traces them: one line each, "F" sent, "B" received."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
+        try:
+            yield lines
+        finally:
+            conn.pgconn.untrace()
+            trace.seek(0)
+            lines.extend(trace.read().splitlines())
+
+
+@REPLAY_GUARDS
+@pytest.mark.parametrize("walk", ["index", "sweep"])
+def test_a_batch_is_one_round_trip_and_one_transaction_that_keeps_its_limits_to_itself(
+    conn, now, walk, hashed_pending_limit
+):
+    """A batch sends one message (its limits and its statement) and waits for one answer; it deletes, commits, and leaves the session's settings as they were."""
+    load_fences(conn, now, 2000, 1.0, shuffled=False)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cutoff": now, "protected_from": now - PROTECTED}
+    path = IndexWalk(guard, None) if walk == "index" else BlockSweep(guard, Estimates(table_blocks(conn), 100.0))
+    with protocol_trace(conn) as trace:
+        batch = path.batch(conn, "5s", params, 100)
+    sent = [line.split("\t")[2] for line in trace if line.startswith("F")]
+    answers = [line for line in trace if line.startswith("B") and "ReadyForQuery" in line]
+    assert (sent, len(answers), conn.info.transaction_status) == (["Query"], 1, TransactionStatus.IDLE)
+    left = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
+    expected = 100 if walk == "index" else 2000 - left  # the index walk: the batch size; the sweep: its blocks' rows
+    assert (batch["num_deleted"], left < 2000) == (expected, True)
+    settings = conn.execute("SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')")
+    assert settings.fetchone() == ("0", "on")
 
 
 @REPLAY_GUARDS
@@ -1054,7 +1112,8 @@ def test_a_purge_run_exports_one_metric_per_quantity_in_base_units(db, conn, now
 
     add_old_expired_fences(conn, now, 11)
     telemetry = Telemetry()
-    run_job(SPEC, Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3)), db, telemetry)
+    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    run_job(SPEC, purge, db, telemetry)
 
     value = telemetry.registry.get_sample_value
     labels = {"job_name": "purge"}
