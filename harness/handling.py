@@ -388,10 +388,16 @@ def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[An
     """A delivery's validated payload, context and fence parameters if it may share a transaction, else None.
 
     None for what :func:`handle` decides alone: an undecodable or invalid payload (poison, no
-    transaction at all), a delivery beyond ``max_attempts`` (a fence probe of its own).
+    transaction at all), a delivery beyond ``max_attempts`` (a fence probe of its own), a delivery
+    the broker says may have been handled before (``redelivered``: :func:`handle` first looks for
+    the dead letter a crash before its ack may have left).
     """
     envelope = delivery.envelope
-    if isinstance(envelope.payload, UndecodablePayload) or delivery.attempt > runtime.policy.max_attempts:
+    if (
+        isinstance(envelope.payload, UndecodablePayload)
+        or delivery.attempt > runtime.policy.max_attempts
+        or delivery.redelivered
+    ):
         return None
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)
