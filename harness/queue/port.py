@@ -7,7 +7,8 @@ A broker adapter implements :class:`QueuePort`. The harness decides each deliver
 outcome                what the adapter does
 =====================  =================================================================
 ``Acked``              ack: the message is gone (the work and its fence are committed)
-``Duplicate``          ack: the fence was already there, nothing was done (J-B2)
+``Duplicate``          ack: the fence was already there, nothing was done (J-B2); or a
+                       redelivered delivery's failure is already a pending dead letter
 ``RetryAfter(delay)``  record the failed attempt, deliver again after ``delay`` (R-1)
 ``DeadLettered``       write the dead letter and remove the message, together (J-B4)
 ``Held``               ack: a durable execution waits for an operator (its resolution re-queues it)
@@ -199,6 +200,10 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
+    # The broker says this message may have been handled before without being settled (a crash between
+    # the database commit and the broker's ack): the harness first probes for a dead letter already
+    # written (harness/handling.py). PgQueue settles atomically with the database: always False there.
+    redelivered: bool = False
 
     def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
         """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
@@ -225,7 +230,13 @@ class Acked:
 
 @dataclass(frozen=True)
 class Duplicate:
-    """The fence already existed: nothing done, acked silently (J-B2)."""
+    """The fence already existed: nothing done, acked silently (J-B2).
+
+    ``already_dead_lettered``: not the fence but the job's pending dead letter showed a
+    redelivered delivery's failure was already recorded (harness/handling.py): acked unrun.
+    """
+
+    already_dead_lettered: bool = False
 
 
 @dataclass(frozen=True)
@@ -266,6 +277,10 @@ class QueuePort(Protocol):
     """What a broker adapter provides. Every settling method returns False on a lost lease."""
 
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> object: ...
+
+    def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None: ...
+
+    def close(self) -> None: ...
 
     def claim(self, queue: str, limit: int) -> list[Delivery]: ...
 
