@@ -34,7 +34,8 @@ NOT_IN_A_CONSUMER = (
     "migrations",
 )
 
-# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module, say which
+# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module (the test kits
+# of harness.testing aside: they need pytest, and say so), say which
 # forbidden modules could be imported, handle one job through the fence with the default metrics.
 STANDALONE_CHECK = r"""
 import importlib, importlib.util, json, pkgutil, sys, uuid
@@ -45,7 +46,13 @@ import harness
 
 modules = sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harness."))
 for name in modules:
-    importlib.import_module(name)
+    if name.split(".")[:2] != ["harness", "testing"]:  # the test kits need pytest, which a service does not install
+        importlib.import_module(name)
+try:
+    importlib.import_module("harness.testing")
+    testing_needs = None
+except ModuleNotFoundError as exc:
+    testing_needs = exc.name
 
 from harness import Delivery, Envelope, HarnessMetrics, RetryPolicy, handle
 from harness.examples.points import consumer
@@ -70,6 +77,7 @@ print(json.dumps({
     "outcome": type(outcome).__name__,
     "fences": fences,
     "prometheus_error": prometheus_error,
+    "testing_needs": testing_needs,
 }))
 """
 
@@ -204,3 +212,5 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]
+    assert "harness.testing" in checked["modules"]  # shipped (the kit), and importable only beside pytest
+    assert checked["testing_needs"] == "pytest"
