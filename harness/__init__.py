@@ -2,7 +2,7 @@
 
 What a consumer service imports, and nothing of the operator's side (listing, replaying or
 resolving is the bundle's: ``maintenance/operations/``). Imports nothing else of core-jobs.
-A service uses the names of this façade (``from harness import Consumer, Worker, PgQueue``);
+A service uses the names of this façade (``from harness import Consumer, Worker, open_queue``);
 the subpackages are grouped by concept:
 
 - ``harness.consumer`` — what a service declares: the consumer (``consumer``), its durable
@@ -13,8 +13,9 @@ the subpackages are grouped by concept:
   of consumer;
 - ``harness.durable`` — the executor of durable actions, phase by phase (take, run, settle,
   finish), its SQL and its window;
-- ``harness.queue`` — the queue port (``port``: ``QueuePort``, ``Envelope``, the outcomes) and
-  its reference PostgreSQL adapter (``pgqueue``);
+- ``harness.queue`` — the queue port (``port``: ``QueuePort``, ``Envelope``, the outcomes), its
+  reference PostgreSQL adapter (``pgqueue``), and the choice of an adapter from a URL
+  (``adapters``: ``open_queue``; RabbitMQ's and third parties' adapters load only when chosen);
 - what they all stand on: ``harness.dead_letters`` (the writer), ``harness.metrics`` (what is
   counted), ``harness.errors`` (how a handler says what went wrong, and how an error becomes
   text), ``harness.pg`` and ``harness.pipelined`` (the PostgreSQL helpers: the clock read once,
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from harness.errors import NotSent, PermanentError, PoisonMessage, TransientError
     from harness.handling import handle
     from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
+    from harness.queue.adapters import QueueUrlError, open_queue
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import (
         NO_TENANT,
@@ -69,6 +71,8 @@ _HOMES = {
     "TransientError": "harness.errors",
     "handle": "harness.handling",
     "PgQueue": "harness.queue.pgqueue",
+    "QueueUrlError": "harness.queue.adapters",
+    "open_queue": "harness.queue.adapters",
     "NO_TENANT": "harness.queue.port",
     "Acked": "harness.queue.port",
     "DeadLettered": "harness.queue.port",
@@ -121,6 +125,7 @@ __all__ = [
     "PgQueue",
     "PoisonMessage",
     "QueuePort",
+    "QueueUrlError",
     "RetryAfter",
     "RetryPolicy",
     "RetryPolicyError",
@@ -131,6 +136,7 @@ __all__ = [
     "WorkerMetrics",
     "WorkerStats",
     "handle",
+    "open_queue",
     "settle",
 ]
 

@@ -1,4 +1,11 @@
-"""The worker loop: runs one consumer on the reference PostgreSQL queue.
+"""The worker loop: runs one consumer on its queue — the reference PostgreSQL queue, or a broker's.
+
+The queue is the adapter ``queue_url`` selects (harness/queue/adapters.py: unset or
+``postgresql://`` is the reference queue in the worker's own database, ``amqp://`` RabbitMQ, any
+other scheme a third party's entry point); a URL no adapter can open is refused when the
+:class:`Worker` is made, before any thread starts. The worker speaks to it only through the port
+(harness/queue/port.py): each thread opens its own port on its own connection and closes it when
+the thread ends.
 
 Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
 ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
@@ -24,9 +31,10 @@ redelivers it), logged ``harness.worker.delivery_failed`` with the error, counte
 other (a dead letter; a durable execution's crash-loop bound). The worker itself stops only when it cannot
 go on: its database connection is lost, or a handler raised ``KeyboardInterrupt``. Then, too,
 the batch's successes are acked and its unstarted messages released — on a fresh connection if
-the worker's own is gone (``harness.worker.give_back_failed`` if that fails as well: they wait
-out their lease) — while the message in hand keeps its lease and its counted attempt: if it is
-what breaks the worker, the attempt budget ends it as a dead letter instead of a crash loop.
+the worker's own is gone, through a port opened anew on it (``harness.worker.give_back_failed``
+if that fails as well: they wait out their lease) — while the message in hand keeps its lease
+and its counted attempt: if it is what breaks the worker, the attempt budget ends it as a dead
+letter instead of a crash loop.
 :meth:`Worker.run` then raises that error, after every thread has stopped.
 
 ``core-jobs worker`` exits **0** when it stopped as asked (``--once`` found nothing ready,
@@ -59,6 +67,7 @@ import os
 import socket
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -73,8 +82,8 @@ from harness.errors import describe_error
 from harness.handling import handle
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
-from harness.queue.pgqueue import PgQueue
-from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, RetryAfter, Stale, settle
+from harness.queue.adapters import adapter_class, open_queue
+from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Held, QueuePort, RetryAfter, Stale, settle
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -146,7 +155,10 @@ class Worker:
         metrics: WorkerMetrics = NO_METRICS,
         application_name: str = "core-jobs-worker",
         stop: threading.Event | None = None,
+        queue_url: str | None = None,
     ) -> None:
+        adapter_class(queue_url)  # a URL no adapter can open is refused now, not in every thread
+        self.queue_url = queue_url
         self.conninfo = conninfo
         self.consumer = consumer
         self.policy = consumer.policy(policy)
@@ -194,10 +206,12 @@ class Worker:
         return self.stats
 
     def _loop(self, worker_name: str, once: bool) -> None:
-        with connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn:
-            queue = PgQueue(conn, lease=self.config.lease, worker=worker_name)
+        with (
+            connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn,
+            closing(self._open_queue(conn, worker_name)) as queue,
+        ):
             while not self._stopping.is_set():
-                self._read_figures(queue)
+                self._read_figures(conn, queue)
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)
                 if not batch:
                     if once:
@@ -206,29 +220,41 @@ class Worker:
                     continue
                 self._run_batch(conn, queue, batch)
 
-    def _read_figures(self, queue: PgQueue) -> None:
-        """The queue's depth and oldest ready age for the metrics, when due: one thread, one statement per interval."""
+    def _open_queue(self, conn: psycopg.Connection, worker_name: str) -> QueuePort:
+        """This thread's port of the configured adapter, on ``conn``."""
+        return open_queue(self.queue_url, conn, worker=worker_name, lease=self.config.lease)
+
+    def _read_figures(self, conn: psycopg.Connection, queue: QueuePort) -> None:
+        """The queue's depth and oldest ready age for the metrics, when due: one thread, one read per interval.
+
+        Skipped for an adapter that cannot tell them (no ``figures``, or it returns None): the gauges are left alone.
+        """
+        figures = getattr(queue, "figures", None)
+        if figures is None:
+            return
         with self._figures_lock:
             now = time.monotonic()
             if now < self._figures_due:
                 return
             self._figures_due = now + self.config.figures_interval.total_seconds()
         try:
-            depth, age = queue.figures(self.consumer.queue)
+            read = figures(self.consumer.queue)
         except Exception as exc:
             # Only metrics: a failed read (a statement timeout on a large backlog) must not stop the
             # messages. _usable rolls back a transaction it left open, so the next claim is not refused.
-            if not _usable(queue.conn):
+            if not _usable(conn):
                 raise  # the connection is lost: the worker stops, as designed
             log.warning("harness.worker.figures_failed", queue=self.consumer.queue, error=describe_error(exc))
             return  # the gauges keep their last values until the next read
-        self.metrics.queue_figures(self.consumer.queue, depth, age)
+        if read is not None:
+            depth, age = read
+            self.metrics.queue_figures(self.consumer.queue, depth, age)
 
     def _lease_lost(self, n: int = 1) -> None:
         self.stats.add("leases_lost", n)
         self.metrics.leases_lost(self.consumer.name, n)
 
-    def _run_batch(self, conn: psycopg.Connection, queue: PgQueue, batch: list[Delivery]) -> None:
+    def _run_batch(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
         done: list[Delivery] = []
         started = 0
         try:
@@ -243,7 +269,7 @@ class Worker:
             # unstarted rest did nothing wrong and goes back at once.
             self._end_batch(conn, queue, done, batch[started:])
 
-    def _run_one(self, conn: psycopg.Connection, queue: PgQueue, delivery: Delivery, done: list[Delivery]) -> None:
+    def _run_one(self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, done: list[Delivery]) -> None:
         fields = {
             "consumer": self.consumer.name,
             "job_id": str(delivery.envelope.job_id),
@@ -252,7 +278,7 @@ class Worker:
         }
         envelope = delivery.envelope
         attributes = {
-            "messaging.system": "postgresql",
+            "messaging.system": getattr(queue, "system", None),
             "messaging.operation.type": "process",
             "messaging.destination.name": delivery.queue,
             "messaging.consumer.group.name": self.consumer.name,
@@ -270,12 +296,12 @@ class Worker:
                 if not _usable(conn):
                     raise  # the worker itself is broken (its connection is lost): it stops, as designed
                 tracing.set_error(span, describe_error(exc))
-                self._delivery_failed(queue, delivery, exc, fields)
+                self._delivery_failed(conn, queue, delivery, exc, fields)
 
     def _handle_and_settle(
         self,
         conn: psycopg.Connection,
-        queue: PgQueue,
+        queue: QueuePort,
         delivery: Delivery,
         done: list[Delivery],
         fields: dict,
@@ -327,7 +353,9 @@ class Worker:
             self.stats.add("dead_lettered")
             log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason, error=outcome.letter.last_error)
 
-    def _delivery_failed(self, queue: PgQueue, delivery: Delivery, error: Exception, fields: dict) -> None:
+    def _delivery_failed(
+        self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, error: Exception, fields: dict
+    ) -> None:
         """An unexpected error while handling or settling ``delivery`` on a usable connection: that delivery's
         failure, not the worker's. It is retried after the policy's backoff (its attempt counted, the error its
         ``last_error``); if even that is refused, it waits out its lease. The batch goes on."""
@@ -341,20 +369,21 @@ class Worker:
                 self._lease_lost()
                 log.warning("harness.job.lease_lost", **fields)
         except Exception as exc:
-            if not _usable(queue.conn):
+            if not _usable(conn):
                 raise
             delay = self.config.lease  # not even the retry could be recorded: the lease's expiry redelivers it
             detail = f"{detail}; its retry was refused too: {describe_error(exc)}"
         log.error("harness.worker.delivery_failed", **fields, delay_s=delay.total_seconds(), error=detail)
 
     def _end_batch(
-        self, conn: psycopg.Connection, queue: PgQueue, done: list[Delivery], unstarted: list[Delivery]
+        self, conn: psycopg.Connection, queue: QueuePort, done: list[Delivery], unstarted: list[Delivery]
     ) -> None:
         """Ack the batch's successes and release its unstarted messages; never raises.
 
-        On the worker's connection while it is usable, else on a fresh one: a lost connection
-        must not leave them leased until the lease expires, each with an attempt used. What
-        cannot be done here, the lease expiry does later (the fence absorbs a redelivered success).
+        On the worker's connection while it is usable, else on a fresh one, through a port of the
+        same adapter opened anew on it (and closed): a lost connection must not leave them leased
+        until the lease expires, each with an attempt used. What cannot be done here, the lease
+        expiry does later (the fence absorbs a redelivered success).
         """
         if not done and not unstarted:
             return
@@ -362,13 +391,15 @@ class Worker:
             if conn.info.transaction_status == TransactionStatus.IDLE:
                 acked, released = queue.ack(done), queue.release(unstarted)
             else:  # closed or broken (a database outage, a terminated backend)
-                with connect(
-                    self.conninfo,
-                    autocommit=True,
-                    application_name=self.application_name,
-                    connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
-                ) as fresh:
-                    other = PgQueue(fresh, lease=self.config.lease, worker=queue.worker)
+                with (
+                    connect(
+                        self.conninfo,
+                        autocommit=True,
+                        application_name=self.application_name,
+                        connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
+                    ) as fresh,
+                    closing(self._open_queue(fresh, getattr(queue, "worker", self.name))) as other,
+                ):
                     acked, released = other.ack(done), other.release(unstarted)
         except Exception as exc:
             log.warning(

@@ -39,7 +39,8 @@ TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
 # (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
-# loyalty ledger of the durable-action tests (ledger_support).
+# loyalty ledger of the durable-action tests (ledger_support), the RabbitMQ broker and a fresh queue on it
+# (rabbit_support), a third party's queue adapter registered as an entry point (queue_adapters).
 pytest_plugins = [
     "support.fake_betterstack",
     "support.logcapture",
@@ -47,6 +48,8 @@ pytest_plugins = [
     "support.api_support",
     "support.ledger_support",
     "support.tracing_support",
+    "support.rabbit_support",
+    "support.queue_adapters",
 ]
 
 

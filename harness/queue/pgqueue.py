@@ -147,12 +147,25 @@ SELECT count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
 class PgQueue:
     """The reference :class:`~harness.queue.port.QueuePort` on ``core.queue_messages``."""
 
+    system = "postgresql"  # the messaging.system of its spans
+
     def __init__(self, conn: psycopg.Connection, *, lease: timedelta = timedelta(seconds=30), worker: str = "") -> None:
         if lease <= timedelta(0):
             raise ValueError(f"lease must be positive, got {lease}")
         self.conn = conn
         self.lease = lease
         self.worker = worker
+
+    @classmethod
+    def from_url(
+        cls, url: str | None, conn: psycopg.Connection, *, worker: str = "", lease: timedelta = timedelta(seconds=30)
+    ) -> PgQueue:
+        """The reference queue for a ``postgresql://`` URL (harness/queue/adapters.py): it lives in ``conn``'s
+        database, so the URL says only which adapter; its host and database are not read."""
+        return cls(conn, lease=lease, worker=worker)
+
+    def close(self) -> None:
+        """Nothing to let go: the connection is the caller's, and stays open."""
 
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> int:
         """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id.
@@ -274,9 +287,6 @@ class PgQueue:
             # failure, harness/dead_letters.py): the message goes all the same, its failure is recorded.
             write_dead_letter(self.conn, letter)
             return True
-
-    def close(self) -> None:
-        """Nothing to close: the connection is the caller's (the worker's), and so is closing it."""
 
     def _by_receipts(self, statement: str, deliveries: Sequence[Delivery]) -> int:
         if not deliveries:

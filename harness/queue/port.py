@@ -17,7 +17,25 @@ outcome                what the adapter does
 
 Every settling call returns whether it took effect: False means the delivery's lease was lost
 (it expired and the message is, or will be, delivered again), and the write changed nothing.
-Only the reference adapter exists (harness/queue/pgqueue.py); other brokers are out of scope.
+
+Adapters. The reference adapter keeps the queue in PostgreSQL (harness/queue/pgqueue.py); an
+adapter on a broker (RabbitMQ: harness/queue/rabbitmq.py, or a third party's) implements the same
+port, and :func:`harness.queue.adapters.open_queue` picks one from a URL. Besides the settling
+calls a port has:
+
+- ``publish_many(messages, delay=)`` — every ``(queue, envelope)`` or none: ``check_payload``
+  runs on every payload before anything is sent;
+- ``close()`` — what the port holds of its own (a broker connection) is let go; the PostgreSQL
+  connection it was opened on is the caller's and stays open. The worker closes its port when its
+  thread ends;
+- optionally ``figures(queue)`` — ``(ready messages, seconds the oldest has been due)`` for the
+  worker's gauges, or None when the adapter cannot tell (the gauges are then left alone);
+- optionally ``system`` — the ``messaging.system`` its spans carry (``postgresql``, ``rabbitmq``).
+
+A delivery says ``redelivered`` when the broker tells that it may have been handled before
+without being settled (a crash between the database commit and the broker's ack): the harness
+then looks for what that first delivery may already have written (harness/handling.py). The
+reference queue settles in the same database as the work, so its deliveries never are.
 
 A payload is JSON that PostgreSQL's ``jsonb`` can store: the queue, the dead letters and a
 replay all keep it there. :func:`check_payload` refuses the rest — NaN and ±Infinity (JSON has
@@ -200,9 +218,8 @@ class Delivery:
     envelope: Envelope
     attempt: int  # 1 on the first delivery
     receipt: Any = field(default=None, compare=False)
-    # The broker says this message may have been handled before without being settled (a crash between
-    # the database commit and the broker's ack): the harness first probes for a dead letter already
-    # written (harness/handling.py). PgQueue settles atomically with the database: always False there.
+    # The broker says this message may have been handled before without being settled (delivered, not acked,
+    # its consumer gone). PgQueue settles atomically with the database: always False there.
     redelivered: bool = False
 
     def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
@@ -274,13 +291,15 @@ Outcome = Acked | Duplicate | RetryAfter | DeadLettered | Held | Stale
 
 
 class QueuePort(Protocol):
-    """What a broker adapter provides. Every settling method returns False on a lost lease."""
+    """What a broker adapter provides. Every settling method returns False on a lost lease.
+
+    Optional, looked up with ``getattr`` (the module docstring): ``figures(queue) -> tuple[int, float] | None``
+    and ``system: str``.
+    """
 
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> object: ...
 
     def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None: ...
-
-    def close(self) -> None: ...
 
     def claim(self, queue: str, limit: int) -> list[Delivery]: ...
 
@@ -291,6 +310,8 @@ class QueuePort(Protocol):
     def dead_letter(self, delivery: Delivery, letter: DeadLetter) -> bool: ...
 
     def release(self, deliveries: Sequence[Delivery]) -> int: ...
+
+    def close(self) -> None: ...
 
 
 def settle(port: QueuePort, delivery: Delivery, outcome: Outcome) -> bool:

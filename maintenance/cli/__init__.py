@@ -95,6 +95,7 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     out.write(f"  broker redelivery horizon: {format_duration(settings.broker_redelivery_horizon)}\n")
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
+    out.write(f"\nQueue: {_queue_shown(settings)}\n")
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
     out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
@@ -104,6 +105,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
     """check-config --json: the effective settings (secrets redacted), the guards and the jobs, one document."""
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.settings import ENV_PREFIX
 
     guard = settings.ttl_guard()
     consumers = []
@@ -122,11 +124,26 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "ok": ok,
         "settings": settings.effective(),
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
+        "queue": {"url": settings.effective()[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
         "consumers": consumers,
         "jobs": list(jobs()),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
+
+
+def _queue_shown(settings: Settings) -> str:
+    """The adapter CORE_JOBS_QUEUE_URL selects (harness/queue/adapters.py), and why."""
+    from harness.queue.adapters import url_scheme
+    from maintenance.settings import ENV_PREFIX
+
+    scheme = url_scheme(settings.queue_url_value())
+    why = (
+        f"{ENV_PREFIX}QUEUE_URL unset: the reference queue, core.queue_messages in the {ENV_PREFIX}DATABASE_URL database"
+        if scheme is None
+        else f"selected by the scheme {scheme}"
+    )
+    return f"{settings.queue_adapter()} ({why})"
 
 
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:

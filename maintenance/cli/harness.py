@@ -1,5 +1,9 @@
 """The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard/release.
 
+``worker`` and ``enqueue`` use the queue adapter ``CORE_JOBS_QUEUE_URL`` selects (unset: the reference
+queue in the database; harness/queue/adapters.py); a URL whose adapter cannot be loaded is a
+configuration error (exit 2) naming the setting, never its password.
+
 ``dead-letters list`` shows a replayed letter's state as ``replayed:outstanding`` (its delivery
 not handled yet: the purge keeps the job's fences) or ``replayed:<outcome>``; ``--outstanding``
 lists only those still holding fences. ``dead-letters release`` ends an outstanding replay whose
@@ -22,6 +26,7 @@ import json
 import sys
 import threading
 import uuid
+from contextlib import closing
 from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
@@ -42,11 +47,12 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from harness.errors import describe_error
     from harness.metrics import HarnessMetrics
+    from harness.queue.adapters import QueueUrlError
     from harness.worker import Worker, WorkerConfig
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
-    from maintenance.settings import ConfigError
+    from maintenance.settings import ENV_PREFIX, ConfigError
 
     consumer = load_consumer(args.consumer)
     guard = consumer_ttl_guard(settings, consumer)
@@ -61,14 +67,18 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     )
     stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, the worker finishes the message in hand
     registry = CollectorRegistry()  # this worker's counters, which --metrics-port serves
-    worker = Worker(
-        settings.conninfo(),
-        consumer,
-        policy=settings.retry_policy(consumer.queue),
-        config=config,
-        metrics=HarnessMetrics(registry),
-        stop=stop,
-    )
+    try:
+        worker = Worker(
+            settings.conninfo(),
+            consumer,
+            policy=settings.retry_policy(consumer.queue),
+            config=config,
+            metrics=HarnessMetrics(registry),
+            stop=stop,
+            queue_url=settings.queue_url_value(),
+        )
+    except QueueUrlError as exc:  # its adapter cannot be imported (an extra not installed)
+        raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
     if args.metrics_port:
         try:
             start_http_server(args.metrics_port, registry=registry)  # harness_jobs_*_total
@@ -90,9 +100,10 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.consumer import valid_name
-    from harness.queue.pgqueue import PgQueue
+    from harness.queue.adapters import QueueUrlError, adapter_class, open_queue
     from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload, decode_payload
     from maintenance.runtime.db import Database
+    from maintenance.settings import ENV_PREFIX, ConfigError
 
     if not valid_name(args.queue):  # a name no consumer can declare: the message would wait forever
         print(
@@ -118,9 +129,18 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         tenant_id=args.tenant_id or NO_TENANT,
         correlation_id=args.correlation_id,
     )
-    with Database(settings.conninfo()).connect(autocommit=True) as conn:
-        message_id = PgQueue(conn).publish(args.queue, envelope)
-    print(f"enqueued job {envelope.job_id} on {args.queue} (message {message_id})")
+    queue_url = settings.queue_url_value()
+    try:
+        adapter_class(queue_url)  # before any connection: an extra not installed is the configuration's error
+    except QueueUrlError as exc:
+        raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
+    with (
+        Database(settings.conninfo()).connect(autocommit=True) as conn,
+        closing(open_queue(queue_url, conn, lease=settings.worker_lease)) as queue,
+    ):
+        message_id = queue.publish(args.queue, envelope)
+    shown = "" if message_id is None else f" (message {message_id})"  # a broker may have no id to tell
+    print(f"enqueued job {envelope.job_id} on {args.queue}{shown}")
     return EXIT_OK
 
 
@@ -272,7 +292,10 @@ def _default_operator() -> str:
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register worker, enqueue and dead-letters on the ``core-jobs`` parser."""
-    p = sub.add_parser("worker", help="run a consumer on the reference PostgreSQL queue (graceful on SIGTERM)")
+    p = sub.add_parser(
+        "worker",
+        help="run a consumer on its queue (CORE_JOBS_QUEUE_URL, default the reference one; graceful on SIGTERM)",
+    )
     p.add_argument(
         "--consumer",
         required=True,
@@ -300,7 +323,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(handler=cmd_worker)
 
-    p = sub.add_parser("enqueue", help="publish one message on the reference queue")
+    p = sub.add_parser(
+        "enqueue", help="publish one message on the queue of CORE_JOBS_QUEUE_URL (default the reference one)"
+    )
     p.add_argument("queue", metavar="QUEUE")
     p.add_argument("--payload", required=True, metavar="JSON")
     p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")

@@ -35,7 +35,7 @@ name, so a typo never silently falls back to a default (variables are read case-
 benchmarks). URL settings are parsed the way httpx and urllib will use them (host, IPv6 brackets,
 port 1-65535, no credentials), so a bad one fails at load, not after the jobs ran.
 
-Secrets (the database URL's password, the Better Stack token, the heartbeat URL) are
+Secrets (the database and queue URLs' passwords, the Better Stack token, the heartbeat URL) are
 ``SecretStr``: shown redacted by ``check-config`` (:meth:`Settings.effective`), handed to the log
 redactor (:meth:`Settings.secret_values`), and never echoed in an error message.
 """
@@ -117,6 +117,9 @@ __all__ = [
 ]
 
 
+# Settings that are URLs with a password: shown with only the password masked, the password alone a secret too.
+PASSWORD_URL_SETTINGS = ("database_url", "queue_url")
+
 # Each job's settings mixin, in catalog order (the job declares them in its settings.py).
 JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(spec.settings for spec in JOBS if spec.settings is not None)
 
@@ -143,9 +146,10 @@ class Settings(  # the jobs' bases come from the catalog, so mypy sees their fie
                 raw = value.get_secret_value()
                 if raw:
                     secrets.append(raw)
-        if self.database_url is not None:
-            # An error message may quote the password alone, not the whole URL.
-            secrets += url_passwords(self.database_url.get_secret_value())
+        for name in PASSWORD_URL_SETTINGS:
+            url = getattr(self, name)
+            if url is not None:  # an error message may quote the password alone, not the whole URL
+                secrets += url_passwords(url.get_secret_value())
         return secrets
 
     def effective(self) -> dict[str, str]:
@@ -153,7 +157,7 @@ class Settings(  # the jobs' bases come from the catalog, so mypy sees their fie
         shown: dict[str, str] = {}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if name == "database_url" and value is not None:
+            if name in PASSWORD_URL_SETTINGS and value is not None:
                 text = redact_url(value.get_secret_value())
             elif isinstance(value, SecretStr):
                 text = MASK if value.get_secret_value() else ""

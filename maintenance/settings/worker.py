@@ -1,4 +1,10 @@
-"""Worker settings: lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
+"""Worker settings: the queue, lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
+
+``CORE_JOBS_QUEUE_URL`` chooses the queue adapter of ``core-jobs worker`` and ``core-jobs enqueue``
+(harness/queue/adapters.py): unset, the reference queue in the database of ``CORE_JOBS_DATABASE_URL``;
+``amqp://``/``amqps://``, RabbitMQ; another scheme, a third party's adapter installed under it. A
+scheme no adapter serves is refused at load, naming the known ones. Its password is a secret like
+the database URL's: redacted by ``check-config``, masked in the logs, never in an error.
 
 ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` bounds the dead letters one bulk action by filter may touch
 (``core-jobs dead-letters replay --queue Q --all-pending`` and the API's ``filter`` bodies,
@@ -8,9 +14,11 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, SecretStr, field_validator
 
+from harness.queue.adapters import adapter_reference
 from maintenance.fields.durations import PositiveDuration
 from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 
@@ -22,7 +30,16 @@ DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action
 
 
 class WorkerFields(BaseModel):
-    """`core-jobs worker`: the fencing lease, batch size, polling, threads; the cap of a bulk action by filter."""
+    """`core-jobs worker`: the queue, the fencing lease, batch size, polling, threads; the cap of a bulk action by filter."""
+
+    queue_url: SecretStr | None = Field(
+        default=None,
+        description="The queue of `core-jobs worker` and `core-jobs enqueue`, as a URL whose scheme picks the adapter: "
+        "unset (or postgresql://, its host not read) the reference queue in the CORE_JOBS_DATABASE_URL database; "
+        "amqp:// or amqps:// RabbitMQ (the harness's rabbitmq extra); another scheme, the adapter a package "
+        "registers under it in the entry-point group core_jobs_harness.queues. Its password is redacted wherever "
+        "settings are shown.",
+    )
 
     worker_lease: PositiveDuration = Field(
         default=DEFAULT_WORKER_LEASE,
@@ -52,3 +69,22 @@ class WorkerFields(BaseModel):
         description="The most dead letters one bulk replay or discard by filter may touch (the CLI's --all-pending, "
         "the API's filter body); a filter matching more is refused with the count, nothing changed.",
     )
+
+    @field_validator("queue_url", mode="before")
+    @classmethod
+    def _check_queue_url(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        raw = (value.get_secret_value() if isinstance(value, SecretStr) else str(value)).strip()
+        if not raw:
+            return None
+        adapter_reference(raw)  # a scheme no adapter serves: its message names the known ones, never the URL
+        return SecretStr(raw)
+
+    def queue_url_value(self) -> str | None:
+        """The queue URL, password included, for the worker and enqueue; None: the reference queue."""
+        return None if self.queue_url is None else self.queue_url.get_secret_value()
+
+    def queue_adapter(self) -> str:
+        """``module:Class`` of the adapter the queue URL selects (not imported), for check-config."""
+        return adapter_reference(self.queue_url_value())

@@ -360,3 +360,26 @@ def test_check_config_json_reports_a_configuration_error_as_a_document_too(clean
     assert document["ok"] is False and "CORE_JOBS_PROCESSED_JOBS_TTL" in document["error"]
     assert "CORE_JOBS_PROCESSED_JOBS_TTL" in captured.err
     assert "pw-cfg-77" not in captured.out + captured.err
+
+
+def test_check_config_shows_the_queue_url_redacted_and_the_adapter_it_selects(clean_env, capsys):
+    """check-config prints CORE_JOBS_QUEUE_URL with its password masked and names the adapter it selects, in text
+    and in JSON; unset, the reference queue."""
+    assert main(["check-config"]) == EXIT_OK
+    assert "Queue: harness.queue.pgqueue:PgQueue (CORE_JOBS_QUEUE_URL unset: the reference queue" in (
+        capsys.readouterr().out
+    )
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", "amqp://jobs:Rabbit-pw-3@rabbit:5672/%2F")
+    assert main(["check-config"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "CORE_JOBS_QUEUE_URL=amqp://jobs:***@rabbit:5672/%2F" in out
+    assert "Queue: harness.queue.rabbitmq:RabbitQueue (selected by the scheme amqp)" in out
+    assert main(["check-config", "--json"]) == EXIT_OK
+    out = capsys.readouterr().out
+    document = json.loads(out)
+    assert document["settings"]["CORE_JOBS_QUEUE_URL"] == "amqp://jobs:***@rabbit:5672/%2F"
+    assert document["queue"] == {
+        "url": "amqp://jobs:***@rabbit:5672/%2F",
+        "adapter": "harness.queue.rabbitmq:RabbitQueue",
+    }
+    assert "Rabbit-pw-3" not in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import sys
 import uuid
 
 import httpx
@@ -417,3 +418,52 @@ def test_cli_refuses_a_blank_operator_saying_which_option_to_pass(cli, conn, cap
     err = capsys.readouterr().err
     assert "core-jobs: refused: the operator is unknown: pass --operator NAME (or set $USER)" in err
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
+
+
+def test_enqueue_and_worker_use_the_queue_adapter_of_core_jobs_queue_url(cli, clean_env, conn, capsys, echo_queues):
+    """With CORE_JOBS_QUEUE_URL of an installed adapter's scheme, `enqueue` publishes through a port of that adapter
+    and `worker --once` processes through its own; each port is closed when the command ends."""
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", "echo://jobs:Echo-pw-1@nowhere/")
+    payload = '{"member_id": "m-e", "points": 5}'
+    assert cli(["enqueue", QUEUE, "--payload", payload, "--tenant-id", str(TENANT)]) == EXIT_OK
+    assert "enqueued job" in capsys.readouterr().out
+    assert len(echo_queues.opened) == 1 and echo_queues.opened[0].closed
+
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
+
+    assert len(echo_queues.opened) == 2 and all(port.closed for port in echo_queues.opened)
+    assert points(conn, "m-e") == 5
+
+
+@pytest.mark.parametrize(
+    "argv", [["enqueue", QUEUE, "--payload", "{}"], ["worker", "--consumer", "harness.examples.points:consumer"]]
+)
+def test_enqueue_and_worker_exit_2_when_the_queue_urls_adapter_cannot_be_imported(cli, clean_env, conn, capsys, argv):
+    """An amqp:// CORE_JOBS_QUEUE_URL without the RabbitMQ adapter importable exits 2 naming the setting and the extra
+    to install, not the password; nothing is enqueued."""
+    clean_env.setitem(sys.modules, "harness.queue.rabbitmq", None)
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", "amqp://jobs:Rabbit-pw-2@127.0.0.1:5672/%2F")
+    assert cli(argv) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "CORE_JOBS_QUEUE_URL" in err and "core-jobs-harness[rabbitmq]" in err and "Rabbit-pw-2" not in err
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_enqueue_and_worker_run_a_job_through_rabbitmq_when_core_jobs_queue_url_is_amqp(
+    cli, clean_env, conn, capsys, rabbit_url
+):
+    """With an amqp:// CORE_JOBS_QUEUE_URL, `enqueue` puts the message on the broker (not core.queue_messages) and
+    `worker --once` takes it from there and credits the points."""
+    from support.rabbit_support import RabbitUnderTest
+
+    prefix = f"test.{uuid.uuid4().hex[:12]}."  # the adapter's queue-name prefix: a namespace of this test's own
+    broker = RabbitUnderTest(rabbit_url, queue=prefix + QUEUE)
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", f"{rabbit_url}{'&' if '?' in rabbit_url else '?'}prefix={prefix}")
+    payload = '{"member_id": "m-r", "points": 3}'
+    try:
+        assert cli(["enqueue", QUEUE, "--payload", payload, "--tenant-id", str(TENANT)]) == EXIT_OK
+        assert broker.ready() == 1 and scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+        assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_OK
+        assert points(conn, "m-r") == 3 and broker.ready() == 0
+    finally:
+        broker.delete()

@@ -27,7 +27,8 @@ def test_every_public_name_is_the_object_its_home_module_defines():
 
 
 def test_the_facade_exports_the_consumer_runtime_the_queue_durable_actions_and_the_errors():
-    """The façade names what the examples and docs/harness.md use: the declaration, the worker, the queue, actions, errors."""
+    """The façade names what the examples and docs/harness.md use: the declaration, the worker, the queue and its
+    choice from a URL, actions, errors."""
     assert {
         "Consumer",
         "JobContext",
@@ -38,6 +39,7 @@ def test_the_facade_exports_the_consumer_runtime_the_queue_durable_actions_and_t
         "Effect",
         "QueuePort",
         "PgQueue",
+        "open_queue",
         "TransientError",
         "NotSent",
         "PermanentError",

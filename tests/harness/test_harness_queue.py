@@ -129,6 +129,16 @@ def test_lease_expiry_redelivers_with_a_new_token_and_the_next_attempt(conn):
     assert second.receipt[1] > first.receipt[1]
 
 
+def test_a_reference_queue_delivery_is_never_marked_redelivered(conn):
+    """PgQueue settles with the database, so even a delivery after a lease expiry says redelivered False."""
+    publish(conn, {"member_id": "a", "points": 1})
+    queue = PgQueue(conn)
+    (first,) = queue.claim(QUEUE, 10)
+    expire_leases(conn)
+    (second,) = queue.claim(QUEUE, 10)
+    assert (first.redelivered, second.redelivered) == (False, False)
+
+
 def test_a_stale_workers_late_ack_retry_and_dead_letter_change_nothing(conn):
     """After its lease expired and another worker claimed the message, the first worker's writes match no row."""
     publish(conn, {"member_id": "a", "points": 1})

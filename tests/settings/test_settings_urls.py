@@ -56,3 +56,46 @@ def test_refuses_credentials_in_the_jwks_url_naming_the_setting_not_the_password
     with pytest.raises(ConfigError, match=r"CORE_JOBS_API_JWKS_URL.*credentials") as raised:
         load_settings()
     assert "JwksPW88" not in str(raised.value)
+
+
+def test_the_queue_url_is_unset_by_default_which_is_the_reference_queue(clean_env):
+    """Without CORE_JOBS_QUEUE_URL the worker's queue is the reference one, and check-config shows it empty."""
+    from maintenance.settings import load_settings
+
+    settings = load_settings()
+    assert settings.queue_url is None and settings.queue_url_value() is None
+    assert settings.queue_adapter() == "harness.queue.pgqueue:PgQueue"
+    assert settings.effective()["CORE_JOBS_QUEUE_URL"] == ""
+
+
+def test_the_queue_url_is_shown_redacted_and_its_password_is_a_secret_for_the_log_redactor(clean_env):
+    """An amqp:// queue URL keeps its password for the worker, shows it masked, and hands it to the log redactor."""
+    from maintenance.settings import load_settings
+
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", " amqp://jobs:Rabbit%2Fpw@rabbit:5672/%2F\n")
+    settings = load_settings()
+    assert settings.queue_url_value() == "amqp://jobs:Rabbit%2Fpw@rabbit:5672/%2F"
+    assert settings.queue_adapter() == "harness.queue.rabbitmq:RabbitQueue"
+    assert settings.effective()["CORE_JOBS_QUEUE_URL"] == "amqp://jobs:***@rabbit:5672/%2F"
+    assert {"Rabbit%2Fpw", "Rabbit/pw"} <= set(settings.secret_values())
+    assert "Rabbit" not in repr(settings)
+
+
+@pytest.mark.parametrize("url", ["kafka://jobs:QueuePW77@broker/", "jobs:QueuePW77@broker", "broker.internal"])
+def test_a_queue_url_of_no_known_scheme_is_refused_at_load_naming_the_setting_not_the_password(clean_env, url):
+    """CORE_JOBS_QUEUE_URL whose scheme no adapter serves is a configuration error naming the setting and the known
+    schemes, never the password."""
+    from maintenance.settings import ConfigError, load_settings
+
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
+    with pytest.raises(ConfigError, match=r"^CORE_JOBS_QUEUE_URL: .*amqp, amqps, postgres, postgresql") as raised:
+        load_settings()
+    assert "QueuePW77" not in str(raised.value)
+
+
+def test_a_queue_url_of_an_installed_third_party_scheme_is_accepted(clean_env, echo_queues):
+    """A scheme registered in the entry-point group core_jobs_harness.queues is a valid CORE_JOBS_QUEUE_URL."""
+    from maintenance.settings import load_settings
+
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", "echo://jobs:pw@nowhere/")
+    assert load_settings().queue_adapter() == "support.queue_adapters:EchoQueue"

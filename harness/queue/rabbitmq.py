@@ -1,0 +1,764 @@
+"""The RabbitMQ adapter: the harness's queue port on durable quorum queues (pika, one blocking connection).
+
+``RabbitQueue(url, conn, worker=…, lease=…)`` — or :meth:`RabbitQueue.from_url`, which is what
+``CORE_JOBS_QUEUE_URL=amqp://user:password@host:5672/vhost?delivery_limit=20`` selects — holds its
+own pika ``BlockingConnection`` (one per worker thread: pika is not thread-safe) and the worker's
+psycopg connection ``conn`` (autocommit), on which it writes dead letters. docs/rabbitmq.md.
+
+Topology, declared idempotently on first use of a harness queue ``q`` (``prefix`` + ``q``):
+
+- ``q``: the work queue — quorum (replicated, durable), ``x-delivery-limit`` (default
+  :data:`DEFAULT_DELIVERY_LIMIT`), dead-lettering ``at-least-once`` (hence ``x-overflow:
+  reject-publish``) to ``q.exhausted``.
+- ``q.exhausted``: quorum; what the broker's delivery limit removed from ``q``. :meth:`claim`
+  reads it too and hands such a delivery back numbered beyond the limit, so the harness
+  dead-letters it unrun (harness/handling.py) — a message that kills its consumer every time ends
+  as a ``core.dead_letters`` row, never lost nor looping on the broker.
+- ``q.delay.<ms>ms``: delay buckets, quorum, created when a retry first needs one: queue-level
+  ``x-message-ttl`` of ``<ms>``, dead-lettering (at-least-once) back to ``q`` when it expires, and
+  ``x-expires`` (the TTL + :data:`BUCKET_IDLE`) so a bucket no one uses vanishes. The broker holds
+  the delayed message; no worker sleeps. A delay is rounded **up** to the next bucket of the R10
+  series (100, 125, 160, 200, 250, 315, 400, 500, 630, 800 ms, × 10ⁿ): never shorter, at most 28 %
+  longer (:func:`delay_bucket`); a delay under 100 ms waits 100 ms; one over ~46 days is refused.
+
+Messages: the body is the payload as JSON (UTF-8); ``message_id`` is the job id; headers carry the
+tenant, correlation id, ``replay_of``, the W3C trace context and the harness's **attempt base**
+``x-core-jobs-attempt``; persistent delivery mode; published with **publisher confirms** (a publish
+returns once the broker has the message on its quorum). A delivery's ``attempt`` is the base plus
+the broker's ``x-delivery-count`` (deliveries returned unsettled — a consumer that died, a channel
+closed by the consumer timeout), so a crashed worker's redelivery counts an attempt, as on the
+reference queue. ``redelivered`` is the broker's flag. A body that is not JSON the harness could
+store (not UTF-8, not JSON, NaN, ``\\u0000``, too deep…) becomes an
+:class:`~harness.queue.port.UndecodablePayload` — that delivery's poison dead letter, whose payload
+is then the body as a JSON *string* (what jsonb can keep) — never an exception in ``claim``.
+
+Settling:
+
+- **claim**: a consumer per queue (``basic_qos(prefetch_count=limit)``, manual acks): the
+  prefetch is the batch. It returns what is deliverable now, up to ``limit``, waiting at most
+  ``claim_wait`` (default 50 ms) for messages the broker reports ready. What the broker pushed
+  beyond what a claim returned waits for the next claim (:meth:`close` gives it back uncounted).
+- **ack**: ``basic.ack`` on the channel that delivered it. A closed channel means the broker
+  already requeued the message: lease lost (0).
+- **retry**: publish a copy (attempt base = this attempt + 1, ``x-core-jobs-last-error``) into the
+  delay bucket, confirmed, then ack the original. A crash between the two leaves two copies; the
+  fence absorbs the second.
+- **dead_letter**: write the dead letter on ``conn`` and commit, then ack. A crash between the two
+  redelivers the message; the harness makes that a duplicate (one pending dead letter per job).
+- **release**: publish a copy with the same attempt (not counted), confirmed, then ack — a
+  ``nack`` with requeue would count a delivery towards the broker's limit. The copy goes to the
+  back of the queue.
+
+The lease is the broker's ``consumer_timeout`` (global in RabbitMQ 3.10, default 30 min): a
+delivery unacked that long gets its channel closed and the message requeued; the adapter's ``lease``
+is not enforced by the broker, and ``consumer_timeout`` (URL option, ms) must say what the broker
+is configured with: :func:`redelivery_horizon` uses it.
+
+Connection loss: the next ``claim`` reconnects (at most :data:`RECONNECT_ATTEMPTS` tries, logged
+``harness.rabbitmq.reconnected``); deliveries of the old connection settle as lease lost — the
+broker requeued them, counted. A publish that meets a dead connection reconnects and publishes
+again (a copy may already be there: the fence absorbs it). The URL's password never appears in a
+log, an error or a repr.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import math
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from typing import Any
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from uuid import NAMESPACE_URL, UUID, uuid5
+
+import pika
+import pika.exceptions
+import psycopg
+import structlog
+from opentelemetry.trace import SpanKind
+from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
+
+from harness import tracing
+from harness.consumer.retry import RetryPolicy, max_retry_window
+from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
+from harness.errors import describe_error
+from harness.queue.port import NO_TENANT, Delivery, Envelope, InvalidPayload, check_payload, decode_payload
+
+__all__ = [
+    "BUCKET_STRETCH",
+    "DEFAULT_CONSUMER_TIMEOUT",
+    "DEFAULT_DELIVERY_LIMIT",
+    "BrokerUnavailable",
+    "RabbitQueue",
+    "delay_bucket",
+    "delay_queue_name",
+    "delay_queue_names",
+    "exhausted_queue_name",
+    "redact_url",
+    "redelivery_horizon",
+]
+
+log = structlog.get_logger()
+
+ATTEMPT_HEADER = "x-core-jobs-attempt"
+LAST_ERROR_HEADER = "x-core-jobs-last-error"
+TENANT_HEADER = "x-core-jobs-tenant-id"
+CORRELATION_HEADER = "x-core-jobs-correlation-id"
+REPLAY_OF_HEADER = "x-core-jobs-replay-of"
+TRACEPARENT_HEADER = "traceparent"
+TRACESTATE_HEADER = "tracestate"
+# Headers the broker writes on a message's way (dead-lettering, redelivery): a republished copy drops them.
+_BROKER_HEADERS = (
+    "x-delivery-count",
+    "x-death",
+    "x-first-death-exchange",
+    "x-first-death-queue",
+    "x-first-death-reason",
+)
+# The last error travels in a header (the copy's own record); the dead letter keeps the whole one.
+MAX_HEADER_ERROR_CHARS = 1_000
+
+# Deliveries of one message the broker allows before it moves the message to `<q>.exhausted`: the last
+# guard against a message that kills its consumer. Above any sane max_attempts, so the harness's own
+# budget (harness/handling.py) ends such a loop first; this catches what never reaches the harness.
+DEFAULT_DELIVERY_LIMIT = 20
+# RabbitMQ's default consumer_timeout (rabbitmq.conf `consumer_timeout`, global in 3.10): the lease.
+DEFAULT_CONSUMER_TIMEOUT = timedelta(minutes=30)
+DEFAULT_CLAIM_WAIT = timedelta(milliseconds=50)
+RECONNECT_ATTEMPTS = 3
+RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
+
+# Delay buckets: the R10 preferred numbers (each ≤ 28 % above the one before), in milliseconds.
+_R10 = (100, 125, 160, 200, 250, 315, 400, 500, 630, 800)
+_MAX_TTL_MS = 2**32 - 1  # RabbitMQ's largest x-message-ttl
+BUCKETS_MS: tuple[int, ...] = tuple(
+    m * 10**k for k in range(10) for m in _R10 if m * 10**k <= _MAX_TTL_MS
+)  # 100 ms … 4 000 000 000 ms (46 days)
+# A rounded delay is at most this factor of the delay asked for (delays of 100 ms and more).
+BUCKET_STRETCH = max(b / a for a, b in itertools.pairwise(BUCKETS_MS))
+# An unused bucket is deleted this long after its TTL (x-expires); publishers re-declare a bucket at
+# least every BUCKET_REDECLARE, so a bucket holding a message never expires under it.
+BUCKET_IDLE = timedelta(hours=1)
+BUCKET_REDECLARE = timedelta(minutes=10)
+
+_CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.ConnectionWrongStateError)
+
+
+class BrokerUnavailable(ConnectionError):
+    """The broker could not be reached (after :data:`RECONNECT_ATTEMPTS` tries); names the host, never the password."""
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs, errors and reprs)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = quote(parts.username or "", safe="")
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def delay_bucket(delay: timedelta) -> int:
+    """The delay bucket (ms) a ``delay`` waits in: the smallest one not shorter than it; 0 for no delay."""
+    if delay <= timedelta(0):
+        return 0
+    wanted = math.ceil(delay / timedelta(milliseconds=1))
+    for bucket in BUCKETS_MS:
+        if bucket >= wanted:
+            return bucket
+    raise ValueError(f"a delay of {delay} is longer than RabbitMQ's largest message TTL ({BUCKETS_MS[-1]} ms)")
+
+
+def delay_queue_name(work_queue: str, bucket_ms: int) -> str:
+    """The broker queue holding ``work_queue``'s messages delayed by ``bucket_ms``."""
+    return f"{work_queue}.delay.{bucket_ms}ms"
+
+
+def delay_queue_names(work_queue: str) -> list[str]:
+    """Every delay bucket ``work_queue`` may have (most exist only once a retry needed them)."""
+    return [delay_queue_name(work_queue, bucket) for bucket in BUCKETS_MS]
+
+
+def exhausted_queue_name(work_queue: str) -> str:
+    """Where the broker's delivery limit moves a message of ``work_queue``."""
+    return f"{work_queue}.exhausted"
+
+
+def redelivery_horizon(
+    policy: RetryPolicy,
+    *,
+    consumer_timeout: timedelta = DEFAULT_CONSUMER_TIMEOUT,
+    delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+) -> timedelta:
+    """How much longer than the policy's retry window a job may still be delivered on RabbitMQ.
+
+    The TTL guard (J-B7) adds it to ``max_retry_window`` (``CORE_JOBS_BROKER_REDELIVERY_HORIZON``):
+
+    - bucket rounding: every delay may wait up to :data:`BUCKET_STRETCH` − 1 (28 %) longer, plus
+      100 ms per retry for the smallest bucket;
+    - the consumer timeout: each of the ``max_attempts`` deliveries may be held a whole
+      ``consumer_timeout`` before it settles or comes back, and a delivery that never settles
+      comes back up to ``delivery_limit`` times more, then once from ``<q>.exhausted``.
+
+    With the defaults (5 attempts, window 11 min 12 s, 30 min, limit 20): 13 h 3 min 9 s.
+    """
+    rounding = max_retry_window(policy) * (BUCKET_STRETCH - 1) + timedelta(milliseconds=100) * policy.max_retries
+    held = consumer_timeout * (policy.max_attempts + delivery_limit + 1)
+    return timedelta(seconds=math.ceil((rounding + held).total_seconds()))
+
+
+@dataclass(eq=False)
+class _Link:
+    """One broker connection, its confirm-mode publishing channel and its consumers."""
+
+    connection: BlockingConnection
+    publisher: BlockingChannel
+    consumers: dict[str, _Consumer] = field(default_factory=dict)
+    declared: set[str] = field(default_factory=set)  # work queues whose topology this link declared
+    buckets: dict[str, float] = field(default_factory=dict)  # delay queue → monotonic time of its last declare
+
+    @property
+    def alive(self) -> bool:
+        return self.connection.is_open and self.publisher.is_open
+
+
+@dataclass(eq=False)
+class _Consumer:
+    """A channel consuming one work queue and its ``.exhausted`` queue; deliveries wait in ``buffer``."""
+
+    channel: BlockingChannel
+    buffer: list[Delivery] = field(default_factory=list)
+
+
+@dataclass(frozen=True, eq=False)
+class _Receipt:
+    """What settles a delivery: the channel that delivered it and its tag; the message, to republish it."""
+
+    link: _Link
+    channel: BlockingChannel
+    tag: int
+    source: str  # the broker queue it came from: the work queue or its .exhausted queue
+    work_queue: str
+    body: bytes
+    properties: pika.BasicProperties
+    offset: int  # what the queue it came from adds to the attempt: 0, or the delivery limit + 1 for .exhausted
+
+    @property
+    def alive(self) -> bool:
+        return self.channel.is_open and self.link.connection.is_open
+
+
+class RabbitQueue:
+    """The :class:`~harness.queue.port.QueuePort` on RabbitMQ quorum queues; see the module docstring."""
+
+    system = "rabbitmq"
+
+    def __init__(
+        self,
+        url: str,
+        conn: psycopg.Connection,
+        *,
+        worker: str = "",
+        lease: timedelta = timedelta(seconds=30),
+        delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
+        prefix: str = "",
+        consumer_timeout: timedelta = DEFAULT_CONSUMER_TIMEOUT,
+        claim_wait: timedelta = DEFAULT_CLAIM_WAIT,
+    ) -> None:
+        if lease <= timedelta(0):
+            raise ValueError(f"lease must be positive, got {lease}")
+        if isinstance(delivery_limit, bool) or not isinstance(delivery_limit, int) or delivery_limit < 1:
+            raise ValueError(f"delivery_limit must be an integer of at least 1, got {delivery_limit!r}")
+        if consumer_timeout <= timedelta(0):
+            raise ValueError(f"consumer_timeout must be positive, got {consumer_timeout}")
+        if claim_wait < timedelta(0):
+            raise ValueError(f"claim_wait must not be negative, got {claim_wait}")
+        self._url = url
+        self.url = redact_url(url)
+        try:
+            self._parameters = pika.URLParameters(url)
+        except Exception as exc:  # pika's own message may quote the URL: name the redacted one instead
+            raise ValueError(f"invalid RabbitMQ URL {self.url}: {type(exc).__name__}") from None
+        self._parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
+        self.conn = conn
+        self.worker = worker
+        self.lease = lease
+        self.delivery_limit = delivery_limit
+        self.prefix = prefix
+        self.consumer_timeout = consumer_timeout
+        self.claim_wait = claim_wait
+        self._link: _Link | None = None
+        self.delay_queues: set[str] = set()  # every delay bucket this port declared (what an operator may look at)
+        self._connected = False  # once connected, a new connection is a reconnection (logged)
+
+    @classmethod
+    def from_url(
+        cls, url: str, conn: psycopg.Connection, *, worker: str = "", lease: timedelta = timedelta(seconds=30)
+    ) -> RabbitQueue:
+        """The adapter a ``CORE_JOBS_QUEUE_URL`` names. Options of ours in its query, pika's own (``heartbeat``,
+        ``connection_attempts``…) passed on: ``delivery_limit`` (int), ``prefix`` (queue name prefix),
+        ``consumer_timeout`` (ms, what the broker is configured with), ``claim_wait`` (ms)."""
+        parts = urlsplit(url)
+        ours: dict[str, str] = {}
+        theirs: list[tuple[str, str]] = []
+        for name, value in parse_qsl(parts.query, keep_blank_values=True):
+            (ours.__setitem__(name, value) if name in _URL_OPTIONS else theirs.append((name, value)))
+        options: dict[str, Any] = {}
+        for name, value in ours.items():
+            try:
+                options[name] = _URL_OPTIONS[name](value)
+            except ValueError:
+                raise ValueError(f"invalid {name}={value!r} in the queue URL {redact_url(url)}") from None
+        return cls(urlunsplit(parts._replace(query=urlencode(theirs))), conn, worker=worker, lease=lease, **options)
+
+    def __repr__(self) -> str:
+        return f"RabbitQueue({self.url!r}, worker={self.worker!r}, delivery_limit={self.delivery_limit})"
+
+    # -- publishing ----------------------------------------------------------------------------------------------
+
+    def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> UUID:
+        """Publish ``envelope`` on ``queue``, deliverable after ``delay`` (rounded up to a bucket); return its job id.
+
+        Confirmed: it returns once the broker has the message. A payload jsonb cannot store raises
+        :class:`~harness.queue.port.InvalidPayload` before anything is sent.
+        """
+        self.publish_many([(queue, envelope)], delay=delay)
+        return envelope.job_id
+
+    def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None:
+        """Publish every ``(queue, envelope)``, each confirmed; every payload is checked before the first is sent.
+
+        Not atomic on the broker: a connection lost midway leaves the first ones published (the
+        adapter reconnects once and publishes the rest again; a copy sent twice is absorbed by the fence).
+        """
+        for _queue, envelope in messages:
+            check_payload(envelope.payload)
+        if not messages:
+            return
+        bucket = delay_bucket(delay)
+        with _publish_span(messages) as traced:
+            prepared = [(queue, _body(envelope), _properties(envelope, attempt_base=1)) for queue, envelope in traced]
+            sent = 0
+
+            def send(link: _Link) -> None:
+                nonlocal sent
+                for queue, body, properties in prepared[sent:]:
+                    target = self._target(link, self._name(queue), bucket)
+                    _confirmed_publish(link.publisher, target, body, properties)
+                    sent += 1
+
+            self._with_link(send)
+
+    # -- claiming ------------------------------------------------------------------------------------------------
+
+    def claim(self, queue: str, limit: int) -> list[Delivery]:
+        """Up to ``limit`` deliveries of ``queue`` (and of its ``.exhausted`` queue), waiting at most ``claim_wait``."""
+        if limit < 1:
+            return []
+        return self._with_link(lambda link: self._claim(link, queue, limit))
+
+    def _claim(self, link: _Link, queue: str, limit: int) -> list[Delivery]:
+        consumer = self._consumer(link, queue, limit)
+        link.connection.process_data_events(time_limit=0)
+        if len(consumer.buffer) < limit and self.claim_wait > timedelta(0):
+            name = self._name(queue)
+            ready = sum(
+                link.publisher.queue_declare(q, passive=True).method.message_count
+                for q in (name, exhausted_queue_name(name))
+            )
+            wanted = min(limit, len(consumer.buffer) + ready)
+            deadline = time.monotonic() + self.claim_wait.total_seconds()
+            while len(consumer.buffer) < wanted and (left := deadline - time.monotonic()) > 0:
+                link.connection.process_data_events(time_limit=left)
+        if not consumer.channel.is_open:  # closed by the broker meanwhile (consumer timeout): requeued
+            link.consumers.pop(queue, None)
+            return []
+        taken, consumer.buffer[:] = consumer.buffer[:limit], consumer.buffer[limit:]
+        return taken
+
+    def _consumer(self, link: _Link, queue: str, limit: int) -> _Consumer:
+        consumer = link.consumers.get(queue)
+        if consumer is not None and consumer.channel.is_open:
+            return consumer
+        name = self._name(queue)
+        self._declare(link, name)
+        channel = link.connection.channel()
+        consumer = _Consumer(channel)
+
+        def deliver(source: str, offset: int) -> Any:
+            def on_message(
+                channel: BlockingChannel, method: Any, properties: pika.BasicProperties, body: bytes
+            ) -> None:
+                consumer.buffer.append(self._delivery(link, channel, queue, source, offset, method, properties, body))
+
+            return on_message
+
+        channel.basic_qos(prefetch_count=limit)  # the batch: at most `limit` unacked deliveries of the work queue
+        channel.basic_consume(name, deliver(name, 0))
+        channel.basic_qos(prefetch_count=1)  # and one at a time of what the delivery limit removed
+        channel.basic_consume(exhausted_queue_name(name), deliver(exhausted_queue_name(name), self.delivery_limit + 1))
+        link.consumers[queue] = consumer
+        return consumer
+
+    def _delivery(
+        self,
+        link: _Link,
+        channel: BlockingChannel,
+        queue: str,
+        source: str,
+        offset: int,
+        method: Any,
+        properties: pika.BasicProperties,
+        body: bytes,
+    ) -> Delivery:
+        headers = properties.headers or {}
+        base = _int_header(headers, ATTEMPT_HEADER, 1)
+        counted = _int_header(headers, "x-delivery-count", 0)
+        receipt = _Receipt(
+            link=link,
+            channel=channel,
+            tag=method.delivery_tag,
+            source=source,
+            work_queue=self._name(queue),
+            body=body,
+            properties=properties,
+            offset=offset,
+        )
+        return Delivery(
+            queue=queue,
+            envelope=_envelope(properties, headers, body),
+            attempt=base + offset + counted,
+            receipt=receipt,
+            redelivered=bool(method.redelivered) or offset > 0,
+        )
+
+    def figures(self, queue: str) -> tuple[int, float]:
+        """(messages ready in ``queue`` and its ``.exhausted`` queue, 0.0): RabbitMQ does not tell their age."""
+
+        def read(link: _Link) -> int:
+            name = self._name(queue)
+            self._declare(link, name)
+            return sum(
+                link.publisher.queue_declare(q, passive=True).method.message_count
+                for q in (name, exhausted_queue_name(name))
+            )
+
+        return self._with_link(read), 0.0
+
+    # -- settling ------------------------------------------------------------------------------------------------
+
+    def ack(self, deliveries: Sequence[Delivery]) -> int:
+        """Ack each delivery on the channel that delivered it; return how many were (a closed channel: lease lost)."""
+        return sum(1 for delivery in deliveries if _ack(delivery.receipt))
+
+    def retry(self, delivery: Delivery, delay: timedelta, error: str) -> bool:
+        """Publish the next attempt into the delay bucket (confirmed), then ack this one; False if the lease was lost."""
+        receipt: _Receipt = delivery.receipt
+        if not receipt.alive:
+            return False
+        headers = {LAST_ERROR_HEADER: error[:MAX_HEADER_ERROR_CHARS]}
+        target = self._target(receipt.link, receipt.work_queue, delay_bucket(delay))
+        if not self._republish(receipt, target, attempt_base=delivery.attempt + 1, extra=headers):
+            return False
+        return _ack(receipt)
+
+    def dead_letter(self, delivery: Delivery, letter: DeadLetter) -> bool:
+        """Write the dead letter on ``conn`` and commit, then ack; False (nothing written) if the lease was lost."""
+        receipt: _Receipt = delivery.receipt
+        if not receipt.alive:
+            return False
+        with self.conn.transaction():
+            write_dead_letter(self.conn, letter)
+        _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
+        return True
+
+    def release(self, deliveries: Sequence[Delivery]) -> int:
+        """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack."""
+        released = 0
+        for delivery in deliveries:
+            receipt: _Receipt = delivery.receipt
+            if receipt.alive and self._republish(
+                receipt, receipt.source, attempt_base=delivery.attempt - receipt.offset
+            ):
+                released += _ack(receipt)
+        return released
+
+    def close(self) -> None:
+        """Give back what the broker pushed but no claim returned, then close the connection. Idempotent."""
+        link, self._link = self._link, None
+        if link is None:
+            return
+        try:
+            if link.alive:
+                for consumer in link.consumers.values():
+                    if consumer.channel.is_open:
+                        consumer.channel.stop_consuming()  # cancels: nothing more is pushed
+                        link.connection.process_data_events(time_limit=0)
+                        self.release(consumer.buffer)
+                        consumer.buffer.clear()
+            link.connection.close()
+        except Exception as exc:  # the broker requeues whatever was left, counted
+            log.warning("harness.rabbitmq.close_failed", url=self.url, error=describe_error(exc))
+
+    # -- the connection ------------------------------------------------------------------------------------------
+
+    def _with_link(self, operation: Any) -> Any:
+        """``operation(link)`` on a live connection: reconnecting, at most RECONNECT_ATTEMPTS times, when it is lost."""
+        last: BaseException | None = None
+        for attempt, backoff in enumerate(RECONNECT_BACKOFF_S[:RECONNECT_ATTEMPTS], start=1):
+            link = self._link
+            if link is None or not link.alive:
+                if backoff:
+                    time.sleep(backoff)
+                try:
+                    link = self._connect(attempt=attempt)
+                except _CONNECTION_ERRORS as exc:
+                    last = exc
+                    continue
+            try:
+                return operation(link)
+            except _CONNECTION_ERRORS as exc:
+                last = exc
+                self._drop(link)
+            except pika.exceptions.ChannelWrongStateError as exc:  # a channel closed under us, its connection too
+                if link.connection.is_open:
+                    raise
+                last = exc
+                self._drop(link)
+        raise BrokerUnavailable(
+            f"RabbitMQ at {self.url} unreachable after {RECONNECT_ATTEMPTS} attempts: {describe_error(last)}"
+            if last is not None
+            else f"RabbitMQ at {self.url} unreachable"
+        ) from None
+
+    def _connect(self, *, attempt: int) -> _Link:
+        connection = pika.BlockingConnection(self._parameters)
+        publisher = connection.channel()
+        publisher.confirm_delivery()
+        self._link = _Link(connection, publisher)
+        if self._connected:
+            log.info("harness.rabbitmq.reconnected", url=self.url, worker=self.worker, attempt=attempt)
+        self._connected = True
+        return self._link
+
+    def _drop(self, link: _Link) -> None:
+        """Forget a dead link: its deliveries settle as lease lost (the broker requeued them)."""
+        if self._link is link:
+            self._link = None
+        with contextlib.suppress(Exception):  # already gone
+            link.connection.close()
+
+    def _name(self, queue: str) -> str:
+        return f"{self.prefix}{queue}"
+
+    def _declare(self, link: _Link, name: str) -> None:
+        """The work queue ``name`` and its ``.exhausted`` queue, once per connection (idempotent on the broker)."""
+        if name in link.declared:
+            return
+        exhausted = exhausted_queue_name(name)
+        link.publisher.queue_declare(exhausted, durable=True, arguments={"x-queue-type": "quorum"})
+        link.publisher.queue_declare(name, durable=True, arguments=self.work_arguments(name))
+        link.declared.add(name)
+
+    def work_arguments(self, name: str) -> dict[str, Any]:
+        """The arguments of work queue ``name`` (docs/rabbitmq.md): a redeclare with others is refused by the broker."""
+        return {
+            "x-queue-type": "quorum",
+            "x-delivery-limit": self.delivery_limit,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": exhausted_queue_name(name),
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",  # what at-least-once dead-lettering requires
+        }
+
+    @staticmethod
+    def bucket_arguments(work_queue: str, bucket_ms: int) -> dict[str, Any]:
+        """The arguments of a delay bucket: hold ``bucket_ms``, then dead-letter back to ``work_queue``."""
+        return {
+            "x-queue-type": "quorum",
+            "x-message-ttl": bucket_ms,
+            "x-dead-letter-exchange": "",
+            "x-dead-letter-routing-key": work_queue,
+            "x-dead-letter-strategy": "at-least-once",
+            "x-overflow": "reject-publish",
+            "x-expires": bucket_ms + int(BUCKET_IDLE / timedelta(milliseconds=1)),
+        }
+
+    def _target(self, link: _Link, work_queue: str, bucket_ms: int) -> str:
+        """The broker queue to publish into for ``work_queue`` after ``bucket_ms`` (declared as needed)."""
+        self._declare(link, work_queue)
+        if not bucket_ms:
+            return work_queue
+        name = delay_queue_name(work_queue, bucket_ms)
+        now = time.monotonic()
+        if now - link.buckets.get(name, -math.inf) > BUCKET_REDECLARE.total_seconds():
+            link.publisher.queue_declare(name, durable=True, arguments=self.bucket_arguments(work_queue, bucket_ms))
+            link.buckets[name] = now
+            self.delay_queues.add(name)
+        return name
+
+    def _republish(
+        self, receipt: _Receipt, target: str, *, attempt_base: int, extra: dict[str, Any] | None = None
+    ) -> bool:
+        """Publish a copy of the delivered message into ``target`` (confirmed) with a new attempt base."""
+        headers = {k: v for k, v in (receipt.properties.headers or {}).items() if k not in _BROKER_HEADERS}
+        headers[ATTEMPT_HEADER] = attempt_base
+        headers.update(extra or {})
+        properties = pika.BasicProperties(
+            content_type=receipt.properties.content_type,
+            delivery_mode=pika.DeliveryMode.Persistent,
+            message_id=receipt.properties.message_id,
+            correlation_id=receipt.properties.correlation_id,
+            headers=headers,
+        )
+        try:
+            _confirmed_publish(receipt.link.publisher, target, receipt.body, properties)
+        except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
+            return False  # the connection is gone: the broker requeued the delivery, nothing was copied
+        return True
+
+
+def _ack(receipt: _Receipt) -> bool:
+    if not receipt.alive:
+        return False
+    try:
+        receipt.channel.basic_ack(receipt.tag)
+    except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
+        return False
+    return True
+
+
+def _confirmed_publish(channel: BlockingChannel, queue: str, body: bytes, properties: pika.BasicProperties) -> None:
+    """Publish on the default exchange, mandatory, and wait for the broker's confirm (raises if refused)."""
+    channel.basic_publish("", queue, body, properties, mandatory=True)
+
+
+_URL_OPTIONS: dict[str, Any] = {
+    "delivery_limit": int,
+    "prefix": str,
+    "consumer_timeout": lambda ms: timedelta(milliseconds=int(ms)),
+    "claim_wait": lambda ms: timedelta(milliseconds=int(ms)),
+}
+
+
+def _body(envelope: Envelope) -> bytes:
+    return json.dumps(envelope.payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def _properties(envelope: Envelope, *, attempt_base: int) -> pika.BasicProperties:
+    headers: dict[str, Any] = {ATTEMPT_HEADER: attempt_base, TENANT_HEADER: str(envelope.tenant_id)}
+    for name, value in (
+        (CORRELATION_HEADER, envelope.correlation_id),
+        (REPLAY_OF_HEADER, envelope.replay_of),
+        (TRACEPARENT_HEADER, envelope.traceparent),
+        (TRACESTATE_HEADER, envelope.tracestate),
+    ):
+        if value is not None:
+            headers[name] = value
+    correlation = envelope.correlation_id
+    return pika.BasicProperties(
+        content_type="application/json",
+        delivery_mode=pika.DeliveryMode.Persistent,
+        message_id=str(envelope.job_id),
+        # The AMQP property is a short string (255 bytes): a longer id travels in the header alone.
+        correlation_id=correlation if correlation is not None and len(correlation.encode()) <= 255 else None,
+        headers=headers,
+    )
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _int_header(headers: dict[str, Any], name: str, default: int) -> int:
+    value = headers.get(name)
+    try:
+        return int(value) if value is not None and not isinstance(value, bool) else default
+    except (TypeError, ValueError):
+        return default
+
+
+def _envelope(properties: pika.BasicProperties, headers: dict[str, Any], body: bytes) -> Envelope:
+    """The envelope a message carries; what cannot be read makes its payload an UndecodablePayload (poison)."""
+    problems: list[str] = []
+    try:
+        job_id = UUID(_text(properties.message_id) or "")
+    except ValueError:
+        problems.append(f"message_id {properties.message_id!r} is not a job id (a UUID)")
+        job_id = uuid5(NAMESPACE_URL, f"rabbitmq-message:{properties.message_id!r}:{body!r}")
+    tenant_text = _text(headers.get(TENANT_HEADER))
+    try:
+        tenant_id = UUID(tenant_text) if tenant_text else NO_TENANT
+    except ValueError:
+        problems.append(f"{TENANT_HEADER} {tenant_text!r} is not a UUID")
+        tenant_id = NO_TENANT
+    replay_of = headers.get(REPLAY_OF_HEADER)
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        payload: Any = _undecodable(body, f"not UTF-8: {exc}")
+    else:
+        payload = decode_payload(text)
+        if isinstance(payload, UndecodablePayload):
+            payload = _undecodable(body, payload.reason)
+        else:
+            try:
+                check_payload(payload)
+            except InvalidPayload as exc:
+                payload = _undecodable(body, str(exc))
+    if problems and not isinstance(payload, UndecodablePayload):
+        payload = _undecodable(body, "; ".join(problems))
+    return Envelope(
+        job_id=job_id,
+        payload=payload,
+        tenant_id=tenant_id,
+        correlation_id=_text(headers.get(CORRELATION_HEADER)) or _text(properties.correlation_id),
+        replay_of=replay_of if isinstance(replay_of, int) and not isinstance(replay_of, bool) else None,
+        traceparent=_text(headers.get(TRACEPARENT_HEADER)),
+        tracestate=_text(headers.get(TRACESTATE_HEADER)),
+    )
+
+
+def _undecodable(body: bytes, reason: str) -> UndecodablePayload:
+    """The body kept as a JSON string jsonb can store (NUL written ``\\x00``), with why it cannot be read."""
+    text = body.decode("utf-8", errors="backslashreplace").replace("\x00", "\\x00")
+    return UndecodablePayload(json.dumps(text), reason)
+
+
+def _keeps_its_context(envelope: Envelope) -> bool:
+    return envelope.replay_of is not None or envelope.traceparent is not None
+
+
+@contextmanager
+def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tuple[str, Envelope]]]:
+    """The messages, each with the context of a ``<queue> publish`` span (PRODUCER); as harness/queue/pgqueue.py."""
+    if all(_keeps_its_context(envelope) for _queue, envelope in messages):
+        yield list(messages)
+        return
+    queues = sorted({queue for queue, _envelope in messages})
+    attributes = {
+        "messaging.system": RabbitQueue.system,
+        "messaging.operation.type": "send",
+        "messaging.destination.name": queues[0] if len(queues) == 1 else None,
+        "messaging.batch.message_count": len(messages) if len(messages) > 1 else None,
+    }
+    with tracing.span(
+        f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
+    ):
+        traceparent, tracestate = tracing.current_context()
+        yield [
+            (queue, envelope)
+            if traceparent is None or _keeps_its_context(envelope)
+            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
+            for queue, envelope in messages
+        ]
