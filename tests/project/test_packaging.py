@@ -45,14 +45,18 @@ import psycopg
 import harness
 
 modules = sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harness."))
+# What an extra or a test suite brings: the RabbitMQ adapter needs pika (the `rabbitmq` extra), the test kits pytest.
+OPTIONAL = ("harness.queue.rabbitmq", "harness.testing")
 for name in modules:
-    if name.split(".")[:2] != ["harness", "testing"]:  # the test kits need pytest, which a service does not install
+    if not name.startswith(OPTIONAL):
         importlib.import_module(name)
-try:
-    importlib.import_module("harness.testing")
-    testing_needs = None
-except ModuleNotFoundError as exc:
-    testing_needs = exc.name
+needs = {}
+for name in OPTIONAL:
+    try:
+        importlib.import_module(name)
+        needs[name] = None
+    except ModuleNotFoundError as exc:
+        needs[name] = exc.name
 
 from harness import Delivery, Envelope, HarnessMetrics, RetryPolicy, handle
 from harness.examples.points import consumer
@@ -77,7 +81,7 @@ print(json.dumps({
     "outcome": type(outcome).__name__,
     "fences": fences,
     "prometheus_error": prometheus_error,
-    "testing_needs": testing_needs,
+    "needs": needs,
 }))
 """
 
@@ -138,27 +142,28 @@ def test_the_harness_wheel_holds_the_harness_package_and_nothing_else(dists):
     assert not [n for n in names if Path(n).stem in ("operations", "execution_views", "reconciliation", "keyset")]
 
 
-def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_two_extras(dists):
+def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_three_extras(dists):
     """Its requirements: psycopg, pydantic, structlog, opentelemetry-api; prometheus-client only through the
-    `metrics` extra, the OpenTelemetry SDK and exporter only through the `otel` extra."""
+    `metrics` extra, the OpenTelemetry SDK and exporter only through the `otel` extra, pika only through `rabbitmq`."""
     declared = metadata(wheel_in(dists, "core_jobs_harness"))
     assert sorted(declared["Requires-Dist"]) == [
         "opentelemetry-api>=1.27",
         "opentelemetry-exporter-otlp-proto-http>=1.27; extra == 'otel'",
         "opentelemetry-sdk>=1.27; extra == 'otel'",
+        "pika>=1.3; extra == 'rabbitmq'",
         "prometheus-client>=0.20; extra == 'metrics'",
         "psycopg>=3.2",
         "pydantic>=2.7",
         "structlog>=24.1",
     ]
-    assert declared["Provides-Extra"] == ["metrics", "otel"]
+    assert declared["Provides-Extra"] == ["metrics", "otel", "rabbitmq"]
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):
-    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics."""
+    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics and rabbitmq."""
     wheel = wheel_in(dists, "core_jobs")
     assert top_level(wheel) == {"maintenance", "migrations"}
-    assert "core-jobs-harness[metrics]" in metadata(wheel)["Requires-Dist"]
+    assert "core-jobs-harness[metrics,rabbitmq]" in metadata(wheel)["Requires-Dist"]
 
 
 # What a production install must not carry: the demo (a distribution of its own, in the dev group) and the
@@ -212,5 +217,5 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]
-    assert "harness.testing" in checked["modules"]  # shipped (the kit), and importable only beside pytest
-    assert checked["testing_needs"] == "pytest"
+    assert {"harness.testing", "harness.queue.rabbitmq"} <= set(checked["modules"])  # shipped, each needing its own
+    assert checked["needs"] == {"harness.queue.rabbitmq": "pika", "harness.testing": "pytest"}
