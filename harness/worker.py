@@ -59,7 +59,9 @@ successes and logged ``harness.execution.held``; ``Stale`` (another worker took 
 settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
-``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
+``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
+redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
+``harness.job.lease_lost``,
 ``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.figures_failed`` (the
 queue's depth and age could not be read — a statement timeout over a large backlog: the gauges keep their last
 values and the worker goes on; only a lost connection stops it); successes are metrics only, counted in the ``metrics`` passed
@@ -441,6 +443,8 @@ class Worker:
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
+            if isinstance(outcome, Duplicate) and outcome.already_dead_lettered:  # a redelivery after a lost ack
+                log.info("harness.job.already_dead_lettered", **fields)
             return
         if isinstance(outcome, Held):  # acked with the batch's successes: the execution waits for an operator
             done.append(delivery)

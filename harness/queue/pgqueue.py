@@ -283,6 +283,8 @@ class PgQueue:
         with self.conn.transaction():
             if self.conn.execute(REMOVE_FOR_DEAD_LETTER, {"id": message_id, "token": token}).fetchone() is None:
                 return False
+            # Not written when the job's failure is already a pending letter of this consumer (one per
+            # failure, harness/dead_letters.py): the message goes all the same, its failure is recorded.
             write_dead_letter(self.conn, letter)
             return True
 

@@ -238,9 +238,13 @@ class _Consumer:
     buffer: list[Delivery] = field(default_factory=list)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class _Receipt:
-    """What settles a delivery: the channel that delivered it and its tag; the message, to republish it."""
+    """What settles a delivery: the channel that delivered it and its tag; the message, to republish it.
+
+    ``settled`` once acked: a delivery is settled once, and a second ack, retry, dead letter or
+    release of it changes nothing (a second ``basic.ack`` of a tag would close the channel, a
+    second retry would publish a second copy)."""
 
     link: _Link
     channel: BlockingChannel
@@ -250,10 +254,12 @@ class _Receipt:
     body: bytes
     properties: pika.BasicProperties
     offset: int  # what the queue it came from adds to the attempt: 0, or the delivery limit + 1 for .exhausted
+    settled: bool = False
 
     @property
     def alive(self) -> bool:
-        return self.channel.is_open and self.link.connection.is_open
+        """Not settled yet, and its channel still open (closed: the broker requeued it, the lease is lost)."""
+        return not self.settled and self.channel.is_open and self.link.connection.is_open
 
 
 class RabbitQueue:
@@ -633,6 +639,7 @@ def _ack(receipt: _Receipt) -> bool:
         receipt.channel.basic_ack(receipt.tag)
     except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
         return False
+    receipt.settled = True
     return True
 
 
