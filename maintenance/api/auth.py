@@ -256,7 +256,9 @@ async def authenticate(request: Request) -> Principal:
     verifier: TokenVerifier = request.app.state.verifier
     token = token.strip()
     try:
-        principal = verifier.cached(token) or await run_in_threadpool(verifier.verify, token)
+        principal = verifier.cached(token)
+        if principal is None:
+            principal = await run_in_threadpool(verifier.verify, token)
         request.state.subject = principal.subject  # for the request log
         return principal
     except InvalidToken as exc:
