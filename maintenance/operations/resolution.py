@@ -28,8 +28,8 @@ key: the same canonical command from the same operator gets the original respons
 the execution succeeded and was deleted; anything else is refused); the state; the published
 definition; then a new fencing token, the ledger row, the checkpoints, the execution, the
 ``EXECUTION_RESOLVED`` event (written by the ledger's trigger) and the re-queue commit together
-or not at all — in three round trips (the reads pipelined after the lock, the token, the writes
-pipelined). The database refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger
+or not at all — in two round trips and the commit (the reads and the new token pipelined after
+the lock, the writes pipelined; BEGIN and COMMIT are psycopg's own). The database refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger
 row (migration ``0012_execution_resolution``), and every write of a worker holding the old token
 matches nothing. A refusal raises :class:`ResolutionRefused` and writes nothing, not even under
 the key.
@@ -369,7 +369,7 @@ def resolve(
     resolve here (its token's, within the deployment's); ``consumers`` the published definitions
     by consumer name. An execution outside ``scopes`` is reported as not found, like a missing one.
     Raises :class:`ResolutionRefused` (nothing applied). Three steps in one transaction: read
-    (one round trip), check (no I/O but the token), write (one round trip).
+    (one round trip, the new token with it), check (no I/O), write (one round trip).
     """
     statement_problems = _statement_problems(command)
     if statement_problems:  # the API's model refuses these first; a caller in code gets the same rules
@@ -377,7 +377,7 @@ def resolve(
     body = canonical(command)
     print_ = fingerprint(body)
     with conn.transaction():
-        row, found, checkpoints = _read(conn, execution_id, idempotency_key)
+        row, found, checkpoints, (token, now) = _read(conn, execution_id, idempotency_key)
         scope = row[6] if row is not None else (found[2] if found is not None else None)
         if scope is None or scope not in scopes:
             raise ResolutionRefused("execution-not-found", f"no execution {execution_id} in your business scopes")
@@ -386,7 +386,6 @@ def resolve(
         assert row is not None
         _id, job_id, consumer_name, _queue, _tenant, _correlation, _scope, status, _token = row
         to_record = _checked(execution_id, status, consumers.get(consumer_name), consumer_name, checkpoints, command)
-        token, now = conn.execute(DRAW_TOKEN).fetchone()  # type: ignore[misc]
         status_after = "PENDING" if isinstance(command, Resume) else "FAILED"
         response = {
             "execution_id": execution_id,
@@ -425,14 +424,20 @@ def resolve(
 
 def _read(
     conn: psycopg.Connection, execution_id: int, idempotency_key: str
-) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None, list[_Checkpoint]]:
-    """The locked execution, the ledger row of this key, the checkpoints — in one round trip."""
+) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None, list[_Checkpoint], tuple[int, Any]]:
+    """The locked execution, the ledger row of this key, the checkpoints, a new token and now() — in one round trip.
+
+    The token is drawn after the lock, so it is newer than any the execution holds; a replay or a
+    refusal leaves it unused (a gap in the sequence: tokens are compared, never counted).
+    """
     # The lock first, so the others see what its holder committed.
     with conn.pipeline():
         locked = conn.execute(LOCK_EXECUTION, {"id": execution_id})
         recorded = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key})
         listed = conn.execute(CHECKPOINTS, {"id": execution_id})
-    return locked.fetchone(), recorded.fetchone(), [_Checkpoint(*r) for r in listed.fetchall()]
+        drawn = conn.execute(DRAW_TOKEN)
+    token, now = drawn.fetchone()  # type: ignore[misc]
+    return locked.fetchone(), recorded.fetchone(), [_Checkpoint(*r) for r in listed.fetchall()], (token, now)
 
 
 def _replayed(found: tuple[Any, ...], operator: str, print_: str, command: Command) -> Resolution:
