@@ -38,8 +38,8 @@ from maintenance.settings import ENV_PREFIX
 TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
-# (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
-# loyalty ledger of the durable-action tests (ledger_support).
+# (chart), the operations API's keys, JWKS server, tokens and running API (api_support), the local
+# loyalty ledger of the durable-action tests (ledger_support), and the relay's targets (relay_support).
 pytest_plugins = [
     "support.fake_betterstack",
     "support.logcapture",
@@ -47,6 +47,7 @@ pytest_plugins = [
     "support.api_support",
     "support.ledger_support",
     "support.tracing_support",
+    "support.relay_support",
 ]
 
 

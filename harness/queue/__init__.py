@@ -2,5 +2,7 @@
 
 The worker and the handling speak only to the port — ``QueuePort``, ``Envelope``, ``Delivery``
 and the outcomes that ``settle()`` applies; ``pgqueue`` is the one adapter shipped (leases with
-fencing tokens, ``FOR UPDATE SKIP LOCKED`` claims). docs/harness.md.
+fencing tokens, ``FOR UPDATE SKIP LOCKED`` claims). ``relay`` moves what the operations layer publishes
+in ``core.queue_messages`` — the outbox of a queue that lives on a broker — onto that broker.
+docs/harness.md, docs/outbox.md.
 """
