@@ -8,12 +8,14 @@ never by waiting.
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 
 import psycopg
 import pytest
 from support.factories import QUEUE, add_dead_letters, dead_letter, publish
 from support.harness_support import TTL, expire_leases, fences, points, replay_state, scalar
+from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import make_consumer
@@ -177,3 +179,23 @@ def test_a_worker_on_the_reference_queue_has_no_outbox_to_relay(database_url, co
     relay = worker._outbox_relay(conn, PgQueue(conn), "host:1/0")
     worker._relay_outbox(relay)
     assert relay is None and outbox(conn) == 1
+
+
+def test_the_loop_relays_until_stopped_and_logs_its_start_and_stop(database_url, conn, relay_target, logs):
+    """Relay.run in a thread publishes what is in the outbox, stops when its event is set, and logs start and stop with the count."""
+    job = publish(conn, {"member_id": "m-1", "points": 1})
+    stop = threading.Event()
+    with psycopg.connect(database_url, autocommit=True) as relay_conn:
+        relay = Relay(PgQueue(relay_conn), relay_target.port(), [QUEUE])
+        thread = threading.Thread(target=relay.run, args=(stop,), kwargs={"interval": timedelta(milliseconds=50)})
+        thread.start()
+        try:
+            wait_until(lambda: outbox(conn) == 0, what="the outbox relayed")
+        finally:
+            stop.set()
+            thread.join(timeout=20)
+    assert not thread.is_alive()
+    assert [d.envelope.job_id for d in relay_target.take(QUEUE)] == [job]
+    assert [e["queues"] for e in logs.named("harness.relay.start")] == [[QUEUE]]
+    (stopped,) = logs.named("harness.relay.stop")
+    assert (stopped["num_published"], stopped["ok"]) == (1, True)
