@@ -47,14 +47,14 @@ REFERENCE_SCHEMES = ("", "postgresql", "postgres")
 
 def queue_url(args: argparse.Namespace, settings: Settings) -> str | None:
     """The broker's URL: ``--queue-url``, else the setting ``CORE_JOBS_QUEUE_URL`` (``settings.queue_url``)."""
-    configured = getattr(settings, "queue_url", None)  # the setting of the adapter selection (harness.queue.adapters)
+    configured = getattr(settings, "queue_url", None)  # the adapter selection's setting
     if configured is not None and hasattr(configured, "get_secret_value"):
         configured = configured.get_secret_value()
     return args.queue_url or configured or None
 
 
 def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease: timedelta) -> Publisher:
-    """The adapter ``url`` names (harness.queue.adapters.open_queue); a ConfigError for the reference queue."""
+    """The adapter ``url`` names (``open_queue``, the harness's adapter selection); a ConfigError for the reference queue."""
     from maintenance.settings import ConfigError
 
     scheme = urlsplit(url or "").scheme.lower()
@@ -64,11 +64,11 @@ def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease
             "itself and there is nothing to relay; set it to the broker's URL (amqp://…)"
         )
     try:
-        from harness.queue.adapters import open_queue  # type: ignore[import-not-found,unused-ignore]
+        from harness.queue import adapters  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         raise ConfigError(f"{QUEUE_URL_VARIABLE}: this build has no queue adapter for {scheme}://") from None
     try:
-        return open_queue(url, conn, worker=worker, lease=lease)  # type: ignore[no-any-return,unused-ignore]
+        return adapters.open_queue(url, conn, worker=worker, lease=lease)  # type: ignore[no-any-return,unused-ignore]
     except ValueError as exc:  # an unknown scheme: open_queue names it, never the password
         raise ConfigError(f"{QUEUE_URL_VARIABLE}: {exc}") from None
 
