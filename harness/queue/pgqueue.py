@@ -1,6 +1,8 @@
 """The reference queue adapter: messages in ``core.queue_messages``, on PostgreSQL's clock.
 
-For the demo, the tests and small deployments. Every decision about time uses the server's
+For the demo, the tests and small deployments — and, for a queue that lives on a broker, the
+**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs) and a relay
+moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision about time uses the server's
 ``now()``: no worker sleeps to wait for a retry and nothing is queued in memory (R-1).
 
 - **Claim**: up to ``limit`` ready messages (``run_at <= now()``, no live lease) in ``run_at``
@@ -16,13 +18,18 @@ For the demo, the tests and small deployments. Every decision about time uses th
   attempt and the fence absorbs it if the first worker did commit its work.
 - **Release** gives claimed but unhandled messages back at once (a worker stopping), without
   counting the attempt.
+- **Publish** checks every payload first (harness/queue/port.py, ``check_payload``), except one read
+  back as stored that Python cannot decode (an ``UndecodablePayload``: a RESUME of such an execution),
+  which is written back exactly as it was stored; the worker makes it its poison dead letter.
 - **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
   harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
 
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
-publishes and marks its dead letter atomically.
+publishes and marks its dead letter atomically. A publish is one statement, atomic by itself: inside
+an open transaction it joins it without a savepoint, so in a pipeline (a RESUME's writes) it adds no
+round trip.
 
 Claims, acks and releases commit with ``synchronous_commit = off``: they are cheap to lose. A
 server crash can forget only the last few of them (any later synchronous commit — a work
@@ -36,17 +43,19 @@ asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import psycopg
 from opentelemetry.trace import SpanKind
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, check_payload, decode_payload
+from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload
 
 __all__ = ["PgQueue"]
 
@@ -172,23 +181,31 @@ class PgQueue:
 
         A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
         """
-        check_payload(envelope.payload)
-        with _publish_span([(queue, envelope)]) as traced, self.conn.transaction():
+        _check(envelope.payload)
+        with _publish_span([(queue, envelope)]) as traced, self._one_statement():
             row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
         assert row is not None
         return row[0]
 
-    def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None:
+    def publish_many(
+        self,
+        messages: Sequence[tuple[str, Envelope]],
+        *,
+        delay: timedelta = timedelta(0),
+        keep_context: bool = False,
+    ) -> None:
         """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`), so one round trip.
 
         All or none: one payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`
         before any write. What a bulk replay uses (10 000 messages: one INSERT, not 10 000).
+        ``keep_context``: every envelope's trace context is written as given — none stays none — and no
+        publish span is recorded (a RESUME's re-queue continues its job, it starts no trace of its own).
         """
         for _queue, envelope in messages:
-            check_payload(envelope.payload)
+            _check(envelope.payload)
         if not messages:
             return
-        with _publish_span(messages) as traced, self.conn.transaction():
+        with _publish_span(messages, keep_context=keep_context) as traced, self._one_statement():
             messages = traced
             self.conn.execute(
                 PUBLISH_MANY,
@@ -197,13 +214,18 @@ class PgQueue:
                     "job_ids": [e.job_id for _q, e in messages],
                     "tenant_ids": [e.tenant_id for _q, e in messages],
                     "correlation_ids": [e.correlation_id for _q, e in messages],
-                    "payloads": [Jsonb(e.payload) for _q, e in messages],
+                    "payloads": [_stored(e.payload) for _q, e in messages],
                     "replay_ofs": [e.replay_of for _q, e in messages],
                     "traceparents": [e.traceparent for _q, e in messages],
                     "tracestates": [e.tracestate for _q, e in messages],
                     "delay": delay,
                 },
             )
+
+    def _one_statement(self) -> AbstractContextManager[object]:
+        """A transaction for one statement, or none inside the caller's (a savepoint would cost round trips)."""
+        idle = self.conn.info.transaction_status == TransactionStatus.IDLE
+        return self.conn.transaction() if idle else nullcontext()
 
     @staticmethod
     def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
@@ -212,7 +234,7 @@ class PgQueue:
             "job_id": envelope.job_id,
             "tenant_id": envelope.tenant_id,
             "correlation_id": envelope.correlation_id,
-            "payload": Jsonb(envelope.payload),
+            "payload": _stored(envelope.payload),
             "replay_of": envelope.replay_of,
             "traceparent": envelope.traceparent,
             "tracestate": envelope.tracestate,
@@ -298,19 +320,33 @@ class PgQueue:
             return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
 
 
+def _check(payload: Any) -> None:
+    """:func:`~harness.queue.port.check_payload`, but a payload read back as stored is written back as stored."""
+    if not isinstance(payload, UndecodablePayload):
+        check_payload(payload)
+
+
+def _stored(payload: Any) -> Jsonb:
+    """The jsonb to write: an :class:`UndecodablePayload`'s text exactly as PostgreSQL printed it (a RESUME of
+    such an execution re-queues it unchanged; the worker makes it its poison dead letter), else the value."""
+    return Jsonb(payload.text, dumps=str) if isinstance(payload, UndecodablePayload) else Jsonb(payload)
+
+
 def _keeps_its_context(envelope: Envelope) -> bool:
     """A replay keeps its dead letter's context (or none) unchanged; a context already given is kept too."""
     return envelope.replay_of is not None or envelope.traceparent is not None
 
 
 @contextmanager
-def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tuple[str, Envelope]]]:
+def _publish_span(
+    messages: Sequence[tuple[str, Envelope]], *, keep_context: bool = False
+) -> Iterator[list[tuple[str, Envelope]]]:
     """The messages, each with the context of a ``<queue> publish`` span (PRODUCER) current around the write.
 
-    No span when every message keeps its own context (a replay: harness/tracing.py); none either,
-    and the messages unchanged, without a recording span (no SDK).
+    No span when every message keeps its own context (a replay: harness/tracing.py, or ``keep_context``);
+    none either, and the messages unchanged, without a recording span (no SDK).
     """
-    if all(_keeps_its_context(envelope) for _queue, envelope in messages):
+    if keep_context or all(_keeps_its_context(envelope) for _queue, envelope in messages):
         yield list(messages)
         return
     queues = sorted({queue for queue, _envelope in messages})

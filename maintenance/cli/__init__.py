@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from maintenance.cli import alerts as alerts_cli
 from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
+from maintenance.cli import relay as relay_cli
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
@@ -295,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The consumer harness: worker, enqueue, dead-letters.
     harness_cli.add_commands(sub)
+    # The outbox's relay to a broker.
+    relay_cli.add_commands(sub)
     # Durable-action executions, read-only.
     executions_cli.add_commands(sub)
     # The alert identity of a database that may be a copy.

@@ -1,0 +1,86 @@
+"""The relay's targets: a queue standing for the broker, and a way to read what reached it (harness/queue/relay.py).
+
+Loaded as a pytest plugin by conftest.py. ``relay_target`` is parametrised over the kinds of
+target; each test that takes it runs once per kind:
+
+- ``postgresql``: a :class:`~harness.queue.pgqueue.PgQueue` on ANOTHER database of the test
+  server (a fresh copy of the migrated template, dropped after the test), which stands for the
+  broker: the relay's outbox and the "broker" never share a table.
+
+A RabbitMQ target (harness.queue.rabbitmq) joins :data:`TARGET_KINDS` as another param whose
+:class:`RelayTarget` opens a ``RabbitQueue``. A test uses only the protocol below.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Protocol
+
+import psycopg
+import pytest
+
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Delivery
+from harness.queue.relay import Publisher
+
+TARGET_KINDS = ["postgresql"]
+
+
+class RelayTarget(Protocol):
+    url: str  # what names it to ``core-jobs relay`` (the broker's URL)
+
+    def port(self) -> Publisher:
+        """A new port on the target (its own connection), as a relay opens it."""
+        ...
+
+    def take(self, queue: str) -> list[Delivery]:
+        """Every message ``queue`` holds on the target now, claimed and acked (consumed)."""
+        ...
+
+
+class PgTarget:
+    """A reference queue in another database, standing for the broker."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._connections: list[psycopg.Connection] = []
+
+    def port(self) -> PgQueue:
+        conn = psycopg.connect(self.url, autocommit=True)
+        self._connections.append(conn)
+        return PgQueue(conn)
+
+    def take(self, queue: str) -> list[Delivery]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            port = PgQueue(conn, worker="test-consumer")
+            taken = port.claim(queue, 10_000)
+            port.ack(taken)
+        return taken
+
+    def close(self) -> None:
+        for conn in self._connections:
+            conn.close()
+
+
+@pytest.fixture
+def broker_database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
+    """A second fresh migrated database of this test: the broker's stand-in, never the outbox's."""
+    from conftest import create_database, drop_database
+
+    name = f"core_jobs_b_{os.getpid()}_{secrets.token_hex(4)}"
+    url = create_database(pg_server_url, name, template=template_database)
+    yield url
+    drop_database(pg_server_url, name)
+
+
+@pytest.fixture(params=TARGET_KINDS)
+def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
+    """The relay's target, once per kind in :data:`TARGET_KINDS`."""
+    if request.param == "postgresql":
+        target = PgTarget(request.getfixturevalue("broker_database_url"))
+        yield target
+        target.close()
+        return
+    raise AssertionError(f"unknown relay target kind {request.param!r}")
