@@ -255,6 +255,25 @@ def test_the_urls_password_never_appears_in_a_repr_an_error_or_a_log(conn, logs)
         assert "s3cr3t" not in text
 
 
+@pytest.mark.parametrize("password", ["pa/ss-s3cr3t", "pa#ss-s3cr3t", "pa?ss-s3cr3t", "pa@ss-s3cr3t"])
+def test_a_password_with_a_character_urls_reserve_never_appears_in_an_error_or_a_repr(conn, password):
+    """A password written unencoded with / # ? or @ (which URL parsers read as the path, fragment, query or host) is
+    still hidden: in the error of a URL pika cannot read, in redact_url, in the repr and the unreachable error."""
+    url = f"amqp://app:{password}@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=1"
+    texts = [redact_url(url)]
+    try:
+        port = RabbitQueue(url, conn)
+    except ValueError as exc:
+        texts.append(str(exc))
+    else:
+        texts.append(repr(port))
+        with pytest.raises(BrokerUnavailable) as raised:
+            port.claim("q", 1)
+        texts.append(str(raised.value))
+    for text in texts:
+        assert "s3cr3t" not in text and "127.0.0.1" in text
+
+
 @pytest.mark.pure
 @pytest.mark.parametrize("ms", [1, 99, 100, 101, 200, 251, 31_000, 3_600_000, 4_000_000_000])
 def test_a_delay_is_rounded_up_to_a_bucket_never_shorter_and_at_most_28_percent_longer(ms):
