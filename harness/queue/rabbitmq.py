@@ -56,7 +56,8 @@ is configured with: :func:`redelivery_horizon` uses it.
 
 Connection loss: the next ``claim`` reconnects (at most :data:`RECONNECT_ATTEMPTS` tries, logged
 ``harness.rabbitmq.reconnected``); deliveries of the old connection settle as lease lost — the
-broker requeued them, counted. A publish that meets a dead connection reconnects and publishes
+broker requeued them, counted. So does a publishing channel the broker closed on a live connection
+(a declare it refused): the old connection is closed, not left holding its deliveries. A publish that meets a dead connection reconnects and publishes
 again (a copy may already be there: the fence absorbs it). The URL's password never appears in a
 log, an error or a repr.
 """
@@ -528,6 +529,8 @@ class RabbitQueue:
         for attempt, backoff in enumerate(RECONNECT_BACKOFF_S[:RECONNECT_ATTEMPTS], start=1):
             link = self._link
             if link is None or not link.alive:
+                if link is not None:  # a channel the broker closed: the connection goes too, so the broker
+                    self._drop(link)  # requeues its deliveries now instead of holding them for a forgotten one
                 if backoff:
                     time.sleep(backoff)
                 try:
