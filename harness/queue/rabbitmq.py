@@ -27,7 +27,9 @@ tenant, correlation id, ``replay_of``, the W3C trace context and the harness's *
 returns once the broker has the message on its quorum). A delivery's ``attempt`` is the base plus
 the broker's ``x-delivery-count`` (deliveries returned unsettled — a consumer that died, a channel
 closed by the consumer timeout), so a crashed worker's redelivery counts an attempt, as on the
-reference queue. ``redelivered`` is the broker's flag. A body that is not JSON the harness could
+reference queue (a base header below 1 reads as 1, and an attempt is at most :data:`MAX_ATTEMPT`:
+another producer's header cannot make the retry policy or the dead letter's write fail on every
+delivery). ``redelivered`` is the broker's flag. A body that is not JSON the harness could
 store (not UTF-8, not JSON, NaN, ``\\u0000``, too deep…) becomes an
 :class:`~harness.queue.port.UndecodablePayload` — that delivery's poison dead letter, whose payload
 is then the body as a JSON *string* (what jsonb can keep) — never an exception in ``claim``.
@@ -122,6 +124,8 @@ _BROKER_HEADERS = (
     "x-first-death-queue",
     "x-first-death-reason",
 )
+# The largest attempt a delivery says (core.dead_letters.attempts is an integer); the smallest is 1.
+MAX_ATTEMPT = 2**31 - 1
 # The last error travels in a header (the copy's own record); the dead letter keeps the whole one.
 MAX_HEADER_ERROR_CHARS = 1_000
 
@@ -448,7 +452,8 @@ class RabbitQueue:
         return Delivery(
             queue=queue,
             envelope=_envelope(properties, headers, body),
-            attempt=base + offset + counted,
+            # Another producer's header may say anything: an attempt the retry policy and the database can count.
+            attempt=min(max(base, 1) + offset + counted, MAX_ATTEMPT),
             receipt=receipt,
             redelivered=bool(method.redelivered) or offset > 0,
         )

@@ -227,6 +227,25 @@ def test_a_body_the_harness_cannot_read_is_poison_dead_lettered_never_an_error_i
     assert isinstance(stored, str)
 
 
+@pytest.mark.parametrize("base", [0, -1_000, 10**12])
+def test_an_attempt_header_out_of_range_neither_fails_the_handling_nor_the_dead_letter(rabbit, conn, base):
+    """Another producer's x-core-jobs-attempt of 0, negative or past a database integer: the delivery's attempt stays
+    within 1..2^31-1, so a transient failure is a retry (not a RetryPolicyError out of handle, which stops the worker)
+    and a job past its budget is a dead letter the database accepts (not a write refused on every redelivery)."""
+    port = rabbit.port(conn)
+    port.figures(rabbit.queue)  # declares the topology
+    job_id = uuid.uuid4()
+    headers = {"x-core-jobs-attempt": base, "x-core-jobs-tenant-id": str(TENANT)}
+    body = json.dumps({"member_id": "m-1", "points": 5}).encode()
+    rabbit.publish_raw(body, pika.BasicProperties(message_id=str(job_id), delivery_mode=2, headers=headers))
+    [delivery] = claim_all(port, rabbit.queue, 1)
+    assert 1 <= delivery.attempt <= 2**31 - 1
+    consumer = make_consumer(OutageLedger(timeouts={"m-1": 1}), queue=rabbit.queue)
+    outcome = handle(conn, consumer, delivery, policy=RetryPolicy(), fence_ttl=TTL)
+    assert type(outcome).__name__ == ("DeadLettered" if base > 0 else "RetryAfter")
+    assert settle(port, delivery, outcome)
+
+
 def test_the_harness_drains_a_queue_on_rabbitmq_with_exactly_one_effect_per_job(rabbit, conn):
     """handle + settle over claims: transient failures retry through delay buckets, a crash redelivers; each job credits once."""
     members = [f"m-{n}" for n in range(12)]
