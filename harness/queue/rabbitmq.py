@@ -540,7 +540,7 @@ class RabbitQueue:
                     time.sleep(backoff)
                 try:
                     link = self._connect(attempt=attempt)
-                except _CONNECTION_ERRORS as exc:
+                except (*_CONNECTION_ERRORS, OSError) as exc:  # OSError: pika lets a DNS failure (gaierror) through
                     last = exc
                     continue
             try:

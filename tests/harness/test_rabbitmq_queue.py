@@ -299,6 +299,14 @@ def test_the_urls_password_never_appears_in_a_repr_an_error_or_a_log(conn, logs)
         assert "s3cr3t" not in text
 
 
+def test_a_broker_host_that_does_not_resolve_is_broker_unavailable_naming_the_host(conn):
+    """A DNS failure is retried like a refused connection, then BrokerUnavailable naming the host, not a bare gaierror."""
+    port = RabbitQueue("amqp://app:s3cr3t@broker.invalid:5672/%2F?connection_attempts=1&socket_timeout=1", conn)
+    with pytest.raises(BrokerUnavailable) as raised:
+        port.claim("q", 1)
+    assert "broker.invalid" in str(raised.value) and "s3cr3t" not in str(raised.value)
+
+
 @pytest.mark.parametrize("password", ["pa/ss-s3cr3t", "pa#ss-s3cr3t", "pa?ss-s3cr3t", "pa@ss-s3cr3t"])
 def test_a_password_with_a_character_urls_reserve_never_appears_in_an_error_or_a_repr(conn, password):
     """A password written unencoded with / # ? or @ (which URL parsers read as the path, fragment, query or host) is
