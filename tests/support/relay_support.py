@@ -6,9 +6,10 @@ target; each test that takes it runs once per kind:
 - ``postgresql``: a :class:`~harness.queue.pgqueue.PgQueue` on ANOTHER database of the test
   server (a fresh copy of the migrated template, dropped after the test), which stands for the
   broker: the relay's outbox and the "broker" never share a table.
+- ``rabbitmq``: a ``RabbitQueue`` on the test broker (tests/support/rabbit_support.py), its queue
+  names under a prefix fresh for the test (the broker is shared), deleted afterwards.
 
-A RabbitMQ target (harness.queue.rabbitmq) joins :data:`TARGET_KINDS` as another param whose
-:class:`RelayTarget` opens a ``RabbitQueue``. A test uses only the protocol below.
+A test uses only the protocol below.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery
 from harness.queue.relay import Publisher
 
-TARGET_KINDS = ["postgresql"]
+TARGET_KINDS = ["postgresql", "rabbitmq"]
 
 
 class RelayTarget(Protocol):
@@ -64,6 +65,69 @@ class PgTarget:
             conn.close()
 
 
+class RabbitTarget:
+    """The test broker, every queue name under a prefix of this test's own."""
+
+    def __init__(self, url: str, conn: psycopg.Connection) -> None:
+        from harness.queue.rabbitmq import RabbitQueue
+
+        self.url = url
+        self.prefix = f"test.relay.{secrets.token_hex(6)}."
+        self.conn = conn
+        self._ports: list[RabbitQueue] = []
+        self._queues: set[str] = set()
+
+    def port(self) -> Publisher:
+        from harness.queue.rabbitmq import RabbitQueue
+
+        port = RabbitQueue(self.url, self.conn, prefix=self.prefix)
+        self._ports.append(port)
+        return _Remembering(port, self._queues)
+
+    def take(self, queue: str) -> list[Delivery]:
+        from harness.queue.rabbitmq import RabbitQueue
+
+        self._queues.add(queue)
+        port = RabbitQueue(self.url, self.conn, prefix=self.prefix, worker="test-consumer")
+        try:
+            port.figures(queue)  # declared, so the claim's count of ready messages is right
+            taken: list[Delivery] = []
+            while batch := port.claim(queue, 100):
+                port.ack(batch)
+                taken.extend(batch)
+            return taken
+        finally:
+            port.close()
+
+    def close(self) -> None:
+        import pika
+
+        from harness.queue.rabbitmq import exhausted_queue_name
+
+        for port in self._ports:
+            port.close()
+        connection = pika.BlockingConnection(pika.URLParameters(self.url))
+        try:
+            channel = connection.channel()
+            for queue in self._queues:
+                for name in (self.prefix + queue, exhausted_queue_name(self.prefix + queue)):
+                    channel.queue_delete(name)
+        finally:
+            connection.close()
+
+
+class _Remembering:
+    """A port that notes the queues published on, so the target deletes them afterwards."""
+
+    def __init__(self, port, queues: set[str]) -> None:
+        self.port = port
+        self.queues = queues
+
+    def publish_many(self, messages, **options) -> None:
+        self.queues.update(queue for queue, _envelope in messages)
+        self.port.publish_many(messages, **options)
+
+
 @pytest.fixture
 def broker_database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
     """A second fresh migrated database of this test: the broker's stand-in, never the outbox's."""
@@ -82,5 +146,10 @@ def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
         target = PgTarget(request.getfixturevalue("broker_database_url"))
         yield target
         target.close()
+        return
+    if request.param == "rabbitmq":
+        rabbit = RabbitTarget(request.getfixturevalue("rabbit_url"), request.getfixturevalue("conn"))
+        yield rabbit
+        rabbit.close()
         return
     raise AssertionError(f"unknown relay target kind {request.param!r}")
