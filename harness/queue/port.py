@@ -24,7 +24,10 @@ port, and :func:`harness.queue.adapters.open_queue` picks one from a URL. Beside
 calls a port has:
 
 - ``publish_many(messages, delay=)`` — every ``(queue, envelope)`` or none: ``check_payload``
-  runs on every payload before anything is sent;
+  runs on every payload before anything is sent. A broker that cannot be all or none (RabbitMQ
+  confirms each message) says, when it fails midway, how many of the first messages it has: an
+  ``int`` attribute ``published`` on the error it raises (absent: none), so a caller that must
+  not send them twice (the relay, harness/queue/relay.py) can tell;
 - ``close()`` — what the port holds of its own (a broker connection) is let go; the PostgreSQL
   connection it was opened on is the caller's and stays open. The worker closes its port when its
   thread ends;

@@ -355,6 +355,8 @@ class RabbitQueue:
 
         Not atomic on the broker: a connection lost midway leaves the first ones published (the
         adapter reconnects once and publishes the rest again; a copy sent twice is absorbed by the fence).
+        An error raised after some were confirmed says how many: its ``published`` attribute (the
+        first ``published`` of ``messages`` are on the broker), which the relay acks in its outbox.
         """
         for _queue, envelope in messages:
             check_payload(envelope.payload)
@@ -372,7 +374,11 @@ class RabbitQueue:
                     _confirmed_publish(link.publisher, target, body, properties)
                     sent += 1
 
-            self._with_link(send)
+            try:
+                self._with_link(send)
+            except Exception as exc:
+                exc.published = sent  # type: ignore[attr-defined]  # the first `sent` are on the broker (harness/queue/port.py)
+                raise
 
     # -- claiming ------------------------------------------------------------------------------------------------
 

@@ -24,7 +24,9 @@ Crash cases — nothing is lost, and nothing is done twice:
 
 - the publish fails (the broker is down, refuses, or does not confirm): the claimed rows are
   **released** at once (their attempt not counted), logged ``harness.relay.error``, and
-  :meth:`Relay.run_once` raises that error; the next run publishes them again;
+  :meth:`Relay.run_once` raises that error; the next run publishes them again. Rows the target
+  says it took before it failed (the error's ``published``: a queue that filled up midway) are
+  acked instead, so a broker pushing back never gets the same rows again and again;
 - the relay dies after the publish and before the ack (or the ack finds the lease expired —
   ``harness.relay.lease_lost``): the rows' leases expire and they are **published again**. The
   broker then holds the message twice, and the worker's fence absorbs the second delivery
@@ -177,9 +179,18 @@ class Relay:
             return
         try:
             self.target.publish_many([(queue, d.envelope) for d in sendable])
-        except Exception:
-            self._give_back(queue, sendable)
+        except Exception as exc:
+            # The first `published` reached the target before it refused one: acked, they are not sent again.
+            published = getattr(exc, "published", 0)
+            published = published if isinstance(published, int) and 0 < published < len(sendable) else 0
+            if published:
+                self._published(queue, sendable[:published], result)
+            self._give_back(queue, sendable[published:])
             raise
+        self._published(queue, sendable, result)
+
+    def _published(self, queue: str, sendable: list[Delivery], result: RelayResult) -> None:
+        """Ack rows the target confirmed in the outbox; a lost lease means they will be published again."""
         acked = self.source.ack(sendable)
         result.published += len(sendable)
         result.batches += 1

@@ -2,15 +2,21 @@
 
 The outbox is this test's database (``core.queue_messages``, written by a real replay or a
 publish); the target is parametrised (``relay_target``, tests/support/relay_support.py): a
-PgQueue on another database stands for the broker. Leases are expired by back-dating them,
+PgQueue on another database standing for the broker, and the real RabbitMQ. Leases are expired by back-dating them,
 never by waiting.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
+import shutil
+import subprocess
 import threading
 from datetime import timedelta
 
+import pika
+import pika.exceptions
 import psycopg
 import pytest
 from support.factories import QUEUE, add_dead_letters, dead_letter, publish
@@ -22,6 +28,7 @@ from harness.examples.points import make_consumer
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Acked, Duplicate, Envelope
+from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
 from harness.queue.relay import RELAY_CONSUMER, Publisher, Relay
 from harness.worker import Worker, WorkerConfig
 from maintenance.operations.dead_letters import replay
@@ -199,3 +206,44 @@ def test_the_loop_relays_until_stopped_and_logs_its_start_and_stop(database_url,
     assert [e["queues"] for e in logs.named("harness.relay.start")] == [[QUEUE]]
     (stopped,) = logs.named("harness.relay.stop")
     assert (stopped["num_published"], stopped["ok"]) == (1, True)
+
+
+def test_rows_the_broker_confirmed_before_it_refused_one_leave_the_outbox_and_are_not_published_again(conn, rabbit_url):
+    """A broker queue full after a few rows of a batch of five (a max-length policy; the adapter's reject-publish)
+    refuses the next: the run raises, the rows the broker confirmed leave the outbox and only the others stay; once
+    the queue is drained the next run publishes those — each job on the broker once, no batch-mate again."""
+    prefix = f"test.review-{secrets.token_hex(6)}."
+    policy = f"core-jobs-{prefix}max-length"
+    rabbitmqctl("set_policy", "--apply-to", "queues", policy, f"^{re.escape(prefix)}", '{"max-length": 2}')
+    port = RabbitQueue(rabbit_url, conn, prefix=prefix)
+    consumer = RabbitQueue(rabbit_url, conn, prefix=prefix, worker="test-consumer")
+
+    def drain() -> list:
+        ready, taken = consumer.figures(QUEUE)[0], []
+        wait_until(lambda: taken.extend(consumer.claim(QUEUE, 10)) or len(taken) >= ready, what=f"{ready} messages")
+        assert consumer.ack(taken) == len(taken)
+        return [d.envelope.job_id for d in taken]
+
+    try:
+        jobs = [publish(conn, {"member_id": f"m-{n}", "points": 1}) for n in range(5)]
+        with pytest.raises(pika.exceptions.NackError):
+            Relay(PgQueue(conn), port, [QUEUE]).run_once()
+        first = drain()
+        assert 1 <= len(first) < 5 and len(first) + outbox(conn) == 5
+        assert Relay(PgQueue(conn), port, [QUEUE]).run_once().published == 5 - len(first)
+        assert sorted(first + drain()) == sorted(jobs) and outbox(conn) == 0
+    finally:
+        port.close()
+        consumer.close()
+        rabbitmqctl("clear_policy", policy)
+        with pika.BlockingConnection(pika.URLParameters(rabbit_url)) as connection:
+            channel = connection.channel()
+            for name in (prefix + QUEUE, exhausted_queue_name(prefix + QUEUE)):
+                channel.queue_delete(name)
+
+
+def rabbitmqctl(*arguments: str) -> None:
+    """Run ``rabbitmqctl`` on the test broker's node (root on the test machine); skip the test when it cannot."""
+    if shutil.which("rabbitmqctl") is None:
+        pytest.skip("rabbitmqctl is not installed here: a broker policy cannot be set")
+    subprocess.run(["rabbitmqctl", "-q", *arguments], check=True, capture_output=True, timeout=60)
