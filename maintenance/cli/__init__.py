@@ -70,7 +70,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.retry import compute_delay, max_retry_window
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES  # the names only: no job's code is imported
     from maintenance.settings import format_duration
 
     if args.json:
@@ -96,14 +96,14 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
-    out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
+    out.write(f"\nJobs: {', '.join(JOB_NAMES) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
 
 
 def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
     """check-config --json: the effective settings (secrets redacted), the guards and the jobs, one document."""
     from maintenance.consumers import consumer_ttl_guard, load_consumer
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES
 
     guard = settings.ttl_guard()
     consumers = []
@@ -123,7 +123,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "settings": settings.effective(),
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
         "consumers": consumers,
-        "jobs": list(jobs()),
+        "jobs": list(JOB_NAMES),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
@@ -132,13 +132,14 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
     """check-config --consumer: each consumer's own window (a durable one's execution window,
     harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
-    from harness.durable.window import max_execution_window, max_takes
+    if not references:
+        return True
+    from harness.durable.window import max_execution_window, max_takes  # the harness's consumer model: psycopg
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.settings import format_duration
 
     ok = True
-    if references:
-        out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
+    out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
     for reference in references:
         consumer = load_consumer(reference)
         queue_policy = settings.retry_policy(consumer.queue)

@@ -24,10 +24,12 @@ No error message quotes the URL it refuses: it may hold a password or a token.
 from __future__ import annotations
 
 import re
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from maintenance.fields.durations import PG_MAX_MILLISECONDS
 from maintenance.runtime.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
+from maintenance.runtime.imports import import_without
 
 __all__ = ["MASK"]  # re-exported: the mask every redaction writes
 
@@ -181,7 +183,9 @@ def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
     The messages never quote the URL: a heartbeat URL's path is a token.
     """
-    import httpx  # parsed as the Better Stack client will parse it
+    # Parsed as the Better Stack client will parse it; httpx without its command-line client's
+    # click, rich and pygments (maintenance/runtime/imports.py).
+    httpx: Any = import_without("httpx", hidden=("click", "rich", "pygments"))
 
     text = value.strip()
     if not re.match(r"^https?://", text, re.I):
