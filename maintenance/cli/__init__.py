@@ -1,8 +1,11 @@
 """The ``core-jobs`` command line.
 
 It answers at once: the parser is built from light modules only, and each command imports what
-it needs when it runs (``--help`` and ``check-config`` load no Alembic, SQLAlchemy or
-APScheduler; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler). Each
+it needs when it runs (``--help`` loads no library beyond argparse; ``check-config`` the settings
+and nothing of the jobs' code, the API, Alembic or APScheduler's scheduler, nor psycopg or httpx
+but to check a URL that is not plain, maintenance/fields/urls.py — tests/cli/test_cli_imports.py,
+bench/cli.py; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler's
+scheduler). Each
 command that runs jobs makes its process's state here and passes it down: one ``stop`` event
 (set by SIGTERM/SIGINT through :func:`maintenance.runtime.signals.on_signals`) and one
 :class:`~maintenance.service.telemetry.Telemetry`.
