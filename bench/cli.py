@@ -18,8 +18,9 @@
 4. ``--against DIR``: the same commands run from the checkout at DIR as well (its packages first
    on ``PYTHONPATH``, this environment's dependencies), interleaved with this checkout's, and the
    ratio this / that. A worktree of main: ``git worktree add --detach /tmp/cj-main main``.
-5. Where check-config's time goes: one ``python -X importtime`` run of it per checkout, the
-   import time of each top-level package summed over its modules (self time), largest first.
+5. Where check-config's time goes: three ``python -X importtime`` runs of it per checkout, the
+   import time of each top-level package summed over its modules (each module's least self
+   time), largest first.
 
 check-config gets settings from the environment: every ``CORE_JOBS_*`` variable of the caller is
 dropped and ``CORE_JOBS_DATABASE_URL`` points at port 9 of localhost, where nothing listens — a
@@ -94,18 +95,26 @@ def check(label: str, done: subprocess.CompletedProcess[str]) -> None:
         raise SystemExit(f"{label}: the database URL's password is in the output")
 
 
-def import_profile(env: dict[str, str], cwd: Path, top: int) -> list[tuple[str, float, int]]:
-    """check-config under ``-X importtime``: (top-level package, seconds of self time, modules), largest first."""
+def import_profile(env: dict[str, str], cwd: Path, top: int, runs: int = 3) -> list[tuple[str, float, int]]:
+    """check-config under ``-X importtime``, ``runs`` times: (top-level package, seconds of self time, modules), largest first.
+
+    Each module's self time is its least over the runs (the machine's noise only adds), then summed per package.
+    """
     argv = [sys.executable, "-X", "importtime", "-m", "maintenance", "check-config"]
-    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    least: dict[str, int] = {}
+    for _ in range(runs):
+        done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, check=False)
+        for line in done.stderr.splitlines():
+            m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| \s*(\S+)", line)
+            if m:
+                least[m.group(3)] = min(least.get(m.group(3), int(m.group(1))), int(m.group(1)))
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    for line in done.stderr.splitlines():
-        m = re.match(r"import time:\s+(\d+) \|\s+(\d+) \| (\s*)(\S+)", line)
-        if m:
-            entry = totals[m.group(4).split(".")[0]]
-            entry[0] += int(m.group(1))
-            entry[1] += 1
+    for module, us in least.items():
+        entry = totals[module.split(".")[0]]
+        entry[0] += us
+        entry[1] += 1
     ranked = sorted(totals.items(), key=lambda kv: -kv[1][0])
+    print(f"  (all {len(least)} modules: {sum(least.values()) / 1e6:.3f} s)")
     return [(name, us / 1e6, n) for name, (us, n) in ranked[:top]]
 
 
