@@ -22,6 +22,10 @@
    import time of each top-level package summed over its modules (each module's least self
    time), largest first.
 
+6. ``--instructions``: the instructions each of check-config, ``--help`` and the baselines
+   executes, counted by valgrind (``cachegrind``, no cache simulation; a minute each): a figure
+   the machine's load does not change, for a shared machine where wall times swing.
+
 check-config gets settings from the environment: every ``CORE_JOBS_*`` variable of the caller is
 dropped and ``CORE_JOBS_DATABASE_URL`` points at port 9 of localhost, where nothing listens — a
 check-config that connected would fail (exit 1); each run's exit status is checked, and its
@@ -118,12 +122,23 @@ def import_profile(env: dict[str, str], cwd: Path, top: int, runs: int = 3) -> l
     return [(name, us / 1e6, n) for name, (us, n) in ranked[:top]]
 
 
+def instructions(argv: list[str], env: dict[str, str], cwd: Path) -> int:
+    """The instructions the process ``argv`` executes, counted by valgrind's cachegrind."""
+    tool = ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+    done = subprocess.run([*tool, *argv], env=env, cwd=cwd, capture_output=True, text=True, check=False)
+    m = re.search(r"I\s+refs:\s+([\d,]+)", done.stderr)
+    if m is None:
+        raise SystemExit(f"valgrind counted nothing for {argv}:\n{done.stderr[-2000:]}")
+    return int(m.group(1).replace(",", ""))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--against", type=Path, help="another checkout to measure beside this one (e.g. main)")
     parser.add_argument("--top", type=int, default=12, help="packages shown in check-config's import profile")
     parser.add_argument("--seed", type=int, default=20)
+    parser.add_argument("--instructions", action="store_true", help="also count instructions with valgrind")
     args = parser.parse_args()
 
     commands: list[tuple[str, ...]] = help_commands(build_parser())
@@ -195,6 +210,19 @@ def main() -> int:
             label = "core-jobs " + " ".join(command)
             this, that = best(("this", label)), best(("against", label))
             print(f"  {label:<{width}} {that:7.3f} -> {this:7.3f} s  x{this / that:5.2f}")
+
+    if args.instructions:
+        print("\ninstructions executed (valgrind; load does not change them), and over python -c 'import pydantic':")
+        counted = {
+            label: instructions([sys.executable, *argv], environment(None), ROOT) for label, argv in BASELINES.items()
+        }
+        for which, checkout in checkouts.items():
+            for command in [("--help",), ("check-config",)]:
+                label = f"{which}: core-jobs {' '.join(command)}"
+                counted[label] = instructions([*cli, *command], environment(checkout), checkout or ROOT)
+        reference = counted["python -c 'import pydantic'"]
+        for label, count in counted.items():
+            print(f"  {label:<{width + 8}} {count / 1e9:7.3f} G  x{count / reference:6.2f}")
 
     for which, checkout in checkouts.items():
         print(f"\nwhere check-config's imports go ({which}; -X importtime, self time summed per top-level package):")
