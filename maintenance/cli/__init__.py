@@ -1,8 +1,11 @@
 """The ``core-jobs`` command line.
 
 It answers at once: the parser is built from light modules only, and each command imports what
-it needs when it runs (``--help`` and ``check-config`` load no Alembic, SQLAlchemy or
-APScheduler; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler). Each
+it needs when it runs (``--help`` loads no library beyond argparse; ``check-config`` the settings
+and nothing of the jobs' code, the API, Alembic or APScheduler's scheduler, nor psycopg or httpx
+but to check a URL that is not plain, maintenance/fields/urls.py — tests/cli/test_cli_imports.py,
+bench/cli.py; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler's
+scheduler). Each
 command that runs jobs makes its process's state here and passes it down: one ``stop`` event
 (set by SIGTERM/SIGINT through :func:`maintenance.runtime.signals.on_signals`) and one
 :class:`~maintenance.service.telemetry.Telemetry`.
@@ -71,7 +74,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.retry import compute_delay, max_retry_window
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES  # the names only: no job's code is imported
     from maintenance.settings import format_duration
 
     if args.json:
@@ -98,14 +101,14 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
-    out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
+    out.write(f"\nJobs: {', '.join(JOB_NAMES) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
 
 
 def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
     """check-config --json: the effective settings (secrets redacted), the guards and the jobs, one document."""
     from maintenance.consumers import consumer_ttl_guard, load_consumer
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES
     from maintenance.settings import ENV_PREFIX
 
     guard = settings.ttl_guard()
@@ -127,7 +130,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
         "queue": {"url": settings.effective()[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
         "consumers": consumers,
-        "jobs": list(jobs()),
+        "jobs": list(JOB_NAMES),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
@@ -150,13 +153,14 @@ def _queue_shown(settings: Settings) -> str:
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
     """check-config --consumer: each consumer's own window (a durable one's execution window,
     harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
-    from harness.durable.window import max_execution_window, max_takes
+    if not references:
+        return True
+    from harness.durable.window import max_execution_window, max_takes  # the harness's consumer model: psycopg
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.settings import format_duration
 
     ok = True
-    if references:
-        out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
+    out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
     for reference in references:
         consumer = load_consumer(reference)
         queue_policy = settings.retry_policy(consumer.queue)

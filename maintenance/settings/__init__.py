@@ -79,7 +79,7 @@ from maintenance.fields.urls import (
     shown_url,
     url_passwords,
 )
-from maintenance.jobs.catalog import JOBS
+from maintenance.jobs.catalog import JOB_FIELDS
 from maintenance.settings.api import ApiSettings
 from maintenance.settings.foundation import FoundationFields
 from maintenance.settings.scheduler import SchedulerFields
@@ -119,9 +119,6 @@ __all__ = [
 
 # Settings that are URLs with a password: shown with only the password masked, the password alone a secret too.
 PASSWORD_URL_SETTINGS = ("database_url", "queue_url")
-
-# Each job's settings mixin, in catalog order (the job declares them in its settings.py).
-JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(spec.settings for spec in JOBS if spec.settings is not None)
 
 
 class Settings(  # the jobs' bases come from the catalog, so mypy sees their fields as Any
