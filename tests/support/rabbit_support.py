@@ -113,10 +113,10 @@ class RabbitUnderTest:
         return sorted({name for port in self.ports for name in port.delay_queues})
 
     def _channel(self):
-        return _Channel(self.url)
+        return BrokerChannel(self.url)
 
 
-class _Channel:
+class BrokerChannel:
     """A confirm-mode channel on a connection of its own, closed on exit."""
 
     def __init__(self, url: str) -> None:
