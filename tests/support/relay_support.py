@@ -11,7 +11,10 @@ target; each test that takes it runs once per kind:
   names under a prefix of this test's own (``test.<hex>.``: tests running at the same time, here
   or in other sessions on the broker, never share a queue); ``url`` is the broker's URL with that
   ``prefix`` option, as ``CORE_JOBS_QUEUE_URL`` would name it. Every queue its ports declared is
-  deleted after the test.
+  deleted after the test. The same target is the fixture ``rabbit_target`` for a test that runs
+  on RabbitMQ only (tests/harness/test_broker_end_to_end.py): there it also gives the URL a
+  ``Worker(queue_url=…)`` is started with (``worker_url``), the messages ready on the broker
+  (``ready``) and the death of a port's process (``crash``).
 
 A test uses only the protocol below.
 """
@@ -25,6 +28,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, Protocol
 
+import pika.exceptions
 import psycopg
 import pytest
 
@@ -32,7 +36,7 @@ from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery
 from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
 from harness.queue.relay import Publisher
-from support.rabbit_support import BrokerChannel
+from support.rabbit_support import BrokerChannel, crash_port
 
 TARGET_KINDS = ["postgresql", "rabbitmq"]
 # How long ``take`` waits for messages the broker reports ready to reach its consumer (it returns as
@@ -50,6 +54,17 @@ class RelayTarget(Protocol):
     def take(self, queue: str) -> list[Delivery]:
         """Every message ``queue`` holds on the target now, claimed and acked (consumed)."""
         ...
+
+
+class Crashing:
+    """The relay's process dying right after the target confirmed the publish, before the outbox ack."""
+
+    def __init__(self, target: Publisher) -> None:
+        self.target = target
+
+    def publish_many(self, messages, *, delay=timedelta(0)) -> None:
+        self.target.publish_many(messages, delay=delay)
+        raise KeyboardInterrupt  # not an Exception: nothing of the relay's runs after it
 
 
 class PgTarget:
@@ -117,6 +132,25 @@ class RabbitTarget:
         self._ports.append(port)
         return port
 
+    def worker_url(self) -> str:
+        """The URL a ``Worker(queue_url=…)`` on this broker is given: the prefix, and a claim that waits
+        long enough for what the broker reports ready to arrive on a loaded machine."""
+        return f"{self.url}&claim_wait={int(TAKE_WAIT / timedelta(milliseconds=1))}"
+
+    def ready(self, queue: str) -> int:
+        """Messages ready in harness queue ``queue`` on the broker (0 when it does not exist)."""
+        name = f"{self.prefix}{queue}"
+        self._declared.update((name, exhausted_queue_name(name)))
+        with BrokerChannel(self.rabbit_url) as channel:
+            try:
+                return channel.queue_declare(name, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker:
+                return 0
+
+    def crash(self, port: RabbitQueue) -> None:
+        """``port``'s process died (rabbit_support.crash_port): the broker requeues its unsettled deliveries."""
+        crash_port(port)
+
     def take(self, queue: str) -> list[Delivery]:
         port = self.port(worker="test-consumer", claim_wait=TAKE_WAIT)
         try:
@@ -148,6 +182,14 @@ def broker_database_url(pg_server_url: str, template_database: str) -> Iterator[
     drop_database(pg_server_url, name)
 
 
+@pytest.fixture
+def rabbit_target(rabbit_url: str, database_url: str) -> Iterator[RabbitTarget]:
+    """The real broker under a prefix of this test's own; every queue declared on it deleted afterwards."""
+    target = RabbitTarget(rabbit_url, database_url)
+    yield target
+    target.close()
+
+
 @pytest.fixture(params=TARGET_KINDS)
 def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
     """The relay's target, once per kind in :data:`TARGET_KINDS`."""
@@ -157,8 +199,6 @@ def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
         target.close()
         return
     if request.param == "rabbitmq":
-        rabbit = RabbitTarget(request.getfixturevalue("rabbit_url"), request.getfixturevalue("database_url"))
-        yield rabbit
-        rabbit.close()
+        yield request.getfixturevalue("rabbit_target")
         return
     raise AssertionError(f"unknown relay target kind {request.param!r}")
