@@ -46,6 +46,14 @@ def rabbit_url() -> str:
     return url
 
 
+def crash_port(port: RabbitQueue) -> None:
+    """``port``'s process died: its TCP connection cut without a goodbye, so the broker requeues its unsettled
+    deliveries (counted, ``redelivered``) as soon as it sees the connection gone."""
+    link = port._link
+    if link is not None:
+        link.connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+
+
 @dataclass
 class RabbitUnderTest:
     """A queue fresh for this test on the real broker, and the ports opened on it (closed afterwards)."""
@@ -73,9 +81,7 @@ class RabbitUnderTest:
 
     def crash(self, port: RabbitQueue) -> None:
         """The port's process died: its TCP connection cut, so the broker requeues its unsettled deliveries."""
-        link = port._link
-        if link is not None:
-            link.connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+        crash_port(port)
 
     def ready(self, name: str | None = None) -> int:
         """Messages ready in broker queue ``name`` (default: the work queue); 0 when it does not exist."""
@@ -113,10 +119,10 @@ class RabbitUnderTest:
         return sorted({name for port in self.ports for name in port.delay_queues})
 
     def _channel(self):
-        return _Channel(self.url)
+        return BrokerChannel(self.url)
 
 
-class _Channel:
+class BrokerChannel:
     """A confirm-mode channel on a connection of its own, closed on exit."""
 
     def __init__(self, url: str) -> None:
