@@ -18,6 +18,7 @@ Where each setting is declared (import everything from ``maintenance.settings``)
   alike, importing neither): ``durations.py`` — how durations are written and shown;
   ``urls.py`` — checking URLs and masking what is secret in them; ``crontab.py`` — crontab
   checks; ``retry.py`` — per-queue overrides, policy derivation and the TTL guard (J-B7);
+  ``horizon.py`` — the broker's redelivery horizon the guard adds (raised to the queue adapter's own);
   ``environment.py`` — the prefix, unknown-variable detection, error messages.
 
 :class:`Settings` composes the mixins. pydantic lists fields in reverse base order, so the
