@@ -11,8 +11,8 @@ command that runs jobs makes its process's state here and passes it down: one ``
 :class:`~maintenance.service.telemetry.Telemetry`.
 
 Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries) or the
-database could not be reached or refused a command (one line on stderr); 2 a configuration or
-usage error, reported before any data is touched.
+database or the queue's broker could not be reached or refused a command (one line on stderr); 2
+a configuration or usage error, reported before any data is touched.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
             f"  {label}: {policy.max_attempts} attempts, nominal delays {', '.join(nominal) or 'none'};"
             f" window {format_duration(max_retry_window(policy))}\n"
         )
-    out.write(f"  broker redelivery horizon: {format_duration(settings.broker_redelivery_horizon)}\n")
+    out.write(f"  broker redelivery horizon: {settings.redelivery_horizon().explain()}\n")
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
@@ -129,11 +129,28 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "settings": settings.effective(),
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
         "queue": {"url": settings.effective()[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
+        "redelivery_horizon": _horizon_document(settings),
         "consumers": consumers,
         "jobs": list(JOB_NAMES),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
+
+
+def _horizon_document(settings: Settings) -> dict[str, Any]:
+    """The TTL guard's broker horizon for check-config --json: the one used, the setting, the adapter's and its source."""
+    from maintenance.settings import format_duration
+
+    horizon = settings.redelivery_horizon()
+    adapter = horizon.adapter
+    return {
+        "value": format_duration(horizon.value),
+        "setting": format_duration(horizon.setting),
+        "adapter": None
+        if adapter is None
+        else {"name": adapter.adapter, "horizon": format_duration(adapter.horizon), "source": adapter.source},
+        "explanation": horizon.explain(),
+    }
 
 
 def _queue_shown(settings: Settings) -> str:
@@ -363,6 +380,10 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
         # The database could not be reached or refused the command: one line, not a traceback.
         error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
         _report(f"database error: {type(error).__name__}: {error}", settings)
+        return EXIT_JOB_FAILED
+    broker = harness_cli.broker_failure(exc, settings)
+    if broker is not None:  # the queue's broker could not be reached or refused: one line naming host:port
+        _report(f"broker error: {broker}", settings)
         return EXIT_JOB_FAILED
     return None
 
