@@ -57,6 +57,7 @@ from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Envelope, UndecodablePayload
 from maintenance.operations.keyset import fetch_page
+from maintenance.operations.limits import DEFAULT_BULK_MAX  # dead letters one bulk action by filter may touch
 
 __all__ = [
     "DEFAULT_BULK_MAX",
@@ -77,7 +78,6 @@ __all__ = [
 ]
 
 STATUSES = DEAD_LETTER_STATUSES  # harness/enumerations.py
-DEFAULT_BULK_MAX = 1000  # dead letters one bulk action by filter may touch
 MAX_BULK_IDS = 1000  # ids one action by id may name: the CLI's and the API's cap
 
 

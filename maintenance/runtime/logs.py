@@ -19,11 +19,17 @@ import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any, TextIO
 
-import structlog
-
 from harness import tracing
 from harness.tracing import add_trace_context
 from maintenance.runtime.credentials import MASK, mask_credentials
+from maintenance.runtime.imports import import_without
+
+# structlog imports rich when it is installed, for pretty tracebacks our events never use
+# (format_exc_info renders exceptions as plain text; the console renderer is given
+# plain_traceback): a third of a second per process (maintenance/runtime/imports.py).
+import_without("structlog", hidden=("rich",))
+
+import structlog  # noqa: E402  (imported just above, without rich)
 
 
 class SecretRedactor:
@@ -103,7 +109,8 @@ def configure_logging(
     renderer: Any = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if as_json
-        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        # plain_traceback whether rich is installed or not: the same console, and no rich to import.
+        else structlog.dev.ConsoleRenderer(colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback)
     )
     structlog.configure(
         processors=[

@@ -21,6 +21,7 @@ import psycopg
 import pytest
 from support.factories import QUEUE, add_dead_letters, dead_letter, publish
 from support.harness_support import TTL, expire_leases, fences, points, replay_state, scalar
+from support.relay_support import Crashing
 from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
@@ -29,7 +30,7 @@ from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Acked, Duplicate, Envelope
 from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
-from harness.queue.relay import RELAY_CONSUMER, Publisher, Relay
+from harness.queue.relay import RELAY_CONSUMER, Relay
 from harness.worker import Worker, WorkerConfig
 from maintenance.operations.dead_letters import replay
 
@@ -96,17 +97,6 @@ def test_a_failed_publish_gives_the_batch_back_at_once_and_raises(conn, relay_ta
     assert conn.execute("SELECT attempts, lease_token FROM core.queue_messages").fetchall() == [(0, None)]
     assert Relay(PgQueue(conn), relay_target.port(), [QUEUE]).run_once().published == 1
     assert [d.envelope.job_id for d in relay_target.take(QUEUE)] == [job]
-
-
-class Crashing:
-    """The relay's process dying right after the target confirmed the publish, before the outbox ack."""
-
-    def __init__(self, target: Publisher) -> None:
-        self.target = target
-
-    def publish_many(self, messages, *, delay=timedelta(0)) -> None:
-        self.target.publish_many(messages, delay=delay)
-        raise KeyboardInterrupt  # not an Exception: nothing of the relay's runs after it
 
 
 def test_a_crash_between_publish_and_ack_publishes_again_and_the_fence_absorbs_it(conn, relay_target):

@@ -6,8 +6,15 @@ target; each test that takes it runs once per kind:
 - ``postgresql``: a :class:`~harness.queue.pgqueue.PgQueue` on ANOTHER database of the test
   server (a fresh copy of the migrated template, dropped after the test), which stands for the
   broker: the relay's outbox and the "broker" never share a table.
-- ``rabbitmq``: a ``RabbitQueue`` on the test broker (tests/support/rabbit_support.py), its queue
-  names under a prefix fresh for the test (the broker is shared), deleted afterwards.
+- ``rabbitmq``: a :class:`~harness.queue.rabbitmq.RabbitQueue` on the real test broker
+  (``rabbit_url``, tests/support/rabbit_support.py; skipped when it does not answer), its queue
+  names under a prefix of this test's own (``test.<hex>.``: tests running at the same time, here
+  or in other sessions on the broker, never share a queue); ``url`` is the broker's URL with that
+  ``prefix`` option, as ``CORE_JOBS_QUEUE_URL`` would name it. Every queue its ports declared is
+  deleted after the test. The same target is the fixture ``rabbit_target`` for a test that runs
+  on RabbitMQ only (tests/harness/test_broker_end_to_end.py): there it also gives the URL a
+  ``Worker(queue_url=…)`` is started with (``worker_url``), the messages ready on the broker
+  (``ready``) and the death of a port's process (``crash``).
 
 A test uses only the protocol below.
 """
@@ -16,17 +23,25 @@ from __future__ import annotations
 
 import os
 import secrets
+import uuid
 from collections.abc import Iterator
-from typing import Protocol
+from datetime import timedelta
+from typing import Any, Protocol
 
+import pika.exceptions
 import psycopg
 import pytest
 
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery
+from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
 from harness.queue.relay import Publisher
+from support.rabbit_support import BrokerChannel, crash_port
 
 TARGET_KINDS = ["postgresql", "rabbitmq"]
+# How long ``take`` waits for messages the broker reports ready to reach its consumer (it returns as
+# soon as they have; an empty queue returns at once): generous, for a loaded machine.
+TAKE_WAIT = timedelta(seconds=10)
 
 
 class RelayTarget(Protocol):
@@ -39,6 +54,17 @@ class RelayTarget(Protocol):
     def take(self, queue: str) -> list[Delivery]:
         """Every message ``queue`` holds on the target now, claimed and acked (consumed)."""
         ...
+
+
+class Crashing:
+    """The relay's process dying right after the target confirmed the publish, before the outbox ack."""
+
+    def __init__(self, target: Publisher) -> None:
+        self.target = target
+
+    def publish_many(self, messages, *, delay=timedelta(0)) -> None:
+        self.target.publish_many(messages, delay=delay)
+        raise KeyboardInterrupt  # not an Exception: nothing of the relay's runs after it
 
 
 class PgTarget:
@@ -65,67 +91,84 @@ class PgTarget:
             conn.close()
 
 
+class _Declaring(RabbitQueue):
+    """A RabbitQueue that tells its target every broker queue it declares (so the test can delete them)."""
+
+    def __init__(self, *args: Any, declared: set[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._declared = declared
+
+    def _declare(self, link: Any, name: str) -> None:
+        self._declared.update((name, exhausted_queue_name(name)))
+        super()._declare(link, name)
+
+
 class RabbitTarget:
-    """The test broker, every queue name under a prefix of this test's own."""
+    """The real broker, under a queue-name prefix of this test's own.
 
-    def __init__(self, url: str, conn: psycopg.Connection) -> None:
-        from harness.queue.rabbitmq import RabbitQueue
+    Its ports hold a connection to the test's database (the adapter writes dead letters there; a
+    relay's target only publishes)."""
 
-        self.url = url
-        self.prefix = f"test.relay.{secrets.token_hex(6)}."
-        self.conn = conn
+    def __init__(self, rabbit_url: str, database_url: str) -> None:
+        self.rabbit_url = rabbit_url
+        self.prefix = f"test.{uuid.uuid4().hex[:12]}."
+        self.url = f"{rabbit_url}{'&' if '?' in rabbit_url else '?'}prefix={self.prefix}"
+        self._database_url = database_url
+        self._connections: list[psycopg.Connection] = []
         self._ports: list[RabbitQueue] = []
-        self._queues: set[str] = set()
+        self._declared: set[str] = set()
 
-    def port(self) -> Publisher:
-        from harness.queue.rabbitmq import RabbitQueue
-
-        port = RabbitQueue(self.url, self.conn, prefix=self.prefix)
+    def port(self, *, worker: str = "relay-target", **options: Any) -> RabbitQueue:
+        conn = psycopg.connect(self._database_url, autocommit=True)
+        self._connections.append(conn)
+        port = _Declaring(
+            self.rabbit_url,
+            conn,
+            worker=worker,
+            prefix=self.prefix,
+            declared=self._declared,
+            **options,
+        )
         self._ports.append(port)
-        return _Remembering(port, self._queues)
+        return port
+
+    def worker_url(self) -> str:
+        """The URL a ``Worker(queue_url=…)`` on this broker is given: the prefix, and a claim that waits
+        long enough for what the broker reports ready to arrive on a loaded machine."""
+        return f"{self.url}&claim_wait={int(TAKE_WAIT / timedelta(milliseconds=1))}"
+
+    def ready(self, queue: str) -> int:
+        """Messages ready in harness queue ``queue`` on the broker (0 when it does not exist)."""
+        name = f"{self.prefix}{queue}"
+        self._declared.update((name, exhausted_queue_name(name)))
+        with BrokerChannel(self.rabbit_url) as channel:
+            try:
+                return channel.queue_declare(name, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker:
+                return 0
+
+    def crash(self, port: RabbitQueue) -> None:
+        """``port``'s process died (rabbit_support.crash_port): the broker requeues its unsettled deliveries."""
+        crash_port(port)
 
     def take(self, queue: str) -> list[Delivery]:
-        from harness.queue.rabbitmq import RabbitQueue
-
-        self._queues.add(queue)
-        port = RabbitQueue(self.url, self.conn, prefix=self.prefix, worker="test-consumer")
+        port = self.port(worker="test-consumer", claim_wait=TAKE_WAIT)
         try:
-            port.figures(queue)  # declared, so the claim's count of ready messages is right
-            taken: list[Delivery] = []
-            while batch := port.claim(queue, 100):
-                port.ack(batch)
-                taken.extend(batch)
-            return taken
+            taken = port.claim(queue, 10_000)
+            assert port.ack(taken) == len(taken)
         finally:
             port.close()
+        return taken
 
     def close(self) -> None:
-        import pika
-
-        from harness.queue.rabbitmq import exhausted_queue_name
-
         for port in self._ports:
             port.close()
-        connection = pika.BlockingConnection(pika.URLParameters(self.url))
-        try:
-            channel = connection.channel()
-            for queue in self._queues:
-                for name in (self.prefix + queue, exhausted_queue_name(self.prefix + queue)):
-                    channel.queue_delete(name)
-        finally:
-            connection.close()
-
-
-class _Remembering:
-    """A port that notes the queues published on, so the target deletes them afterwards."""
-
-    def __init__(self, port, queues: set[str]) -> None:
-        self.port = port
-        self.queues = queues
-
-    def publish_many(self, messages, **options) -> None:
-        self.queues.update(queue for queue, _envelope in messages)
-        self.port.publish_many(messages, **options)
+        self._declared.update(name for port in self._ports for name in port.delay_queues)
+        with BrokerChannel(self.rabbit_url) as channel:
+            for name in sorted(self._declared):
+                channel.queue_delete(name)
+        for conn in self._connections:
+            conn.close()
 
 
 @pytest.fixture
@@ -139,6 +182,14 @@ def broker_database_url(pg_server_url: str, template_database: str) -> Iterator[
     drop_database(pg_server_url, name)
 
 
+@pytest.fixture
+def rabbit_target(rabbit_url: str, database_url: str) -> Iterator[RabbitTarget]:
+    """The real broker under a prefix of this test's own; every queue declared on it deleted afterwards."""
+    target = RabbitTarget(rabbit_url, database_url)
+    yield target
+    target.close()
+
+
 @pytest.fixture(params=TARGET_KINDS)
 def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
     """The relay's target, once per kind in :data:`TARGET_KINDS`."""
@@ -148,8 +199,6 @@ def relay_target(request: pytest.FixtureRequest) -> Iterator[RelayTarget]:
         target.close()
         return
     if request.param == "rabbitmq":
-        rabbit = RabbitTarget(request.getfixturevalue("rabbit_url"), request.getfixturevalue("conn"))
-        yield rabbit
-        rabbit.close()
+        yield request.getfixturevalue("rabbit_target")
         return
     raise AssertionError(f"unknown relay target kind {request.param!r}")
