@@ -75,6 +75,7 @@ SECRET_VALUES = {
     "CORE_JOBS_DATABASE_URL": "postgresql://core_jobs:pw@db.internal:5432/core",
     "CORE_JOBS_BETTERSTACK_API_TOKEN": "bs-token",
     "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL": "https://uptime.betterstack.com/api/v1/heartbeat/hb-token",
+    "CORE_JOBS_QUEUE_URL": "amqp://core_jobs:pw@rabbitmq.internal:5672/%2F",
 }
 
 

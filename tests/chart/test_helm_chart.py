@@ -31,6 +31,7 @@ SECRET_SETTINGS = (
     "CORE_JOBS_DATABASE_URL",
     "CORE_JOBS_BETTERSTACK_API_TOKEN",
     "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL",
+    "CORE_JOBS_QUEUE_URL",  # the broker's URL with its password: the relay's pod reads it from the Secret
 )
 SECRET_LOOKING = re.compile(r"TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL", re.IGNORECASE)
 CREDENTIALED_URL = re.compile(r"://[^/@\s]*@")

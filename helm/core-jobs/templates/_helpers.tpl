@@ -73,7 +73,7 @@ bound to it) and, in mode scheduler, the HTTP port. The schema
 keeps secret names out of `settings`.
 */}}
 {{- define "core-jobs.settings" -}}
-{{- $secretNames := list "CORE_JOBS_DATABASE_URL" "CORE_JOBS_BETTERSTACK_API_TOKEN" "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL" }}
+{{- $secretNames := list "CORE_JOBS_DATABASE_URL" "CORE_JOBS_BETTERSTACK_API_TOKEN" "CORE_JOBS_BETTERSTACK_HEARTBEAT_URL" "CORE_JOBS_QUEUE_URL" }}
 {{- range $name, $value := .Values.settings }}
 {{- /* The schema says the same; this still holds under --skip-schema-validation. */}}
 {{- if or (has $name $secretNames) (regexMatch "(?i)(TOKEN|PASSWORD|PASSWD|SECRET|CREDENTIAL)" $name) (regexMatch "://[^/@\\s]*@" (toString $value)) }}
