@@ -25,7 +25,7 @@ and stops when both have exited with the queue empty. Each run checks that every
 exactly one effect. Prints each median in jobs/s and core-jobs's ratio to each peer.
 
 **Enqueue.** ``--jobs`` jobs published in one call, alternately: core-jobs's
-``PgQueue.publish_many`` (its port's batch publish: one statement, all or none) and pgqueuer's
+``PgQueue.publish_many`` (its port's batch publish: one COPY, all or none) and pgqueuer's
 ``Queries.enqueue`` with lists (its batch insert). Prints jobs/s and the ratio.
 
 Server: ``HARNESS_BENCH_DATABASE_URL`` (bench/harness.py), default the local test server.

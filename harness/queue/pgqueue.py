@@ -20,6 +20,10 @@ For the demo, the tests and small deployments. Every decision about time uses th
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
   harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
 
+- **Publish many**: one COPY of the whole batch (a bulk replay, a producer's batch), each
+  payload checked and written to JSON text in one pass first; all or none, like an INSERT, and
+  the table's triggers (the API role's publish guard) see the batch as they see an INSERT's rows.
+
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
 publishes and marks its dead letter atomically.
@@ -39,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from datetime import timedelta
+from uuid import UUID
 
 import psycopg
 from opentelemetry.trace import SpanKind
@@ -46,7 +51,7 @@ from psycopg.types.json import Jsonb
 
 from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, check_payload, decode_payload
+from harness.queue.port import Delivery, Envelope, check_payload, decode_payload, payload_json
 
 __all__ = ["PgQueue"]
 
@@ -58,16 +63,18 @@ VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %
 RETURNING id
 """
 
-# Many messages in one statement: parallel arrays, one element per message (a bulk replay's 10 000).
+# Many messages in one statement: COPY, one line of text per message (a bulk replay's 10 000, a producer's
+# batch). COPY fires the table's triggers as an INSERT does: the API role's publish guard (migrations 0014,
+# 0017) sees the whole batch in its transition table. COPY takes no expressions, so run_at is given: the
+# transaction's now() + delay, read first (PUBLISH_MANY_RUN_AT); the other columns keep their defaults.
 PUBLISH_MANY = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
-                                 run_at)
-SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.traceparent, m.tracestate,
-       now() + %(delay)s
-  FROM unnest(%(queues)s::text[], %(job_ids)s::uuid[], %(tenant_ids)s::uuid[], %(correlation_ids)s::text[],
-              %(payloads)s::jsonb[], %(replay_ofs)s::bigint[], %(traceparents)s::text[], %(tracestates)s::text[])
-       AS m(queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate)
+COPY core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate, run_at)
+FROM STDIN
 """
+
+# When a batch is due, on the database's clock; as text in this session's DateStyle and TimeZone, which
+# COPY reads back in the same session to the same instant.
+PUBLISH_MANY_RUN_AT = "SELECT (now() + %(delay)s)::text"
 
 # Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
 # The payload comes back as text and is decoded per delivery, after the claim committed: one the
@@ -179,31 +186,33 @@ class PgQueue:
         return row[0]
 
     def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None:
-        """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`), so one round trip.
+        """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`, a COPY), in one transaction.
 
         All or none: one payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`
-        before any write. What a bulk replay uses (10 000 messages: one INSERT, not 10 000).
+        before any write (each is checked and written to JSON text in the same pass, :func:`payload_json`),
+        and a message the database refuses fails the COPY, so the transaction. What a bulk replay uses
+        (10 000 messages: one COPY, not 10 000 INSERTs).
         """
-        for _queue, envelope in messages:
-            check_payload(envelope.payload)
+        payloads = [payload_json(envelope.payload) for _queue, envelope in messages]
         if not messages:
             return
-        with _publish_span(messages) as traced, self.conn.transaction():
-            messages = traced
-            self.conn.execute(
-                PUBLISH_MANY,
-                {
-                    "queues": [q for q, _e in messages],
-                    "job_ids": [e.job_id for _q, e in messages],
-                    "tenant_ids": [e.tenant_id for _q, e in messages],
-                    "correlation_ids": [e.correlation_id for _q, e in messages],
-                    "payloads": [Jsonb(e.payload) for _q, e in messages],
-                    "replay_ofs": [e.replay_of for _q, e in messages],
-                    "traceparents": [e.traceparent for _q, e in messages],
-                    "tracestates": [e.tracestate for _q, e in messages],
-                    "delay": delay,
-                },
-            )
+        with _publish_context(messages) as (traceparent, tracestate), self.conn.transaction():
+            row = self.conn.execute(PUBLISH_MANY_RUN_AT, {"delay": delay}).fetchone()
+            assert row is not None
+            run_at = row[0]
+            lines = []
+            for (queue, envelope), payload in zip(messages, payloads, strict=True):
+                if traceparent is None or _keeps_its_context(envelope):
+                    parent, state = envelope.traceparent, envelope.tracestate
+                else:
+                    parent, state = traceparent, tracestate
+                lines.append(
+                    f"{_copy_text(queue)}\t{_copy_text(envelope.job_id)}\t{_copy_text(envelope.tenant_id)}\t"
+                    f"{_copy_text(envelope.correlation_id)}\t{payload.replace(_BACKSLASH, _ESCAPED_BACKSLASH)}\t"
+                    f"{_copy_text(envelope.replay_of)}\t{_copy_text(parent)}\t{_copy_text(state)}\t{run_at}\n"
+                )
+            with self.conn.cursor() as cursor, cursor.copy(PUBLISH_MANY) as copy:
+                copy.write("".join(lines))
 
     @staticmethod
     def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
@@ -308,8 +317,23 @@ def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tup
     No span when every message keeps its own context (a replay: harness/tracing.py); none either,
     and the messages unchanged, without a recording span (no SDK).
     """
+    with _publish_context(messages) as (traceparent, tracestate):
+        yield [
+            (queue, envelope)
+            if traceparent is None or _keeps_its_context(envelope)
+            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
+            for queue, envelope in messages
+        ]
+
+
+@contextmanager
+def _publish_context(messages: Sequence[tuple[str, Envelope]]) -> Iterator[tuple[str | None, str | None]]:
+    """The ``(traceparent, tracestate)`` of a ``<queue> publish`` span (PRODUCER) current around the write.
+
+    ``(None, None)`` without a span: every message keeps its own context, or no SDK records spans.
+    """
     if all(_keeps_its_context(envelope) for _queue, envelope in messages):
-        yield list(messages)
+        yield None, None
         return
     queues = sorted({queue for queue, _envelope in messages})
     attributes = {
@@ -321,10 +345,20 @@ def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tup
     with tracing.span(
         f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
     ):
-        traceparent, tracestate = tracing.current_context()
-        yield [
-            (queue, envelope)
-            if traceparent is None or _keeps_its_context(envelope)
-            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
-            for queue, envelope in messages
-        ]
+        yield tracing.current_context()
+
+
+# COPY's text format: a tab between columns, a newline after each row, \N for NULL, and a backslash
+# escapes. A payload's JSON text (json.dumps: ASCII, its control characters escaped) needs only its
+# backslashes doubled; any other text, its four special characters escaped.
+_BACKSLASH, _ESCAPED_BACKSLASH = "\\", "\\\\"
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: object) -> str:
+    """``value`` as a column of a COPY text row: NULL, a UUID's or an integer's text, or text escaped."""
+    if value is None:
+        return "\\N"
+    if type(value) is UUID or type(value) is int:  # exactly: a subclass's text could be anything
+        return str(value)
+    return str(value).translate(_COPY_ESCAPES)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -168,6 +169,16 @@ def test_publish_many_stores_a_payload_as_publish_does(conn):
     PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))])
     one, many = (row[4] for row in queued(conn))
     assert one == many and set(many) == {"1", "null", "false", "1.5", "NaN", "t", "deep"}
+
+
+def test_an_integer_is_refused_exactly_when_a_consumer_could_not_read_it(conn):
+    """An integer of exactly sys.get_int_max_str_digits() digits is queued and read back; one digit more is refused."""
+    digits = sys.get_int_max_str_digits()
+    longest = -(10**digits - 1)
+    PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": longest}))])
+    assert [d.envelope.payload for d in PgQueue(conn).claim(QUEUE, 1)] == [{"n": longest}]
+    with pytest.raises(InvalidPayload, match=re.escape(f"payload.n: an integer of more than {digits} digits")):
+        PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 10**digits}))
 
 
 @pytest.mark.parametrize(("payload", "where"), REFUSED)
