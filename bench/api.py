@@ -156,6 +156,8 @@ def measure(name: str, kind: str, target: str, auth: str, requests: list, warmup
         "s50": s50,
         "s95": s95,
         "rps": len(latencies) / wall,
+        "latencies": latencies,  # each, for a caller that merges interleaved rounds
+        "server": server,
         "cpu_ms": 1000 * cpu / len(latencies) if kind == "http" else float("nan"),
     }
 
@@ -176,7 +178,10 @@ def seed(url: str, rows: int, bulk_rounds: int) -> None:
         )
 
 
-def start_api(url: str, key_file: str, extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+def start_api(
+    url: str, key_file: str, extra_env: dict[str, str] | None = None, cwd: str | None = None
+) -> tuple[subprocess.Popen, str]:
+    """``core-jobs api`` in its own process, run from ``cwd`` (``-m`` puts it first on the path); its base URL."""
     env = (
         {k: v for k, v in os.environ.items() if not k.startswith("CORE_JOBS_")}
         | (extra_env or {})
@@ -193,6 +198,7 @@ def start_api(url: str, key_file: str, extra_env: dict[str, str] | None = None) 
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        cwd=cwd,
     )
     for line in process.stdout:
         event = json.loads(line)

@@ -45,6 +45,7 @@ from harness.examples.points import CREDIT_POINTS, make_consumer
 from harness.handling import INSERT_FENCE, handle
 from harness.metrics import HarnessMetrics
 from harness.pg import connect
+from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Delivery, Envelope
 from harness.worker import Worker, WorkerConfig
 from maintenance.runtime import migrate
@@ -64,12 +65,6 @@ def _noop(conn, payload, ctx) -> None:
 
 
 TRIVIAL = Consumer(name="bench.trivial", queue="bench.trivial", payload_schema=Anything, handler=_noop)
-
-ENQUEUE = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, payload)
-SELECT 'bench.trivial', gen_random_uuid(), %(tenant)s, jsonb_build_object('n', g)
-  FROM generate_series(1, %(jobs)s) AS g
-"""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -136,7 +131,13 @@ def throughput(url: str, jobs: int, processes: int, batch_size: int) -> float:
     """Jobs/s of ``processes`` worker processes draining ``jobs`` trivial jobs."""
     with connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE core.queue_messages, core.processed_jobs")
-        conn.execute(ENQUEUE, {"tenant": TENANT, "jobs": jobs})
+        # Published through the port, as every producer does (one statement: PgQueue.publish_many).
+        PgQueue(conn).publish_many(
+            [
+                (TRIVIAL.queue, Envelope(job_id=uuid.uuid4(), payload={"n": n}, tenant_id=TENANT))
+                for n in range(1, jobs + 1)
+            ]
+        )
         conn.execute("VACUUM ANALYZE core.queue_messages")
     ready = mp.Barrier(processes + 1)  # the clock starts once every process has imported everything
     workers = [mp.Process(target=_drain, args=(url, batch_size, ready)) for _ in range(processes)]

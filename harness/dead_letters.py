@@ -9,6 +9,13 @@ job (J-B6) in the same trace (harness/tracing.py). It is born
 the reference queue writes the letter in the one that removes the message, so a failure is
 neither lost nor recorded twice.
 
+One dead letter per failure: a consumer has at most one ``pending_review`` letter of a job
+(migration 0018's partial unique index), and the writer inserts ``ON CONFLICT DO NOTHING`` on it,
+returning None when the letter was already there. A broker adapter commits the letter, then acks
+the broker's message; a crash in between redelivers a failure already recorded, and writing it
+again changes nothing (harness/handling.py does not even run such a redelivery). Once the letter is
+replayed or discarded, a new failure of the job is a new letter.
+
 A replayed delivery (``replay_of``: the dead letter it replays) marks that replay handled when it
 reaches a final outcome, in the transaction of the outcome (:func:`mark_replay_handled`): the
 work's for ``processed``, the fence probe's for ``duplicate`` (harness/handling.py), and this
@@ -60,19 +67,28 @@ UPDATE core.dead_letters
  WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
 """
 
-# The letter, and — for a replayed delivery failing again — its replay marked dead_lettered, in
-# one statement: atomic whatever the caller's transaction (no replay: the UPDATE matches nothing).
+# The letter, unless this consumer already has a pending letter of the job (one dead letter per
+# failure: migration 0018's partial unique index, so a redelivery after a lost ack writes nothing),
+# and — for a replayed delivery failing again — its replay marked dead_lettered, in one statement:
+# atomic whatever the caller's transaction. The replay is marked whether the INSERT wrote or found
+# the pending letter already there: either way a pending letter of the job now holds its fences, and
+# the replay's delivery is over. No replay: the UPDATE matches nothing. The SELECT always returns one
+# row: the new letter's id, NULL when the INSERT was a no-op.
 INSERT_DEAD_LETTER = """
 WITH replay_handled AS (
     UPDATE core.dead_letters
        SET replay_outcome = 'dead_lettered'
      WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
+),
+written AS (
+    INSERT INTO core.dead_letters
+           (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id, traceparent, tracestate)
+    VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s,
+            %(tenant_id)s, %(correlation_id)s, %(traceparent)s, %(tracestate)s)
+    ON CONFLICT (consumer, job_id) WHERE status = 'pending_review' DO NOTHING
+    RETURNING id
 )
-INSERT INTO core.dead_letters
-       (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id, traceparent, tracestate)
-VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s,
-        %(tenant_id)s, %(correlation_id)s, %(traceparent)s, %(tracestate)s)
-RETURNING id
+SELECT (SELECT id FROM written)
 """
 
 
@@ -92,10 +108,13 @@ def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str) 
     return conn.execute(MARK_REPLAY_HANDLED, {"replay_of": replay_of, "outcome": outcome}).rowcount == 1
 
 
-def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
-    """Insert the dead letter in the caller's transaction; return its id.
+def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int | None:
+    """Insert the dead letter in the caller's transaction; return its id, or None when it was not written.
 
-    A letter of a replayed delivery (``replay_of``) marks that replay ``dead_lettered`` in the same statement.
+    Not written: ``letter.consumer`` already has a ``pending_review`` letter of ``letter.job_id``
+    (one dead letter per failure — a redelivery of a failure already recorded, whose ack was lost;
+    :data:`INSERT_DEAD_LETTER`). The result is truthy exactly when it wrote. A letter of a replayed
+    delivery (``replay_of``) marks that replay ``dead_lettered`` in the same statement, written or not.
     """
     row = conn.execute(
         INSERT_DEAD_LETTER,
@@ -116,5 +135,5 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int:
             "tracestate": letter.tracestate,
         },
     ).fetchone()
-    assert row is not None
+    assert row is not None  # the final SELECT always returns one row
     return row[0]

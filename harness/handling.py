@@ -1,5 +1,14 @@
 """Handling one delivery: the fence and the work in one transaction, then an outcome.
 
+0. A delivery the broker marks ``redelivered`` (it may have been handled before without being
+   settled: the adapter committed the outcome in PostgreSQL, then crashed before acking) is first
+   probed, in one statement (:data:`ALREADY_DEAD_LETTERED`): if its job already has a
+   ``pending_review`` dead letter of this consumer — and, for a replay, its replay is already
+   handled (``replay_outcome`` set) — that failure is recorded: ``Duplicate(already_dead_lettered=True)``,
+   acked without running the handler (the worker logs ``harness.job.already_dead_lettered``). A
+   success needs no probe: the fence absorbs it. Other deliveries skip the probe: the reference
+   queue settles atomically with the database. With the dead-letter writer's ``ON CONFLICT DO
+   NOTHING`` (harness/dead_letters.py) this is one dead letter per failure, whatever the broker.
 1. The payload is validated against the consumer's schema. A payload it rejects is poison: a
    dead letter at once, zero retries (J-B5, J-AC4). So is one whose validation fails in any
    other way — a validator raising ``TypeError``, or anything else: validation depends on the
@@ -95,6 +104,7 @@ from harness.pg import server_now
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
 
 __all__ = [
+    "ALREADY_DEAD_LETTERED",
     "DEFAULT_LEASE",
     "INSERT_FENCE",
     "SAVEPOINTS_PER_TRANSACTION",
@@ -115,6 +125,16 @@ SAVEPOINTS_PER_TRANSACTION = 50
 # committed, after a handler ended that transaction itself.
 FENCED_JOBS = """
 SELECT job_id FROM core.processed_jobs WHERE consumer = %(consumer)s AND job_id = ANY(%(job_ids)s)
+"""
+
+# The probe of a redelivered delivery (step 0): its failure is already a pending dead letter of this
+# consumer (migration 0018's unique index answers it) and, for a replay, the replay was already handled.
+# A replay still outstanding runs even when another letter of its job is pending: its outcome is not recorded.
+ALREADY_DEAD_LETTERED = """
+SELECT EXISTS (SELECT 1 FROM core.dead_letters
+                WHERE consumer = %(consumer)s AND job_id = %(job_id)s AND status = 'pending_review')
+       AND (%(replay_of)s::bigint IS NULL
+            OR EXISTS (SELECT 1 FROM core.dead_letters WHERE id = %(replay_of)s AND replay_outcome IS NOT NULL))
 """
 
 
@@ -141,6 +161,9 @@ def handle(
     """
     runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
     envelope = delivery.envelope
+    if delivery.redelivered and _already_dead_lettered(conn, consumer, delivery):
+        metrics.duplicate(consumer.name)
+        return Duplicate(already_dead_lettered=True)
     if isinstance(envelope.payload, UndecodablePayload):  # stored, but this process cannot read it back
         poison = PoisonMessage(f"payload cannot be decoded: {envelope.payload.reason}")
         return _dead_letter(consumer, delivery, "poison", poison, metrics)
@@ -185,6 +208,14 @@ def handle(
         raise  # the caller's stop, not the job's failure; the work and the fence were rolled back
     except BaseException as exc:
         return failure_outcome(conn, consumer, delivery, exc, runtime)
+
+
+def _already_dead_lettered(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery) -> bool:
+    """Step 0's probe (:data:`ALREADY_DEAD_LETTERED`), one autocommit statement."""
+    envelope = delivery.envelope
+    params = {"consumer": consumer.name, "job_id": envelope.job_id, "replay_of": envelope.replay_of}
+    row = conn.execute(ALREADY_DEAD_LETTERED, params).fetchone()
+    return bool(row and row[0])
 
 
 def failure_outcome(
@@ -388,10 +419,16 @@ def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[An
     """A delivery's validated payload, context and fence parameters if it may share a transaction, else None.
 
     None for what :func:`handle` decides alone: an undecodable or invalid payload (poison, no
-    transaction at all), a delivery beyond ``max_attempts`` (a fence probe of its own).
+    transaction at all), a delivery beyond ``max_attempts`` (a fence probe of its own), a delivery
+    the broker says may have been handled before (``redelivered``: :func:`handle` first looks for
+    the dead letter a crash before its ack may have left).
     """
     envelope = delivery.envelope
-    if isinstance(envelope.payload, UndecodablePayload) or delivery.attempt > runtime.policy.max_attempts:
+    if (
+        isinstance(envelope.payload, UndecodablePayload)
+        or delivery.attempt > runtime.policy.max_attempts
+        or delivery.redelivered
+    ):
         return None
     try:
         payload = consumer.payload_schema.model_validate(envelope.payload)

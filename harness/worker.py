@@ -22,6 +22,12 @@ shared transaction that never committed (the worker stopping or losing its conne
 released like an unstarted one. ``Consumer(shares_transactions=False)``, a durable consumer, and
 a batch of one are handled one transaction per job, each failure settled at once.
 
+On a broker (an adapter other than the reference queue on the worker's own connection), the worker
+also relays its queue's **outbox** — the replays and RESUMEs published in ``core.queue_messages``
+(harness/queue/relay.py) — between batches, at most every ``relay_interval`` (1 s by default) and
+one thread at a time; a relay failure is logged ``harness.relay.error`` and the worker goes on.
+On the reference queue the table is the queue itself and there is nothing to relay.
+
 Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
 passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
 settled, the batch's successes are acked, and the claimed messages not yet started are
@@ -59,7 +65,9 @@ successes and logged ``harness.execution.held``; ``Stale`` (another worker took 
 settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
-``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.lease_lost``,
+``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
+redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
+``harness.job.lease_lost``,
 ``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.figures_failed`` (the
 queue's depth and age could not be read — a statement timeout over a large backlog: the gauges keep their last
 values and the worker goes on; only a lost connection stops it); successes are metrics only, counted in the ``metrics`` passed
@@ -91,6 +99,7 @@ from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
 from harness.queue.adapters import adapter_class, open_queue
+from harness.queue.pgqueue import PgQueue
 from harness.queue.port import (
     Acked,
     DeadLettered,
@@ -103,6 +112,7 @@ from harness.queue.port import (
     Stale,
     settle,
 )
+from harness.queue.relay import Relay
 
 __all__ = ["Worker", "WorkerConfig", "WorkerStats"]
 
@@ -122,9 +132,11 @@ class WorkerConfig:
     concurrency: int = 1
     # How often the worker reads its queue's depth and oldest ready age for its metrics.
     figures_interval: timedelta = timedelta(seconds=15)
+    # On a broker: how often the worker relays its queue's outbox rows (replays, RESUMEs) to it.
+    relay_interval: timedelta = timedelta(seconds=1)
 
     def __post_init__(self) -> None:
-        for name in ("fence_ttl", "lease", "poll_interval", "figures_interval"):
+        for name in ("fence_ttl", "lease", "poll_interval", "figures_interval", "relay_interval"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("batch_size", "concurrency"):
@@ -189,6 +201,7 @@ class Worker:
         self.name = f"{socket.gethostname()}:{os.getpid()}"
         self._figures_lock = threading.Lock()
         self._figures_due = 0.0  # time.monotonic() at which the queue figures are read next
+        self._relay_due = 0.0  # time.monotonic() at which the outbox is relayed next (on a broker)
         metrics.watch(consumer.name, consumer.queue)
 
     def stop(self) -> None:
@@ -229,8 +242,10 @@ class Worker:
             connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn,
             closing(self._open_queue(conn, worker_name)) as queue,
         ):
+            relay = self._outbox_relay(conn, queue, worker_name)
             while not self._stopping.is_set():
                 self._read_figures(conn, queue)
+                self._relay_outbox(relay)
                 batch = queue.claim(self.consumer.queue, self.config.batch_size)
                 if not batch:
                     if once:
@@ -268,6 +283,30 @@ class Worker:
         if read is not None:
             depth, age = read
             self.metrics.queue_figures(self.consumer.queue, depth, age)
+
+    def _outbox_relay(self, conn: psycopg.Connection, queue: object, worker_name: str) -> Relay | None:
+        """The relay of this worker's queue from the outbox to ``queue``; None on the reference queue (a PgQueue
+        on the worker's own connection), which is its own outbox."""
+        if isinstance(queue, PgQueue) and queue.conn is conn:
+            return None
+        outbox = PgQueue(conn, lease=self.config.lease, worker=f"{worker_name}/relay")
+        return Relay(outbox, queue, [self.consumer.queue], batch_size=self.config.batch_size)  # type: ignore[arg-type]
+
+    def _relay_outbox(self, relay: Relay | None) -> None:
+        """On a broker, relay the outbox when due: one thread per ``relay_interval``. A failure is the relay's
+        (logged ``harness.relay.error``, its batch given back); only a lost connection stops the worker."""
+        if relay is None:
+            return
+        with self._figures_lock:
+            now = time.monotonic()
+            if now < self._relay_due:
+                return
+            self._relay_due = now + self.config.relay_interval.total_seconds()
+        try:
+            relay.run_once()
+        except Exception:
+            if not _usable(relay.source.conn):
+                raise
 
     def _lease_lost(self, n: int = 1) -> None:
         self.stats.add("leases_lost", n)
@@ -441,6 +480,8 @@ class Worker:
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
+            if isinstance(outcome, Duplicate) and outcome.already_dead_lettered:  # a redelivery after a lost ack
+                log.info("harness.job.already_dead_lettered", **fields)
             return
         if isinstance(outcome, Held):  # acked with the batch's successes: the execution waits for an operator
             done.append(delivery)

@@ -77,11 +77,24 @@ def _where_it_failed(exc: BaseException, module_name: str) -> str:
 def consumer_ttl_guard(settings: Settings, consumer: Consumer[Any]) -> TtlGuard:
     """The TTL guard (J-B7) of one consumer: its window is the longest of the configured policies'
     and its own — a policy fixed in its code, or a durable consumer's execution window
-    (harness/durable/window.py: its actions' retries and its take-overs) — plus the broker horizon.
-    A fence shorter than that would let a late retry apply twice."""
+    (harness/durable/window.py: its actions' retries and its take-overs) — plus the broker horizon
+    (:meth:`Settings.redelivery_horizon`, covering the consumer's own policy too). A fence shorter
+    than that would let a late retry apply twice. ConfigError when the queue URL's delivery limit is
+    not above the consumer's own ``max_attempts``."""
     from harness.durable.window import max_execution_window
-    from maintenance.settings import TtlGuard
+    from maintenance.settings import ENV_PREFIX, ConfigError, TtlGuard
 
-    own = max_execution_window(consumer, settings.retry_policy(consumer.queue), settings.worker_lease)
-    window = max(settings.max_retry_window(), own + settings.broker_redelivery_horizon)
+    configured = settings.retry_policy(consumer.queue)
+    own = max_execution_window(consumer, configured, settings.worker_lease)
+    # The broker's horizon covers the consumer's own policy too (a RabbitMQ delivery limit is checked against it).
+    extra = (
+        {}
+        if consumer.retry_policy is None
+        else {f"consumer {consumer.name}'s retry_policy": consumer.policy(configured)}
+    )
+    try:
+        horizon = settings.redelivery_horizon(extra)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
+    window = max(settings.max_retry_window(), own + horizon.value)
     return TtlGuard(ttl=settings.processed_jobs_ttl, window=window, margin=settings.ttl_margin)

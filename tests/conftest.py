@@ -40,7 +40,8 @@ TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
 # (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
 # loyalty ledger of the durable-action tests (ledger_support), the RabbitMQ broker and a fresh queue on it
-# (rabbit_support), a third party's queue adapter registered as an entry point (queue_adapters).
+# (rabbit_support), a third party's queue adapter registered as an entry point (queue_adapters), and the
+# relay's targets (relay_support).
 pytest_plugins = [
     "support.fake_betterstack",
     "support.logcapture",
@@ -50,6 +51,7 @@ pytest_plugins = [
     "support.tracing_support",
     "support.rabbit_support",
     "support.queue_adapters",
+    "support.relay_support",
 ]
 
 

@@ -1,6 +1,8 @@
 """The reference queue adapter: messages in ``core.queue_messages``, on PostgreSQL's clock.
 
-For the demo, the tests and small deployments. Every decision about time uses the server's
+For the demo, the tests and small deployments — and, for a queue that lives on a broker, the
+**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs) and a relay
+moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision about time uses the server's
 ``now()``: no worker sleeps to wait for a retry and nothing is queued in memory (R-1).
 
 - **Claim**: up to ``limit`` ready messages (``run_at <= now()``, no live lease) in ``run_at``
@@ -16,17 +18,22 @@ For the demo, the tests and small deployments. Every decision about time uses th
   attempt and the fence absorbs it if the first worker did commit its work.
 - **Release** gives claimed but unhandled messages back at once (a worker stopping), without
   counting the attempt.
+- **Publish** checks every payload first (harness/queue/port.py, ``check_payload``), except one read
+  back as stored that Python cannot decode (an ``UndecodablePayload``: a RESUME of such an execution),
+  which is written back exactly as it was stored; the worker makes it its poison dead letter.
+- **Publish many** sends the batch as one COPY (a bulk replay, a producer's batch), every payload
+  checked and written to JSON text in one pass first; all or none, and the table's triggers (the
+  API role's publish guard) see the batch as they see an INSERT's rows. A pipeline (a RESUME's
+  writes) cannot carry a COPY: there the same rows go as one INSERT of arrays.
 - **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
   harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
 
-- **Publish many**: one COPY of the whole batch (a bulk replay, a producer's batch), each
-  payload checked and written to JSON text in one pass first; all or none, like an INSERT, and
-  the table's triggers (the API role's publish guard) see the batch as they see an INSERT's rows.
-
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
-publishes and marks its dead letter atomically.
+publishes and marks its dead letter atomically. A publish writes with one statement, atomic by itself:
+inside an open transaction it joins it without a savepoint, so in a pipeline (a RESUME's writes) it adds
+no round trip.
 
 Claims, acks and releases commit with ``synchronous_commit = off``: they are cheap to lose. A
 server crash can forget only the last few of them (any later synchronous commit — a work
@@ -40,18 +47,20 @@ asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import psycopg
 from opentelemetry.trace import SpanKind
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, check_payload, decode_payload, payload_json
+from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload, payload_json
 
 __all__ = ["PgQueue"]
 
@@ -64,17 +73,35 @@ RETURNING id
 """
 
 # Many messages in one statement: COPY, one line of text per message (a bulk replay's 10 000, a producer's
-# batch). COPY fires the table's triggers as an INSERT does: the API role's publish guard (migrations 0014,
-# 0017) sees the whole batch in its transition table. COPY takes no expressions, so run_at is given: the
-# transaction's now() + delay, read first (PUBLISH_MANY_RUN_AT); the other columns keep their defaults.
+# batch), run_at and the other columns left to their defaults. COPY fires the table's triggers as an
+# INSERT does: the API role's publish guard (migrations 0014, 0017) sees the whole batch in its
+# transition table.
 PUBLISH_MANY = """
+COPY core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate)
+FROM STDIN
+"""
+
+# The same with a delay: COPY takes no expressions, so run_at is given — PUBLISH_MANY_RUN_AT's value.
+PUBLISH_MANY_DELAYED = """
 COPY core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate, run_at)
 FROM STDIN
 """
 
-# When a batch is due, on the database's clock; as text in this session's DateStyle and TimeZone, which
-# COPY reads back in the same session to the same instant.
+# When a delayed batch is due, on the database's clock: the transaction's now() + delay, as text in
+# this session's DateStyle and TimeZone, which COPY reads back in the same session to the same instant.
 PUBLISH_MANY_RUN_AT = "SELECT (now() + %(delay)s)::text"
+
+# Inside a pipeline, which cannot carry a COPY (a RESUME's re-queue, pipelined with its other writes):
+# the rows as parallel arrays, one element per message, in one INSERT.
+PUBLISH_MANY_PIPELINED = """
+INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
+                                 run_at)
+SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.traceparent, m.tracestate,
+       now() + %(delay)s
+  FROM unnest(%(queues)s::text[], %(job_ids)s::uuid[], %(tenant_ids)s::uuid[], %(correlation_ids)s::text[],
+              %(payloads)s::jsonb[], %(replay_ofs)s::bigint[], %(traceparents)s::text[], %(tracestates)s::text[])
+       AS m(queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate)
+"""
 
 # Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
 # The payload comes back as text and is decoded per delivery, after the claim committed: one the
@@ -179,27 +206,40 @@ class PgQueue:
 
         A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
         """
-        check_payload(envelope.payload)
-        with _publish_span([(queue, envelope)]) as traced, self.conn.transaction():
+        _check(envelope.payload)
+        with _publish_span([(queue, envelope)]) as traced, self._one_statement():
             row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
         assert row is not None
         return row[0]
 
-    def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = timedelta(0)) -> None:
-        """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`, a COPY), in one transaction.
+    def publish_many(
+        self,
+        messages: Sequence[tuple[str, Envelope]],
+        *,
+        delay: timedelta = timedelta(0),
+        keep_context: bool = False,
+    ) -> None:
+        """Enqueue every ``(queue, envelope)`` with one statement (:data:`PUBLISH_MANY`, a COPY).
 
         All or none: one payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`
-        before any write (each is checked and written to JSON text in the same pass, :func:`payload_json`),
-        and a message the database refuses fails the COPY, so the transaction. What a bulk replay uses
-        (10 000 messages: one COPY, not 10 000 INSERTs).
+        before any write (each is checked and written to JSON text in one pass, ``payload_json``), and a
+        message the database refuses fails the statement. What a bulk replay uses (10 000 messages: one
+        COPY, not 10 000 INSERTs). Inside a pipeline: :data:`PUBLISH_MANY_PIPELINED`, no round trip.
+        ``keep_context``: every envelope's trace context is written as given — none stays none — and no
+        publish span is recorded (a RESUME's re-queue continues its job, it starts no trace of its own).
         """
-        payloads = [payload_json(envelope.payload) for _queue, envelope in messages]
+        if self.conn.info.pipeline_status != PipelineStatus.OFF:
+            self._publish_pipelined(messages, delay, keep_context)
+            return
+        payloads = [_copy_payload(envelope.payload) for _queue, envelope in messages]
         if not messages:
             return
-        with _publish_context(messages) as (traceparent, tracestate), self.conn.transaction():
-            row = self.conn.execute(PUBLISH_MANY_RUN_AT, {"delay": delay}).fetchone()
-            assert row is not None
-            run_at = row[0]
+        with _publish_context(messages, keep_context) as (traceparent, tracestate), self._one_statement():
+            run_at = ""
+            if delay:
+                row = self.conn.execute(PUBLISH_MANY_RUN_AT, {"delay": delay}).fetchone()
+                assert row is not None
+                run_at = f"\t{row[0]}"
             lines = []
             for (queue, envelope), payload in zip(messages, payloads, strict=True):
                 if traceparent is None or _keeps_its_context(envelope):
@@ -208,11 +248,40 @@ class PgQueue:
                     parent, state = traceparent, tracestate
                 lines.append(
                     f"{_copy_text(queue)}\t{_copy_text(envelope.job_id)}\t{_copy_text(envelope.tenant_id)}\t"
-                    f"{_copy_text(envelope.correlation_id)}\t{payload.replace(_BACKSLASH, _ESCAPED_BACKSLASH)}\t"
-                    f"{_copy_text(envelope.replay_of)}\t{_copy_text(parent)}\t{_copy_text(state)}\t{run_at}\n"
+                    f"{_copy_text(envelope.correlation_id)}\t{payload}\t{_copy_text(envelope.replay_of)}\t"
+                    f"{_copy_text(parent)}\t{_copy_text(state)}{run_at}\n"
                 )
-            with self.conn.cursor() as cursor, cursor.copy(PUBLISH_MANY) as copy:
+            with self.conn.cursor() as cursor, cursor.copy(PUBLISH_MANY_DELAYED if delay else PUBLISH_MANY) as copy:
                 copy.write("".join(lines))
+
+    def _publish_pipelined(
+        self, messages: Sequence[tuple[str, Envelope]], delay: timedelta, keep_context: bool
+    ) -> None:
+        for _queue, envelope in messages:
+            _check(envelope.payload)
+        if not messages:
+            return
+        with _publish_span(messages, keep_context=keep_context) as traced, self._one_statement():
+            messages = traced
+            self.conn.execute(
+                PUBLISH_MANY_PIPELINED,
+                {
+                    "queues": [q for q, _e in messages],
+                    "job_ids": [e.job_id for _q, e in messages],
+                    "tenant_ids": [e.tenant_id for _q, e in messages],
+                    "correlation_ids": [e.correlation_id for _q, e in messages],
+                    "payloads": [_stored(e.payload) for _q, e in messages],
+                    "replay_ofs": [e.replay_of for _q, e in messages],
+                    "traceparents": [e.traceparent for _q, e in messages],
+                    "tracestates": [e.tracestate for _q, e in messages],
+                    "delay": delay,
+                },
+            )
+
+    def _one_statement(self) -> AbstractContextManager[object]:
+        """A transaction for one statement, or none inside the caller's (a savepoint would cost round trips)."""
+        idle = self.conn.info.transaction_status == TransactionStatus.IDLE
+        return self.conn.transaction() if idle else nullcontext()
 
     @staticmethod
     def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
@@ -221,7 +290,7 @@ class PgQueue:
             "job_id": envelope.job_id,
             "tenant_id": envelope.tenant_id,
             "correlation_id": envelope.correlation_id,
-            "payload": Jsonb(envelope.payload),
+            "payload": _stored(envelope.payload),
             "replay_of": envelope.replay_of,
             "traceparent": envelope.traceparent,
             "tracestate": envelope.tracestate,
@@ -292,6 +361,8 @@ class PgQueue:
         with self.conn.transaction():
             if self.conn.execute(REMOVE_FOR_DEAD_LETTER, {"id": message_id, "token": token}).fetchone() is None:
                 return False
+            # Not written when the job's failure is already a pending letter of this consumer (one per
+            # failure, harness/dead_letters.py): the message goes all the same, its failure is recorded.
             write_dead_letter(self.conn, letter)
             return True
 
@@ -305,19 +376,33 @@ class PgQueue:
             return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
 
 
+def _check(payload: Any) -> None:
+    """:func:`~harness.queue.port.check_payload`, but a payload read back as stored is written back as stored."""
+    if not isinstance(payload, UndecodablePayload):
+        check_payload(payload)
+
+
+def _stored(payload: Any) -> Jsonb:
+    """The jsonb to write: an :class:`UndecodablePayload`'s text exactly as PostgreSQL printed it (a RESUME of
+    such an execution re-queues it unchanged; the worker makes it its poison dead letter), else the value."""
+    return Jsonb(payload.text, dumps=str) if isinstance(payload, UndecodablePayload) else Jsonb(payload)
+
+
 def _keeps_its_context(envelope: Envelope) -> bool:
     """A replay keeps its dead letter's context (or none) unchanged; a context already given is kept too."""
     return envelope.replay_of is not None or envelope.traceparent is not None
 
 
 @contextmanager
-def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tuple[str, Envelope]]]:
+def _publish_span(
+    messages: Sequence[tuple[str, Envelope]], *, keep_context: bool = False
+) -> Iterator[list[tuple[str, Envelope]]]:
     """The messages, each with the context of a ``<queue> publish`` span (PRODUCER) current around the write.
 
-    No span when every message keeps its own context (a replay: harness/tracing.py); none either,
-    and the messages unchanged, without a recording span (no SDK).
+    No span when every message keeps its own context (a replay: harness/tracing.py, or ``keep_context``);
+    none either, and the messages unchanged, without a recording span (no SDK).
     """
-    with _publish_context(messages) as (traceparent, tracestate):
+    with _publish_context(messages, keep_context) as (traceparent, tracestate):
         yield [
             (queue, envelope)
             if traceparent is None or _keeps_its_context(envelope)
@@ -327,12 +412,15 @@ def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tup
 
 
 @contextmanager
-def _publish_context(messages: Sequence[tuple[str, Envelope]]) -> Iterator[tuple[str | None, str | None]]:
+def _publish_context(
+    messages: Sequence[tuple[str, Envelope]], keep_context: bool
+) -> Iterator[tuple[str | None, str | None]]:
     """The ``(traceparent, tracestate)`` of a ``<queue> publish`` span (PRODUCER) current around the write.
 
-    ``(None, None)`` without a span: every message keeps its own context, or no SDK records spans.
+    ``(None, None)`` and no span when every message keeps its own context, or ``keep_context``; without
+    a recording span (no SDK), ``(None, None)`` too.
     """
-    if all(_keeps_its_context(envelope) for _queue, envelope in messages):
+    if keep_context or all(_keeps_its_context(envelope) for _queue, envelope in messages):
         yield None, None
         return
     queues = sorted({queue for queue, _envelope in messages})
@@ -351,7 +439,6 @@ def _publish_context(messages: Sequence[tuple[str, Envelope]]) -> Iterator[tuple
 # COPY's text format: a tab between columns, a newline after each row, \N for NULL, and a backslash
 # escapes. A payload's JSON text (json.dumps: ASCII, its control characters escaped) needs only its
 # backslashes doubled; any other text, its four special characters escaped.
-_BACKSLASH, _ESCAPED_BACKSLASH = "\\", "\\\\"
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
@@ -362,3 +449,11 @@ def _copy_text(value: object) -> str:
     if type(value) is UUID or type(value) is int:  # exactly: a subclass's text could be anything
         return str(value)
     return str(value).translate(_COPY_ESCAPES)
+
+
+def _copy_payload(payload: Any) -> str:
+    """The payload column of a COPY row, checked (``payload_json``); an :class:`UndecodablePayload` is written
+    back exactly as PostgreSQL printed it (a RESUME of such an execution; the worker makes it its poison)."""
+    if isinstance(payload, UndecodablePayload):
+        return _copy_text(payload.text)
+    return payload_json(payload).replace("\\", "\\\\")

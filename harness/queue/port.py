@@ -7,7 +7,8 @@ A broker adapter implements :class:`QueuePort`. The harness decides each deliver
 outcome                what the adapter does
 =====================  =================================================================
 ``Acked``              ack: the message is gone (the work and its fence are committed)
-``Duplicate``          ack: the fence was already there, nothing was done (J-B2)
+``Duplicate``          ack: the fence was already there, nothing was done (J-B2); or a
+                       redelivered delivery's failure is already a pending dead letter
 ``RetryAfter(delay)``  record the failed attempt, deliver again after ``delay`` (R-1)
 ``DeadLettered``       write the dead letter and remove the message, together (J-B4)
 ``Held``               ack: a durable execution waits for an operator (its resolution re-queues it)
@@ -292,7 +293,13 @@ class Acked:
 
 @dataclass(frozen=True)
 class Duplicate:
-    """The fence already existed: nothing done, acked silently (J-B2)."""
+    """The fence already existed: nothing done, acked silently (J-B2).
+
+    ``already_dead_lettered``: not the fence but the job's pending dead letter showed a
+    redelivered delivery's failure was already recorded (harness/handling.py): acked unrun.
+    """
+
+    already_dead_lettered: bool = False
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 ``RabbitQueue(url, conn, worker=…, lease=…)`` — or :meth:`RabbitQueue.from_url`, which is what
 ``CORE_JOBS_QUEUE_URL=amqp://user:password@host:5672/vhost?delivery_limit=20`` selects — holds its
 own pika ``BlockingConnection`` (one per worker thread: pika is not thread-safe) and the worker's
-psycopg connection ``conn`` (autocommit), on which it writes dead letters. docs/rabbitmq.md.
+psycopg connection ``conn`` (autocommit), on which it writes dead letters. docs/rabbitmq.md. What needs no
+pika — the URL's options, queue names, delay buckets, the redelivery horizon — lives in
+:mod:`harness.queue.rabbitmq_topology` and is re-exported here.
 
 Topology, declared idempotently on first use of a harness queue ``q`` (``prefix`` + ``q``):
 
@@ -64,7 +66,6 @@ log, an error or a repr.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import math
 import time
@@ -73,7 +74,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 import pika
@@ -84,12 +84,29 @@ from opentelemetry.trace import SpanKind
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from harness import tracing
-from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
 from harness.queue.port import NO_TENANT, Delivery, Envelope, InvalidPayload, check_payload, decode_payload
+from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported: names, delays, URL options, horizon
+    BUCKET_IDLE,
+    BUCKET_REDECLARE,
+    BUCKET_STRETCH,
+    BUCKETS_MS,
+    DEFAULT_CLAIM_WAIT,
+    DEFAULT_CONSUMER_TIMEOUT,
+    DEFAULT_DELIVERY_LIMIT,
+    delay_bucket,
+    delay_queue_name,
+    delay_queue_names,
+    delivery_limit_problem,
+    exhausted_queue_name,
+    redact_url,
+    redelivery_horizon,
+    url_options,
+)
 
 __all__ = [
+    "BUCKETS_MS",
     "BUCKET_STRETCH",
     "DEFAULT_CONSUMER_TIMEOUT",
     "DEFAULT_DELIVERY_LIMIT",
@@ -98,9 +115,12 @@ __all__ = [
     "delay_bucket",
     "delay_queue_name",
     "delay_queue_names",
+    "delivery_limit_problem",
+    "describe_broker_error",
     "exhausted_queue_name",
     "redact_url",
     "redelivery_horizon",
+    "url_options",
 ]
 
 log = structlog.get_logger()
@@ -123,96 +143,15 @@ _BROKER_HEADERS = (
 # The last error travels in a header (the copy's own record); the dead letter keeps the whole one.
 MAX_HEADER_ERROR_CHARS = 1_000
 
-# Deliveries of one message the broker allows before it moves the message to `<q>.exhausted`: the last
-# guard against a message that kills its consumer. Above any sane max_attempts, so the harness's own
-# budget (harness/handling.py) ends such a loop first; this catches what never reaches the harness.
-DEFAULT_DELIVERY_LIMIT = 20
-# RabbitMQ's default consumer_timeout (rabbitmq.conf `consumer_timeout`, global in 3.10): the lease.
-DEFAULT_CONSUMER_TIMEOUT = timedelta(minutes=30)
-DEFAULT_CLAIM_WAIT = timedelta(milliseconds=50)
 RECONNECT_ATTEMPTS = 3
 RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
-
-# Delay buckets: the R10 preferred numbers (each ≤ 28 % above the one before), in milliseconds.
-_R10 = (100, 125, 160, 200, 250, 315, 400, 500, 630, 800)
-_MAX_TTL_MS = 2**32 - 1  # RabbitMQ's largest x-message-ttl
-BUCKETS_MS: tuple[int, ...] = tuple(
-    m * 10**k for k in range(10) for m in _R10 if m * 10**k <= _MAX_TTL_MS
-)  # 100 ms … 4 000 000 000 ms (46 days)
-# A rounded delay is at most this factor of the delay asked for (delays of 100 ms and more).
-BUCKET_STRETCH = max(b / a for a, b in itertools.pairwise(BUCKETS_MS))
-# An unused bucket is deleted this long after its TTL (x-expires); publishers re-declare a bucket at
-# least every BUCKET_REDECLARE, so a bucket holding a message never expires under it.
-BUCKET_IDLE = timedelta(hours=1)
-BUCKET_REDECLARE = timedelta(minutes=10)
 
 _CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.ConnectionWrongStateError)
 
 
 class BrokerUnavailable(ConnectionError):
-    """The broker could not be reached (after :data:`RECONNECT_ATTEMPTS` tries); names the host, never the password."""
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, errors and reprs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
-def delay_bucket(delay: timedelta) -> int:
-    """The delay bucket (ms) a ``delay`` waits in: the smallest one not shorter than it; 0 for no delay."""
-    if delay <= timedelta(0):
-        return 0
-    wanted = math.ceil(delay / timedelta(milliseconds=1))
-    for bucket in BUCKETS_MS:
-        if bucket >= wanted:
-            return bucket
-    raise ValueError(f"a delay of {delay} is longer than RabbitMQ's largest message TTL ({BUCKETS_MS[-1]} ms)")
-
-
-def delay_queue_name(work_queue: str, bucket_ms: int) -> str:
-    """The broker queue holding ``work_queue``'s messages delayed by ``bucket_ms``."""
-    return f"{work_queue}.delay.{bucket_ms}ms"
-
-
-def delay_queue_names(work_queue: str) -> list[str]:
-    """Every delay bucket ``work_queue`` may have (most exist only once a retry needed them)."""
-    return [delay_queue_name(work_queue, bucket) for bucket in BUCKETS_MS]
-
-
-def exhausted_queue_name(work_queue: str) -> str:
-    """Where the broker's delivery limit moves a message of ``work_queue``."""
-    return f"{work_queue}.exhausted"
-
-
-def redelivery_horizon(
-    policy: RetryPolicy,
-    *,
-    consumer_timeout: timedelta = DEFAULT_CONSUMER_TIMEOUT,
-    delivery_limit: int = DEFAULT_DELIVERY_LIMIT,
-) -> timedelta:
-    """How much longer than the policy's retry window a job may still be delivered on RabbitMQ.
-
-    The TTL guard (J-B7) adds it to ``max_retry_window`` (``CORE_JOBS_BROKER_REDELIVERY_HORIZON``):
-
-    - bucket rounding: every delay may wait up to :data:`BUCKET_STRETCH` − 1 (28 %) longer, plus
-      100 ms per retry for the smallest bucket;
-    - the consumer timeout: each of the ``max_attempts`` deliveries may be held a whole
-      ``consumer_timeout`` before it settles or comes back, and a delivery that never settles
-      comes back up to ``delivery_limit`` times more, then once from ``<q>.exhausted``.
-
-    With the defaults (5 attempts, window 11 min 12 s, 30 min, limit 20): 13 h 3 min 9 s.
-    """
-    rounding = max_retry_window(policy) * (BUCKET_STRETCH - 1) + timedelta(milliseconds=100) * policy.max_retries
-    held = consumer_timeout * (policy.max_attempts + delivery_limit + 1)
-    return timedelta(seconds=math.ceil((rounding + held).total_seconds()))
+    """The broker could not be reached (after :data:`RECONNECT_ATTEMPTS` tries); names its ``host:port`` and why,
+    never the password (``core-jobs`` reports it as one ``broker error`` line, exit 1)."""
 
 
 @dataclass(eq=False)
@@ -238,9 +177,13 @@ class _Consumer:
     buffer: list[Delivery] = field(default_factory=list)
 
 
-@dataclass(frozen=True, eq=False)
+@dataclass(eq=False)
 class _Receipt:
-    """What settles a delivery: the channel that delivered it and its tag; the message, to republish it."""
+    """What settles a delivery: the channel that delivered it and its tag; the message, to republish it.
+
+    ``settled`` once acked: a delivery is settled once, and a second ack, retry, dead letter or
+    release of it changes nothing (a second ``basic.ack`` of a tag would close the channel, a
+    second retry would publish a second copy)."""
 
     link: _Link
     channel: BlockingChannel
@@ -250,10 +193,12 @@ class _Receipt:
     body: bytes
     properties: pika.BasicProperties
     offset: int  # what the queue it came from adds to the attempt: 0, or the delivery limit + 1 for .exhausted
+    settled: bool = False
 
     @property
     def alive(self) -> bool:
-        return self.channel.is_open and self.link.connection.is_open
+        """Not settled yet, and its channel still open (closed: the broker requeued it, the lease is lost)."""
+        return not self.settled and self.channel.is_open and self.link.connection.is_open
 
 
 class RabbitQueue:
@@ -288,6 +233,8 @@ class RabbitQueue:
         except Exception as exc:  # pika's own message may quote the URL: name the redacted one instead
             raise ValueError(f"invalid RabbitMQ URL {self.url}: {type(exc).__name__}") from None
         self._parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
+        host = self._parameters.host
+        self.address = f"[{host}]:{self._parameters.port}" if ":" in host else f"{host}:{self._parameters.port}"
         self.conn = conn
         self.worker = worker
         self.lease = lease
@@ -306,18 +253,8 @@ class RabbitQueue:
         """The adapter a ``CORE_JOBS_QUEUE_URL`` names. Options of ours in its query, pika's own (``heartbeat``,
         ``connection_attempts``…) passed on: ``delivery_limit`` (int), ``prefix`` (queue name prefix),
         ``consumer_timeout`` (ms, what the broker is configured with), ``claim_wait`` (ms)."""
-        parts = urlsplit(url)
-        ours: dict[str, str] = {}
-        theirs: list[tuple[str, str]] = []
-        for name, value in parse_qsl(parts.query, keep_blank_values=True):
-            (ours.__setitem__(name, value) if name in _URL_OPTIONS else theirs.append((name, value)))
-        options: dict[str, Any] = {}
-        for name, value in ours.items():
-            try:
-                options[name] = _URL_OPTIONS[name](value)
-            except ValueError:
-                raise ValueError(f"invalid {name}={value!r} in the queue URL {redact_url(url)}") from None
-        return cls(urlunsplit(parts._replace(query=urlencode(theirs))), conn, worker=worker, lease=lease, **options)
+        pika_url, options = url_options(url)
+        return cls(pika_url, conn, worker=worker, lease=lease, **options)
 
     def __repr__(self) -> str:
         return f"RabbitQueue({self.url!r}, worker={self.worker!r}, delivery_limit={self.delivery_limit})"
@@ -520,7 +457,10 @@ class RabbitQueue:
                     time.sleep(backoff)
                 try:
                     link = self._connect(attempt=attempt)
-                except _CONNECTION_ERRORS as exc:
+                except (
+                    *_CONNECTION_ERRORS,
+                    OSError,
+                ) as exc:  # OSError: the host's name does not resolve (pika lets it through)
                     last = exc
                     continue
             try:
@@ -534,9 +474,9 @@ class RabbitQueue:
                 last = exc
                 self._drop(link)
         raise BrokerUnavailable(
-            f"RabbitMQ at {self.url} unreachable after {RECONNECT_ATTEMPTS} attempts: {describe_error(last)}"
+            f"RabbitMQ at {self.address} unreachable after {RECONNECT_ATTEMPTS} attempts: {describe_broker_error(last)}"
             if last is not None
-            else f"RabbitMQ at {self.url} unreachable"
+            else f"RabbitMQ at {self.address} unreachable"
         ) from None
 
     def _connect(self, *, attempt: int) -> _Link:
@@ -626,6 +566,15 @@ class RabbitQueue:
         return True
 
 
+def describe_broker_error(error: BaseException) -> str:
+    """A broker error as text (``Type: message``); pika's connection errors say nothing in ``str()``: their
+    arguments tell the cause (``ConnectionRefusedError(111, 'Connection refused')``)."""
+    if str(error).strip() or not error.args:
+        return describe_error(error)
+    # e.g. AMQPConnectionError(AMQPConnectorSocketConnectError(ConnectionRefusedError(111, 'Connection refused')))
+    return f"{type(error).__name__}: {'; '.join(repr(arg) for arg in error.args)}"[:MAX_HEADER_ERROR_CHARS]
+
+
 def _ack(receipt: _Receipt) -> bool:
     if not receipt.alive:
         return False
@@ -633,20 +582,13 @@ def _ack(receipt: _Receipt) -> bool:
         receipt.channel.basic_ack(receipt.tag)
     except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
         return False
+    receipt.settled = True
     return True
 
 
 def _confirmed_publish(channel: BlockingChannel, queue: str, body: bytes, properties: pika.BasicProperties) -> None:
     """Publish on the default exchange, mandatory, and wait for the broker's confirm (raises if refused)."""
     channel.basic_publish("", queue, body, properties, mandatory=True)
-
-
-_URL_OPTIONS: dict[str, Any] = {
-    "delivery_limit": int,
-    "prefix": str,
-    "consumer_timeout": lambda ms: timedelta(milliseconds=int(ms)),
-    "claim_wait": lambda ms: timedelta(milliseconds=int(ms)),
-}
 
 
 def _body(envelope: Envelope) -> bytes:

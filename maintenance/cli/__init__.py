@@ -1,15 +1,18 @@
 """The ``core-jobs`` command line.
 
 It answers at once: the parser is built from light modules only, and each command imports what
-it needs when it runs (``--help`` and ``check-config`` load no Alembic, SQLAlchemy or
-APScheduler; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler). Each
+it needs when it runs (``--help`` loads no library beyond argparse; ``check-config`` the settings
+and nothing of the jobs' code, the API, Alembic or APScheduler's scheduler, nor psycopg or httpx
+but to check a URL that is not plain, maintenance/fields/urls.py — tests/cli/test_cli_imports.py,
+bench/cli.py; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler's
+scheduler). Each
 command that runs jobs makes its process's state here and passes it down: one ``stop`` event
 (set by SIGTERM/SIGINT through :func:`maintenance.runtime.signals.on_signals`) and one
 :class:`~maintenance.service.telemetry.Telemetry`.
 
 Exit codes: 0 all good; 1 a job failed (its error event says why; the next run retries) or the
-database could not be reached or refused a command (one line on stderr); 2 a configuration or
-usage error, reported before any data is touched.
+database or the queue's broker could not be reached or refused a command (one line on stderr); 2
+a configuration or usage error, reported before any data is touched.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from maintenance.cli import alerts as alerts_cli
 from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
+from maintenance.cli import relay as relay_cli
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
@@ -70,7 +74,7 @@ def cmd_downgrade(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.retry import compute_delay, max_retry_window
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES  # the names only: no job's code is imported
     from maintenance.settings import format_duration
 
     if args.json:
@@ -92,19 +96,19 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
             f"  {label}: {policy.max_attempts} attempts, nominal delays {', '.join(nominal) or 'none'};"
             f" window {format_duration(max_retry_window(policy))}\n"
         )
-    out.write(f"  broker redelivery horizon: {format_duration(settings.broker_redelivery_horizon)}\n")
+    out.write(f"  broker redelivery horizon: {settings.redelivery_horizon().explain()}\n")
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
-    out.write(f"\nJobs: {', '.join(jobs()) or '(none registered)'}\n")
+    out.write(f"\nJobs: {', '.join(JOB_NAMES) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
 
 
 def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
     """check-config --json: the effective settings (secrets redacted), the guards and the jobs, one document."""
     from maintenance.consumers import consumer_ttl_guard, load_consumer
-    from maintenance.jobs.catalog import by_name as jobs
+    from maintenance.jobs.catalog import NAMES as JOB_NAMES
     from maintenance.settings import ENV_PREFIX
 
     guard = settings.ttl_guard()
@@ -125,11 +129,28 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "settings": settings.effective(),
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
         "queue": {"url": settings.effective()[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
+        "redelivery_horizon": _horizon_document(settings),
         "consumers": consumers,
-        "jobs": list(jobs()),
+        "jobs": list(JOB_NAMES),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
+
+
+def _horizon_document(settings: Settings) -> dict[str, Any]:
+    """The TTL guard's broker horizon for check-config --json: the one used, the setting, the adapter's and its source."""
+    from maintenance.settings import format_duration
+
+    horizon = settings.redelivery_horizon()
+    adapter = horizon.adapter
+    return {
+        "value": format_duration(horizon.value),
+        "setting": format_duration(horizon.setting),
+        "adapter": None
+        if adapter is None
+        else {"name": adapter.adapter, "horizon": format_duration(adapter.horizon), "source": adapter.source},
+        "explanation": horizon.explain(),
+    }
 
 
 def _queue_shown(settings: Settings) -> str:
@@ -149,13 +170,14 @@ def _queue_shown(settings: Settings) -> str:
 def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
     """check-config --consumer: each consumer's own window (a durable one's execution window,
     harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
-    from harness.durable.window import max_execution_window, max_takes
+    if not references:
+        return True
+    from harness.durable.window import max_execution_window, max_takes  # the harness's consumer model: psycopg
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.settings import format_duration
 
     ok = True
-    if references:
-        out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
+    out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
     for reference in references:
         consumer = load_consumer(reference)
         queue_policy = settings.retry_policy(consumer.queue)
@@ -295,6 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The consumer harness: worker, enqueue, dead-letters.
     harness_cli.add_commands(sub)
+    # The outbox's relay to a broker.
+    relay_cli.add_commands(sub)
     # Durable-action executions, read-only.
     executions_cli.add_commands(sub)
     # The alert identity of a database that may be a copy.
@@ -356,6 +380,10 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
         # The database could not be reached or refused the command: one line, not a traceback.
         error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
         _report(f"database error: {type(error).__name__}: {error}", settings)
+        return EXIT_JOB_FAILED
+    broker = harness_cli.broker_failure(exc, settings)
+    if broker is not None:  # the queue's broker could not be reached or refused: one line naming host:port
+        _report(f"broker error: {broker}", settings)
         return EXIT_JOB_FAILED
     return None
 

@@ -11,7 +11,9 @@ message will never be delivered (maintenance/operations/dead_letters.py).
 
 Exit codes as for every command: 0 ok; 1 the worker failed (lost its database connection, or a
 handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the database could
-not be reached or failed the command (one ``database error`` line on stderr, secrets masked); 2 a
+not be reached or failed the command (one ``database error`` line on stderr, secrets masked), or
+the queue's broker could not be reached or refused it (one ``broker error`` line naming its
+``host:port``, never the password: :func:`broker_failure`; the worker logs ``harness.worker.error`` too); 2 a
 configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
 letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
 message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
@@ -94,6 +96,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         except BaseException as exc:  # whatever stopped it, the exit code is a documented one
             # The stop event already carries the counts; say why.
             get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
+            if broker_failure(exc, settings) is not None:
+                raise  # and the broker's line on stderr, as for every command (maintenance/cli, exit 1)
             return EXIT_FAILED
     return EXIT_OK
 
@@ -142,6 +146,26 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     shown = "" if message_id is None else f" (message {message_id})"  # a broker may have no id to tell
     print(f"enqueued job {envelope.job_id} on {args.queue}{shown}")
     return EXIT_OK
+
+
+def broker_failure(exc: BaseException, settings: Settings) -> str | None:
+    """What to say of a queue broker that could not be reached or refused a command (one line naming its
+    ``host:port``, never the password); None when ``exc`` is no broker's error.
+
+    pika is looked up only if the command loaded it: an error of RabbitMQ's cannot come from a command that did not.
+    """
+    rabbitmq: Any = sys.modules.get("harness.queue.rabbitmq")
+    if rabbitmq is None:
+        return None
+    if isinstance(exc, rabbitmq.BrokerUnavailable):
+        return str(exc)  # "RabbitMQ at host:port unreachable after 3 attempts: why"
+    pika_exceptions: Any = sys.modules.get("pika.exceptions")
+    if pika_exceptions is not None and isinstance(exc, pika_exceptions.AMQPError):
+        from harness.queue.rabbitmq_topology import broker_address
+
+        where = broker_address(settings.queue_url_value() or "")
+        return f"RabbitMQ at {where}: {rabbitmq.describe_broker_error(exc)}"
+    return None
 
 
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,7 +2,7 @@
 
 Durations (``durations.py``), URLs and their secrets (``urls.py``), crontabs (``crontab.py``),
 the environment's rules and error messages (``environment.py``), per-queue retry overrides and
-the TTL guard (``retry.py``). A job declares its settings with these beside its config
+the TTL guard (``retry.py``), the broker's redelivery horizon the guard adds (``horizon.py``). A job declares its settings with these beside its config
 (``maintenance/jobs/<job>/settings.py``); :class:`maintenance.settings.Settings` composes the
 declarations. This package imports neither the settings nor the jobs, so both can import it.
 """

@@ -22,7 +22,13 @@ ENV_PREFIX = "CORE_JOBS_"
 # ledger's URL is the example durable consumer's (harness/examples/ledger_points.py), which a
 # `core-jobs worker --consumer` process reads.
 FOREIGN_VARIABLES = frozenset(
-    {"CORE_JOBS_TEST_DATABASE_URL", "CORE_JOBS_BENCH_DATABASE_URL", "CORE_JOBS_LOYALTY_LEDGER_URL"}
+    {
+        "CORE_JOBS_TEST_DATABASE_URL",
+        "CORE_JOBS_TEST_RABBITMQ_URL",
+        "CORE_JOBS_REQUIRE_RABBITMQ",
+        "CORE_JOBS_BENCH_DATABASE_URL",
+        "CORE_JOBS_LOYALTY_LEDGER_URL",
+    }
 )
 
 

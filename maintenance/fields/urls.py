@@ -19,15 +19,24 @@
   secret (the heartbeat token), used in log events.
 
 No error message quotes the URL it refuses: it may hold a password or a token.
+
+A URL written only of characters both parsers take literally (:data:`PLAIN_DATABASE_URL`,
+:data:`PLAIN_HTTP_URL`: no percent-encoding, no query, a plain host name) is one libpq and
+httpx parse as written, so it is accepted without importing either — psycopg and httpx were
+a quarter of ``check-config``'s import time, and it uses neither otherwise. Any other URL is
+parsed by libpq or httpx themselves; tests/settings/test_settings_plain_urls.py checks that they
+accept every plain one.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 from maintenance.fields.durations import PG_MAX_MILLISECONDS
 from maintenance.runtime.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
+from maintenance.runtime.imports import import_without
 
 __all__ = ["MASK"]  # re-exported: the mask every redaction writes
 
@@ -53,9 +62,25 @@ def normalize_database_url(url: str) -> str:
     return url
 
 
+# A database URL libpq parses as written, with nothing to check in it but its port: user,
+# password, host and database name of unreserved characters only (no %-encoding), no query.
+PLAIN_DATABASE_URL = re.compile(
+    r"postgresql://(?:[A-Za-z0-9._~-]+(?::[A-Za-z0-9._~-]*)?@)?[A-Za-z0-9.-]+(?::(?P<port>[0-9]{1,5}))?"
+    r"(?:/[A-Za-z0-9._-]*)?"
+)
+
+
 def _check_libpq_parses(url: str) -> None:
     """Refuse a URL libpq cannot use now, not at the first connection; libpq's own message may echo the password."""
-    import psycopg  # only when a database URL is configured: psycopg is the heaviest import of check-config
+    plain = PLAIN_DATABASE_URL.fullmatch(url)
+    if plain and 1 <= int(plain["port"] or 5432) <= 65535:
+        return  # libpq would parse it as written: no psycopg to import (the module docstring)
+    _check_with_libpq(url)
+
+
+def _check_with_libpq(url: str) -> None:
+    """:func:`_check_libpq_parses` by libpq itself (through psycopg)."""
+    import psycopg
     from psycopg.conninfo import conninfo_to_dict
 
     try:
@@ -174,6 +199,35 @@ def shown_url(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}/…"
 
 
+# An http(s) URL httpx parses as written: a host name of letters, digits, - and . (with a letter:
+# httpx checks a dotted-digits one as an IPv4 address; no xn-- anywhere: httpx decodes an IDNA
+# label when the host is read), an optional port, a path of unreserved characters.
+PLAIN_HTTP_URL = re.compile(
+    r"https?://(?!.*xn--)(?P<host>(?=[A-Za-z0-9.-]*[A-Za-z])[A-Za-z0-9.-]+)(?::[0-9]{1,5})?(?:/[A-Za-z0-9._~/-]*)?",
+    re.I,
+)
+
+
+class _PlainUrl(NamedTuple):
+    """What :func:`check_http_url` reads of an ``httpx.URL``, for a plain URL."""
+
+    host: str
+    userinfo: bytes
+
+
+def _httpx_url(text: str) -> Any:
+    """``httpx.URL(text)``, its InvalidURL a ValueError; for a plain URL, its host and user info without httpx."""
+    plain = PLAIN_HTTP_URL.fullmatch(text)
+    if plain:
+        return _PlainUrl(plain["host"].lower(), b"")  # as httpx reads it (the module docstring)
+    # httpx without its command-line client's click, rich and pygments (maintenance/runtime/imports.py).
+    httpx: Any = import_without("httpx", hidden=("click", "rich", "pygments"))
+    try:
+        return httpx.URL(text)
+    except httpx.InvalidURL:
+        raise ValueError("httpx cannot parse it") from None
+
+
 def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     """``value`` (stripped, no trailing ``/``) if httpx and urllib can both use it as an http(s) URL; else ValueError.
 
@@ -181,8 +235,6 @@ def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     and httpx (Better Stack). A URL either cannot use would fail only later, after the jobs ran.
     The messages never quote the URL: a heartbeat URL's path is a token.
     """
-    import httpx  # parsed as the Better Stack client will parse it
-
     text = value.strip()
     if not re.match(r"^https?://", text, re.I):
         raise ValueError("must be an http:// or https:// URL")
@@ -191,8 +243,8 @@ def check_http_url(value: str, *, credentials_hint: str = "") -> str:
     try:
         parts = urlsplit(text)
         port = parts.port  # reading it checks it: a number in 0-65535
-        url = httpx.URL(text)
-    except (ValueError, httpx.InvalidURL):  # an unclosed [ of an IPv6 host, a bad port, an invalid IDNA host name
+        url = _httpx_url(text)
+    except ValueError:  # an unclosed [ of an IPv6 host, a bad port, an invalid IDNA host name
         raise ValueError(
             "is not a URL httpx can use: check the host (an IPv6 address in [ ]) and the port (1-65535)"
         ) from None

@@ -5,7 +5,8 @@
 - ``resolution`` — an operator's statement that resolves an execution in
   ``RECONCILIATION_REQUIRED`` (R-5, R-6);
 - ``keyset`` — the keyset paging both lists share;
-- ``stored`` — how a stored JSON value Python cannot decode is shown (its text and why).
+- ``stored`` — how a stored JSON value Python cannot decode is shown (its text and why);
+- ``limits`` — the caps the settings default to (imports nothing, so the settings load no psycopg).
 
 A consumer service never imports these: they ship with the bundle, not with the harness's
 wheel. A refusal (``OperationRefused``, ``ResolutionRefused``) says what is wrong in words that

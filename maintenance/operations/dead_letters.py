@@ -6,7 +6,10 @@
   bulk (J-AC5). The republished message starts a fresh attempt budget and carries
   ``replay_of`` = the dead letter's id. The replay is then *outstanding* (``replay_outcome``
   NULL) until the harness handles that delivery with a final outcome; meanwhile the purge keeps
-  the job's fences, however long the message waits (harness/queue/port.py, "Replays").
+  the job's fences, however long the message waits (harness/queue/port.py, "Replays"). The
+  message is published through the queue port (``PgQueue.publish_many``) in the replay's
+  transaction: for a queue on a broker ``core.queue_messages`` is the outbox, and a relay
+  publishes it there (harness/queue/relay.py, docs/outbox.md).
 - **Discard** marks each dead letter ``discarded`` with a reason; a blank reason is refused
   before anything is touched (the database refuses it too, J-AC7).
 - **Release** ends the outstanding state of replays whose delivery will never be handled (the
@@ -14,7 +17,7 @@
   required reason. The fences are then kept margin x retry window more, like after a handled
   delivery, and then purged normally — so release only a replay whose message is truly gone: a
   later delivery could apply the work twice. A replay whose message still waits in the
-  reference queue is refused (it will be handled).
+  reference queue — or in the outbox, for a queue on a broker — is refused (it will be handled).
 - A dead letter whose payload Python cannot decode (too deep, an integer over 4 300 digits: the
   worker's poison, kept as stored) is listed and shown with its stored text
   (maintenance/operations/stored.py), and its **replay is refused** naming it
@@ -54,6 +57,7 @@ from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Envelope, UndecodablePayload
 from maintenance.operations.keyset import fetch_page
+from maintenance.operations.limits import DEFAULT_BULK_MAX  # dead letters one bulk action by filter may touch
 
 __all__ = [
     "DEFAULT_BULK_MAX",
@@ -74,7 +78,6 @@ __all__ = [
 ]
 
 STATUSES = DEAD_LETTER_STATUSES  # harness/enumerations.py
-DEFAULT_BULK_MAX = 1000  # dead letters one bulk action by filter may touch
 MAX_BULK_IDS = 1000  # ids one action by id may name: the CLI's and the API's cap
 
 
@@ -169,7 +172,9 @@ MARK_DISCARDED = (
     "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
 )
 MARK_RELEASED = "UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = ANY(%(ids)s)"
-# Replays whose republished message still waits in the reference queue: they will be handled.
+# Replays whose republished message still waits in core.queue_messages: the reference queue, or the outbox of
+# a queue on a broker before the relay published it (harness/queue/relay.py). Either way it will be delivered
+# and handled. (Once relayed, the message is on the broker, where this read cannot see it.)
 STILL_QUEUED = "SELECT DISTINCT replay_of FROM core.queue_messages WHERE replay_of = ANY(%(ids)s) ORDER BY replay_of"
 
 

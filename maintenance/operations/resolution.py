@@ -14,7 +14,9 @@ Commands (there is no field to choose a target state: the command decides it):
   actions, no duplicates, no action the worker has still to run, none declared ``verified_only``);
   no uncertainty may be left. The execution goes ``PENDING`` (``run_at = now()``, its take count
   reset as a replay does, so a job parked by the crash-loop bound can finish) and its job is
-  published again (same job id, queue, tenant, correlation id and payload): the worker skips the
+  published again (same job id, queue, tenant, correlation id and payload) through the queue port
+  (``PgQueue.publish_many``), in the resolution's transaction — ``core.queue_messages`` is the
+  outbox a relay drains for a queue on a broker (docs/outbox.md): the worker skips the
   succeeded actions and finishes normally, with the published definition.
 - :class:`Close` (``CLOSE_WITHOUT_TRANSITION``) with evidence ``ABSENT_VERIFIED`` (the write did
   not happen; refused when a write action already ``SUCCEEDED``: then the compensation must be
@@ -28,8 +30,8 @@ key: the same canonical command from the same operator gets the original respons
 the execution succeeded and was deleted; anything else is refused); the state; the published
 definition; then a new fencing token, the ledger row, the checkpoints, the execution, the
 ``EXECUTION_RESOLVED`` event (written by the ledger's trigger) and the re-queue commit together
-or not at all — in three round trips (the reads pipelined after the lock, the token, the writes
-pipelined). The database refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger
+or not at all — in two round trips and the commit (the reads and the new token pipelined after
+the lock, the writes pipelined; BEGIN and COMMIT are psycopg's own). The database refuses any release of ``RECONCILIATION_REQUIRED`` without that ledger
 row (migration ``0012_execution_resolution``), and every write of a worker holding the old token
 matches nothing. A refusal raises :class:`ResolutionRefused` and writes nothing, not even under
 the key.
@@ -59,7 +61,8 @@ from harness.consumer.consumer import Consumer
 from harness.consumer.effects import Effect
 from harness.enumerations import EvidenceKind
 from harness.errors import validation_problems
-from harness.queue.port import InvalidPayload, check_payload
+from harness.queue.pgqueue import PgQueue
+from harness.queue.port import Envelope, InvalidPayload, check_payload
 from maintenance.runtime.credentials import credential_kind
 
 __all__ = [
@@ -81,7 +84,7 @@ RESUME, CLOSE = "RESUME", "CLOSE_WITHOUT_TRANSITION"
 RESULT_VERIFIED, ABSENT_VERIFIED, COMPENSATED_VERIFIED = "RESULT_VERIFIED", "ABSENT_VERIFIED", "COMPENSATED_VERIFIED"
 
 # Lock the execution for the whole resolution: a second resolution waits, then sees it resolved.
-# Its payload stays in the database: a RESUME re-queues it in SQL (REQUEUE_JOB), never through Python.
+# A RESUME reads the job it re-queues, payload included, with REQUEUE_JOB.
 LOCK_EXECUTION = """
 SELECT id, job_id, consumer, queue, tenant_id, correlation_id, business_scope, status, fencing_token
   FROM core.executions
@@ -141,19 +144,19 @@ UPDATE core.executions
 # CLOSE_WITHOUT_TRANSITION: its checkpoints go (snapshotted in the ledger): a replay starts afresh.
 REMOVE_CHECKPOINTS = "DELETE FROM core.execution_checkpoints WHERE execution_id = %(id)s"
 
-# RESUME: the job published again, exactly as the execution keeps it (job id, queue, tenant, correlation
-# id, payload: harness.queue.pgqueue.PUBLISH's columns), due now — copied from the locked row in one statement.
+# RESUME: the job to publish again, exactly as the execution keeps it (job id, queue, tenant, correlation
+# id, payload), due now. It is published through the queue port (PgQueue.publish_many) in the resolution's
+# transaction, like a replay: core.queue_messages is the reference queue and, for a queue that lives on a
+# broker, the outbox its relay drains (harness/queue/relay.py, docs/outbox.md) — never written here by name.
 # A dead letter's replay that was held in RECONCILIATION_REQUIRED is still outstanding (its delivery
 # was acked as Held): the re-queued message carries it (replay_of), so the execution's final outcome
 # — processed, duplicate or dead-lettered — ends that replay, as its own delivery would have.
 # It carries that replay's trace context (its letter's traceparent, tracestate; none without a replay),
-# so the resumed attempt joins the job's trace (harness/tracing.py).
+# so the resumed attempt joins the job's trace (harness/tracing.py); PgQueue adds none of its own.
 # Migration 0014's core.queue_messages_api_role_guard holds the API role to exactly this message
 # (the same replay_of rule; 0017 the same trace context): change both together.
 REQUEUE_JOB = """
-INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
-                                 run_at)
-SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, e.payload, held.id, held.traceparent, held.tracestate, now()
+SELECT e.queue, e.job_id, e.tenant_id, e.correlation_id, held.id, held.traceparent, held.tracestate, e.payload
   FROM core.executions AS e
   LEFT JOIN core.dead_letters AS held
     ON held.id = (SELECT max(d.id) FROM core.dead_letters AS d
@@ -369,7 +372,7 @@ def resolve(
     resolve here (its token's, within the deployment's); ``consumers`` the published definitions
     by consumer name. An execution outside ``scopes`` is reported as not found, like a missing one.
     Raises :class:`ResolutionRefused` (nothing applied). Three steps in one transaction: read
-    (one round trip), check (no I/O but the token), write (one round trip).
+    (one round trip, the new token with it), check (no I/O), write (one round trip).
     """
     statement_problems = _statement_problems(command)
     if statement_problems:  # the API's model refuses these first; a caller in code gets the same rules
@@ -377,7 +380,9 @@ def resolve(
     body = canonical(command)
     print_ = fingerprint(body)
     with conn.transaction():
-        row, found, checkpoints = _read(conn, execution_id, idempotency_key)
+        row, found, checkpoints, (token, now), job = _read(
+            conn, execution_id, idempotency_key, requeue=isinstance(command, Resume)
+        )
         scope = row[6] if row is not None else (found[2] if found is not None else None)
         if scope is None or scope not in scopes:
             raise ResolutionRefused("execution-not-found", f"no execution {execution_id} in your business scopes")
@@ -386,7 +391,7 @@ def resolve(
         assert row is not None
         _id, job_id, consumer_name, _queue, _tenant, _correlation, _scope, status, _token = row
         to_record = _checked(execution_id, status, consumers.get(consumer_name), consumer_name, checkpoints, command)
-        token, now = conn.execute(DRAW_TOKEN).fetchone()  # type: ignore[misc]
+        requeued = _requeued(job) if isinstance(command, Resume) else None
         status_after = "PENDING" if isinstance(command, Resume) else "FAILED"
         response = {
             "execution_id": execution_id,
@@ -419,20 +424,51 @@ def resolve(
             "response_status": 200,
             "response_body": Json(response),
         }
-        _write(conn, execution_id, token, command, ledger_row, to_record)
+        _write(conn, execution_id, token, command, ledger_row, to_record, requeued)
     return Resolution(200, response, command=command.name)
 
 
 def _read(
-    conn: psycopg.Connection, execution_id: int, idempotency_key: str
-) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None, list[_Checkpoint]]:
-    """The locked execution, the ledger row of this key, the checkpoints — in one round trip."""
+    conn: psycopg.Connection, execution_id: int, idempotency_key: str, *, requeue: bool
+) -> tuple[tuple[Any, ...] | None, tuple[Any, ...] | None, list[_Checkpoint], tuple[int, Any], tuple[Any, ...] | None]:
+    """The locked execution, the ledger row of this key, the checkpoints, a new token and now(), and (``requeue``:
+    a RESUME) the job it would publish again — in one round trip.
+
+    The token is drawn after the lock, so it is newer than any the execution holds; a replay or a
+    refusal leaves it unused (a gap in the sequence: tokens are compared, never counted).
+    """
     # The lock first, so the others see what its holder committed.
     with conn.pipeline():
         locked = conn.execute(LOCK_EXECUTION, {"id": execution_id})
         recorded = conn.execute(FIND_RESOLUTION, {"id": execution_id, "key": idempotency_key})
         listed = conn.execute(CHECKPOINTS, {"id": execution_id})
-    return locked.fetchone(), recorded.fetchone(), [_Checkpoint(*r) for r in listed.fetchall()]
+        drawn = conn.execute(DRAW_TOKEN)
+        job = conn.execute(REQUEUE_JOB, {"id": execution_id}) if requeue else None
+    token, now = drawn.fetchone()  # type: ignore[misc]
+    return (
+        locked.fetchone(),
+        recorded.fetchone(),
+        [_Checkpoint(*r) for r in listed.fetchall()],
+        (token, now),
+        job.fetchone() if job is not None else None,
+    )
+
+
+def _requeued(job: tuple[Any, ...] | None) -> tuple[str, Envelope]:
+    """The message a RESUME publishes: REQUEUE_JOB's row as an envelope."""
+    assert job is not None  # the execution is locked: its row is there
+    queue, job_id, tenant_id, correlation_id, replay_of, traceparent, tracestate, payload = job
+    # A payload Python cannot decode is an UndecodablePayload here: PgQueue writes it back exactly as stored.
+    envelope = Envelope(
+        job_id=job_id,
+        payload=payload,
+        tenant_id=tenant_id,
+        correlation_id=correlation_id,
+        replay_of=replay_of,
+        traceparent=traceparent,
+        tracestate=tracestate,
+    )
+    return queue, envelope
 
 
 def _replayed(found: tuple[Any, ...], operator: str, print_: str, command: Command) -> Resolution:
@@ -492,8 +528,13 @@ def _write(
     command: Command,
     ledger_row: dict[str, Any],
     to_record: dict[str, Any],
+    requeued: tuple[str, Envelope] | None,
 ) -> None:
-    """The ledger row and the move it records, in one round trip; any failure rolls back all of them."""
+    """The ledger row and the move it records, in one round trip; any failure rolls back all of them.
+
+    A RESUME's re-queue is published after the execution is PENDING with its new token (what the API
+    role's guard checks), through the port, its trace context as REQUEUE_JOB read it (none stays none).
+    """
     with conn.pipeline():
         conn.execute(INSERT_RESOLUTION, ledger_row)
         if isinstance(command, Resume):
@@ -502,7 +543,8 @@ def _write(
                     RECORD_RESULT, {"id": execution_id, "action": action_name, "result": Jsonb(result), "token": token}
                 )
             moved = conn.execute(RESUME_EXECUTION, {"id": execution_id, "token": token})
-            conn.execute(REQUEUE_JOB, {"id": execution_id})
+            assert requeued is not None
+            PgQueue(conn).publish_many([requeued], keep_context=True)  # no RETURNING: the API role reads no message
         else:
             reason = f"{CLOSE} {command.evidence.kind} by operator resolution (fencing token {token})"
             moved = conn.execute(CLOSE_EXECUTION, {"id": execution_id, "token": token, "reason": reason})

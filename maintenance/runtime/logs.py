@@ -19,24 +19,49 @@ import sys
 from collections.abc import Iterable, MutableMapping
 from typing import Any, TextIO
 
-import structlog
-
 from harness import tracing
 from harness.tracing import add_trace_context
 from maintenance.runtime.credentials import MASK, mask_credentials
+from maintenance.runtime.imports import import_without
+
+# structlog imports rich when it is installed, for pretty tracebacks our events never use
+# (format_exc_info renders exceptions as plain text; the console renderer is given
+# plain_traceback): a third of a second per process (maintenance/runtime/imports.py).
+import_without("structlog", hidden=("rich",))
+
+import structlog  # noqa: E402  (imported just above, without rich)
 
 
 class SecretRedactor:
-    """A structlog processor that masks secrets in every string of an event."""
+    """A structlog processor that masks secrets in every string of an event.
+
+    Strings found clean (nothing masked) of at most :data:`CLEAN_CHARS` characters are remembered,
+    at most :data:`CLEAN_SIZE` of them: an event's name, level, route, method and subject repeat
+    on every request, and the detector costs ~0.1-0.3 ms a string — most of an API request log
+    line, written on the event loop. A string holding a credential is never remembered: it is
+    masked again each time.
+    """
+
+    CLEAN_CHARS = 256
+    CLEAN_SIZE = 4096
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, so a secret that contains another is masked whole.
         self.secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+        self.clean: set[str] = set()
 
     def redact(self, text: str) -> str:
+        if text in self.clean:
+            return text
+        masked = text
         for secret in self.secrets:
-            text = text.replace(secret, MASK)
-        return mask_credentials(text)
+            masked = masked.replace(secret, MASK)
+        masked = mask_credentials(masked)
+        if masked == text and len(text) <= self.CLEAN_CHARS:
+            if len(self.clean) >= self.CLEAN_SIZE:
+                self.clean = set()
+            self.clean.add(text)
+        return masked
 
     def _walk(self, value: Any) -> Any:
         if isinstance(value, str):
@@ -84,16 +109,19 @@ def configure_logging(
     renderer: Any = (
         structlog.processors.JSONRenderer(sort_keys=False)
         if as_json
-        else structlog.dev.ConsoleRenderer(colors=out.isatty())
+        # plain_traceback whether rich is installed or not: the same console, and no rich to import.
+        else structlog.dev.ConsoleRenderer(colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback)
     )
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            add_trace_context,  # trace_id, span_id while a span is active (maintenance/runtime/tracing.py)
             _REDACTOR,
+            # After the redactor: values made here (the time, a span's hex ids), never a secret, and
+            # new on every event — masking them cost most of a request log line.
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            add_trace_context,  # trace_id, span_id while a span is active (maintenance/runtime/tracing.py)
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),

@@ -18,6 +18,7 @@ Where each setting is declared (import everything from ``maintenance.settings``)
   alike, importing neither): ``durations.py`` — how durations are written and shown;
   ``urls.py`` — checking URLs and masking what is secret in them; ``crontab.py`` — crontab
   checks; ``retry.py`` — per-queue overrides, policy derivation and the TTL guard (J-B7);
+  ``horizon.py`` — the broker's redelivery horizon the guard adds (raised to the queue adapter's own);
   ``environment.py`` — the prefix, unknown-variable detection, error messages.
 
 :class:`Settings` composes the mixins. pydantic lists fields in reverse base order, so the
@@ -31,8 +32,8 @@ microsecond.
 
 An unknown ``CORE_JOBS_*`` variable is an error that names it and suggests the closest valid
 name, so a typo never silently falls back to a default (variables are read case-insensitively;
-``CORE_JOBS_TEST_DATABASE_URL`` and ``CORE_JOBS_BENCH_DATABASE_URL`` belong to the tests and
-benchmarks). URL settings are parsed the way httpx and urllib will use them (host, IPv6 brackets,
+``CORE_JOBS_TEST_DATABASE_URL``, ``CORE_JOBS_TEST_RABBITMQ_URL``, ``CORE_JOBS_REQUIRE_RABBITMQ`` and
+``CORE_JOBS_BENCH_DATABASE_URL`` belong to the tests and benchmarks). URL settings are parsed the way httpx and urllib will use them (host, IPv6 brackets,
 port 1-65535, no credentials), so a bad one fails at load, not after the jobs ran.
 
 Secrets (the database and queue URLs' passwords, the Better Stack token, the heartbeat URL) are
@@ -50,7 +51,7 @@ from datetime import timedelta
 from pydantic import BaseModel, SecretStr, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict, SettingsError
 
-from harness.consumer.retry import RetryPolicyError
+from harness.consumer.retry import RetryPolicy, RetryPolicyError
 from maintenance.errors import ConfigError
 from maintenance.fields.crontab import check_crontab
 from maintenance.fields.durations import (
@@ -68,6 +69,7 @@ from maintenance.fields.environment import (
     describe_error,
     variable_names,
 )
+from maintenance.fields.horizon import RedeliveryHorizon, adapter_horizon
 from maintenance.fields.retry import RetryOverride, TtlGuard
 from maintenance.fields.urls import (
     DATABASE_URL_SCHEME_ALIASES,
@@ -79,7 +81,7 @@ from maintenance.fields.urls import (
     shown_url,
     url_passwords,
 )
-from maintenance.jobs.catalog import JOBS
+from maintenance.jobs.catalog import JOB_FIELDS
 from maintenance.settings.api import ApiSettings
 from maintenance.settings.foundation import FoundationFields
 from maintenance.settings.scheduler import SchedulerFields
@@ -96,6 +98,7 @@ __all__ = [
     "FoundationFields",
     "NonNegativeDuration",
     "PositiveDuration",
+    "RedeliveryHorizon",
     "RetryOverride",
     "SchedulerFields",
     "Settings",
@@ -120,9 +123,6 @@ __all__ = [
 # Settings that are URLs with a password: shown with only the password masked, the password alone a secret too.
 PASSWORD_URL_SETTINGS = ("database_url", "queue_url")
 
-# Each job's settings mixin, in catalog order (the job declares them in its settings.py).
-JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(spec.settings for spec in JOBS if spec.settings is not None)
-
 
 class Settings(  # the jobs' bases come from the catalog, so mypy sees their fields as Any
     ApiSettings,
@@ -136,6 +136,16 @@ class Settings(  # the jobs' bases come from the catalog, so mypy sees their fie
     """All settings: the topic mixins and the jobs', last first (see the module docstring)."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid", validate_default=True)
+
+    def redelivery_horizon(self, extra: dict[str, RetryPolicy] | None = None) -> RedeliveryHorizon:
+        """The TTL guard's broker horizon: ``CORE_JOBS_BROKER_REDELIVERY_HORIZON`` raised to the horizon the
+        queue adapter computes from ``CORE_JOBS_QUEUE_URL`` for the worst configured policy (and ``extra``'s),
+        never lowered (maintenance/fields/horizon.py says why).
+
+        ValueError when the queue URL's options do not read or its delivery limit is too low for a policy.
+        """
+        policies = self.labelled_policies() | (extra or {})
+        return RedeliveryHorizon(self.broker_redelivery_horizon, adapter_horizon(self.queue_url_value(), policies))
 
     def secret_values(self) -> list[str]:
         """Every secret string configured, for the log redactor."""
@@ -199,7 +209,12 @@ def load_settings() -> Settings:
         name = ENV_PREFIX + (field.group(1).upper() if field else "*")
         raise ConfigError(f"{name}: not valid JSON") from None
     try:
-        settings.max_retry_window()  # builds every policy and sums its worst case, which may overflow
+        settings.retry_policies()  # builds every policy
+        settings.max_retry_window()  # and sums its worst case, which may overflow
     except RetryPolicyError as exc:
         raise ConfigError(f"{ENV_PREFIX}RETRY_*: {exc}") from None
+    except (
+        ValueError
+    ) as exc:  # the queue URL's options, read for the redelivery horizon (maintenance/fields/horizon.py)
+        raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
     return settings

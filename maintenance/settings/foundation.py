@@ -2,6 +2,9 @@
 
 ``CORE_JOBS_DATABASE_URL`` is checked by :func:`~maintenance.fields.urls.normalize_database_url`;
 the retry policies and the TTL guard they feed are derived in :mod:`maintenance.fields.retry`.
+The guard's broker horizon is :meth:`FoundationFields.redelivery_horizon`: here the setting
+``CORE_JOBS_BROKER_REDELIVERY_HORIZON`` alone; :class:`maintenance.settings.Settings`, which also
+knows the queue URL, raises it to the queue adapter's own (:mod:`maintenance.fields.horizon`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from harness.consumer.retry import RetryPolicy
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, PostgresTimeout
 from maintenance.fields.environment import ENV_PREFIX
+from maintenance.fields.horizon import RedeliveryHorizon
 from maintenance.fields.retry import (
     RetryOverride,
     TtlGuard,
@@ -83,7 +87,8 @@ class FoundationFields(BaseModel):
     broker_redelivery_horizon: NonNegativeDuration = Field(
         default=DEFAULT_BROKER_REDELIVERY_HORIZON,
         description="How long the broker itself may still redeliver a message (e.g. SQS retention); "
-        "added to the retry window by the TTL guard.",
+        "added to the retry window by the TTL guard. On RabbitMQ (CORE_JOBS_QUEUE_URL amqp://) the guard uses the "
+        "adapter's computed horizon instead when that is larger: this setting can raise it, never lower it.",
     )
     migrate_lock_timeout: PostgresTimeout = Field(
         default=DEFAULT_MIGRATE_LOCK_TIMEOUT,
@@ -134,9 +139,23 @@ class FoundationFields(BaseModel):
         """Every configured policy: ``None`` for the default, then each overridden queue."""
         return {None: self.default_retry_policy()} | {q: self.retry_policy(q) for q in self.retry_overrides}
 
+    def labelled_policies(self) -> dict[str, RetryPolicy]:
+        """Every configured policy, by what names it for people (and which setting sets it)."""
+        policies = {f"the default policy ({ENV_PREFIX}RETRY_MAX_ATTEMPTS)": self.default_retry_policy()}
+        for queue in self.retry_overrides:
+            policies[f"queue {queue}'s policy ({ENV_PREFIX}RETRY_OVERRIDES)"] = self.retry_policy(queue)
+        return policies
+
+    def redelivery_horizon(self, extra: dict[str, RetryPolicy] | None = None) -> RedeliveryHorizon:
+        """The broker horizon the TTL guard adds: the setting (Settings raises it to the queue adapter's own).
+
+        ``extra``: more policies (label -> policy) the horizon must cover, e.g. a consumer's own.
+        """
+        return RedeliveryHorizon(setting=self.broker_redelivery_horizon, adapter=None)
+
     def max_retry_window(self) -> timedelta:
         """The longest time a job may still be retried: worst policy + broker redelivery horizon."""
-        return worst_retry_window(self.retry_policies().values(), self.broker_redelivery_horizon)
+        return worst_retry_window(self.retry_policies().values(), self.redelivery_horizon().value)
 
     def ttl_guard(self) -> TtlGuard:
         """The J-B7 check: the fence TTL must be at least TTL_MARGIN x the maximum retry window."""

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from harness.queue.adapters import adapter_reference
 from maintenance.fields.durations import PositiveDuration
-from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
+from maintenance.operations.limits import DEFAULT_BULK_MAX  # not from dead_letters: that loads psycopg
 
 DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker may take it
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim

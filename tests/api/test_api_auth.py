@@ -273,3 +273,25 @@ def test_a_cached_token_is_not_accepted_past_its_exp(tokens, signing_keys):
     expired = tokens.token(expires_in=-1)
     with pytest.raises(InvalidToken, match="expired"):
         verifier.verify(expired)
+
+
+def test_the_cache_answers_only_a_token_verified_and_not_yet_past_its_cache_time(tokens, signing_keys):
+    """cached() gives the principal of a verified token until its cache time, and None for one never verified or refused."""
+    from maintenance.api.auth import InvalidToken, TokenVerifier
+
+    now = [time.time()]
+    keys = CountingKeys(signing_keys.rsa.public_key())
+    verifier = TokenVerifier(
+        keys, issuer=ISSUER, audience=AUDIENCE, algorithms=["RS256"], leeway=0, clock=lambda: now[0]
+    )
+    token, expired = tokens.token(expires_in=3600), tokens.token(expires_in=-1)
+    assert verifier.cached(token) is None  # never verified: the caller verifies it (off the event loop)
+    verifier.verify(token)
+    assert verifier.cached(token) == verifier.verify(token)
+    with pytest.raises(InvalidToken):
+        verifier.verify(expired)
+    assert verifier.cached(expired) is None
+    assert verifier.cached("x" * 9000) is None
+    now[0] += 61
+    assert verifier.cached(token) is None
+    assert keys.asked == 2  # the lookups verified nothing

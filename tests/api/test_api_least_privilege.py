@@ -379,3 +379,20 @@ def test_a_login_that_inherits_the_api_role_is_bound_like_the_role(login_role, c
         pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api"),
     ):
         login.execute(statement.format(execution=execution))
+
+
+def test_the_api_role_resumes_under_a_recording_span_and_its_requeue_starts_no_trace_of_its_own(
+    spans, as_api_role, conn
+):
+    """A RESUME as the API role inside a recording span (the API's request) publishes its re-queue, which holds no replay, with no trace context: the guard accepts it and no publish span is recorded."""
+    from support.factories import resolve_execution
+
+    from harness import tracing
+
+    execution = add_execution(conn)
+    with tracing.span("POST /v1/core/executions/{id}/resolve"):
+        resolve_execution(as_api_role, execution)
+    assert conn.execute("SELECT replay_of, traceparent, tracestate FROM core.queue_messages").fetchall() == [
+        (None, None, None)
+    ]
+    assert not [s for s in spans.get_finished_spans() if s.name.endswith(" publish")]

@@ -21,7 +21,15 @@ from typing import Any
 import helm_python
 import pytest
 from support.helm_support import CHART_DIR
-from test_helm_chart import API_ON, ENVIRONMENT, SECRET_SETTINGS, pod_templates, render_objects, with_secret
+from test_helm_chart import (
+    API_ON,
+    ENVIRONMENT,
+    RELAY_ON,
+    SECRET_SETTINGS,
+    pod_templates,
+    render_objects,
+    with_secret,
+)
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -57,6 +65,10 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
         "secrets": {"betterstackHeartbeatUrlKey": "heartbeat-url"},
     },
 }
+
+# The relay's pod gets CORE_JOBS_QUEUE_URL, the adapter selection's setting: checked here once it is one.
+if "CORE_JOBS_QUEUE_URL" in known_variables():
+    VALUE_SETS["relay"] = {"relay": RELAY_ON}
 
 # Stand-ins for what the Secret holds, by variable: the chart only names the keys.
 SECRET_VALUES = {

@@ -52,10 +52,14 @@ API_ON = {
     "audience": "core-jobs-api",
 }
 
+# The outbox relay's Deployment (tests/chart/test_relay_chart.py).
+RELAY_ON = {"enabled": True, "queues": ["points.credit", "orders.sync"]}
+
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "scheduler": {"mode": "scheduler"},
     "api": {"api": API_ON},
+    "relay": {"relay": RELAY_ON},
     "scheduler-api": {"mode": "scheduler", "api": API_ON},
     "suspended": {"jobs": {"purge": {"suspend": True}}},
     "custom-schedules": {

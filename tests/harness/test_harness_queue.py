@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -31,7 +32,7 @@ from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload
+from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload, UndecodablePayload
 from harness.worker import Worker, WorkerConfig
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
@@ -102,7 +103,8 @@ def queued(conn: psycopg.Connection) -> list[tuple]:
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
-def test_publish_many_queues_every_message_whole_in_order_on_the_database_clock(conn):
+@pytest.mark.parametrize("delay", [timedelta(0), timedelta(minutes=5)])
+def test_publish_many_queues_every_message_whole_in_order_on_the_database_clock(conn, delay):
     """publish_many stores each envelope's fields as given, in order, run_at = the transaction's now() + delay."""
     sent = [
         ("q.a", Envelope(job_id=uuid.uuid4(), payload={"n": 1}, tenant_id=TENANT)),
@@ -110,7 +112,7 @@ def test_publish_many_queues_every_message_whole_in_order_on_the_database_clock(
         ("q.a", Envelope(job_id=uuid.uuid4(), payload="text", replay_of=7, traceparent=TRACEPARENT, tracestate="v=1")),
     ]
     with conn.transaction():
-        PgQueue(conn).publish_many(sent, delay=timedelta(minutes=5))
+        PgQueue(conn).publish_many(sent, delay=delay)
         assert queued(conn) == [
             (
                 q,
@@ -121,7 +123,7 @@ def test_publish_many_queues_every_message_whole_in_order_on_the_database_clock(
                 e.replay_of,
                 e.traceparent,
                 e.tracestate,
-                timedelta(minutes=5),
+                delay,
                 True,
                 0,
             )
@@ -205,6 +207,27 @@ def test_publish_many_joins_an_open_transaction(conn):
         assert row_counts(conn)["core.queue_messages"] == 3
         raise RuntimeError("caller gives up")
     assert row_counts(conn)["core.queue_messages"] == 0
+
+
+def test_publish_many_inside_a_pipeline_queues_its_messages_with_the_rest(conn):
+    """In a pipeline (a RESUME's writes), which cannot carry a COPY, publish_many still queues every message, due at now() + delay."""
+    sent = [(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": n}, tenant_id=TENANT)) for n in range(3)]
+    with conn.transaction(), conn.pipeline():
+        PgQueue(conn).publish_many(sent, delay=timedelta(seconds=30))
+    assert [(row[1], row[4], row[8] > timedelta(0)) for row in queued(conn)] == [
+        (e.job_id, e.payload, True) for _q, e in sent
+    ]
+
+
+@pytest.mark.parametrize("inside_a_pipeline", [False, True])
+def test_publish_many_writes_a_payload_read_back_undecodable_exactly_as_stored(conn, inside_a_pipeline):
+    """An UndecodablePayload (a RESUME of what Python cannot read) is queued as its stored text, backslashes and all."""
+    text = '{"big": 1e400, "s": "back\\\\slash\\ttab"}'
+    stored = conn.execute("SELECT %s::jsonb::text", (text,)).fetchone()[0]
+    envelope = Envelope(job_id=uuid.uuid4(), payload=UndecodablePayload(stored, "too big"))
+    with conn.transaction(), conn.pipeline() if inside_a_pipeline else nullcontext():
+        PgQueue(conn).publish_many([(QUEUE, envelope)])
+    assert scalar(conn, "SELECT payload::text FROM core.queue_messages") == stored
 
 
 def test_publish_many_of_nothing_writes_nothing(conn):

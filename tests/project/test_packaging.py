@@ -34,9 +34,9 @@ NOT_IN_A_CONSUMER = (
     "migrations",
 )
 
-# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module (saying which
-# need a dependency the venv lacks: an extra's), say which forbidden modules could be imported, handle one job
-# through the fence with the default metrics.
+# Run by the fresh virtualenv's Python (argv[1]: a migrated database): import every harness module (the test kits
+# of harness.testing aside: they need pytest, and say so), say which
+# forbidden modules could be imported, handle one job through the fence with the default metrics.
 STANDALONE_CHECK = r"""
 import importlib, importlib.util, json, pkgutil, sys, uuid
 from datetime import timedelta
@@ -45,10 +45,16 @@ import psycopg
 import harness
 
 modules = sorted(m.name for m in pkgutil.walk_packages(harness.__path__, "harness."))
-needs = {}
+# What an extra or a test suite brings: the RabbitMQ adapter needs pika (the `rabbitmq` extra), the test kits pytest.
+OPTIONAL = ("harness.queue.rabbitmq", "harness.testing")
 for name in modules:
+    if not name.startswith(OPTIONAL):
+        importlib.import_module(name)
+needs = {}
+for name in OPTIONAL:
     try:
         importlib.import_module(name)
+        needs[name] = None
     except ModuleNotFoundError as exc:
         needs[name] = exc.name
 
@@ -154,7 +160,7 @@ def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_t
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):
-    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics and RabbitMQ."""
+    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics and rabbitmq."""
     wheel = wheel_in(dists, "core_jobs")
     assert top_level(wheel) == {"maintenance", "migrations"}
     assert "core-jobs-harness[metrics,rabbitmq]" in metadata(wheel)["Requires-Dist"]
@@ -211,5 +217,5 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     assert checked["importable"] == []
     assert (checked["outcome"], checked["fences"]) == ("Acked", 1)
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]
-    # Only the RabbitMQ adapter needs what the venv lacks: pika, its `rabbitmq` extra (open_queue says so).
-    assert checked["needs"] == {"harness.queue.rabbitmq": "pika"}
+    assert {"harness.testing", "harness.queue.rabbitmq"} <= set(checked["modules"])  # shipped, each needing its own
+    assert checked["needs"] == {"harness.queue.rabbitmq": "pika", "harness.testing": "pytest"}

@@ -51,3 +51,13 @@ def test_a_credential_visible_only_decoded_is_masked_in_the_decoded_text():
         mask_credentials('sent {\\"password\\": \\"hunter2pw\\"} to OPS-4711') == 'sent {"password": ***} to OPS-4711'
     )
     assert mask_credentials("next=postgresql%3A%2F%2Fapp%3AHunter2pw%40db") == "next=postgresql://app:***@db"
+
+
+@pytest.mark.parametrize(("text", "secret"), [c[1:] for c in _SHAPED], ids=[c[0] for c in _SHAPED])
+def test_the_log_redactor_remembers_only_clean_text_so_a_credential_is_masked_every_time(text, secret):
+    """A string found clean is remembered (a request log repeats the same few), one holding a credential never: masked again each time."""
+    redactor = SecretRedactor()
+    for _ in range(3):
+        assert secret not in redactor.redact(text)
+        assert redactor.redact("maintenance.api.request") == "maintenance.api.request"
+    assert "maintenance.api.request" in redactor.clean and text not in redactor.clean

@@ -62,17 +62,21 @@ def scalar(conn: psycopg.Connection, query: str, params: Any = None) -> Any:
     return conn.execute(query, params).fetchone()[0]
 
 
-def expire_leases(conn: psycopg.Connection) -> None:
-    """Move every lease into the past: what waiting out the lease duration would do."""
+def expire_leases(conn: psycopg.Connection, *, worker: str | None = None) -> None:
+    """Move every lease (or only ``worker``'s: its ``leased_by``) into the past: what waiting out the lease would do."""
     conn.execute(
         "UPDATE core.queue_messages SET lease_expires_at = now() - interval '1 second'"
-        " WHERE lease_expires_at IS NOT NULL"
+        " WHERE lease_expires_at IS NOT NULL AND (%(worker)s::text IS NULL OR leased_by = %(worker)s)",
+        {"worker": worker},
     )
 
 
-def make_due(conn: psycopg.Connection) -> None:
-    """Move every scheduled run_at to now: what waiting out the retry delay would do."""
-    conn.execute("UPDATE core.queue_messages SET run_at = now() WHERE run_at > now()")
+def make_due(conn: psycopg.Connection, *, queue: str | None = None) -> None:
+    """Move every scheduled run_at (or only ``queue``'s) to now: what waiting out the retry delay would do."""
+    conn.execute(
+        "UPDATE core.queue_messages SET run_at = now() WHERE run_at > now() AND (%(queue)s::text IS NULL OR queue = %(queue)s)",
+        {"queue": queue},
+    )
 
 
 def row_counts(conn: psycopg.Connection) -> dict[str, int]:

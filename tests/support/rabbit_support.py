@@ -1,7 +1,8 @@
 """The real RabbitMQ of the tests: the ``rabbit_url`` fixture and ``rabbit``, a fresh queue per test (a ``QueueUnderTest``).
 
 The broker is ``CORE_JOBS_TEST_RABBITMQ_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/%2F``);
-a test that needs it is skipped, saying why, when nothing answers there. Each test gets a queue
+a test that needs it is skipped, saying why, when nothing answers there — or fails with that
+reason when ``CORE_JOBS_REQUIRE_RABBITMQ=1`` (CI sets it: a missing broker must not look green). Each test gets a queue
 name of its own (``test.<hex>``); its work, ``.exhausted`` and delay queues are deleted afterwards.
 
 :class:`RabbitUnderTest` is what the conformance kit (harness/testing/conformance.py) asks of an
@@ -29,21 +30,38 @@ from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
 
 RABBIT_URL_VARIABLE = "CORE_JOBS_TEST_RABBITMQ_URL"
 DEFAULT_RABBIT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+# Set to 1 (CI does, .ci/run): a broker that does not answer fails the tests that need it instead of skipping them.
+REQUIRE_VARIABLE = "CORE_JOBS_REQUIRE_RABBITMQ"
 
 
 @pytest.fixture(scope="session")
 def rabbit_url() -> str:
-    """The test broker's URL; the test is skipped when it does not answer."""
+    """The test broker's URL; when it does not answer the test is skipped, or fails under CORE_JOBS_REQUIRE_RABBITMQ=1."""
     url = os.environ.get(RABBIT_URL_VARIABLE, DEFAULT_RABBIT_URL)
+    check_broker(url, required=os.environ.get(REQUIRE_VARIABLE) == "1")
+    return url
+
+
+def check_broker(url: str, *, required: bool) -> None:
+    """Return when something answers at ``url``'s host and port; else skip the test saying why, or — ``required``,
+    as in CI, where a missing broker must not pass for a green run — fail it with the same reason."""
     parameters = pika.URLParameters(url)
     try:
         with socket.create_connection((parameters.host, parameters.port), timeout=2):
-            pass
+            return
     except OSError as exc:
-        pytest.skip(
-            f"RabbitMQ is not reachable at {parameters.host}:{parameters.port} ({exc}); set {RABBIT_URL_VARIABLE}"
-        )
-    return url
+        reason = f"RabbitMQ is not reachable at {parameters.host}:{parameters.port} ({exc}); set {RABBIT_URL_VARIABLE}"
+    if required:
+        pytest.fail(f"{reason} ({REQUIRE_VARIABLE}=1: the broker's tests must run)", pytrace=False)
+    pytest.skip(reason)
+
+
+def crash_port(port: RabbitQueue) -> None:
+    """``port``'s process died: its TCP connection cut without a goodbye, so the broker requeues its unsettled
+    deliveries (counted, ``redelivered``) as soon as it sees the connection gone."""
+    link = port._link
+    if link is not None:
+        link.connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
 
 
 @dataclass
@@ -73,9 +91,7 @@ class RabbitUnderTest:
 
     def crash(self, port: RabbitQueue) -> None:
         """The port's process died: its TCP connection cut, so the broker requeues its unsettled deliveries."""
-        link = port._link
-        if link is not None:
-            link.connection._impl._transport._sock.shutdown(socket.SHUT_RDWR)
+        crash_port(port)
 
     def ready(self, name: str | None = None) -> int:
         """Messages ready in broker queue ``name`` (default: the work queue); 0 when it does not exist."""
@@ -113,10 +129,10 @@ class RabbitUnderTest:
         return sorted({name for port in self.ports for name in port.delay_queues})
 
     def _channel(self):
-        return _Channel(self.url)
+        return BrokerChannel(self.url)
 
 
-class _Channel:
+class BrokerChannel:
     """A confirm-mode channel on a connection of its own, closed on exit."""
 
     def __init__(self, url: str) -> None:

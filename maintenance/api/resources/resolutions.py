@@ -146,9 +146,9 @@ class ResolutionOut(BaseModel):
     recorded_results: list[str] = Field(description="RESUME: the actions whose verified result was recorded.")
 
 
-def operator_of(request: Request) -> Principal:
+async def operator_of(request: Request) -> Principal:
     """The caller, when its token carries the operator role and a business scope served here; else 401/403."""
-    principal = authenticate(request)
+    principal = await authenticate(request)
     admin: AdminConfig = request.app.state.admin
     if OPERATOR_ROLE not in principal.roles:
         get_logger().info("maintenance.api.permission_refused", subject=principal.subject, role=OPERATOR_ROLE)

@@ -1,0 +1,142 @@
+"""``core-jobs relay``: publish the outbox of queues that live on a broker, until SIGTERM.
+
+A replay or a RESUME publishes in the database, in its own transaction (``core.queue_messages``,
+the outbox); for a queue on a broker the relay moves those rows onto the broker
+(harness/queue/relay.py, docs/outbox.md). Every worker on a broker already relays its own queue
+between batches; this command runs a relay alone — for queues whose workers are scaled to zero,
+or to keep the relay's latency off the workers (the Helm chart's optional relay Deployment).
+
+::
+
+    core-jobs relay --queue points.credit [--queue Q2 …] [--once] [--interval 1s] [--batch-size N]
+
+The broker is the adapter named by ``CORE_JOBS_QUEUE_URL`` (or ``--queue-url``), the same setting
+the worker uses; a URL that names the reference queue (unset, ``postgresql://…``) is refused: the
+table is that queue itself, there is nothing to relay. The URL's password never reaches a log
+line or an error.
+
+It runs until SIGTERM/SIGINT (the batch in hand is finished and acked first), or with ``--once``
+until the outbox of its queues is empty. Exit codes as ``worker``: **0** stopped as asked (or
+``--once`` done), **1** the relay failed (the broker or the database: ``harness.relay.error`` says
+why; the batch in hand is given back, nothing is lost), **2** a configuration or usage error.
+Events: ``harness.relay.start`` / ``harness.relay.stop`` (counts), ``harness.relay.stopping`` on a
+signal, ``harness.relay.error``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from maintenance.cli.harness import _bounded_int
+
+if TYPE_CHECKING:  # the parser stays light: each command imports what it needs when it runs
+    import psycopg
+
+    from harness.queue.relay import Publisher
+    from maintenance.settings import Settings
+
+EXIT_OK, EXIT_FAILED = 0, 1
+QUEUE_URL_VARIABLE = "CORE_JOBS_QUEUE_URL"
+REFERENCE_SCHEMES = ("", "postgresql", "postgres")
+
+
+def queue_url(args: argparse.Namespace, settings: Settings) -> str | None:
+    """The broker's URL: ``--queue-url``, else the setting ``CORE_JOBS_QUEUE_URL`` (``settings.queue_url``)."""
+    configured = getattr(settings, "queue_url", None)  # the adapter selection's setting
+    if configured is not None and hasattr(configured, "get_secret_value"):
+        configured = configured.get_secret_value()
+    return args.queue_url or configured or None
+
+
+def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease: timedelta) -> Publisher:
+    """The adapter ``url`` names (``open_queue``, the harness's adapter selection); a ConfigError for the reference queue."""
+    from maintenance.settings import ConfigError
+
+    scheme = urlsplit(url or "").scheme.lower()
+    if scheme in REFERENCE_SCHEMES:
+        raise ConfigError(
+            f"{QUEUE_URL_VARIABLE} names the reference queue (or is unset): core.queue_messages is that queue "
+            "itself and there is nothing to relay; set it to the broker's URL (amqp://…)"
+        )
+    from harness.queue.adapters import open_queue
+
+    try:
+        return open_queue(url, conn, worker=worker, lease=lease)
+    except ValueError as exc:  # an unknown scheme: open_queue names it, never the password
+        raise ConfigError(f"{QUEUE_URL_VARIABLE}: {exc}") from None
+
+
+def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
+    import socket
+
+    from harness.pg import connect
+    from harness.queue.pgqueue import PgQueue
+    from harness.queue.relay import Relay
+    from maintenance.runtime.logs import get_logger
+    from maintenance.runtime.signals import on_signals
+
+    name = f"{socket.gethostname()}:{os.getpid()}/relay"
+    stop = threading.Event()  # SIGTERM/SIGINT set it: the batch in hand is finished and acked, then it stops
+    with connect(settings.conninfo(), autocommit=True, application_name="core-jobs-relay") as conn:
+        target = open_target(queue_url(args, settings), conn, worker=name, lease=settings.worker_lease)
+        relay = Relay(
+            PgQueue(conn, lease=settings.worker_lease, worker=name), target, args.queue, batch_size=args.batch_size
+        )
+
+        def stopping(signal_name: str) -> None:
+            get_logger().info("harness.relay.stopping", queues=relay.queues, signal=signal_name)
+
+        try:
+            with on_signals(stop, on_signal=stopping):
+                if args.once:
+                    result = relay.run_once()
+                    get_logger().info("harness.relay.stop", queues=relay.queues, **result.fields(), ok=True)
+                else:
+                    relay.run(stop, interval=timedelta(seconds=args.interval))
+        except Exception:  # harness.relay.error already says why; the batch in hand was given back
+            return EXIT_FAILED
+        finally:
+            close = getattr(target, "close", None)
+            if close is not None:
+                close()
+    return EXIT_OK
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Register ``relay`` on the ``core-jobs`` parser."""
+    p = sub.add_parser("relay", help="publish the outbox (replays, RESUMEs) of queues on a broker, until SIGTERM")
+    p.add_argument("--queue", required=True, action="append", metavar="QUEUE", help="a queue to relay (repeatable)")
+    p.add_argument("--once", action="store_true", help="stop when the outbox of the queues is empty")
+    p.add_argument(
+        "--interval",
+        type=_positive_seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="how often the outbox is read (default 1; the latency bound is about this plus one batch)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=_bounded_int(1, 1000),
+        default=100,
+        metavar="N",
+        help="rows per publish, 1-1000 (default 100)",
+    )
+    p.add_argument(
+        "--queue-url", metavar="URL", help=f"the broker (default {QUEUE_URL_VARIABLE}); never logged with its password"
+    )
+    p.set_defaults(handler=cmd_relay)
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} must be more than 0 and at most 3600 seconds")
+    return value
