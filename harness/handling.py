@@ -60,8 +60,8 @@ synchronous commit for the lot instead of one per job. The guarantees are step 2
 - a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls back to its
   own savepoint — its fence and writes undone, its batch-mates' untouched — and is decided by
   step 3 alone; its retry or dead letter is settled after the commit, on its own;
-- poison (step 1) never enters the transaction; a delivery beyond ``max_attempts`` (step 4) is
-  handled alone, after the open transaction commits;
+- poison (step 1) never enters the transaction; a delivery beyond ``max_attempts`` (step 4) or
+  ``redelivered`` (step 0) is handled alone, after the open transaction commits;
 - a handler that ends the shared transaction (COMMIT, ROLLBACK) is dead-lettered as in step 2;
   its batch-mates' writes went with it — committed by its COMMIT or lost by its ROLLBACK — so
   each one's fence is read: there, the job is done (acked); absent, it runs again, in the next
@@ -357,9 +357,9 @@ def handle_together(
             progress.in_hand = delivery
             with each(delivery):
                 admitted = None if alone else _admit(consumer, delivery, runtime)
-                if admitted is None:  # poison, past the budget, or after a failed commit: on its own
-                    if delivery.attempt > policy.max_attempts or alone:
-                        commit()  # its own transaction comes after the open one
+                if admitted is None:  # poison, past the budget, redelivered, or after a failed commit: on its own
+                    if delivery.attempt > policy.max_attempts or delivery.redelivered or alone:
+                        commit()  # its own transaction comes after the open one, never inside it
                     try:
                         progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
                     except KeyboardInterrupt:

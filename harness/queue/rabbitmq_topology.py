@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from harness.consumer.retry import RetryPolicy, max_retry_window
 
@@ -134,16 +135,21 @@ def broker_address(url: str) -> str:
 
 
 def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, errors and reprs)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` with its password replaced by ``***`` (for logs, errors and reprs).
+
+    Read by hand, not by a URL parser: a password written unencoded may hold ``/``, ``?``, ``#`` or
+    ``@``, which a parser takes for the path, query, fragment or host — and then finds no password
+    to hide. The password ends at the last ``@`` before the host (:data:`_USER_INFO`); when in doubt
+    more is hidden, never less.
+    """
+    match = _USER_INFO.match(url)
+    if match is None:
         return url
-    user = quote(parts.username or "", safe="")
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    return f"{match['start']}***@{url[match.end() :]}"
+
+
+# scheme://user:password@ — the password up to the last "@" that a host (no "@", "/", "?" or "#") follows.
+_USER_INFO = re.compile(r"(?P<start>\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:).*@(?=[^@/?#]*(?:[/?#]|$))", re.S)
 
 
 def delay_bucket(delay: timedelta) -> int:

@@ -5,10 +5,14 @@ the consumer's opt-out."""
 from __future__ import annotations
 
 import signal
+import uuid
 
-from support.factories import publish
+import psycopg
+import pytest
+from support.factories import TENANT, publish
 from support.harness_consumers import LOCK_KEY, blocking_one, ending, fragile
 from support.harness_support import (
+    TTL,
     expire_leases,
     fences,
     points,
@@ -17,7 +21,11 @@ from support.harness_support import (
     wait_for_advisory_waiter,
 )
 
+from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
+from harness.handling import BatchProgress, handle_together
+from harness.pg import connect
+from harness.queue.port import Acked, Delivery, Envelope
 from tests.harness.test_harness_worker_process import WorkerProcess, held_lock  # noqa: F401 (a fixture)
 
 
@@ -137,3 +145,20 @@ def test_a_batch_of_plain_jobs_commits_in_one_transaction(database_url, conn):
         publish(conn, {"member_id": member, "points": 1})
     assert run_worker(database_url, points_consumer).processed == 3
     assert transactions_of_fences(conn) == 1
+
+
+def test_a_redelivered_job_in_a_batch_is_reported_acked_only_once_its_work_is_committed(database_url, conn):
+    """m-2, redelivered, follows m-1 in a batch whose connection m-disconnect then loses: every delivery the batch
+    reports acked has its fence committed (m-2's work must not ride in m-1's transaction, lost with it)."""
+
+    def delivery(member: str, *, redelivered: bool = False) -> Delivery:
+        envelope = Envelope(job_id=uuid.uuid4(), payload={"member_id": member, "points": 1}, tenant_id=TENANT)
+        return Delivery(queue=fragile.queue, envelope=envelope, attempt=2, redelivered=redelivered)
+
+    batch = [delivery("m-1"), delivery("m-2", redelivered=True), delivery("m-disconnect")]
+    progress = BatchProgress()
+    with connect(database_url, autocommit=True) as worker_conn, pytest.raises(psycopg.OperationalError):
+        handle_together(worker_conn, fragile, batch, policy=RetryPolicy(), fence_ttl=TTL, progress=progress)
+    acked = [d for d, outcome in progress.settled if isinstance(outcome, Acked)]
+    assert [fences(conn, d.envelope.job_id) for d in acked] == [1] * len(acked)
+    assert [points(conn, d.envelope.payload["member_id"]) for d in acked] == [1] * len(acked)

@@ -138,6 +138,31 @@ def test_settling_on_a_closed_channel_is_lease_lost_and_writes_no_dead_letter(ra
     assert again.attempt == 2
 
 
+def test_a_delivery_in_hand_when_the_broker_closes_the_publishing_channel_comes_back_once_the_port_reconnects(
+    rabbit, conn
+):
+    """A retry into a delay bucket another process declared differently closes the port's publishing channel (the
+    connection lives on): the next claim opens a new connection and closes the old one, so the delivery still in hand
+    is requeued by the broker and claimed again (attempt 2) — not held by a forgotten connection."""
+    port = rabbit.port(conn)
+    port.publish(rabbit.queue, envelope())
+    [delivery] = claim_all(port, rabbit.queue, 1)
+    bucket_ms = delay_bucket(timedelta(seconds=1))
+    bucket = delay_queue_name(rabbit.queue, bucket_ms)
+    arguments = {**RabbitQueue.bucket_arguments(rabbit.queue, bucket_ms), "x-expires": 7_200_000}
+    with rabbit._channel() as channel:  # another version's bucket: another idle expiry
+        channel.queue_declare(bucket, durable=True, arguments=arguments)
+    try:
+        with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="x-expires"):
+            port.retry(delivery, timedelta(seconds=1), "TransientError: busy")
+        [again] = claim_all(port, rabbit.queue, 1)
+        assert (again.envelope, again.attempt, again.redelivered) == (delivery.envelope, 2, True)
+        assert port.ack([again]) == 1
+    finally:
+        with rabbit._channel() as channel:
+            channel.queue_delete(bucket)
+
+
 def test_release_gives_a_delivery_back_without_counting_an_attempt(rabbit, conn):
     """Released, the same job comes back with the same attempt number."""
     port = rabbit.port(conn)
@@ -253,6 +278,25 @@ def test_the_urls_password_never_appears_in_a_repr_an_error_or_a_log(conn, logs)
     assert "127.0.0.1" in str(raised.value)
     for text in (str(raised.value), repr(port), logs.text, redact_url(url)):
         assert "s3cr3t" not in text
+
+
+@pytest.mark.parametrize("password", ["pa/ss-s3cr3t", "pa#ss-s3cr3t", "pa?ss-s3cr3t", "pa@ss-s3cr3t"])
+def test_a_password_with_a_character_urls_reserve_never_appears_in_an_error_or_a_repr(conn, password):
+    """A password written unencoded with / # ? or @ (which URL parsers read as the path, fragment, query or host) is
+    still hidden: in the error of a URL pika cannot read, in redact_url, in the repr and the unreachable error."""
+    url = f"amqp://app:{password}@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=1"
+    texts = [redact_url(url)]
+    try:
+        port = RabbitQueue(url, conn)
+    except ValueError as exc:
+        texts.append(str(exc))
+    else:
+        texts.append(repr(port))
+        with pytest.raises(BrokerUnavailable) as raised:
+            port.claim("q", 1)
+        texts.append(str(raised.value))
+    for text in texts:
+        assert "s3cr3t" not in text and "127.0.0.1" in text
 
 
 @pytest.mark.pure
