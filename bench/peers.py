@@ -25,8 +25,10 @@ and stops when both have exited with the queue empty. Each run checks that every
 exactly one effect. Prints each median in jobs/s and core-jobs's ratio to each peer.
 
 **Enqueue.** ``--jobs`` jobs published in one call, alternately: core-jobs's
-``PgQueue.publish_many`` (its port's batch publish: one statement, all or none) and pgqueuer's
-``Queries.enqueue`` with lists (its batch insert). Prints jobs/s and the ratio.
+``PgQueue.publish_many`` (its port's batch publish: one COPY, all or none), pgqueuer's
+``Queries.enqueue`` with lists (its batch insert), and ``publish_many`` inside a pipeline, where
+it sends one INSERT of arrays (the statement it sent everywhere before the COPY). Prints jobs/s
+and the ratios. ``--skip-drain`` runs only this part.
 
 Server: ``HARNESS_BENCH_DATABASE_URL`` (bench/harness.py), default the local test server.
 """
@@ -42,6 +44,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import nullcontext
 from datetime import timedelta
 from pathlib import Path
 
@@ -271,13 +274,17 @@ def drain(url: str, target: Callable[..., None], args: tuple, jobs: int, left: s
     return jobs / elapsed
 
 
-def core_jobs_enqueue(url: str, jobs: int) -> float:
-    """Seconds ``PgQueue.publish_many`` takes to publish ``jobs`` envelopes (built beforehand, as pgqueuer's lists are)."""
+def core_jobs_enqueue(url: str, jobs: int, pipelined: bool = False) -> float:
+    """Seconds ``PgQueue.publish_many`` takes to publish ``jobs`` envelopes (built beforehand, as pgqueuer's lists are).
+
+    ``pipelined``: inside a pipeline, where it sends its INSERT of arrays instead of a COPY (the path before).
+    """
     messages = envelopes(jobs)
     with connect(url, autocommit=True) as conn:
         conn.execute("TRUNCATE core.queue_messages")
         started = time.perf_counter()
-        PgQueue(conn).publish_many(messages)
+        with conn.pipeline() if pipelined else nullcontext():
+            PgQueue(conn).publish_many(messages)
         elapsed = time.perf_counter() - started
         conn.execute("VACUUM ANALYZE core.queue_messages")
     return elapsed
@@ -362,13 +369,22 @@ def main() -> None:
             for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4), (0, 5), (2, 6)):
                 print(f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x")
 
-        enqueue: dict[str, list[float]] = {"core-jobs publish_many": [], "pgqueuer enqueue (lists)": []}
+        ours, before, theirs = (
+            "core-jobs publish_many (COPY)",
+            "core-jobs, INSERT of arrays",
+            "pgqueuer enqueue (lists)",
+        )
+        enqueue: dict[str, list[float]] = {ours: [], before: [], theirs: []}
         for _ in range(args.rounds):
-            enqueue["core-jobs publish_many"].append(jobs / core_jobs_enqueue(core_url, jobs))
-            enqueue["pgqueuer enqueue (lists)"].append(jobs / asyncio.run(_pgqueuer_enqueue(pgq_url, jobs)))
+            enqueue[ours].append(jobs / core_jobs_enqueue(core_url, jobs))
+            enqueue[theirs].append(jobs / asyncio.run(_pgqueuer_enqueue(pgq_url, jobs)))
+            enqueue[before].append(jobs / core_jobs_enqueue(core_url, jobs, pipelined=True))
         print(f"\nEnqueue: {jobs} jobs in one call, {args.rounds} rounds alternating (median):")
         medians = report(enqueue)
-        print(f"  core-jobs / pgqueuer: {medians['core-jobs publish_many'] / medians['pgqueuer enqueue (lists)']:.2f}x")
+        print(f"  core-jobs / pgqueuer: {medians[ours] / medians[theirs]:.2f}x")
+        print(f"  {before} / pgqueuer: {medians[before] / medians[theirs]:.2f}x")
+        rounds = [o / t for o, t in zip(enqueue[ours], enqueue[theirs], strict=True)]
+        print(f"  core-jobs / pgqueuer, round by round: {', '.join(f'{r:.2f}' for r in rounds)}")
 
 
 if __name__ == "__main__":

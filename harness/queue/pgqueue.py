@@ -21,15 +21,19 @@ moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision abo
 - **Publish** checks every payload first (harness/queue/port.py, ``check_payload``), except one read
   back as stored that Python cannot decode (an ``UndecodablePayload``: a RESUME of such an execution),
   which is written back exactly as it was stored; the worker makes it its poison dead letter.
+- **Publish many** sends the batch as one COPY (a bulk replay, a producer's batch), every payload
+  checked and written to JSON text in one pass first; all or none, and the table's triggers (the
+  API role's publish guard) see the batch as they see an INSERT's rows. A pipeline (a RESUME's
+  writes) cannot carry a COPY: there the same rows go as one INSERT of arrays.
 - **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
   harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
 
 Each method runs in its own transaction on the adapter's connection (autocommit mode); called
 inside an open transaction of that connection it joins it (a savepoint), which is how a replay
-publishes and marks its dead letter atomically. A publish is one statement, atomic by itself: inside
-an open transaction it joins it without a savepoint, so in a pipeline (a RESUME's writes) it adds no
-round trip.
+publishes and marks its dead letter atomically. A publish writes with one statement, atomic by itself:
+inside an open transaction it joins it without a savepoint, so in a pipeline (a RESUME's writes) it adds
+no round trip.
 
 Claims, acks and releases commit with ``synchronous_commit = off``: they are cheap to lose. A
 server crash can forget only the last few of them (any later synchronous commit — a work
@@ -47,15 +51,16 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from opentelemetry.trace import SpanKind
-from psycopg.pq import TransactionStatus
+from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload
+from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload, payload_json
 
 __all__ = ["PgQueue"]
 
@@ -67,8 +72,28 @@ VALUES (%(queue)s, %(job_id)s, %(tenant_id)s, %(correlation_id)s, %(payload)s, %
 RETURNING id
 """
 
-# Many messages in one statement: parallel arrays, one element per message (a bulk replay's 10 000).
+# Many messages in one statement: COPY, one line of text per message (a bulk replay's 10 000, a producer's
+# batch), run_at and the other columns left to their defaults. COPY fires the table's triggers as an
+# INSERT does: the API role's publish guard (migrations 0014, 0017) sees the whole batch in its
+# transition table.
 PUBLISH_MANY = """
+COPY core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate)
+FROM STDIN
+"""
+
+# The same with a delay: COPY takes no expressions, so run_at is given — PUBLISH_MANY_RUN_AT's value.
+PUBLISH_MANY_DELAYED = """
+COPY core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate, run_at)
+FROM STDIN
+"""
+
+# When a delayed batch is due, on the database's clock: the transaction's now() + delay, as text in
+# this session's DateStyle and TimeZone, which COPY reads back in the same session to the same instant.
+PUBLISH_MANY_RUN_AT = "SELECT (now() + %(delay)s)::text"
+
+# Inside a pipeline, which cannot carry a COPY (a RESUME's re-queue, pipelined with its other writes):
+# the rows as parallel arrays, one element per message, in one INSERT.
+PUBLISH_MANY_PIPELINED = """
 INSERT INTO core.queue_messages (queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,
                                  run_at)
 SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of, m.traceparent, m.tracestate,
@@ -194,13 +219,44 @@ class PgQueue:
         delay: timedelta = timedelta(0),
         keep_context: bool = False,
     ) -> None:
-        """Enqueue every ``(queue, envelope)`` in one statement (:data:`PUBLISH_MANY`), so one round trip.
+        """Enqueue every ``(queue, envelope)`` with one statement (:data:`PUBLISH_MANY`, a COPY).
 
         All or none: one payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`
-        before any write. What a bulk replay uses (10 000 messages: one INSERT, not 10 000).
+        before any write (each is checked and written to JSON text in one pass, ``payload_json``), and a
+        message the database refuses fails the statement. What a bulk replay uses (10 000 messages: one
+        COPY, not 10 000 INSERTs). Inside a pipeline: :data:`PUBLISH_MANY_PIPELINED`, no round trip.
         ``keep_context``: every envelope's trace context is written as given — none stays none — and no
         publish span is recorded (a RESUME's re-queue continues its job, it starts no trace of its own).
         """
+        if self.conn.info.pipeline_status != PipelineStatus.OFF:
+            self._publish_pipelined(messages, delay, keep_context)
+            return
+        payloads = [_copy_payload(envelope.payload) for _queue, envelope in messages]
+        if not messages:
+            return
+        with _publish_context(messages, keep_context) as (traceparent, tracestate), self._one_statement():
+            run_at = ""
+            if delay:
+                row = self.conn.execute(PUBLISH_MANY_RUN_AT, {"delay": delay}).fetchone()
+                assert row is not None
+                run_at = f"\t{row[0]}"
+            lines = []
+            for (queue, envelope), payload in zip(messages, payloads, strict=True):
+                if traceparent is None or _keeps_its_context(envelope):
+                    parent, state = envelope.traceparent, envelope.tracestate
+                else:
+                    parent, state = traceparent, tracestate
+                lines.append(
+                    f"{_copy_text(queue)}\t{_copy_text(envelope.job_id)}\t{_copy_text(envelope.tenant_id)}\t"
+                    f"{_copy_text(envelope.correlation_id)}\t{payload}\t{_copy_text(envelope.replay_of)}\t"
+                    f"{_copy_text(parent)}\t{_copy_text(state)}{run_at}\n"
+                )
+            with self.conn.cursor() as cursor, cursor.copy(PUBLISH_MANY_DELAYED if delay else PUBLISH_MANY) as copy:
+                copy.write("".join(lines))
+
+    def _publish_pipelined(
+        self, messages: Sequence[tuple[str, Envelope]], delay: timedelta, keep_context: bool
+    ) -> None:
         for _queue, envelope in messages:
             _check(envelope.payload)
         if not messages:
@@ -208,7 +264,7 @@ class PgQueue:
         with _publish_span(messages, keep_context=keep_context) as traced, self._one_statement():
             messages = traced
             self.conn.execute(
-                PUBLISH_MANY,
+                PUBLISH_MANY_PIPELINED,
                 {
                     "queues": [q for q, _e in messages],
                     "job_ids": [e.job_id for _q, e in messages],
@@ -346,8 +402,26 @@ def _publish_span(
     No span when every message keeps its own context (a replay: harness/tracing.py, or ``keep_context``);
     none either, and the messages unchanged, without a recording span (no SDK).
     """
+    with _publish_context(messages, keep_context) as (traceparent, tracestate):
+        yield [
+            (queue, envelope)
+            if traceparent is None or _keeps_its_context(envelope)
+            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
+            for queue, envelope in messages
+        ]
+
+
+@contextmanager
+def _publish_context(
+    messages: Sequence[tuple[str, Envelope]], keep_context: bool
+) -> Iterator[tuple[str | None, str | None]]:
+    """The ``(traceparent, tracestate)`` of a ``<queue> publish`` span (PRODUCER) current around the write.
+
+    ``(None, None)`` and no span when every message keeps its own context, or ``keep_context``; without
+    a recording span (no SDK), ``(None, None)`` too.
+    """
     if keep_context or all(_keeps_its_context(envelope) for _queue, envelope in messages):
-        yield list(messages)
+        yield None, None
         return
     queues = sorted({queue for queue, _envelope in messages})
     attributes = {
@@ -359,10 +433,27 @@ def _publish_span(
     with tracing.span(
         f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
     ):
-        traceparent, tracestate = tracing.current_context()
-        yield [
-            (queue, envelope)
-            if traceparent is None or _keeps_its_context(envelope)
-            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
-            for queue, envelope in messages
-        ]
+        yield tracing.current_context()
+
+
+# COPY's text format: a tab between columns, a newline after each row, \N for NULL, and a backslash
+# escapes. A payload's JSON text (json.dumps: ASCII, its control characters escaped) needs only its
+# backslashes doubled; any other text, its four special characters escaped.
+_COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
+
+
+def _copy_text(value: object) -> str:
+    """``value`` as a column of a COPY text row: NULL, a UUID's or an integer's text, or text escaped."""
+    if value is None:
+        return "\\N"
+    if type(value) is UUID or type(value) is int:  # exactly: a subclass's text could be anything
+        return str(value)
+    return str(value).translate(_COPY_ESCAPES)
+
+
+def _copy_payload(payload: Any) -> str:
+    """The payload column of a COPY row, checked (``payload_json``); an :class:`UndecodablePayload` is written
+    back exactly as PostgreSQL printed it (a RESUME of such an execution; the worker makes it its poison)."""
+    if isinstance(payload, UndecodablePayload):
+        return _copy_text(payload.text)
+    return payload_json(payload).replace("\\", "\\\\")

@@ -48,6 +48,8 @@ a lone UTF-16 surrogate, a value that is not JSON (a datetime, a set) — with
 so a bad payload is that error, never a database error, and nothing is queued. It also refuses
 what jsonb stores but a consumer could not read back: nesting deeper than
 :data:`MAX_PAYLOAD_DEPTH` levels and an integer too long for Python to read (over 4 300 digits).
+:func:`payload_json` is the same check returning the payload's JSON text: an adapter that writes
+text (the reference queue's batch publish) checks and serializes in one pass.
 
 A stored payload a worker cannot decode all the same (written by SQL, or by an older version)
 is read by :func:`decode_payload` as an :class:`UndecodablePayload`, never an exception at claim
@@ -99,6 +101,7 @@ __all__ = [
     "UndecodablePayload",
     "check_payload",
     "decode_payload",
+    "payload_json",
     "settle",
 ]
 
@@ -162,22 +165,53 @@ def decode_payload(text: str) -> Any:
 
 def check_payload(payload: Any) -> None:
     """Raise :class:`InvalidPayload` at the first place of ``payload`` that jsonb cannot store, or a consumer could not read."""
+    payload_json(payload)
+
+
+# The fast path of payload_json: json.dumps's text (what psycopg's Jsonb sends), NaN and ±Infinity refused.
+_ENCODER = json.JSONEncoder(allow_nan=False)
+
+
+def payload_json(payload: Any) -> str:
+    """``payload``'s JSON text, as ``json.dumps`` writes it, once it passes :func:`check_payload`'s checks.
+
+    A payload that is fine is read once: written to text first (C), and everything :func:`check_payload`
+    refuses either stops the writing (a value that is not JSON, NaN, an integer too long, a key of
+    another type) or shows in the text — ``\\u0000``, a ``\\ud…`` escape (a surrogate, maybe lone), more
+    than :data:`MAX_PAYLOAD_DEPTH` opening brackets (at most that many can never nest deeper). Only
+    then is the payload walked, to say where the problem is, or that there is none: a surrogate pair,
+    a backslash written before ``u0000`` in a string, brackets inside strings, a NaN key (json writes
+    it as the text ``NaN``) are all fine.
+    """
     if isinstance(payload, UndecodablePayload):
         raise InvalidPayload(f"payload: {payload.reason}")
+    try:
+        text = _ENCODER.encode(payload)
+    except (TypeError, ValueError, RecursionError):
+        return _walked_json(payload)
+    if "\\u0000" in text or "\\ud" in text or text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH:
+        return _walked_json(payload)
+    return text
+
+
+def _walked_json(payload: Any) -> str:
+    """The slow path of :func:`payload_json`: walk ``payload``, raise at its first problem, else write it."""
     if _too_deep(payload):
         raise InvalidPayload(f"payload: {_TOO_DEEP}")
     problem = _jsonb_problem(payload, "payload")
     if problem is not None:
         raise InvalidPayload(problem)
+    try:
+        return json.dumps(payload)  # NaN allowed: only a key can be one here, which json writes as text
+    except (TypeError, ValueError, RecursionError) as exc:  # nothing the walk found, and still not JSON
+        raise InvalidPayload(f"payload: not JSON ({type(exc).__name__})") from None
 
 
 def _jsonb_problem(value: Any, where: str) -> str | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
-        digits = sys.get_int_max_str_digits()
-        too_long = digits and value.bit_length() > digits * 3.32  # log2(10): more digits than Python reads
-        return f"{where}: {_TOO_LONG}" if too_long else None
+        return f"{where}: {_TOO_LONG}" if _too_long(value) else None
     if isinstance(value, float):
         return (
             None if math.isfinite(value) else f"{where}: {value!r} is not a finite number (JSON has no NaN or Infinity)"
@@ -203,6 +237,18 @@ def _jsonb_problem(value: Any, where: str) -> str | None:
                 return problem
         return None
     return f"{where}: a {type(value).__name__} is not JSON"
+
+
+def _too_long(value: int) -> bool:
+    """More digits than Python reads (``sys.get_int_max_str_digits()``): exactly what json.dumps refuses to write."""
+    digits = sys.get_int_max_str_digits()
+    if not digits or value.bit_length() <= 3 * digits:  # 3 < log2(10): fewer digits than the limit
+        return False
+    try:
+        int.__repr__(value)
+    except ValueError:
+        return True
+    return False
 
 
 def _text_problem(text: str, where: str) -> str | None:

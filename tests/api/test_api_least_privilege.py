@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+import uuid
 
 import psycopg
 import pytest
@@ -223,6 +224,42 @@ def test_the_api_role_publishes_only_the_replay_of_a_letter_it_marks_replayed(as
         for statement in statements:
             as_api_role.execute(statement.format(letter=letter, other=other))
     assert conn.execute("SELECT replay_of, payload->>'points' FROM core.queue_messages").fetchall() == [(other, "1")]
+
+
+def test_the_api_roles_batch_publish_is_refused_whole_for_one_forged_message(as_api_role, conn):
+    """PgQueue.publish_many (what a replay uses) as the API role: true replays plus one new job are refused together; alone they pass."""
+    from harness.queue.pgqueue import PgQueue
+    from harness.queue.port import NO_TENANT, Envelope
+
+    letters = add_dead_letters(conn, QUEUE, 2, payload={"points": 1})
+    replays = [
+        (
+            QUEUE,
+            Envelope(
+                job_id=job_id,
+                payload={"points": 1},
+                tenant_id=tenant_id or NO_TENANT,
+                correlation_id=correlation_id,
+                replay_of=letter,
+            ),
+        )
+        for letter, job_id, tenant_id, correlation_id in conn.execute(
+            "SELECT id, job_id, tenant_id, correlation_id FROM core.dead_letters WHERE id = ANY (%s) ORDER BY id",
+            (letters,),
+        )
+    ]
+    forged = (QUEUE, Envelope(job_id=uuid.uuid4(), payload={"points": 1000000}))
+    with pytest.raises(psycopg.errors.CheckViolation, match="core_jobs_api publishes"), as_api_role.transaction():
+        for letter in letters:
+            as_api_role.execute(MARK_REPLAYED.format(letter=letter))
+        PgQueue(as_api_role).publish_many([*replays, forged])
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone() == (0,)
+
+    with as_api_role.transaction():
+        for letter in letters:
+            as_api_role.execute(MARK_REPLAYED.format(letter=letter))
+        PgQueue(as_api_role).publish_many(replays)
+    assert [r[0] for r in conn.execute("SELECT replay_of FROM core.queue_messages ORDER BY id")] == letters
 
 
 # A letter whose job was published in a trace (0017): its replay must carry exactly this context.

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import re
+import sys
 import uuid
+from contextlib import nullcontext
 from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from structlog.testing import capture_logs
-from support.factories import QUEUE, publish
+from support.factories import QUEUE, TENANT, publish
 from support.harness_support import (
     TTL,
     expire_leases,
@@ -30,7 +32,7 @@ from harness.examples.points import consumer as points_consumer
 from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload
+from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload, UndecodablePayload
 from harness.worker import Worker, WorkerConfig
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
@@ -65,25 +67,172 @@ def letter_for(delivery) -> DeadLetter:
     )
 
 
-@pytest.mark.parametrize(
-    ("payload", "where"),
-    [
-        ({"member_id": "m-1", "points": float("nan")}, "payload.points"),
-        ({"member_id": "m-1", "points": float("-inf")}, "payload.points"),
-        ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
-        ({"member_id\x00": "m-1"}, "payload: a key"),
-        ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
-        ({"at": datetime(2024, 1, 1, tzinfo=UTC)}, "payload.at"),
-        ({"deep": _nested(MAX_PAYLOAD_DEPTH + 1)}, "payload: nested deeper than"),
-        ({"deep": _nested(5000)}, "payload: nested deeper than"),
-        ({"points": 10**5000}, "payload.points"),
-    ],
-)
+# What jsonb cannot store, or a consumer could not read back, and where InvalidPayload says it is.
+REFUSED = [
+    ({"member_id": "m-1", "points": float("nan")}, "payload.points"),
+    ({"member_id": "m-1", "points": float("-inf")}, "payload.points"),
+    ({"member_id": "m\x00-1", "points": 1}, "payload.member_id"),
+    ({"member_id\x00": "m-1"}, "payload: a key"),
+    ({"items": [1, {"note": "\ud800"}]}, "payload.items[1].note"),
+    ({"at": datetime(2024, 1, 1, tzinfo=UTC)}, "payload.at"),
+    ({"deep": _nested(MAX_PAYLOAD_DEPTH + 1)}, "payload: nested deeper than"),
+    ({"deep": _nested(5000)}, "payload: nested deeper than"),
+    ({"points": 10**5000}, "payload.points"),
+    ({(1, 2): "a tuple key"}, "payload: a key of type tuple"),
+]
+
+
+@pytest.mark.parametrize(("payload", "where"), REFUSED)
 def test_publish_refuses_a_payload_jsonb_cannot_store_with_invalid_payload(conn, payload, where):
     """publish raises InvalidPayload (a ValueError naming where) for what jsonb cannot store, before touching the database."""
     with pytest.raises(InvalidPayload, match=re.escape(where)):
         PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))
     assert issubclass(InvalidPayload, ValueError)
+    assert row_counts(conn)["core.queue_messages"] == 0
+
+
+def queued(conn: psycopg.Connection) -> list[tuple]:
+    """Every message as stored, in publishing order: its fields and whether run_at is now() + its delay."""
+    return conn.execute(
+        "SELECT queue, job_id, tenant_id, correlation_id, payload, replay_of, traceparent, tracestate,"
+        "       run_at - now(), enqueued_at = now(), attempts"
+        "  FROM core.queue_messages ORDER BY id"
+    ).fetchall()
+
+
+TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize("delay", [timedelta(0), timedelta(minutes=5)])
+def test_publish_many_queues_every_message_whole_in_order_on_the_database_clock(conn, delay):
+    """publish_many stores each envelope's fields as given, in order, run_at = the transaction's now() + delay."""
+    sent = [
+        ("q.a", Envelope(job_id=uuid.uuid4(), payload={"n": 1}, tenant_id=TENANT)),
+        ("q.b", Envelope(job_id=uuid.uuid4(), payload=[1, "two", None, True, 2.5], correlation_id="corr-1")),
+        ("q.a", Envelope(job_id=uuid.uuid4(), payload="text", replay_of=7, traceparent=TRACEPARENT, tracestate="v=1")),
+    ]
+    with conn.transaction():
+        PgQueue(conn).publish_many(sent, delay=delay)
+        assert queued(conn) == [
+            (
+                q,
+                e.job_id,
+                e.tenant_id,
+                e.correlation_id,
+                e.payload,
+                e.replay_of,
+                e.traceparent,
+                e.tracestate,
+                delay,
+                True,
+                0,
+            )
+            for q, e in sent
+        ]
+
+
+# Every character COPY, JSON or the database treats specially, in every text a message carries.
+AWKWARD = 'tab\there, new\nline, cr\r, back\\slash \\N \\. \\u0000 \\ud800 "quoted" é 😀 [{'
+
+
+def test_publish_many_keeps_every_character_of_its_texts(conn):
+    """Tabs, newlines, backslashes, \\N and \\. (COPY's own), escapes, non-ASCII and emoji come back unchanged."""
+    payload = {AWKWARD: [AWKWARD, {"nested": AWKWARD}], "pair": "\ud83d\ude00", "brackets": "[" * 500}
+    envelope = Envelope(
+        job_id=uuid.uuid4(), payload=payload, correlation_id=AWKWARD, traceparent=TRACEPARENT, tracestate=AWKWARD
+    )
+    PgQueue(conn).publish_many([(AWKWARD, envelope)])
+    stored = {**payload, "pair": "😀"}  # a surrogate pair is one character in jsonb, as publish stores it
+    assert queued(conn)[0][:8] == (
+        AWKWARD,
+        envelope.job_id,
+        envelope.tenant_id,
+        AWKWARD,
+        stored,
+        None,
+        TRACEPARENT,
+        AWKWARD,
+    )
+    assert [d.envelope.payload for d in PgQueue(conn).claim(AWKWARD, 10)] == [stored]
+
+
+def test_publish_many_stores_a_payload_as_publish_does(conn):
+    """Non-string keys become their JSON text, tuples lists, and a payload exactly MAX_PAYLOAD_DEPTH deep is accepted."""
+    payload = {
+        1: "one",
+        None: "none",
+        False: "false",
+        1.5: "float",
+        float("nan"): "nan",
+        "t": (1, 2),
+        "deep": _nested(MAX_PAYLOAD_DEPTH - 1),
+    }
+    PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))
+    PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))])
+    one, many = (row[4] for row in queued(conn))
+    assert one == many and set(many) == {"1", "null", "false", "1.5", "NaN", "t", "deep"}
+
+
+def test_an_integer_is_refused_exactly_when_a_consumer_could_not_read_it(conn):
+    """An integer of exactly sys.get_int_max_str_digits() digits is queued and read back; one digit more is refused."""
+    digits = sys.get_int_max_str_digits()
+    longest = -(10**digits - 1)
+    PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": longest}))])
+    assert [d.envelope.payload for d in PgQueue(conn).claim(QUEUE, 1)] == [{"n": longest}]
+    with pytest.raises(InvalidPayload, match=re.escape(f"payload.n: an integer of more than {digits} digits")):
+        PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 10**digits}))
+
+
+@pytest.mark.parametrize(("payload", "where"), REFUSED)
+def test_publish_many_refuses_the_whole_batch_for_one_bad_payload(conn, payload, where):
+    """One payload jsonb cannot store: InvalidPayload naming where, and not one message of the batch is queued."""
+    good = (QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 1}))
+    with pytest.raises(InvalidPayload, match=re.escape(where)):
+        PgQueue(conn).publish_many([good, (QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload)), good])
+    assert row_counts(conn)["core.queue_messages"] == 0
+
+
+def test_publish_many_queues_none_when_the_database_refuses_one_message(conn):
+    """A message the database refuses (a blank queue) fails the call, and the messages before it are not queued."""
+    good = (QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 1}))
+    with pytest.raises(psycopg.errors.CheckViolation, match="queue_not_blank"):
+        PgQueue(conn).publish_many([good, good, (" ", Envelope(job_id=uuid.uuid4(), payload={}))])
+    assert row_counts(conn)["core.queue_messages"] == 0
+
+
+def test_publish_many_joins_an_open_transaction(conn):
+    """Inside the caller's transaction publish_many is part of it: rolled back with it, nothing is queued."""
+    with pytest.raises(RuntimeError, match="caller gives up"), conn.transaction():
+        PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": n})) for n in range(3)])
+        assert row_counts(conn)["core.queue_messages"] == 3
+        raise RuntimeError("caller gives up")
+    assert row_counts(conn)["core.queue_messages"] == 0
+
+
+def test_publish_many_inside_a_pipeline_queues_its_messages_with_the_rest(conn):
+    """In a pipeline (a RESUME's writes), which cannot carry a COPY, publish_many still queues every message, due at now() + delay."""
+    sent = [(QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": n}, tenant_id=TENANT)) for n in range(3)]
+    with conn.transaction(), conn.pipeline():
+        PgQueue(conn).publish_many(sent, delay=timedelta(seconds=30))
+    assert [(row[1], row[4], row[8] > timedelta(0)) for row in queued(conn)] == [
+        (e.job_id, e.payload, True) for _q, e in sent
+    ]
+
+
+@pytest.mark.parametrize("inside_a_pipeline", [False, True])
+def test_publish_many_writes_a_payload_read_back_undecodable_exactly_as_stored(conn, inside_a_pipeline):
+    """An UndecodablePayload (a RESUME of what Python cannot read) is queued as its stored text, backslashes and all."""
+    text = '{"big": 1e400, "s": "back\\\\slash\\ttab"}'
+    stored = conn.execute("SELECT %s::jsonb::text", (text,)).fetchone()[0]
+    envelope = Envelope(job_id=uuid.uuid4(), payload=UndecodablePayload(stored, "too big"))
+    with conn.transaction(), conn.pipeline() if inside_a_pipeline else nullcontext():
+        PgQueue(conn).publish_many([(QUEUE, envelope)])
+    assert scalar(conn, "SELECT payload::text FROM core.queue_messages") == stored
+
+
+def test_publish_many_of_nothing_writes_nothing(conn):
+    """An empty batch is no call to the database and no message."""
+    PgQueue(conn).publish_many([])
     assert row_counts(conn)["core.queue_messages"] == 0
 
 

@@ -85,6 +85,23 @@ def test_a_replay_joins_the_trace_of_the_job_it_replays(spans, database_url, con
     assert second.attributes["core_jobs.replay_of"] == letter_id
 
 
+def test_a_batch_publish_gives_each_new_message_its_span_and_each_replay_its_own_context(spans, conn):
+    """publish_many has one PRODUCER span; every new message carries its context, a replay or a given context its own."""
+    fresh = [Envelope(job_id=uuid.uuid4(), payload={"n": n}, tenant_id=TENANT) for n in range(3)]
+    replayed = Envelope(job_id=uuid.uuid4(), payload={}, replay_of=1, traceparent=TRACEPARENT, tracestate="v=1")
+    unlinked = Envelope(job_id=uuid.uuid4(), payload={}, replay_of=2)
+    PgQueue(conn).publish_many(
+        [(QUEUE, fresh[0]), (QUEUE, replayed), (QUEUE, fresh[1]), (QUEUE, unlinked), (QUEUE, fresh[2])]
+    )
+    sent = spans.one(f"{QUEUE} publish")
+    assert sent.kind is SpanKind.PRODUCER and sent.attributes["messaging.batch.message_count"] == 5
+    for envelope in fresh:
+        traceparent, tracestate = message_context(conn, envelope.job_id)
+        assert (traceparent.rsplit("-", 1)[0], tracestate) == (f"00-{trace_id(sent)}-{span_id(sent)}", None)
+    assert message_context(conn, replayed.job_id) == (TRACEPARENT, "v=1")
+    assert message_context(conn, unlinked.job_id) == (None, None)
+
+
 def test_without_tracing_a_message_carries_no_trace_context(database_url, conn):
     """With no SDK provider (the default), publish stores no traceparent and the delivery still runs."""
     job_id = publish(conn, {"member_id": "m-1", "points": 5})
