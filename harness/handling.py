@@ -180,15 +180,7 @@ def handle(
     if consumer.durable:
         return run_execution(conn, consumer, delivery, payload, runtime)
 
-    context = JobContext(
-        job_id=envelope.job_id,
-        tenant_id=envelope.tenant_id,
-        correlation_id=envelope.correlation_id,
-        attempt=delivery.attempt,
-        queue=delivery.queue,
-        consumer=consumer.name,
-    )
-    fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
+    context, fence = _context_and_fence(consumer, delivery, fence_ttl)
     if delivery.attempt > policy.max_attempts:
         return _past_the_budget(conn, consumer, delivery, fence, runtime)
     try:
@@ -436,6 +428,15 @@ def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[An
         raise
     except BaseException:
         return None  # handle() validates again and says why
+    context, fence = _context_and_fence(consumer, delivery, runtime.fence_ttl)
+    return payload, context, fence
+
+
+def _context_and_fence(
+    consumer: Consumer, delivery: Delivery, fence_ttl: timedelta
+) -> tuple[JobContext, dict[str, Any]]:
+    """The handler's context of ``delivery`` and its fence's parameters (:data:`INSERT_FENCE`), alone or in a batch."""
+    envelope = delivery.envelope
     context = JobContext(
         job_id=envelope.job_id,
         tenant_id=envelope.tenant_id,
@@ -444,10 +445,5 @@ def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[An
         queue=delivery.queue,
         consumer=consumer.name,
     )
-    fence = {
-        "job_id": envelope.job_id,
-        "consumer": consumer.name,
-        "tenant_id": envelope.tenant_id,
-        "ttl": runtime.fence_ttl,
-    }
-    return payload, context, fence
+    fence = {"job_id": envelope.job_id, "consumer": consumer.name, "tenant_id": envelope.tenant_id, "ttl": fence_ttl}
+    return context, fence
