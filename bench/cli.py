@@ -26,6 +26,16 @@
    executes, counted by valgrind (``cachegrind``, no cache simulation; a minute each): a figure
    the machine's load does not change, for a shared machine where wall times swing.
 
+7. Bytecode. The image compiles every module when it is built (the Dockerfile's
+   ``UV_COMPILE_BYTECODE=1``; ``pip install`` does the same by default), so an operator's process
+   reads ``.pyc`` files; a development checkout synced by ``uv sync`` has none (uv compiles only
+   when asked) and this workspace sets ``PYTHONDONTWRITEBYTECODE=1``, so there every process
+   compiles every module it imports from source again — 0.25-0.3 s of check-config's time. The
+   commands are therefore timed both ways, in the same rounds: **as installed** (the default
+   ``--bytecode both``): bytecode compiled first into a scratch ``PYTHONPYCACHEPREFIX`` — the
+   standard library, the environment's packages and the checkout — which the runs then read;
+   and **from source**, the caller's environment unchanged. The targets are judged as installed.
+
 check-config gets settings from the environment: every ``CORE_JOBS_*`` variable of the caller is
 dropped and ``CORE_JOBS_DATABASE_URL`` points at port 9 of localhost, where nothing listens — a
 check-config that connected would fail (exit 1); each run's exit status is checked, and its
@@ -38,9 +48,12 @@ import argparse
 import os
 import random
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,6 +69,8 @@ DATABASE_URL = f"postgresql://bench:{PASSWORD}@127.0.0.1:9/never_connected"  # p
 FOREIGN = ("CORE_JOBS_TEST_DATABASE_URL", "CORE_JOBS_BENCH_DATABASE_URL")
 TARGET_S = 0.3
 TARGET_CHECK_CONFIG_S = 0.5
+PACKAGES = ("maintenance", "harness", "demo")  # the checkout's trees an install compiles
+BYTECODE = {"installed": "as installed (bytecode compiled)", "source": "from source (no bytecode, as this dev venv)"}
 BASELINES = {
     "python -c pass": ["-c", "pass"],
     "python -c 'import pydantic'": ["-c", "import pydantic"],
@@ -73,12 +88,26 @@ def help_commands(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ())
     return found
 
 
-def environment(checkout: Path | None) -> dict[str, str]:
+def environment(checkout: Path | None, pycache: Path | None = None) -> dict[str, str]:
+    """The runs' environment: no CORE_JOBS_* of the caller's; with ``pycache``, bytecode read from there."""
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("CORE_JOBS_") or k.upper() in FOREIGN}
     env["CORE_JOBS_DATABASE_URL"] = DATABASE_URL
     if checkout is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(checkout), *filter(None, [os.environ.get("PYTHONPATH")])])
+    if pycache is not None:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(pycache)
     return env
+
+
+def compile_bytecode(pycache: Path, checkouts: list[Path]) -> None:
+    """Compile the standard library, this environment's packages and each checkout's into ``pycache``, as an install does."""
+    paths = sysconfig.get_paths()
+    trees = [paths["stdlib"], paths["purelib"], *(str(c / p) for c in checkouts for p in PACKAGES)]
+    env = environment(None, pycache)
+    argv = [sys.executable, "-m", "compileall", "-q", "-j", "0", *filter(os.path.isdir, trees)]
+    # compileall exits 1 when some file of the trees does not compile (the standard library's tests hold a few on purpose)
+    subprocess.run(argv, env=env, capture_output=True, check=False)
 
 
 def cli_prefix() -> list[str]:
@@ -139,6 +168,9 @@ def main() -> int:
     parser.add_argument("--top", type=int, default=12, help="packages shown in check-config's import profile")
     parser.add_argument("--seed", type=int, default=20)
     parser.add_argument("--instructions", action="store_true", help="also count instructions with valgrind")
+    parser.add_argument(
+        "--bytecode", choices=("both", *BYTECODE), default="both", help="as installed, from source, or both (default)"
+    )
     args = parser.parse_args()
 
     commands: list[tuple[str, ...]] = help_commands(build_parser())
@@ -147,87 +179,109 @@ def main() -> int:
     if args.against is not None:
         checkouts["against"] = args.against.resolve()
     cli = cli_prefix()
+    modes = list(BYTECODE) if args.bytecode == "both" else [args.bytecode]
+    pycache = Path(tempfile.mkdtemp(prefix="core-jobs-bench-pycache-"))
+    if "installed" in modes:
+        compile_bytecode(pycache, [c or ROOT for c in checkouts.values()])
 
-    # (checkout, label) -> argv, env, cwd
-    jobs: dict[tuple[str, str], tuple[list[str], dict[str, str], Path]] = {}
-    for label, argv in BASELINES.items():
-        jobs[("", label)] = ([sys.executable, *argv], environment(None), ROOT)
-    for which, checkout in checkouts.items():
-        for command in commands:
-            jobs[(which, "core-jobs " + " ".join(command))] = (
-                [*cli, *command],
-                environment(checkout),
-                checkout or ROOT,
-            )
+    def env_for(mode: str, checkout: Path | None) -> dict[str, str]:
+        return environment(checkout, pycache if mode == "installed" else None)
+
+    # (mode, checkout, label) -> argv, env, cwd
+    jobs: dict[tuple[str, str, str], tuple[list[str], dict[str, str], Path]] = {}
+    for mode in modes:
+        for label, argv in BASELINES.items():
+            jobs[(mode, "", label)] = ([sys.executable, *argv], env_for(mode, None), ROOT)
+        for which, checkout in checkouts.items():
+            for command in commands:
+                jobs[(mode, which, "core-jobs " + " ".join(command))] = (
+                    [*cli, *command],
+                    env_for(mode, checkout),
+                    checkout or ROOT,
+                )
 
     print(f"python {sys.version.split()[0]}; {len(commands)} commands; {args.rounds} rounds; CLI: {' '.join(cli)}")
     if args.against is not None:
         print(f"this: {ROOT}; against: {checkouts['against']}")
-    times: dict[tuple[str, str], list[float]] = defaultdict(list)
+    times: dict[tuple[str, str, str], list[float]] = defaultdict(list)
     order = list(jobs)
     rng = random.Random(args.seed)
+    for key in order:  # a run of each first, untimed: its exit status and output checked, the caches warm
+        argv, env, cwd = jobs[key]
+        check(" ".join(k for k in key if k), run(argv, env, cwd)[1])
     for round_ in range(args.rounds):
         rng.shuffle(order)
         for key in order:
             argv, env, cwd = jobs[key]
-            seconds, done = run(argv, env, cwd)
-            if round_ == 0:
-                check(" ".join(k for k in key if k), done)
+            seconds, _ = run(argv, env, cwd)
             times[key].append(seconds)
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
 
-    def best(key: tuple[str, str]) -> float:
+    def best(key: tuple[str, str, str]) -> float:
         return min(times[key])
 
-    floor = best(("", "python -c pass"))
-    pydantic = best(("", "python -c 'import pydantic'"))
-    width = max(len(label) for _, label in jobs) + 2
-    print()
-    print(f"{'process':<{width}} {'best s':>7} {'median s':>9} {'/pass':>6} {'/pydantic':>9}  target")
-    for label in BASELINES:
-        key = ("", label)
-        print(
-            f"{label:<{width}} {best(key):7.3f} {statistics.median(times[key]):9.3f}"
-            f" {best(key) / floor:6.2f} {best(key) / pydantic:9.2f}"
-        )
-    for which in checkouts:
-        if len(checkouts) > 1:
-            print(f"-- {which}: {checkouts[which] or ROOT}")
-        missed = 0
-        for command in commands:
-            key = (which, "core-jobs " + " ".join(command))
-            target = TARGET_CHECK_CONFIG_S if command[0] == "check-config" else TARGET_S
-            met = best(key) <= target
-            missed += not met
+    width = max(len(label) for _, _, label in jobs) + 2
+    for mode in modes:
+        floor = best((mode, "", "python -c pass"))
+        pydantic = best((mode, "", "python -c 'import pydantic'"))
+        print(f"\n{BYTECODE[mode]}:")
+        print(f"{'process':<{width}} {'best s':>7} {'median s':>9} {'/pass':>6} {'/pydantic':>9}  target")
+        for label in BASELINES:
+            key = (mode, "", label)
             print(
-                f"{key[1]:<{width}} {best(key):7.3f} {statistics.median(times[key]):9.3f}"
-                f" {best(key) / floor:6.2f} {best(key) / pydantic:9.2f}  ≤ {target} s {'met' if met else 'MISSED'}"
+                f"{label:<{width}} {best(key):7.3f} {statistics.median(times[key]):9.3f}"
+                f" {best(key) / floor:6.2f} {best(key) / pydantic:9.2f}"
             )
-        print(f"targets met: {len(commands) - missed}/{len(commands)}")
-    if args.against is not None:
-        print("\nthis / against (best of each):")
-        for command in commands:
-            label = "core-jobs " + " ".join(command)
-            this, that = best(("this", label)), best(("against", label))
-            print(f"  {label:<{width}} {that:7.3f} -> {this:7.3f} s  x{this / that:5.2f}")
+        for which in checkouts:
+            if len(checkouts) > 1:
+                print(f"-- {which}: {checkouts[which] or ROOT}")
+            missed = 0
+            for command in commands:
+                key = (mode, which, "core-jobs " + " ".join(command))
+                target = TARGET_CHECK_CONFIG_S if command[0] == "check-config" else TARGET_S
+                met = best(key) <= target
+                missed += not met
+                print(
+                    f"{key[2]:<{width}} {best(key):7.3f} {statistics.median(times[key]):9.3f}"
+                    f" {best(key) / floor:6.2f} {best(key) / pydantic:9.2f}  ≤ {target} s {'met' if met else 'MISSED'}"
+                )
+            print(f"targets met ({mode}): {len(commands) - missed}/{len(commands)}")
+        if args.against is not None:
+            print("\nthis / against (best of each):")
+            for command in commands:
+                label = "core-jobs " + " ".join(command)
+                this, that = best((mode, "this", label)), best((mode, "against", label))
+                print(f"  {label:<{width}} {that:7.3f} -> {this:7.3f} s  x{this / that:5.2f}")
+    if "installed" in modes and "source" in modes:
+        print("\nsource / installed (best of each), what compiling from source adds:")
+        for label in ["python -c 'import pydantic_settings'", "core-jobs --help", "core-jobs check-config"]:
+            which = "" if label.startswith("python") else "this"
+            source, installed = best(("source", which, label)), best(("installed", which, label))
+            print(f"  {label:<{width}} {installed:7.3f} -> {source:7.3f} s  x{source / installed:5.2f}")
 
     if args.instructions:
         print("\ninstructions executed (valgrind; load does not change them), and over python -c 'import pydantic':")
+        mode = modes[0]  # as installed, unless only --bytecode source
+        print(f"({BYTECODE[mode]})")
         counted = {
-            label: instructions([sys.executable, *argv], environment(None), ROOT) for label, argv in BASELINES.items()
+            label: instructions([sys.executable, *argv], env_for(mode, None), ROOT) for label, argv in BASELINES.items()
         }
         for which, checkout in checkouts.items():
             for command in [("--help",), ("check-config",)]:
                 label = f"{which}: core-jobs {' '.join(command)}"
-                counted[label] = instructions([*cli, *command], environment(checkout), checkout or ROOT)
+                counted[label] = instructions([*cli, *command], env_for(mode, checkout), checkout or ROOT)
         reference = counted["python -c 'import pydantic'"]
         for label, count in counted.items():
             print(f"  {label:<{width + 8}} {count / 1e9:7.3f} G  x{count / reference:6.2f}")
 
     for which, checkout in checkouts.items():
-        print(f"\nwhere check-config's imports go ({which}; -X importtime, self time summed per top-level package):")
-        for name, seconds, modules in import_profile(environment(checkout), checkout or ROOT, args.top):
+        print(
+            f"\nwhere check-config's imports go ({which}, {BYTECODE[modes[0]]};"
+            " -X importtime, self time summed per top-level package):"
+        )
+        for name, seconds, modules in import_profile(env_for(modes[0], checkout), checkout or ROOT, args.top):
             print(f"  {name:<24} {seconds:7.3f} s  {modules:4d} modules")
+    shutil.rmtree(pycache, ignore_errors=True)
     return 0
 
 

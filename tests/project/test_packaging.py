@@ -219,3 +219,15 @@ def test_the_harness_installed_alone_works_without_the_jobs_dependencies(dists, 
     assert "core-jobs-harness[metrics]" in checked["prometheus_error"]
     assert {"harness.testing", "harness.queue.rabbitmq"} <= set(checked["modules"])  # shipped, each needing its own
     assert checked["needs"] == {"harness.queue.rabbitmq": "pika", "harness.testing": "pytest"}
+
+
+def test_the_image_compiles_bytecode_when_it_is_built():
+    """The Dockerfile's install compiles every module (UV_COMPILE_BYTECODE=1): the CLI's answer times rest on it.
+
+    Its runtime filesystem is read-only and PYTHONDONTWRITEBYTECODE=1, so a module not compiled at build
+    time is compiled from source by every process: check-config took twice as long that way (bench/cli.py).
+    """
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    builder = dockerfile.split("FROM ${PYTHON_IMAGE} AS builder", 1)[1].split("\nFROM ", 1)[0]
+    assert "UV_COMPILE_BYTECODE=1" in builder
+    assert "--no-editable" in builder  # an editable install would leave the project's own modules uncompiled
