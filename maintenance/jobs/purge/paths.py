@@ -27,18 +27,22 @@ when many rows have expired and the layout is not in expiry order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 
 from maintenance.jobs.purge.sql import (
     INDEX_BATCH,
+    INDEX_BATCH_END,
     INDEX_ROWS_LEFT,
+    INDEX_TIED_BATCH,
     SAMPLE_ESTIMATES,
     SET_BATCH_LIMITS,
     SWEEP_BATCH,
     SWEEP_ROWS_LEFT,
     TABLE_SIZE,
+    TRANSACTION_MS,
 )
 
 # --- auto's cost model (measured with bench/purge.py, see docs/performance.md) -------------------
@@ -94,6 +98,26 @@ def fetch_limited(
         row = cursor.fetchone()
     assert row is not None
     return row
+
+
+def delete_limited(
+    conn: psycopg.Connection, timeout: str, delete: str, params: dict[str, Any], limits: str = SET_BATCH_LIMITS
+) -> tuple[int, float]:
+    """(rows deleted, the transaction's milliseconds on the server's clock): ``delete`` as one batch, in one round trip.
+
+    As :func:`fetch_limited`, with ``sql.TRANSACTION_MS`` after the DELETE in the same message and
+    the same implicit transaction: the count is the DELETE's command tag, the time is read once the
+    DELETE is done.
+    """
+    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute(f"{limits};\n{delete};\n{TRANSACTION_MS}", params | {"statement_timeout": timeout})
+        cursor.nextset()  # past the limits' row, to the DELETE's command tag
+        deleted = cursor.rowcount
+        cursor.nextset()
+        row = cursor.fetchone()
+    assert row is not None and deleted >= 0
+    return deleted, float(row[0])
 
 
 # --- the choice -----------------------------------------------------------------------------------
@@ -164,14 +188,23 @@ def choose(setting: str, estimates: Estimates) -> tuple[str, str]:
 
 # --- the walks ------------------------------------------------------------------------------------
 class IndexWalk:
-    """Expiry order through the expires_at index; done when a batch comes back short."""
+    """Expiry order through the expires_at index, in ranges of at most ``batch_size`` fences; done at the cutoff.
+
+    A batch first reads where its range ends (``sql.INDEX_BATCH_END``: the (batch_size + 1)-th
+    fence's expires_at from the cursor, or the cutoff), then deletes the deletable fences of
+    [cursor, end) in its own transaction; the next batch starts at ``end``. When more than
+    ``batch_size`` fences expire at the cursor's instant, no range ends inside them:
+    ``sql.INDEX_TIED_BATCH`` deletes them ``batch_size`` at a time, and once one such batch comes
+    back short the walk moves past the instant (one microsecond, timestamptz's resolution).
+    """
 
     name = "index"
 
     def __init__(self, guard: str, deletable: int | None) -> None:
         self._delete = INDEX_BATCH[guard]
+        self._delete_tied = INDEX_TIED_BATCH[guard]
         self._deletable = deletable  # estimated at the start (auto's sample), for progress
-        self.cursor: Any = "-infinity"
+        self.cursor: datetime | None = None  # every fence expiring before it is handled (None: -infinity)
         self.done = False
 
     def rows_left_estimate(self, deleted: int) -> int | None:
@@ -180,16 +213,21 @@ class IndexWalk:
 
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
         """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
-        deleted, last_expires_at, transaction_ms = fetch_limited(
-            conn, timeout, self._delete, params | {"cursor": self.cursor, "batch_size": batch_size}
-        )
-        self.done = deleted < batch_size  # a short batch: nothing deletable is left
-        if not self.done:
-            self.cursor = last_expires_at
+        at = params | {"cursor": "-infinity" if self.cursor is None else self.cursor, "batch_size": batch_size}
+        (end,) = fetch_limited(conn, timeout, INDEX_BATCH_END, at)
+        if self.cursor is None or end > self.cursor:
+            deleted, transaction_ms = delete_limited(conn, timeout, self._delete, at | {"end": end})
+            self.cursor = end
+            self.done = end >= params["cutoff"]
+        else:  # more than batch_size fences expire at the cursor's instant
+            deleted, transaction_ms = delete_limited(conn, timeout, self._delete_tied, at)
+            if deleted < batch_size:  # the tie's deletable fences are gone: past the instant
+                self.cursor = end + timedelta(microseconds=1)
         return {"num_deleted": deleted, "transaction_ms": round(transaction_ms, 3)}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
-        return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": self.cursor, "cap": cap})[0])
+        cursor = "-infinity" if self.cursor is None else self.cursor
+        return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": cursor, "cap": cap})[0])
 
 
 class BlockSweep:
@@ -217,7 +255,7 @@ class BlockSweep:
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
         """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
         to_block = self.next_block + self.blocks(batch_size)
-        deleted, _, transaction_ms = fetch_limited(
+        deleted, transaction_ms = delete_limited(
             conn, timeout, self._delete, params | {"from_block": self.next_block, "to_block": to_block}
         )
         fields = {

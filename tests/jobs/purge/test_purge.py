@@ -33,6 +33,8 @@ from maintenance.jobs.purge.sql import (
     DELETE_EXPIRED_IDEMPOTENCY_KEYS,
     DELETE_FAILED_EXECUTIONS,
     INDEX_BATCH,
+    INDEX_BATCH_END,
+    INDEX_TIED_BATCH,
     SET_BATCH_LIMITS,
     SET_ROW_BATCH_LIMITS,
     SWEEP_BATCH,
@@ -240,8 +242,9 @@ def test_a_slow_batch_shrinks_the_next_in_proportion(db, conn, now, events):
     load_fences(conn, now, 1500, 1.0, shuffled=False)
     # 1 000 rows in 80 ms -> 250; 250 in 40 ms -> 125; then 15 ms, between half the target and the target: kept.
     result = steered(db, batch_clock(80, 40, 15), batch_size=1000).run_once(now)
-    # 250 and 125 are full batches for their own limits, though shorter than the largest: the run goes on.
-    assert batch_sizes(events) == [(1000, 1000), (250, 250), (125, 125), (125, 125), (125, 0)]
+    # 250 and 125 are full batches for their own limits, though shorter than the largest: the run goes on,
+    # and ends with the batch whose range reaches the cutoff (1 500 = 1 000 + 250 + 125 + 125: no empty batch after).
+    assert batch_sizes(events) == [(1000, 1000), (250, 250), (125, 125), (125, 125)]
     assert (result.num_deleted, result.batch_size, result.longest_batch_ms) == (1500, 125, 80.0)
     assert remaining(conn) == set()
 
@@ -251,7 +254,7 @@ def test_the_batch_size_stays_between_the_minimum_and_the_largest(db, conn, now,
     load_fences(conn, now, 1200, 1.0, shuffled=False)
     # 300 rows in 1 s would ask for 6 rows: the floor is 100; then fast: 200, then 400 capped at 300.
     result = steered(db, batch_clock(1000, 1), batch_size=300, min_batch_size=100).run_once(now)
-    assert batch_sizes(events) == [(300, 300), (100, 100), (200, 200), (300, 300), (300, 300), (300, 0)]
+    assert batch_sizes(events) == [(300, 300), (100, 100), (200, 200), (300, 300), (300, 300)]
     assert result.num_deleted == 1200
 
 
@@ -272,14 +275,55 @@ def test_a_slow_sweep_batch_narrows_the_block_range(db, conn, now, events):
 
 @REPLAY_GUARDS
 def test_guarded_rows_do_not_end_the_run_early(db, conn, now, hashed_pending_limit):
-    """Index path: guarded rows interleaved in expiry order are skipped over, not counted as a short batch."""
+    """Index path: guarded rows interleaved in expiry order are skipped over; the run goes on to the cutoff."""
     ids = add_old_expired_fences(conn, now, 30)
     held = ids[::3]  # every third fence has a pending dead letter
     for job_id in held:
         add_dead_letter(conn, job_id=job_id)
     result = purger(db, batch_size=5, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
     assert remaining(conn) == set(held)
-    assert (result.num_deleted, result.num_batches) == (20, 5)
+    # each batch's range holds 5 fences, held ones included: 30 fences are 6 ranges, however many each deletes
+    assert (result.num_deleted, result.num_batches) == (20, 30 // 5)
+
+
+@REPLAY_GUARDS
+def test_deletes_a_tie_larger_than_the_batch_in_batches_and_walks_past_it(db, conn, now, events, hashed_pending_limit):
+    """Index path, batch 10: 25 fences expiring at one instant (3 held) go 10 at a time, then the fences after it; each batch deletes at most 10."""
+    before = add_old_expired_fences(conn, now, 4)
+    instant = now - timedelta(days=2)
+    tied = [add_fence(conn, processed_at=instant - timedelta(days=7), expires_at=instant) for _ in range(25)]
+    for job_id in tied[:3]:
+        add_dead_letter(conn, job_id=job_id)
+    after = [
+        add_fence(conn, processed_at=now - timedelta(days=8), expires_at=instant + i * SECOND) for i in range(1, 8)
+    ]
+    kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
+    run = purger(db, batch_size=10, min_batch_size=1, hashed_pending_limit=hashed_pending_limit)
+    result = run.run_once(now)
+    assert remaining(conn) == {*tied[:3], kept}
+    assert result.num_deleted == len(before) + 22 + len(after)
+    deleted = [n for _, n in batch_sizes(events)]
+    assert max(deleted) <= 10
+    # the 4 before the instant (their range stops at it); inside the tie 10, 10; then 12 fences are left from the
+    # instant (3 held, 2 tied, 7 after), so a range ends again: the tie's last 2 and 5 after; then the last 2
+    assert deleted == [4, 10, 10, 2 + 5, 2]
+
+
+@REPLAY_GUARDS
+def test_walks_past_a_tie_whose_held_fences_outnumber_the_batch(db, conn, now, events, hashed_pending_limit):
+    """Index path, batch 10: 25 fences expiring at one instant, 15 of them held: the 10 others go, then the walk passes the instant to the fences after it."""
+    instant = now - timedelta(days=2)
+    tied = [add_fence(conn, processed_at=instant - timedelta(days=7), expires_at=instant) for _ in range(25)]
+    for job_id in tied[:15]:
+        add_dead_letter(conn, job_id=job_id)
+    after = [
+        add_fence(conn, processed_at=now - timedelta(days=8), expires_at=instant + i * SECOND) for i in range(1, 4)
+    ]
+    result = purger(db, batch_size=10, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
+    assert remaining(conn) == set(tied[:15])
+    assert result.num_deleted == 10 + len(after)
+    # up to the instant: none; inside the tie: 10, then none (only held ones left at the instant: past it); the 3 after
+    assert [n for _, n in batch_sizes(events)] == [0, 10, 0, 3]
 
 
 def test_pauses_between_batches(db, now, conn):
@@ -583,10 +627,11 @@ def protocol_trace(conn: psycopg.Connection) -> Iterator[list[str]]:
 
 @REPLAY_GUARDS
 @pytest.mark.parametrize("walk", ["index", "sweep"])
-def test_a_batch_is_one_round_trip_and_one_transaction_that_keeps_its_limits_to_itself(
+def test_a_batch_is_one_transaction_in_one_round_trip_that_keeps_its_limits_to_itself(
     conn, now, walk, hashed_pending_limit
 ):
-    """A batch sends one message (its limits and its statement) and waits for one answer; it deletes, commits, and leaves the session's settings as they were."""
+    """A batch's transaction is one message (its limits, its DELETE, its time) and one answer — the index walk first
+    reads where its range ends, in a message of its own; it deletes, commits, and leaves the session's settings as they were."""
     load_fences(conn, now, 2000, 1.0, shuffled=False)
     guard = "hashed" if hashed_pending_limit else "probed"
     params = {"cutoff": now, "protected_from": now - PROTECTED}
@@ -595,10 +640,18 @@ def test_a_batch_is_one_round_trip_and_one_transaction_that_keeps_its_limits_to_
         batch = path.batch(conn, "5s", params, 100)
     sent = [line.split("\t")[2] for line in trace if line.startswith("F")]
     answers = [line for line in trace if line.startswith("B") and "ReadyForQuery" in line]
-    assert (sent, len(answers), conn.info.transaction_status) == (["Query"], 1, TransactionStatus.IDLE)
+    messages = 2 if walk == "index" else 1
+    assert (sent, len(answers), conn.info.transaction_status) == (
+        ["Query"] * messages,
+        messages,
+        TransactionStatus.IDLE,
+    )
+    last_message = trace[max(i for i, line in enumerate(trace) if line.startswith("F")) :]
+    assert sum("CommandComplete" in line and "DELETE" in line for line in last_message) == 1
     left = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]
     expected = 100 if walk == "index" else 2000 - left  # the index walk: the batch size; the sweep: its blocks' rows
     assert (batch["num_deleted"], left < 2000) == (expected, True)
+    assert batch["transaction_ms"] > 0
     settings = conn.execute("SELECT current_setting('statement_timeout'), current_setting('synchronous_commit')")
     assert settings.fetchone() == ("0", "on")
 
@@ -923,11 +976,30 @@ def rows_read(
 @STATISTICS
 @REPLAY_GUARDS
 def test_an_index_batch_reads_only_its_rows_without_current_statistics(conn, now, hashed_pending_limit, statistics):
-    """Never analyzed, or analyzed before 20 000 expired fences were loaded: a 100-row index batch reads 100 rows along the expires_at index, no sort of every expired row."""
+    """Never analyzed, or analyzed before 20 000 expired fences were loaded: a 100-row index batch finds its end
+    reading 101 entries of the expires_at index, and its DELETE reads the range's 100 rows, no sort of every expired row."""
     load_unanalyzed_fences(conn, now, 20_000, statistics)
     guard = "hashed" if hashed_pending_limit else "probed"
     params = {"cursor": "-infinity", "cutoff": now, "protected_from": now - PROTECTED, "batch_size": 100}
-    read, node_types = rows_read(conn, INDEX_BATCH[guard], params, "processed_jobs")
+    read, node_types = rows_read(conn, INDEX_BATCH_END, params, "processed_jobs")
+    assert (read, "Sort" in node_types) == (101, False)
+    (end,) = fetch_limited(conn, "5s", INDEX_BATCH_END, params)
+    read, node_types = rows_read(conn, INDEX_BATCH[guard], params | {"end": end}, "processed_jobs")
+    assert (read, "Sort" in node_types) == (100, False)
+
+
+@STATISTICS
+@REPLAY_GUARDS
+def test_an_index_batch_inside_a_tie_reads_only_the_tie_without_current_statistics(
+    conn, now, hashed_pending_limit, statistics
+):
+    """Never analyzed, or stale: a 100-row batch among 20 000 fences sharing one expires_at reads 100 rows of them, no sort."""
+    load_unanalyzed_fences(conn, now, 20_000, statistics)
+    tied = {"at": now - timedelta(days=1)}  # the 20 000 loaded ones (not the 2 000 fresh ones of "stale")
+    conn.execute("UPDATE core.processed_jobs SET expires_at = %(at)s WHERE processed_at < %(at)s", tied)
+    guard = "hashed" if hashed_pending_limit else "probed"
+    params = {"cursor": now - timedelta(days=1), "cutoff": now, "protected_from": now - PROTECTED, "batch_size": 100}
+    read, node_types = rows_read(conn, INDEX_TIED_BATCH[guard], params, "processed_jobs")
     assert (read, "Sort" in node_types) == (100, False)
 
 
