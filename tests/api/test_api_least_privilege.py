@@ -332,6 +332,29 @@ def test_the_api_role_publishes_only_what_a_resolution_in_the_same_transaction_r
     assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0] == 1
 
 
+def test_the_publish_guard_finds_a_resumed_execution_by_its_job_not_by_walking_the_pending_ones(as_api_role, conn):
+    """With 300 executions PENDING that the last ANALYZE never saw, a RESUME's guard reads none of them through the status index."""
+    from support.factories import resolve_execution
+
+    execution = add_execution(conn)
+    many = """
+    INSERT INTO core.executions (job_id, consumer, queue, tenant_id, payload, status, reason)
+    SELECT gen_random_uuid(), 'points.ledger', 'points.ledger', gen_random_uuid(), '{}', %s, %s
+      FROM generate_series(1, %s)"""
+    conn.execute("SET session_replication_role = replica")  # rows arranged in bulk, past the status machine
+    conn.execute(many, ("RECONCILIATION_REQUIRED", "notify: uncertain", 5000))  # others awaiting an operator
+    conn.execute("ANALYZE core.executions")  # statistics that saw no PENDING execution, as between a worker's takes
+    conn.execute(many, ("PENDING", None, 300))  # then 300 resumed jobs a stopped worker has not taken yet
+    conn.execute("RESET session_replication_role")
+    with as_api_role.transaction():
+        resolve_execution(as_api_role, execution)
+        (read,) = as_api_role.execute(
+            "SELECT pg_stat_get_xact_tuples_returned('core.executions_status_idx'::regclass)"  # this transaction's
+        ).fetchone()
+    assert read == 0
+    assert conn.execute("SELECT count(*) FROM core.queue_messages").fetchone() == (1,)
+
+
 @pytest.mark.parametrize("changes", [{}, *TRACE_FORGERIES.values()], ids=["exact", *TRACE_FORGERIES.keys()])
 def test_the_api_role_requeues_a_resumed_replay_only_into_its_held_letters_trace_context(
     as_api_role, conn, monkeypatch, changes
