@@ -28,6 +28,7 @@
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import multiprocessing
 import os
@@ -39,6 +40,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 import jwt
@@ -113,7 +115,11 @@ def _client(job: tuple) -> list[float]:
     """One client process: its share of the requests, one at a time; their latencies in ms.
 
     Processes, not threads: 8 client threads in one interpreter would share its GIL and time
-    each other's JSON parsing, not the server.
+    each other's JSON parsing, not the server. Each keeps one HTTP/1.1 connection and speaks it
+    through ``http.client``, not httpx: the clients share the API's 2 cores, and httpx's own
+    work per request (~1.5 ms of CPU a request across 8 clients, a quarter of the machine at
+    ~200 requests/s) was CPU taken from the API and PostgreSQL and counted in their latency.
+    ``CLIENT=httpx`` in the environment measures with httpx again (docs/performance.md).
     """
     kind, target, auth, requests = job
     latencies = []
@@ -124,12 +130,35 @@ def _client(job: tuple) -> list[float]:
                 conn.execute(query, params, prepare=False).fetchall()
                 latencies.append((time.perf_counter() - started) * 1000)
         return latencies
-    with httpx.Client(base_url=target, headers={"Authorization": f"Bearer {auth}"}, timeout=60) as http:
+    if os.environ.get("CLIENT") == "httpx":
+        with httpx.Client(base_url=target, headers={"Authorization": f"Bearer {auth}"}, timeout=60) as client:
+            for method, path, params, body, *headers in requests:  # headers: optional, per request
+                started = time.perf_counter()
+                response = client.request(
+                    method, path, params=params, json=body, headers=headers[0] if headers else None
+                )
+                latencies.append((time.perf_counter() - started) * 1000)
+                assert response.status_code == 200, response.text[:300]
+        return latencies
+    address = urlsplit(target)
+    connection = http.client.HTTPConnection(address.hostname, address.port, timeout=60)
+    base = {"Authorization": f"Bearer {auth}"}
+    try:
         for method, path, params, body, *headers in requests:  # headers: optional, per request
+            url = f"{path}?{urlencode(params)}" if params else path
+            sent = base | (headers[0] if headers else {})
+            content = None
+            if body is not None:
+                content = json.dumps(body).encode()
+                sent = sent | {"Content-Type": "application/json"}
             started = time.perf_counter()
-            response = http.request(method, path, params=params, json=body, headers=headers[0] if headers else None)
+            connection.request(method, url, body=content, headers=sent)
+            reply = connection.getresponse()
+            answer = reply.read()
             latencies.append((time.perf_counter() - started) * 1000)
-            assert response.status_code == 200, response.text[:300]
+            assert reply.status == 200, answer[:300]
+    finally:
+        connection.close()
     return latencies
 
 
