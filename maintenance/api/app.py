@@ -35,6 +35,7 @@ from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.api.resources import dead_letters, executions, resolutions
 from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
+from maintenance.settings.api import DEFAULT_API_WORKER_THREADS
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -251,15 +252,21 @@ def create_app(
     title: str = "core-jobs operations API",
     admin: AdminConfig | None = None,
     bulk_max: int = DEFAULT_BULK_MAX,
+    worker_threads: int = DEFAULT_API_WORKER_THREADS,
 ) -> FastAPI:
     """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan.
 
     ``admin`` (admin mode) adds the resolution route; without it the route does not exist (404).
+    ``worker_threads``: how many requests run their endpoint at once (CORE_JOBS_API_WORKER_THREADS).
     """
     from contextlib import asynccontextmanager
 
+    import anyio.to_thread
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
+        # The worker threads of this event loop, which run every sync endpoint and dependency.
+        anyio.to_thread.current_default_thread_limiter().total_tokens = worker_threads
         pool.open(wait=False)  # start even when the database is down: /readyz says so
         try:
             yield

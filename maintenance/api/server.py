@@ -333,6 +333,7 @@ def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMe
         metrics=metrics,
         admin=admin,
         bulk_max=settings.dead_letters_bulk_max,
+        worker_threads=settings.api_worker_threads,
     )
 
 

@@ -198,3 +198,29 @@ def test_metrics_are_negotiated_text_or_openmetrics(api):
     assert negotiated.text.endswith("# EOF\n")
     names = {family.name for family in openmetrics_families(negotiated.text)}
     assert "core_jobs_api_requests" in names
+
+
+@pytest.mark.parametrize("threads", [2, 4])
+def test_the_served_api_runs_endpoints_on_as_many_worker_threads_as_set(database_url, jwks, threads):
+    """CORE_JOBS_API_WORKER_THREADS is the size of the served event loop's worker-thread limiter, which runs every sync endpoint."""
+    import anyio.to_thread
+
+    settings = api_settings(database_url, jwks.url, api_worker_threads=threads)
+    app = build_app(settings)
+
+    @app.get("/_worker_threads")
+    async def worker_threads() -> int:  # read on the server's own event loop
+        return int(anyio.to_thread.current_default_thread_limiter().total_tokens)
+
+    with serving(app, settings) as url:
+        assert httpx.get(f"{url}/_worker_threads").json() == threads
+
+
+def test_the_worker_threads_default_to_four_and_refuse_zero(clean_env):
+    """Unset: 4 worker threads; CORE_JOBS_API_WORKER_THREADS=0 is a configuration error naming the variable."""
+    from maintenance.settings import ConfigError, load_settings
+
+    assert load_settings().api_worker_threads == 4
+    clean_env.setenv("CORE_JOBS_API_WORKER_THREADS", "0")
+    with pytest.raises(ConfigError, match="CORE_JOBS_API_WORKER_THREADS"):
+        load_settings()
