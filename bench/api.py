@@ -267,7 +267,8 @@ def main() -> int:
             key,
             algorithm="RS256",
         )
-        process, api_url = start_api(url, str(key_file))
+        # the bulk scenario replays 10 000 letters by one filter: above the default cap of one bulk action (1 000)
+        process, api_url = start_api(url, str(key_file), {"CORE_JOBS_DEAD_LETTERS_BULK_MAX": "10000"})
         API_PID.append(process.pid)
         try:
             return run(url, api_url, token, args)
