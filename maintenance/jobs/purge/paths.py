@@ -223,6 +223,7 @@ class IndexWalk:
             deleted, transaction_ms = delete_limited(conn, timeout, self._delete_tied, at)
             if deleted < batch_size:  # the tie's deletable fences are gone: past the instant
                 self.cursor = end + timedelta(microseconds=1)
+                self.done = self.cursor >= params["cutoff"]  # a tie one microsecond before the cutoff was the last
         return {"num_deleted": deleted, "transaction_ms": round(transaction_ms, 3)}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:

@@ -335,6 +335,17 @@ def test_walks_past_a_tie_whose_held_fences_outnumber_the_batch(db, conn, now, e
     assert [n for _, n in batch_sizes(events)] == [0, 10, 0, 3]
 
 
+def test_a_held_tie_just_before_the_cutoff_ends_the_walk(db, conn, now, events):
+    """Index path, batch 2: 3 fences expiring one microsecond before the cutoff, all inside the retry window (kept): the run ends, it does not loop to its budget."""
+    instant = now - timedelta(microseconds=1)
+    held = {add_fence(conn, processed_at=now - timedelta(minutes=1), expires_at=instant) for _ in range(3)}
+    ticks = itertools.count()  # the budget's clock: one second per reading, so a walk that never ends stops at 300
+    run = Purger(purger(db, batch_size=2, min_batch_size=1).config, db, monotonic=lambda: float(next(ticks)))
+    result = run.run_once(now)
+    assert remaining(conn) == held
+    assert (result.num_deleted, result.stopped_on_budget, result.num_batches) == (0, 0, 2)
+
+
 def test_pauses_between_batches(db, now, conn):
     """CORE_JOBS_PURGE_BATCH_PAUSE is waited between batches, not after the last."""
     add_old_expired_fences(conn, now, 25)
