@@ -33,6 +33,7 @@ from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.api.resources import dead_letters, executions, resolutions
+from maintenance.api.threads import PROBING, run_on
 from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.api import DEFAULT_API_WORKER_THREADS
@@ -304,8 +305,10 @@ def create_app(
     if admin is not None:
         app.include_router(resolutions.router)
 
+    # The probes and /metrics never wait for an endpoint's worker thread (maintenance/api/threads.py): a
+    # liveness probe that did would fail while every thread waits on the database, and the pod be restarted.
     @app.get("/healthz", tags=["probes"], summary="The process is up")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
     @app.get(
@@ -319,13 +322,16 @@ def create_app(
             }
         },
     )
-    def readyz() -> dict[str, str]:
-        with pool.connection(timeout=2) as conn:
-            conn.execute("SELECT 1")
+    async def readyz() -> dict[str, str]:
+        def check() -> None:
+            with pool.connection(timeout=2) as conn:
+                conn.execute("SELECT 1")
+
+        await run_on(PROBING, check)
         return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus(request: Request) -> Response:
+    async def prometheus(request: Request) -> Response:  # in memory, no I/O: on the event loop
         # prometheus-client's own negotiation: OpenMetrics to a scraper that asks for it, else the text format.
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encode(metrics.registry), media_type=content_type)

@@ -41,9 +41,9 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from fastapi import Request
-from fastapi.concurrency import run_in_threadpool
 
 from maintenance.api.problems import Problem
+from maintenance.api.threads import VERIFYING, run_on
 from maintenance.runtime.logs import get_logger
 
 READ = "core.dead_letters.read"
@@ -258,7 +258,7 @@ async def authenticate(request: Request) -> Principal:
     try:
         principal = verifier.cached(token)
         if principal is None:
-            principal = await run_in_threadpool(verifier.verify, token)
+            principal = await run_on(VERIFYING, verifier.verify, token)  # never an endpoint's thread
         request.state.subject = principal.subject  # for the request log
         return principal
     except InvalidToken as exc:

@@ -99,7 +99,7 @@ class ApiSettings(BaseModel):
         "more threads only queue for it: under 8 concurrent operators on 2 cores, the web framework's 40 gave "
         "resolutions a p95 of 51 ms, 4 gave 42 ms (docs/performance.md). A request waiting on the database "
         "holds its thread: raise it for many concurrent slow requests (bulk replays), within "
-        "CORE_JOBS_API_POOL_MAX_SIZE.",
+        "CORE_JOBS_API_POOL_MAX_SIZE. The probes, /metrics and token verification never wait for these threads.",
     )
     api_pool_timeout: _PositiveDuration = Field(
         default=timedelta(seconds=5),

@@ -224,3 +224,27 @@ def test_the_worker_threads_default_to_four_and_refuse_zero(clean_env):
     clean_env.setenv("CORE_JOBS_API_WORKER_THREADS", "0")
     with pytest.raises(ConfigError, match="CORE_JOBS_API_WORKER_THREADS"):
         load_settings()
+
+
+def test_probes_and_metrics_answer_while_every_worker_thread_waits_on_the_database(database_url, jwks, tokens, conn):
+    """CORE_JOBS_API_WORKER_THREADS=1, its thread blocked on a locked dead letter: /healthz, /readyz and /metrics still answer; the replay then completes."""
+    import psycopg
+    from support.api_support import running_api
+
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
+    settings = api_settings(database_url, jwks.url, api_worker_threads=1)
+    with psycopg.connect(database_url) as locker, contextlib.contextmanager(running_api)(settings, tokens) as api:
+        locker.execute("SELECT 1 FROM core.dead_letters WHERE id = %s FOR UPDATE", (letter,))  # held until rollback
+        replies: list[httpx.Response] = []
+        replay = threading.Thread(target=lambda: replies.append(api.post(f"{BASE}/{letter}/replay")))
+        replay.start()
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+            " AND application_name = 'core-jobs-api' AND wait_event_type = 'Lock'"
+        )
+        wait_until(lambda: conn.execute(waiting).fetchone()[0] == 1, what="the replay waiting on the row lock")
+        with httpx.Client(base_url=api.base_url, timeout=5) as probe:
+            assert [probe.get(path).status_code for path in ("/healthz", "/readyz", "/metrics")] == [200, 200, 200]
+        locker.rollback()
+        replay.join(10)
+    assert [r.status_code for r in replies] == [200]
