@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from maintenance.settings import Settings
 
 LOCK_NAME = "core_jobs.purge"
-# A batch within this share of the target keeps its size; a faster one grows toward the target.
-STEADY_SHARE = 0.9
 EVENTS = "maintenance.purge"
 # rows_left is an exact count up to this many rows; at the cap it means "at least this many".
 ROWS_LEFT_CAP = 100_000
@@ -372,18 +370,14 @@ class Purger:
         """The next batch's size: toward the target duration, within [min batch size, ceiling].
 
         Slower than the target: shrink in proportion (the batch's time grows with its rows, or
-        with its blocks for the sweep). Faster than 90 % of it: grow in proportion, at most
-        doubling. In between: keep. Keeping everything between half the target and the target
-        (as before) left batches at ~7 ms of a 10 ms target on average, and every batch costs a
-        fixed share (its planning, its round trips): 85-93 batches for 1.2 M fences where 60
-        would do (docs/performance.md, "Purge").
+        with its blocks for the sweep). Under half the target: double. In between: keep.
         """
         target_ms = self.config.target_batch_duration.total_seconds() * 1000
         floor = min(self.config.min_batch_size, ceiling)
         if batch_ms > target_ms:
             wanted = int(batch_size * target_ms / batch_ms)
-        elif batch_ms < STEADY_SHARE * target_ms:
-            wanted = batch_size * 2 if batch_ms <= 0 else min(batch_size * 2, int(batch_size * target_ms / batch_ms))
+        elif batch_ms < target_ms / 2:
+            wanted = batch_size * 2
         else:
             return batch_size
         return max(floor, min(ceiling, wanted))

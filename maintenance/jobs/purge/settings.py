@@ -44,8 +44,7 @@ class PurgeFields(BaseModel):
         default=timedelta(milliseconds=10),
         description="Time each batch transaction aims at, as the server measures it (its start to the end of its "
         "DELETE, without the round trip): after a slower batch the batch size shrinks in "
-        "proportion, after one under 90 % of it the size grows in proportion, at most doubling (up to "
-        "CORE_JOBS_PURGE_BATCH_SIZE).",
+        "proportion, after one under half of it the size doubles (up to CORE_JOBS_PURGE_BATCH_SIZE).",
     )
     purge_timeouts_before_shrink: int = Field(
         default=2,
