@@ -52,6 +52,7 @@ import psycopg
 from prometheus_client import CollectorRegistry
 from pydantic import BaseModel
 
+from bench.harness import DEFAULT_SERVER, TTL
 from core_jobs_demo import scratch_database
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
@@ -62,9 +63,7 @@ from harness.worker import Worker, WorkerConfig
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 DEFAULT_RABBITMQ = "amqp://guest:guest@127.0.0.1:5672/%2F"
-TTL = timedelta(days=7)
 BATCH = 10
 PROCESSES = 2
 

@@ -50,7 +50,6 @@ import argparse
 import os
 import random
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -182,7 +181,8 @@ def main() -> int:
         checkouts["against"] = args.against.resolve()
     cli = cli_prefix()
     modes = list(BYTECODE) if args.bytecode == "both" else [args.bytecode]
-    pycache = Path(tempfile.mkdtemp(prefix="core-jobs-bench-pycache-"))
+    scratch = tempfile.TemporaryDirectory(prefix="core-jobs-bench-pycache-")  # removed on exit, even on an error
+    pycache = Path(scratch.name)
     if "installed" in modes:
         compile_bytecode(pycache, [c or ROOT for c in checkouts.values()])
 
@@ -283,7 +283,7 @@ def main() -> int:
         )
         for name, seconds, modules in import_profile(env_for(modes[0], checkout), checkout or ROOT, args.top):
             print(f"  {name:<24} {seconds:7.3f} s  {modules:4d} modules")
-    shutil.rmtree(pycache, ignore_errors=True)
+    scratch.cleanup()
     return 0
 
 

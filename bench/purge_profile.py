@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,17 +38,13 @@ from psycopg import sql
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.purge import DEFAULT_SERVER, GUARDED_DELETE, TTL, admin, build_template
+from bench.purge import DEFAULT_SERVER, GUARD, GUARDED_DELETE, admin, build_template, spread
 from core_jobs_demo import with_database
-from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
 from maintenance.jobs.purge.paths import fetch_limited
 from maintenance.jobs.purge.sql import SET_BATCH_LIMITS, SWEEP_BATCH_HASHED
-from maintenance.settings import TtlGuard
 
-GUARD = TtlGuard(ttl=TTL, window=max_retry_window(RetryPolicy()), margin=2.0)
 EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, WAL, TIMING OFF, FORMAT JSON) "
-SESSION_LIMITS = "SET statement_timeout = '5s'; SET synchronous_commit = off; SET enable_sort = off; SET jit = off"
 
 
 @dataclass
@@ -169,10 +164,6 @@ def on_copy(server: str, template: str, copy: str, action) -> Profile:
         return action(with_database(server, copy))
     finally:
         admin(server, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(copy)))
-
-
-def spread(values: list[float], fmt: str) -> str:
-    return f"{statistics.median(values):{fmt}} ({min(values):{fmt}}-{max(values):{fmt}})"
 
 
 def main(argv: list[str] | None = None) -> int:

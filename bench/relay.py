@@ -39,6 +39,7 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.harness import DEFAULT_SERVER, percentile
 from core_jobs_demo import scratch_database
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.pg import connect
@@ -49,7 +50,6 @@ from maintenance.operations.dead_letters import replay
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 QUEUE = "bench.relay"
 POLL_S = 0.001
 SEEN = "SELECT 1 FROM core.queue_messages WHERE job_id = %(job_id)s AND queue = %(queue)s"
@@ -79,11 +79,6 @@ def replay_and_wait(outbox: psycopg.Connection, target: psycopg.Connection, dead
     while target.execute(SEEN, {"job_id": job_id, "queue": QUEUE}).fetchone() is None:
         time.sleep(POLL_S)
     return (time.perf_counter() - committed) * 1000
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def one_batch_ms(url: str, target_url: str, rounds: int = 5, size: int = 100) -> list[float]:

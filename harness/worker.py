@@ -98,7 +98,7 @@ from harness.errors import describe_error
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
-from harness.queue.adapters import adapter_class, open_queue
+from harness.queue.adapters import adapter_class
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import (
     Acked,
@@ -188,7 +188,7 @@ class Worker:
         stop: threading.Event | None = None,
         queue_url: str | None = None,
     ) -> None:
-        adapter_class(queue_url)  # a URL no adapter can open is refused now, not in every thread
+        self._adapter = adapter_class(queue_url)  # a URL no adapter can open is refused now, not in every thread
         self.queue_url = queue_url
         self.conninfo = conninfo
         self.consumer = consumer
@@ -256,7 +256,7 @@ class Worker:
 
     def _open_queue(self, conn: psycopg.Connection, worker_name: str) -> QueuePort:
         """This thread's port of the configured adapter, on ``conn``."""
-        return open_queue(self.queue_url, conn, worker=worker_name, lease=self.config.lease)
+        return self._adapter.from_url(self.queue_url, conn, worker=worker_name, lease=self.config.lease)
 
     def _read_figures(self, conn: psycopg.Connection, queue: QueuePort) -> None:
         """The queue's depth and oldest ready age for the metrics, when due: one thread, one read per interval.
@@ -264,13 +264,8 @@ class Worker:
         Skipped for an adapter that cannot tell them (no ``figures``, or it returns None): the gauges are left alone.
         """
         figures = getattr(queue, "figures", None)
-        if figures is None:
+        if figures is None or not self._due("_figures_due", self.config.figures_interval):
             return
-        with self._figures_lock:
-            now = time.monotonic()
-            if now < self._figures_due:
-                return
-            self._figures_due = now + self.config.figures_interval.total_seconds()
         try:
             read = figures(self.consumer.queue)
         except Exception as exc:
@@ -284,6 +279,18 @@ class Worker:
             depth, age = read
             self.metrics.queue_figures(self.consumer.queue, depth, age)
 
+    def _due(self, attribute: str, interval: timedelta) -> bool:
+        """Whether the periodic chore whose next time is ``self.<attribute>`` is due; if so, its next time moves on.
+
+        Under one lock, so that of the worker's threads one does it per interval.
+        """
+        with self._figures_lock:
+            now = time.monotonic()
+            if now < getattr(self, attribute):
+                return False
+            setattr(self, attribute, now + interval.total_seconds())
+            return True
+
     def _outbox_relay(self, conn: psycopg.Connection, queue: object, worker_name: str) -> Relay | None:
         """The relay of this worker's queue from the outbox to ``queue``; None on the reference queue (a PgQueue
         on the worker's own connection), which is its own outbox."""
@@ -295,13 +302,8 @@ class Worker:
     def _relay_outbox(self, relay: Relay | None) -> None:
         """On a broker, relay the outbox when due: one thread per ``relay_interval``. A failure is the relay's
         (logged ``harness.relay.error``, its batch given back); only a lost connection stops the worker."""
-        if relay is None:
+        if relay is None or not self._due("_relay_due", self.config.relay_interval):
             return
-        with self._figures_lock:
-            now = time.monotonic()
-            if now < self._relay_due:
-                return
-            self._relay_due = now + self.config.relay_interval.total_seconds()
         try:
             relay.run_once()
         except Exception:

@@ -46,21 +46,19 @@ asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import replace
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from opentelemetry.trace import SpanKind
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 
-from harness import tracing
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload, payload_json
+from harness.queue.publishing import keeps_its_context, publish_context, publish_span
 
 __all__ = ["PgQueue"]
 
@@ -207,7 +205,7 @@ class PgQueue:
         A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
         """
         _check(envelope.payload)
-        with _publish_span([(queue, envelope)]) as traced, self._one_statement():
+        with publish_span([(queue, envelope)], system=self.system) as traced, self._one_statement():
             row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
         assert row is not None
         return row[0]
@@ -234,7 +232,10 @@ class PgQueue:
         payloads = [_copy_payload(envelope.payload) for _queue, envelope in messages]
         if not messages:
             return
-        with _publish_context(messages, keep_context) as (traceparent, tracestate), self._one_statement():
+        with (
+            publish_context(messages, system=self.system, keep_context=keep_context) as (traceparent, tracestate),
+            self._one_statement(),
+        ):
             run_at = ""
             if delay:
                 row = self.conn.execute(PUBLISH_MANY_RUN_AT, {"delay": delay}).fetchone()
@@ -242,7 +243,7 @@ class PgQueue:
                 run_at = f"\t{row[0]}"
             lines = []
             for (queue, envelope), payload in zip(messages, payloads, strict=True):
-                if traceparent is None or _keeps_its_context(envelope):
+                if traceparent is None or keeps_its_context(envelope):
                     parent, state = envelope.traceparent, envelope.tracestate
                 else:
                     parent, state = traceparent, tracestate
@@ -261,7 +262,7 @@ class PgQueue:
             _check(envelope.payload)
         if not messages:
             return
-        with _publish_span(messages, keep_context=keep_context) as traced, self._one_statement():
+        with publish_span(messages, system=self.system, keep_context=keep_context) as traced, self._one_statement():
             messages = traced
             self.conn.execute(
                 PUBLISH_MANY_PIPELINED,
@@ -386,54 +387,6 @@ def _stored(payload: Any) -> Jsonb:
     """The jsonb to write: an :class:`UndecodablePayload`'s text exactly as PostgreSQL printed it (a RESUME of
     such an execution re-queues it unchanged; the worker makes it its poison dead letter), else the value."""
     return Jsonb(payload.text, dumps=str) if isinstance(payload, UndecodablePayload) else Jsonb(payload)
-
-
-def _keeps_its_context(envelope: Envelope) -> bool:
-    """A replay keeps its dead letter's context (or none) unchanged; a context already given is kept too."""
-    return envelope.replay_of is not None or envelope.traceparent is not None
-
-
-@contextmanager
-def _publish_span(
-    messages: Sequence[tuple[str, Envelope]], *, keep_context: bool = False
-) -> Iterator[list[tuple[str, Envelope]]]:
-    """The messages, each with the context of a ``<queue> publish`` span (PRODUCER) current around the write.
-
-    No span when every message keeps its own context (a replay: harness/tracing.py, or ``keep_context``);
-    none either, and the messages unchanged, without a recording span (no SDK).
-    """
-    with _publish_context(messages, keep_context) as (traceparent, tracestate):
-        yield [
-            (queue, envelope)
-            if traceparent is None or _keeps_its_context(envelope)
-            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
-            for queue, envelope in messages
-        ]
-
-
-@contextmanager
-def _publish_context(
-    messages: Sequence[tuple[str, Envelope]], keep_context: bool
-) -> Iterator[tuple[str | None, str | None]]:
-    """The ``(traceparent, tracestate)`` of a ``<queue> publish`` span (PRODUCER) current around the write.
-
-    ``(None, None)`` and no span when every message keeps its own context, or ``keep_context``; without
-    a recording span (no SDK), ``(None, None)`` too.
-    """
-    if keep_context or all(_keeps_its_context(envelope) for _queue, envelope in messages):
-        yield None, None
-        return
-    queues = sorted({queue for queue, _envelope in messages})
-    attributes = {
-        "messaging.system": "postgresql",
-        "messaging.operation.type": "send",
-        "messaging.destination.name": queues[0] if len(queues) == 1 else None,
-        "messaging.batch.message_count": len(messages) if len(messages) > 1 else None,
-    }
-    with tracing.span(
-        f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
-    ):
-        yield tracing.current_context()
 
 
 # COPY's text format: a tab between columns, a newline after each row, \N for NULL, and a backslash

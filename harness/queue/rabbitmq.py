@@ -72,9 +72,8 @@ import contextlib
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from uuid import NAMESPACE_URL, UUID, uuid5
@@ -83,13 +82,12 @@ import pika
 import pika.exceptions
 import psycopg
 import structlog
-from opentelemetry.trace import SpanKind
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
-from harness import tracing
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
 from harness.queue.port import NO_TENANT, Delivery, Envelope, InvalidPayload, check_payload, decode_payload
+from harness.queue.publishing import publish_span
 from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported: names, delays, URL options, horizon
     BUCKET_IDLE,
     BUCKET_REDECLARE,
@@ -98,9 +96,9 @@ from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported
     DEFAULT_CLAIM_WAIT,
     DEFAULT_CONSUMER_TIMEOUT,
     DEFAULT_DELIVERY_LIMIT,
+    broker_address,
     delay_bucket,
     delay_queue_name,
-    delay_queue_names,
     delivery_limit_problem,
     exhausted_queue_name,
     redact_url,
@@ -117,7 +115,6 @@ __all__ = [
     "RabbitQueue",
     "delay_bucket",
     "delay_queue_name",
-    "delay_queue_names",
     "delivery_limit_problem",
     "describe_broker_error",
     "exhausted_queue_name",
@@ -238,8 +235,7 @@ class RabbitQueue:
         except Exception as exc:  # pika's own message may quote the URL: name the redacted one instead
             raise ValueError(f"invalid RabbitMQ URL {self.url}: {type(exc).__name__}") from None
         self._parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
-        host = self._parameters.host
-        self.address = f"[{host}]:{self._parameters.port}" if ":" in host else f"{host}:{self._parameters.port}"
+        self.address = broker_address(url)
         self.conn = conn
         self.worker = worker
         self.lease = lease
@@ -288,7 +284,7 @@ class RabbitQueue:
         if not messages:
             return
         bucket = delay_bucket(delay)
-        with _publish_span(messages) as traced:
+        with publish_span(messages, system=self.system) as traced:
             prepared = [(queue, _body(envelope), _properties(envelope, attempt_base=1)) for queue, envelope in traced]
             sent = 0
 
@@ -317,11 +313,7 @@ class RabbitQueue:
         consumer = self._consumer(link, queue, limit)
         link.connection.process_data_events(time_limit=0)
         if len(consumer.buffer) < limit and self.claim_wait > timedelta(0):
-            name = self._name(queue)
-            ready = sum(
-                link.publisher.queue_declare(q, passive=True).method.message_count
-                for q in (name, exhausted_queue_name(name))
-            )
+            ready = self._ready(link, self._name(queue))
             wanted = min(limit, len(consumer.buffer) + ready)
             deadline = time.monotonic() + self.claim_wait.total_seconds()
             while len(consumer.buffer) < wanted and (left := deadline - time.monotonic()) > 0:
@@ -395,12 +387,17 @@ class RabbitQueue:
         def read(link: _Link) -> int:
             name = self._name(queue)
             self._declare(link, name)
-            return sum(
-                link.publisher.queue_declare(q, passive=True).method.message_count
-                for q in (name, exhausted_queue_name(name))
-            )
+            return self._ready(link, name)
 
         return self._with_link(read), 0.0
+
+    @staticmethod
+    def _ready(link: _Link, name: str) -> int:
+        """Messages ready in the work queue ``name`` and its ``.exhausted`` queue (both declared)."""
+        return sum(
+            link.publisher.queue_declare(q, passive=True).method.message_count
+            for q in (name, exhausted_queue_name(name))
+        )
 
     # -- settling ------------------------------------------------------------------------------------------------
 
@@ -689,32 +686,3 @@ def _undecodable(body: bytes, reason: str) -> UndecodablePayload:
     """The body kept as a JSON string jsonb can store (NUL written ``\\x00``), with why it cannot be read."""
     text = body.decode("utf-8", errors="backslashreplace").replace("\x00", "\\x00")
     return UndecodablePayload(json.dumps(text), reason)
-
-
-def _keeps_its_context(envelope: Envelope) -> bool:
-    return envelope.replay_of is not None or envelope.traceparent is not None
-
-
-@contextmanager
-def _publish_span(messages: Sequence[tuple[str, Envelope]]) -> Iterator[list[tuple[str, Envelope]]]:
-    """The messages, each with the context of a ``<queue> publish`` span (PRODUCER); as harness/queue/pgqueue.py."""
-    if all(_keeps_its_context(envelope) for _queue, envelope in messages):
-        yield list(messages)
-        return
-    queues = sorted({queue for queue, _envelope in messages})
-    attributes = {
-        "messaging.system": RabbitQueue.system,
-        "messaging.operation.type": "send",
-        "messaging.destination.name": queues[0] if len(queues) == 1 else None,
-        "messaging.batch.message_count": len(messages) if len(messages) > 1 else None,
-    }
-    with tracing.span(
-        f"{queues[0] if len(queues) == 1 else '(many)'} publish", kind=SpanKind.PRODUCER, attributes=attributes
-    ):
-        traceparent, tracestate = tracing.current_context()
-        yield [
-            (queue, envelope)
-            if traceparent is None or _keeps_its_context(envelope)
-            else (queue, replace(envelope, traceparent=traceparent, tracestate=tracestate))
-            for queue, envelope in messages
-        ]

@@ -41,7 +41,6 @@ __all__ = [
     "broker_address",
     "delay_bucket",
     "delay_queue_name",
-    "delay_queue_names",
     "delivery_limit_problem",
     "exhausted_queue_name",
     "redact_url",
@@ -166,11 +165,6 @@ def delay_bucket(delay: timedelta) -> int:
 def delay_queue_name(work_queue: str, bucket_ms: int) -> str:
     """The broker queue holding ``work_queue``'s messages delayed by ``bucket_ms``."""
     return f"{work_queue}.delay.{bucket_ms}ms"
-
-
-def delay_queue_names(work_queue: str) -> list[str]:
-    """Every delay bucket ``work_queue`` may have (most exist only once a retry needed them)."""
-    return [delay_queue_name(work_queue, bucket) for bucket in BUCKETS_MS]
 
 
 def exhausted_queue_name(work_queue: str) -> str:

@@ -33,7 +33,7 @@ from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.api.resources import dead_letters, executions, resolutions
-from maintenance.api.threads import PROBING, run_on
+from maintenance.api.threads import PROBING, run_on, use_endpoint_threads
 from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.api import DEFAULT_API_WORKER_THREADS
@@ -262,12 +262,9 @@ def create_app(
     """
     from contextlib import asynccontextmanager
 
-    import anyio.to_thread
-
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
-        # The worker threads of this event loop, which run every sync endpoint and dependency.
-        anyio.to_thread.current_default_thread_limiter().total_tokens = worker_threads
+        use_endpoint_threads(worker_threads)
         pool.open(wait=False)  # start even when the database is down: /readyz says so
         try:
             yield

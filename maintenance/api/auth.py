@@ -160,11 +160,10 @@ class TokenVerifier:
     def verify(self, token: str) -> Principal:
         if len(token) > MAX_TOKEN_CHARS:  # before the cache and PyJWT: nothing is decoded
             raise InvalidToken(f"the token is longer than {MAX_TOKEN_CHARS} characters")
+        cached = self.cached(token)
+        if cached is not None:
+            return cached
         now = self.clock()
-        with self._lock:
-            cached = self._verified.get(token)
-        if cached is not None and cached[0] > now:
-            return cached[1]
         principal, expires = self._verify(token)
         with self._lock:
             if len(self._verified) >= self.CACHE_SIZE:

@@ -23,7 +23,7 @@ import anyio.to_thread
 from anyio import CapacityLimiter
 from anyio.lowlevel import RunVar
 
-__all__ = ["PROBING", "VERIFYING", "run_on"]
+__all__ = ["PROBING", "VERIFYING", "run_on", "use_endpoint_threads"]
 
 T = TypeVar("T")
 
@@ -42,6 +42,11 @@ def _limiter(threads: tuple[str, int]) -> CapacityLimiter:
         limiter = CapacityLimiter(size)
         variable.set(limiter)
         return limiter
+
+
+def use_endpoint_threads(count: int) -> None:
+    """Size the running event loop's default limiter, which runs every sync endpoint and dependency, to ``count``."""
+    anyio.to_thread.current_default_thread_limiter().total_tokens = count
 
 
 async def run_on(threads: tuple[str, int], function: Callable[..., T], *args: object) -> T:

@@ -124,11 +124,12 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
             }
         )
     ok = guard.ok and all(c["guard"]["ok"] for c in consumers)
+    effective = settings.effective()
     document = {
         "ok": ok,
-        "settings": settings.effective(),
+        "settings": effective,
         "guard": {"ok": guard.ok, "explanation": guard.explain()},
-        "queue": {"url": settings.effective()[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
+        "queue": {"url": effective[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
         "redelivery_horizon": _horizon_document(settings),
         "consumers": consumers,
         "jobs": list(JOB_NAMES),

@@ -8,7 +8,7 @@ or to keep the relay's latency off the workers (the Helm chart's optional relay 
 
 ::
 
-    core-jobs relay --queue points.credit [--queue Q2 …] [--once] [--interval 1s] [--batch-size N]
+    core-jobs relay --queue points.credit [--queue Q2 …] [--once] [--interval SECONDS] [--batch-size N]
 
 The broker is the adapter named by ``CORE_JOBS_QUEUE_URL`` (or ``--queue-url``), the same setting
 the worker uses; a URL that names the reference queue (unset, ``postgresql://…``) is refused: the
@@ -46,11 +46,8 @@ REFERENCE_SCHEMES = ("", "postgresql", "postgres")
 
 
 def queue_url(args: argparse.Namespace, settings: Settings) -> str | None:
-    """The broker's URL: ``--queue-url``, else the setting ``CORE_JOBS_QUEUE_URL`` (``settings.queue_url``)."""
-    configured = getattr(settings, "queue_url", None)  # the adapter selection's setting
-    if configured is not None and hasattr(configured, "get_secret_value"):
-        configured = configured.get_secret_value()
-    return args.queue_url or configured or None
+    """The broker's URL: ``--queue-url``, else the setting ``CORE_JOBS_QUEUE_URL``."""
+    return args.queue_url or settings.queue_url_value() or None
 
 
 def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease: timedelta) -> Publisher:

@@ -209,12 +209,10 @@ def load_settings() -> Settings:
         name = ENV_PREFIX + (field.group(1).upper() if field else "*")
         raise ConfigError(f"{name}: not valid JSON") from None
     try:
-        settings.retry_policies()  # builds every policy
-        settings.max_retry_window()  # and sums its worst case, which may overflow
+        settings.max_retry_window()  # builds every policy and sums its worst case, which may overflow
     except RetryPolicyError as exc:
         raise ConfigError(f"{ENV_PREFIX}RETRY_*: {exc}") from None
-    except (
-        ValueError
-    ) as exc:  # the queue URL's options, read for the redelivery horizon (maintenance/fields/horizon.py)
+    # the queue URL's options, read for the redelivery horizon (maintenance/fields/horizon.py)
+    except ValueError as exc:
         raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
     return settings

@@ -14,22 +14,31 @@ from contextlib import contextmanager
 import psycopg
 from psycopg import pq
 
-__all__ = ["round_trips"]
+__all__ = ["protocol_trace", "round_trips"]
+
+
+@contextmanager
+def protocol_trace(conn: psycopg.Connection) -> Iterator[list[str]]:
+    """The protocol messages ``conn`` exchanges inside the block, as libpq traces them: one line each, "F" sent, "B" received."""
+    lines: list[str] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        conn.pgconn.trace(trace.fileno())
+        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+        try:
+            yield lines
+        finally:
+            conn.pgconn.untrace()
+            trace.seek(0)
+            lines.extend(trace.read().splitlines())
 
 
 @contextmanager
 def round_trips(conn: psycopg.Connection) -> Iterator[list[int]]:
     """The round trips ``conn`` makes in the block: ``[count]``, set when the block ends."""
     counted = [0]
-    with tempfile.TemporaryFile("w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
-        try:
-            yield counted
-        finally:
-            conn.pgconn.untrace()
-            trace.seek(0)
-            sent = [line.split("\t")[2] for line in trace.read().splitlines() if line.startswith("F\t")]
+    with protocol_trace(conn) as lines:
+        yield counted
+    sent = [line.split("\t")[2] for line in lines if line.startswith("F\t")]
     counted[0] = sum(
         1
         for i, message in enumerate(sent)

@@ -26,6 +26,8 @@ when many rows have expired and the layout is not in expiry order.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -75,6 +77,18 @@ SWEEP_MARGIN = 0.9
 FALLBACK_ROWS_PER_PAGE = 80.0
 
 
+@contextmanager
+def _in_one_message(
+    conn: psycopg.Connection, timeout: str, statements: str, params: dict[str, Any], limits: str
+) -> Iterator[psycopg.ClientCursor]:
+    """``limits`` then ``statements`` as one message (:func:`fetch_limited` says why); the cursor past the limits' row."""
+    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
+    with psycopg.ClientCursor(conn) as cursor:
+        cursor.execute(f"{limits};\n{statements}", params | {"statement_timeout": timeout})
+        cursor.nextset()  # past the limits' row, to the first statement's result
+        yield cursor
+
+
 def fetch_limited(
     conn: psycopg.Connection, timeout: str, query: str, params: dict[str, Any], limits: str = SET_BATCH_LIMITS
 ) -> tuple:
@@ -91,10 +105,7 @@ def fetch_limited(
     delete one such plan ran 10x slower in the benchmark. ``conn`` must be in autocommit, or the
     message would join the connection's open transaction.
     """
-    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
-    with psycopg.ClientCursor(conn) as cursor:
-        cursor.execute(f"{limits};\n{query}", params | {"statement_timeout": timeout})
-        cursor.nextset()  # past the limits' row, to the statement's
+    with _in_one_message(conn, timeout, query, params, limits) as cursor:
         row = cursor.fetchone()
     assert row is not None
     return row
@@ -109,11 +120,8 @@ def delete_limited(
     the same implicit transaction: the count is the DELETE's command tag, the time is read once the
     DELETE is done.
     """
-    assert conn.autocommit, "a purge batch is its own transaction: the connection must be in autocommit"
-    with psycopg.ClientCursor(conn) as cursor:
-        cursor.execute(f"{limits};\n{delete};\n{TRANSACTION_MS}", params | {"statement_timeout": timeout})
-        cursor.nextset()  # past the limits' row, to the DELETE's command tag
-        deleted = cursor.rowcount
+    with _in_one_message(conn, timeout, f"{delete};\n{TRANSACTION_MS}", params, limits) as cursor:
+        deleted = cursor.rowcount  # the DELETE's command tag
         cursor.nextset()
         row = cursor.fetchone()
     assert row is not None and deleted >= 0
@@ -211,9 +219,14 @@ class IndexWalk:
         """Deletable rows left, for progress: the start's estimate less what was deleted (None unsampled)."""
         return None if self._deletable is None else max(0, self._deletable - deleted)
 
+    @property
+    def _from(self) -> datetime | str:
+        """The cursor as the statements' ``cursor`` parameter."""
+        return "-infinity" if self.cursor is None else self.cursor
+
     def batch(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], batch_size: int) -> dict[str, Any]:
         """Delete one batch; returns the batch's log fields (``num_deleted`` first, ``transaction_ms`` as the server timed it)."""
-        at = params | {"cursor": "-infinity" if self.cursor is None else self.cursor, "batch_size": batch_size}
+        at = params | {"cursor": self._from, "batch_size": batch_size}
         (end,) = fetch_limited(conn, timeout, INDEX_BATCH_END, at)
         if self.cursor is None or end > self.cursor:
             deleted, transaction_ms = delete_limited(conn, timeout, self._delete, at | {"end": end})
@@ -227,8 +240,7 @@ class IndexWalk:
         return {"num_deleted": deleted, "transaction_ms": round(transaction_ms, 3)}
 
     def count_left(self, conn: psycopg.Connection, timeout: str, params: dict[str, Any], cap: int) -> int:
-        cursor = "-infinity" if self.cursor is None else self.cursor
-        return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": cursor, "cap": cap})[0])
+        return int(fetch_limited(conn, timeout, INDEX_ROWS_LEFT, params | {"cursor": self._from, "cap": cap})[0])
 
 
 class BlockSweep:

@@ -10,19 +10,18 @@ mechanics say which.
 from __future__ import annotations
 
 import itertools
-import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime, timedelta
 
 import psycopg
 import pytest
-from psycopg.pq import Trace, TransactionStatus
+from psycopg.pq import TransactionStatus
 from support.factories import CONSUMER, TENANT, add_dead_letter, add_dead_letters, add_execution, add_fence
 from support.harness_support import backdate_replay
 from support.logcapture import LoggedEvents, events_in
+from support.round_trips import protocol_trace
 
 from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
@@ -619,21 +618,6 @@ def expected_after_purge(conn: psycopg.Connection, now: datetime) -> set[uuid.UU
         for job_id, processed_at, expires_at in rows
         if expires_at >= now or processed_at >= now - PROTECTED or job_id in pending
     }
-
-
-@contextmanager
-def protocol_trace(conn: psycopg.Connection) -> Iterator[list[str]]:
-    """The protocol messages ``conn`` exchanges inside the block, as libpq traces them: one line each, "F" sent, "B" received."""
-    lines: list[str] = []
-    with tempfile.TemporaryFile("w+") as trace:
-        conn.pgconn.trace(trace.fileno())
-        conn.pgconn.set_trace_flags(Trace.SUPPRESS_TIMESTAMPS | Trace.REGRESS_MODE)
-        try:
-            yield lines
-        finally:
-            conn.pgconn.untrace()
-            trace.seek(0)
-            lines.extend(trace.read().splitlines())
 
 
 @REPLAY_GUARDS
