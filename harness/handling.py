@@ -67,7 +67,12 @@ synchronous commit for the lot instead of one per job. The guarantees are step 2
   each one's fence is read: there, the job is done (acked); absent, it runs again, in the next
   shared transaction;
 - a commit that fails (a deferred constraint, a serialization failure) commits nothing: each
-  of its jobs runs again alone, through :func:`handle`, so one job's fault stays its own.
+  of its jobs runs again alone, through :func:`handle`, within the same call, so one job's fault
+  stays its own — the refused job retried with its attempt counted, or dead-lettered;
+- every way a shared transaction can fail ends with each of its jobs settled — committed alone,
+  retried counted, or dead-lettered — never released uncounted: what the worker's stop or a lost
+  connection keeps from running again alone is in ``BatchProgress.rolled_back``, which the worker
+  retries with the attempt counted.
 
 A consumer whose handler must not share its transaction says ``shares_transactions=False``
 (harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
@@ -269,12 +274,17 @@ class BatchProgress:
     ``settled``: each delivery's final outcome — or the unexpected error of its handling (a
     failure outside the handler, on a usable connection), for the caller to fail alone.
     ``in_hand``: the delivery being handled last (the one that raised, when it raised).
-    Deliveries in neither were not started, or their work was rolled back with a shared
-    transaction that never committed: the caller gives them back.
+    ``rolled_back``: deliveries whose work was rolled back with a shared transaction that failed
+    (at a statement, at its COMMIT, with its connection) and that were not run again alone — the
+    worker stopping, or the connection lost: the caller retries each with its attempt counted
+    (never a release, which counts nothing: whichever job made the transaction fail would share
+    the next one again, forever). Deliveries in none of the three were not started: the caller
+    gives them back.
     """
 
     settled: list[tuple[Delivery, Outcome | Exception]] = field(default_factory=list)
     in_hand: Delivery | None = None
+    rolled_back: list[Delivery] = field(default_factory=list)
 
 
 def handle_together(
@@ -313,7 +323,9 @@ def handle_together(
         try:
             conn.execute("COMMIT")
         except psycopg.Error:
-            if conn.closed or conn.broken:
+            if conn.closed or conn.broken:  # committed or not, nobody can tell here: each is retried, counted
+                progress.rolled_back.extend(delivery for delivery, _fenced in shared)
+                shared.clear()
                 raise
             conn.rollback()
             todo.extendleft(reversed([(delivery, True) for delivery, _fenced in shared]))  # each again, alone
@@ -343,58 +355,70 @@ def handle_together(
         failure = PermanentError(str(error))
         progress.settled.append((offender, failure_outcome(conn, consumer, offender, failure, runtime)))
 
-    try:
-        while todo and not stopping():
-            delivery, alone = todo.popleft()
-            progress.in_hand = delivery
-            with each(delivery):
-                admitted = None if alone else _admit(consumer, delivery, runtime)
-                if admitted is None:  # poison, past the budget, redelivered, or after a failed commit: on its own
-                    if delivery.attempt > policy.max_attempts or delivery.redelivered or alone:
-                        commit()  # its own transaction comes after the open one, never inside it
-                    try:
-                        progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
-                    except KeyboardInterrupt:
-                        raise
-                    except Exception as exc:
-                        if conn.closed or conn.broken:
-                            raise
-                        progress.settled.append((delivery, exc))
-                    continue
-                payload, context, fence = admitted
-                if conn.info.transaction_status == TransactionStatus.IDLE:
-                    conn.execute("BEGIN")
-                savepoints += 1
-                try:
-                    fenced = work_in_savepoint(
-                        conn,
-                        consumer,
-                        payload,
-                        context,
-                        fence=(INSERT_FENCE, fence),
-                        replay_of=delivery.envelope.replay_of,
-                    )
-                except KeyboardInterrupt:
+    def step(delivery: Delivery, alone: bool) -> None:
+        """Handle one delivery: in the open shared transaction, or on its own after that transaction commits."""
+        nonlocal savepoints
+        admitted = None if alone else _admit(consumer, delivery, runtime)
+        if admitted is None:  # poison, past the budget, redelivered, or after a failed commit: on its own
+            if delivery.attempt > policy.max_attempts or delivery.redelivered or alone:
+                commit()  # its own transaction comes after the open one, never inside it
+            try:
+                progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:
+                if conn.closed or conn.broken:
                     raise
-                except TransactionEnded as exc:
-                    ended(delivery, exc)
-                    continue
-                except BaseException as exc:
-                    if conn.closed or conn.broken:
-                        raise
-                    progress.settled.append((delivery, failure_outcome(conn, consumer, delivery, exc, runtime)))
-                else:
-                    shared.append((delivery, fenced))
-                if savepoints >= SAVEPOINTS_PER_TRANSACTION:
-                    commit()
-        commit()
+                progress.settled.append((delivery, exc))
+            return
+        payload, context, fence = admitted
+        if conn.info.transaction_status == TransactionStatus.IDLE:
+            conn.execute("BEGIN")
+        savepoints += 1
+        try:
+            fenced = work_in_savepoint(
+                conn, consumer, payload, context, fence=(INSERT_FENCE, fence), replay_of=delivery.envelope.replay_of
+            )
+        except KeyboardInterrupt:
+            raise
+        except TransactionEnded as exc:
+            ended(delivery, exc)
+            return
+        except BaseException as exc:
+            if conn.closed or conn.broken:
+                raise
+            progress.settled.append((delivery, failure_outcome(conn, consumer, delivery, exc, runtime)))
+        else:
+            shared.append((delivery, fenced))
+        if savepoints >= SAVEPOINTS_PER_TRANSACTION:
+            commit()
+
+    try:
+        while True:
+            while todo and not stopping():
+                delivery, alone = todo.popleft()
+                progress.in_hand = delivery
+                with each(delivery):
+                    step(delivery, alone)
+            commit()  # a commit that fails puts its jobs back in todo, each to run alone: the loop goes on
+            if not todo or stopping():
+                break
     except BaseException:
         # The caller's stop or a lost connection: the open transaction's jobs commit if the connection
-        # still can (their work is done and sound); else they are rolled back and given back.
+        # still can (their work is done and sound); else they are rolled back, for the caller to retry.
         if shared and not (conn.closed or conn.broken):
             with suppress(psycopg.Error):
                 commit()
+        progress.rolled_back.extend(delivery for delivery, _fenced in shared)
+        shared.clear()
+        _rolled_back_alone(todo, progress)
         raise
+    _rolled_back_alone(todo, progress)  # stopping after a failed commit: not run again, retried by the caller
+
+
+def _rolled_back_alone(todo: deque[tuple[Delivery, bool]], progress: BatchProgress) -> None:
+    """The jobs of a failed shared transaction still waiting to run alone (``alone``) go to ``rolled_back``."""
+    progress.rolled_back.extend(delivery for delivery, alone in todo if alone)
 
 
 def _keywords(runtime: Runtime) -> dict[str, Any]:

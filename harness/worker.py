@@ -18,8 +18,11 @@ A plain consumer's batch shares its work transactions (``handle_together``: one 
 50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
 true): its successes are acked after that commit, its failures settled one by one after it, each
 delivery with its own span, timing and events. A message whose work was rolled back with a
-shared transaction that never committed (the worker stopping or losing its connection) is
-released like an unstarted one. ``Consumer(shares_transactions=False)``, a durable consumer, and
+shared transaction that failed and was not run again alone (the worker stopping or losing its
+connection) is retried with its attempt counted — never released uncounted, which would let
+whichever job broke the transaction share the next one again, forever. A **redelivered** message
+(its earlier delivery never settled: its worker may have died of it) runs last and alone, after
+the rest of its batch is settled and acked, so a job that kills its worker takes only itself. ``Consumer(shares_transactions=False)``, a durable consumer, and
 a batch of one are handled one transaction per job, each failure settled at once.
 
 On a broker (an adapter other than the reference queue on the worker's own connection), the worker
@@ -310,11 +313,49 @@ class Worker:
             if not _usable(relay.source.conn):
                 raise
 
+    def _retry_rolled_back(self, queue: QueuePort, deliveries: list[Delivery]) -> None:
+        """Retry each delivery a failed shared transaction rolled back, its attempt counted, after the policy's backoff.
+
+        Counted, never released: whichever job made the transaction fail would otherwise share the next one again,
+        forever. Past ``max_attempts`` the redelivery is dead-lettered unrun (harness/handling.py, step 4).
+        """
+        for delivery in deliveries:
+            fields = _fields(delivery, self.consumer.name)
+            delay = compute_delay(self.policy, delivery.attempt)
+            if queue.retry(delivery, delay, ROLLED_BACK):
+                self.stats.add("retried")
+                self.metrics.retry(self.consumer.name)
+                log.info("harness.job.retry_scheduled", **fields, delay_s=delay.total_seconds(), error=ROLLED_BACK)
+            else:
+                self._lease_lost()
+                log.warning("harness.job.lease_lost", **fields)
+
     def _lease_lost(self, n: int = 1) -> None:
         self.stats.add("leases_lost", n)
         self.metrics.leases_lost(self.consumer.name, n)
 
     def _run_batch(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
+        """The batch's fresh deliveries first, settled and acked; then each redelivered one alone, settled at once.
+
+        A redelivered delivery's earlier one never settled: its worker may have died of it. Run last and alone,
+        with nothing else of the batch at stake, a job that kills its worker takes only itself (the adapters
+        hand out at most one per claim, harness/queue/port.py).
+        """
+        fresh = [delivery for delivery in batch if not delivery.redelivered]
+        groups = [fresh] if fresh else []
+        groups += [[delivery] for delivery in batch if delivery.redelivered]
+        for index, group in enumerate(groups):
+            later = [delivery for rest in groups[index + 1 :] for delivery in rest]
+            if self._stopping.is_set():
+                self._end_batch(conn, queue, [], group + later)
+                return
+            try:
+                self._run_group(conn, queue, group)
+            except BaseException:
+                self._end_batch(conn, queue, [], later)
+                raise
+
+    def _run_group(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
         if len(batch) > 1 and self.consumer.shares_transactions and not self.consumer.durable:
             self._run_together(conn, queue, batch)
             return
@@ -397,9 +438,11 @@ class Worker:
         finally:
             for span in spans.values():  # the deliveries given back, and the one in hand when the worker stops
                 span.end()
-            settled = {id(delivery) for delivery, _outcome in progress.settled}
+            ended = {id(delivery) for delivery, _outcome in progress.settled}
+            ended |= {id(delivery) for delivery in progress.rolled_back}
             kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
-            self._end_batch(conn, queue, done, [d for d in batch if id(d) not in settled and id(d) != kept])
+            unstarted = [d for d in batch if id(d) not in ended and id(d) != kept]
+            self._end_batch(conn, queue, done, unstarted, progress.rolled_back)
         if failure is not None:
             raise failure
 
@@ -514,8 +557,9 @@ class Worker:
         ``last_error``); if even that is refused, it waits out its lease. The batch goes on."""
         self.stats.add("failed")
         detail = describe_error(error)
-        delay = compute_delay(self.policy, delivery.attempt)
+        delay = self.config.lease  # if not even the retry can be recorded, the lease's expiry redelivers it
         try:
+            delay = compute_delay(self.policy, delivery.attempt)
             if queue.retry(delivery, delay, detail):
                 self.metrics.retry(self.consumer.name)
             else:
@@ -524,25 +568,32 @@ class Worker:
         except Exception as exc:
             if not _usable(conn):
                 raise
-            delay = self.config.lease  # not even the retry could be recorded: the lease's expiry redelivers it
+            delay = self.config.lease
             detail = f"{detail}; its retry was refused too: {describe_error(exc)}"
         log.error("harness.worker.delivery_failed", **fields, delay_s=delay.total_seconds(), error=detail)
 
     def _end_batch(
-        self, conn: psycopg.Connection, queue: QueuePort, done: list[Delivery], unstarted: list[Delivery]
+        self,
+        conn: psycopg.Connection,
+        queue: QueuePort,
+        done: list[Delivery],
+        unstarted: list[Delivery],
+        rolled_back: list[Delivery] = [],  # noqa: B006 (read only)
     ) -> None:
-        """Ack the batch's successes and release its unstarted messages; never raises.
+        """Ack the batch's successes, release its unstarted messages and retry, counted, those whose work a failed
+        shared transaction rolled back (harness.handling.BatchProgress.rolled_back); never raises.
 
         On the worker's connection while it is usable, else on a fresh one, through a port of the
         same adapter opened anew on it (and closed): a lost connection must not leave them leased
         until the lease expires, each with an attempt used. What cannot be done here, the lease
         expiry does later (the fence absorbs a redelivered success).
         """
-        if not done and not unstarted:
+        if not done and not unstarted and not rolled_back:
             return
         try:
             if conn.info.transaction_status == TransactionStatus.IDLE:
                 acked, released = queue.ack(done), queue.release(unstarted)
+                self._retry_rolled_back(queue, rolled_back)
             else:  # closed or broken (a database outage, a terminated backend)
                 with (
                     connect(
@@ -554,6 +605,7 @@ class Worker:
                     closing(self._open_queue(fresh, getattr(queue, "worker", self.name))) as other,
                 ):
                     acked, released = other.ack(done), other.release(unstarted)
+                    self._retry_rolled_back(other, rolled_back)
         except Exception as exc:
             log.warning(
                 "harness.worker.give_back_failed",
@@ -567,6 +619,12 @@ class Worker:
         if acked < len(done):
             self._lease_lost(len(done) - acked)
             log.warning("harness.job.lease_lost", consumer=self.consumer.name, num_unacked=len(done) - acked)
+
+
+ROLLED_BACK = (
+    "RolledBack: its work was rolled back with the shared work transaction it was in, which failed (at a statement,"
+    " at its commit or with its connection) before the job could run again alone"
+)
 
 
 def _fields(delivery: Delivery, consumer: str) -> dict[str, Any]:

@@ -15,7 +15,8 @@ moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision abo
   transaction. All three match on the token *and* an unexpired lease: a worker whose lease
   expired changes nothing (its call returns False).
 - **Lease expiry**: a message whose lease expired is ready again; the redelivery counts an
-  attempt and the fence absorbs it if the first worker did commit its work.
+  attempt, says ``redelivered`` (its worker may have died of it: the worker runs it alone, and a
+  claim takes at most one such), and the fence absorbs it if the first worker did commit its work.
 - **Release** gives claimed but unhandled messages back at once (a worker stopping), without
   counting the attempt.
 - **Publish** checks every payload first (harness/queue/port.py, ``check_payload``), except one read
@@ -102,11 +103,15 @@ SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of,
 """
 
 # Ready = due and not under a live lease. SKIP LOCKED: a row another claimer holds is skipped.
+# A ready row whose lease expired (lease_expires_at set: settling and releasing clear it) is a
+# redelivery — its last claimer died or gave up without settling it, perhaps killed by it — and a
+# claim takes at most one of those, the first in order, beside the fresh ones: the worker runs it
+# alone after the rest (harness/worker.py), so a job that kills its worker takes only itself.
 # The payload comes back as text and is decoded per delivery, after the claim committed: one the
 # worker cannot decode is that delivery's poison, never an error that rolls the claim back.
 CLAIM = """
-WITH ready AS (
-    SELECT id
+WITH candidates AS (
+    SELECT id, lease_expires_at IS NOT NULL AS redelivered, run_at
       FROM core.queue_messages
      WHERE queue = %(queue)s
        AND run_at <= now()
@@ -114,6 +119,12 @@ WITH ready AS (
      ORDER BY run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
+), ready AS (
+    SELECT id, redelivered
+      FROM (SELECT id, redelivered,
+                   count(*) FILTER (WHERE redelivered) OVER (ORDER BY run_at, id) AS nth_redelivered
+              FROM candidates) AS c
+     WHERE NOT redelivered OR nth_redelivered = 1
 )
 UPDATE core.queue_messages AS m
    SET attempts = m.attempts + 1,
@@ -123,7 +134,7 @@ UPDATE core.queue_messages AS m
   FROM ready
  WHERE m.id = ready.id
 RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payload::text, m.replay_of, m.attempts,
-          m.run_at, m.traceparent, m.tracestate
+          m.run_at, m.traceparent, m.tracestate, ready.redelivered
 """
 
 # Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
@@ -320,6 +331,7 @@ class PgQueue:
                 ),
                 attempt=attempts,
                 receipt=(message_id, token),
+                redelivered=redelivered,
             )
             for (
                 message_id,
@@ -333,6 +345,7 @@ class PgQueue:
                 _run_at,
                 traceparent,
                 tracestate,
+                redelivered,
             ) in rows
         ]
 

@@ -35,10 +35,14 @@ calls a port has:
   worker's gauges, or None when the adapter cannot tell (the gauges are then left alone);
 - optionally ``system`` — the ``messaging.system`` its spans carry (``postgresql``, ``rabbitmq``).
 
-A delivery says ``redelivered`` when the broker tells that it may have been handled before
-without being settled (a crash between the database commit and the broker's ack): the harness
-then looks for what that first delivery may already have written (harness/handling.py). The
-reference queue settles in the same database as the work, so its deliveries never are.
+A delivery says ``redelivered`` when the queue tells that it may have been handled before
+without being settled — its worker crashed, perhaps killed by this very job, or crashed between
+the database commit and the broker's ack (the reference queue: a claim of a message whose lease
+expired). The harness then looks for what that first delivery may already have written
+(harness/handling.py) and runs it alone, after the rest of its batch is settled and acked
+(harness/worker.py); and **a claim hands out at most one redelivered delivery**, so that a job
+that kills its worker takes only itself, never its batch-mates, down with it again (each of them
+would use an attempt per crash). The conformance kit checks both.
 
 A payload is JSON that PostgreSQL's ``jsonb`` can store: the queue, the dead letters and a
 replay all keep it there. :func:`check_payload` refuses the rest — NaN and ±Infinity (JSON has

@@ -31,7 +31,8 @@ the broker's ``x-delivery-count`` (deliveries returned unsettled — a consumer 
 closed by the consumer timeout), so a crashed worker's redelivery counts an attempt, as on the
 reference queue (a base header below 1 reads as 1, and an attempt is at most :data:`MAX_ATTEMPT`:
 another producer's header cannot make the retry policy or the dead letter's write fail on every
-delivery). ``redelivered`` is the broker's flag. A body that is not JSON the harness could
+delivery). ``redelivered`` is the broker's flag, or ``x-core-jobs-redelivered`` on a released copy of a
+redelivered delivery. A body that is not JSON the harness could
 store (not UTF-8, not JSON, NaN, ``\\u0000``, too deep…) becomes an
 :class:`~harness.queue.port.UndecodablePayload` — that delivery's poison dead letter, whose payload
 is then the body as a JSON *string* (what jsonb can keep) — never an exception in ``claim``.
@@ -42,6 +43,10 @@ Settling:
   prefetch is the batch. It returns what is deliverable now, up to ``limit``, waiting at most
   ``claim_wait`` (default 50 ms) for messages the broker reports ready. What the broker pushed
   beyond what a claim returned waits for the next claim (:meth:`close` gives it back uncounted).
+  A claim returns at most one redelivered delivery; when it does, nothing else may be at stake
+  while it runs (it may be what killed the last worker, and a delivery returned by a death is
+  counted): the consumer is cancelled, what it had pushed beyond the claim released, and the next
+  claim consumes anew.
 - **ack**: ``basic.ack`` on the channel that delivered it. A closed channel means the broker
   already requeued the message: lease lost (0).
 - **retry**: publish a copy (attempt base = this attempt + 1, ``x-core-jobs-last-error``) into the
@@ -51,7 +56,7 @@ Settling:
   redelivers the message; the harness makes that a duplicate (one pending dead letter per job).
 - **release**: publish a copy with the same attempt (not counted), confirmed, then ack — a
   ``nack`` with requeue would count a delivery towards the broker's limit. The copy goes to the
-  back of the queue.
+  back of the queue; a redelivered one's copy says ``x-core-jobs-redelivered`` (it is still a suspect).
 
 The lease is the broker's ``consumer_timeout`` (global in RabbitMQ 3.10, default 30 min): a
 delivery unacked that long gets its channel closed and the message requeued; the adapter's ``lease``
@@ -132,6 +137,8 @@ CORRELATION_HEADER = "x-core-jobs-correlation-id"
 REPLAY_OF_HEADER = "x-core-jobs-replay-of"
 TRACEPARENT_HEADER = "traceparent"
 TRACESTATE_HEADER = "tracestate"
+# On a released copy of a redelivered delivery: the copy is redelivered too (the broker's flag does not survive a copy).
+REDELIVERED_HEADER = "x-core-jobs-redelivered"
 # Headers the broker writes on a message's way (dead-lettering, redelivery): a republished copy drops them.
 _BROKER_HEADERS = (
     "x-delivery-count",
@@ -163,6 +170,7 @@ class _Link:
     connection: BlockingConnection
     publisher: BlockingChannel
     consumers: dict[str, _Consumer] = field(default_factory=dict)
+    set_aside: list[BlockingChannel] = field(default_factory=list)  # cancelled consumers' channels, closed next claim
     declared: set[str] = field(default_factory=set)  # work queues whose topology this link declared
     buckets: dict[str, float] = field(default_factory=dict)  # delay queue → monotonic time of its last declare
 
@@ -310,6 +318,10 @@ class RabbitQueue:
         return self._with_link(lambda link: self._claim(link, queue, limit))
 
     def _claim(self, link: _Link, queue: str, limit: int) -> list[Delivery]:
+        while link.set_aside:  # the last claim's deliveries on them are settled by now
+            channel = link.set_aside.pop()
+            if channel.is_open:
+                channel.close()
         consumer = self._consumer(link, queue, limit)
         link.connection.process_data_events(time_limit=0)
         if len(consumer.buffer) < limit and self.claim_wait > timedelta(0):
@@ -321,8 +333,21 @@ class RabbitQueue:
         if not consumer.channel.is_open:  # closed by the broker meanwhile (consumer timeout): requeued
             link.consumers.pop(queue, None)
             return []
-        taken, consumer.buffer[:] = consumer.buffer[:limit], consumer.buffer[limit:]
+        taken, consumer.buffer[:] = _at_most_one_redelivered(consumer.buffer, limit)
+        if any(delivery.redelivered for delivery in taken):
+            self._set_aside(link, queue, consumer)
         return taken
+
+    def _set_aside(self, link: _Link, queue: str, consumer: _Consumer) -> None:
+        """Nothing else of ``queue`` at stake while a redelivered delivery runs: if it kills this worker, only it
+        returns counted. The consumer is cancelled (nothing more is pushed), what it buffered released (a
+        redelivered one stays so), and its channel kept open for the claimed deliveries until the next claim."""
+        consumer.channel.stop_consuming()
+        link.connection.process_data_events(time_limit=0)
+        self.release(consumer.buffer)
+        consumer.buffer.clear()
+        link.consumers.pop(queue, None)
+        link.set_aside.append(consumer.channel)
 
     def _consumer(self, link: _Link, queue: str, limit: int) -> _Consumer:
         consumer = link.consumers.get(queue)
@@ -378,7 +403,7 @@ class RabbitQueue:
             # Another producer's header may say anything: an attempt the retry policy and the database can count.
             attempt=min(max(base, 1) + offset + counted, MAX_ATTEMPT),
             receipt=receipt,
-            redelivered=bool(method.redelivered) or offset > 0,
+            redelivered=bool(method.redelivered) or offset > 0 or bool(headers.get(REDELIVERED_HEADER)),
         )
 
     def figures(self, queue: str) -> tuple[int, float]:
@@ -432,7 +457,10 @@ class RabbitQueue:
         for delivery in deliveries:
             receipt: _Receipt = delivery.receipt
             if receipt.alive and self._republish(
-                receipt, receipt.source, attempt_base=delivery.attempt - receipt.offset
+                receipt,
+                receipt.source,
+                attempt_base=delivery.attempt - receipt.offset,
+                extra={REDELIVERED_HEADER: 1} if delivery.redelivered else None,
             ):
                 released += _ack(receipt)
         return released
@@ -560,7 +588,11 @@ class RabbitQueue:
         self, receipt: _Receipt, target: str, *, attempt_base: int, extra: dict[str, Any] | None = None
     ) -> bool:
         """Publish a copy of the delivered message into ``target`` (confirmed) with a new attempt base."""
-        headers = {k: v for k, v in (receipt.properties.headers or {}).items() if k not in _BROKER_HEADERS}
+        headers = {
+            k: v
+            for k, v in (receipt.properties.headers or {}).items()
+            if k not in _BROKER_HEADERS and k != REDELIVERED_HEADER
+        }
         headers[ATTEMPT_HEADER] = attempt_base
         headers.update(extra or {})
         properties = pika.BasicProperties(
@@ -575,6 +607,21 @@ class RabbitQueue:
         except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
             return False  # the connection is gone: the broker requeued the delivery, nothing was copied
         return True
+
+
+def _at_most_one_redelivered(buffer: list[Delivery], limit: int) -> tuple[list[Delivery], list[Delivery]]:
+    """(the claim, what stays buffered): up to ``limit`` deliveries in order, at most one of them redelivered
+    (harness/queue/port.py: a job that killed its worker runs alone, its batch-mates not at stake)."""
+    taken: list[Delivery] = []
+    kept: list[Delivery] = []
+    redelivered = False
+    for delivery in buffer:
+        if len(taken) < limit and not (delivery.redelivered and redelivered):
+            taken.append(delivery)
+            redelivered |= delivery.redelivered
+        else:
+            kept.append(delivery)
+    return taken, kept
 
 
 def describe_broker_error(error: BaseException) -> str:

@@ -15,7 +15,8 @@ What the tests state (each test's docstring is its rule):
   1, not ``redelivered``; acked, it is gone. ``publish_many`` queues every message.
 - **Retries** — ``retry(delay)`` delivers the message again only once the delay has passed, with
   no process sleeping on it (``make_due``), as attempt 2.
-- **Redelivery** — a lost lease or a dead consumer (``crash``) delivers the message again (attempt 2).
+- **Redelivery** — a lost lease or a dead consumer (``crash``) delivers the message again (attempt 2),
+  ``redelivered``, at most one such delivery per claim (a killer runs alone).
 - **Settled once** — each delivery's outcome is settled exactly once: a second ``ack``, ``retry``
   or ``dead_letter`` of the same delivery returns 0/False and changes nothing (no second
   delivery, no second dead letter).
@@ -347,6 +348,29 @@ class QueuePortContract:
         [again] = kit.claim(port)
         assert again.envelope.job_id == first.envelope.job_id and again.attempt == 2
         assert port.ack([again]) == 1
+        kit.nothing_ready(port)
+
+    def test_a_claim_hands_out_at_most_one_redelivered_delivery(self, kit: _Kit) -> None:
+        """Three deliveries of a port whose process died come back redelivered, at attempt 2, at most one per claim:
+        a job that killed its worker runs alone, its batch-mates not at stake (harness/queue/port.py)."""
+        _conn, dying = kit.worker()
+        envelopes = [kit.envelope({"n": n}) for n in range(3)]
+        dying.publish_many([(kit.queue, e) for e in envelopes])
+        kit.claim(dying, 3)
+        kit.under_test.crash(dying)
+        _conn2, port = kit.worker()
+        seen: list[Delivery] = []
+        deadline = time.monotonic() + kit.claim_timeout
+        while len(seen) < 3:
+            claimed = port.claim(kit.queue, 10)
+            assert sum(d.redelivered for d in claimed) <= 1, f"{len(claimed)} claimed, more than one redelivered"
+            assert port.ack(claimed) == len(claimed)
+            seen += claimed
+            assert time.monotonic() < deadline, f"{len(seen)} of 3 redeliveries in {kit.claim_timeout} s"
+            if not claimed:
+                threading.Event().wait(0.01)
+        assert sorted(str(d.envelope.job_id) for d in seen) == sorted(str(e.job_id) for e in envelopes)
+        assert [(d.redelivered, d.attempt) for d in seen] == [(True, 2)] * 3
         kit.nothing_ready(port)
 
     @pytest.mark.parametrize("second", ["ack", "retry", "dead_letter"])

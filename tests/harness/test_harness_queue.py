@@ -278,14 +278,34 @@ def test_lease_expiry_redelivers_with_a_new_token_and_the_next_attempt(conn):
     assert second.receipt[1] > first.receipt[1]
 
 
-def test_a_reference_queue_delivery_is_never_marked_redelivered(conn):
-    """PgQueue settles with the database, so even a delivery after a lease expiry says redelivered False."""
+def test_a_reference_queue_delivery_after_a_lease_expiry_is_marked_redelivered(conn):
+    """A claim of a message whose lease expired unsettled (its worker died, perhaps of it) says redelivered; a first
+    claim, and a claim after a release or a retry, do not."""
     publish(conn, {"member_id": "a", "points": 1})
     queue = PgQueue(conn)
     (first,) = queue.claim(QUEUE, 10)
     expire_leases(conn)
     (second,) = queue.claim(QUEUE, 10)
-    assert (first.redelivered, second.redelivered) == (False, False)
+    assert queue.release([second]) == 1
+    (third,) = queue.claim(QUEUE, 10)
+    assert (first.redelivered, second.redelivered, third.redelivered) == (False, True, False)
+
+
+def test_a_claim_takes_at_most_one_redelivered_message_beside_the_fresh_ones(conn):
+    """Three messages whose worker died and two fresh ones: a claim of ten takes the fresh two and the first of the
+    three, in order; the next claims one redelivered message each."""
+    dead = [publish(conn, {"member_id": f"dead-{n}", "points": 1}) for n in range(3)]
+    queue = PgQueue(conn)
+    assert len(queue.claim(QUEUE, 10)) == 3
+    expire_leases(conn)
+    fresh = [publish(conn, {"member_id": f"fresh-{n}", "points": 1}) for n in range(2)]
+    claimed = queue.claim(QUEUE, 10)
+    assert [(d.envelope.job_id, d.redelivered) for d in claimed] == [
+        (dead[0], True),
+        (fresh[0], False),
+        (fresh[1], False),
+    ]
+    assert [[d.envelope.job_id for d in queue.claim(QUEUE, 10)] for _ in range(3)] == [[dead[1]], [dead[2]], []]
 
 
 def test_a_stale_workers_late_ack_retry_and_dead_letter_change_nothing(conn):

@@ -14,6 +14,9 @@ cannot be printed (``m-unprintable``), one whose text holds a lone surrogate (``
 
 from __future__ import annotations
 
+import os
+import signal
+
 import psycopg
 from pydantic import field_validator
 
@@ -131,3 +134,16 @@ def _end_the_transaction(conn: psycopg.Connection, payload: CreditPoints, ctx: J
 
 
 ending = Consumer(name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_end_the_transaction)
+
+
+# The points consumer whose handler, for member m-killer only, kills its own worker process (SIGKILL: nothing
+# settled, nothing given back) after crediting — every time it is run.
+def _credit_then_kill_for_m_killer(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    points.handler(conn, payload, ctx)
+    if payload.member_id == "m-killer":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+killing = Consumer(
+    name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_credit_then_kill_for_m_killer
+)
