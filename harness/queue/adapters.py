@@ -27,9 +27,11 @@ a delivery may be held. A built-in scheme cannot be taken over by an entry point
 Nothing is imported before a port is opened: :func:`adapter_reference` names the class a URL
 selects without loading it (what ``core-jobs check-config`` shows, pika or not);
 :func:`adapter_class` imports it (a worker does when it is made, so a missing extra stops it
-before any thread starts), and :func:`open_queue` opens a port of it. A URL of no known scheme, or an adapter that
-cannot be imported (the extra not installed), is a :class:`QueueUrlError` (a ``ValueError``) that
-names the scheme and the known ones — never the URL, which may hold a password.
+before any thread starts) and has the URL checked by the adapter's optional ``check_url(url)``
+classmethod (RabbitMQ's: what pika would refuse), so a URL the adapter cannot read is refused
+before any connection too; :func:`open_queue` opens a port of it. A URL of no known scheme, an adapter that
+cannot be imported (the extra not installed), or a URL its adapter refuses is a :class:`QueueUrlError`
+(a ``ValueError``) that names the problem — never the password (harness/urls.py masks the URL).
 """
 
 from __future__ import annotations
@@ -89,16 +91,21 @@ def open_queue(
 
 
 def adapter_class(url: str | None) -> Any:
-    """The adapter class ``url`` selects, imported; QueueUrlError for an unknown scheme or a failed import."""
+    """The adapter class ``url`` selects, imported, ``url`` checked by its ``check_url`` when it has one;
+    QueueUrlError for an unknown scheme, a failed import or a URL the adapter refuses."""
     entry = _entry_point(url)
     try:
-        return entry.load()
+        cls = entry.load()
     except ImportError as exc:
         extra = _EXTRAS.get(entry.value)
         hint = f": install {extra}" if extra else ""
         raise QueueUrlError(
             f"the queue adapter of the scheme {entry.name!r}, {entry.value}, cannot be imported ({exc}){hint}"
         ) from None
+    check = getattr(cls, "check_url", None)
+    if url is not None and callable(check):
+        check(url)
+    return cls
 
 
 def _entry_point(url: str | None) -> EntryPoint:

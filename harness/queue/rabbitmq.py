@@ -81,6 +81,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit
 from uuid import NAMESPACE_URL, UUID, uuid5
 
 import pika
@@ -91,6 +92,7 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
+from harness.queue.adapters import QueueUrlError
 from harness.queue.port import NO_TENANT, Delivery, Envelope, InvalidPayload, check_payload, decode_payload
 from harness.queue.publishing import publish_span
 from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported: names, delays, URL options, horizon
@@ -109,7 +111,9 @@ from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported
     redact_url,
     redelivery_horizon,
     url_options,
+    url_problem,
 )
+from harness.urls import MASK, url_secrets
 
 __all__ = [
     "BUCKETS_MS",
@@ -211,6 +215,33 @@ class _Receipt:
         return not self.settled and self.channel.is_open and self.link.connection.is_open
 
 
+def _url_parameters(url: str) -> pika.URLParameters:
+    """pika's reading of ``url``; QueueUrlError naming the problem (an option pika refuses: which one), the URL masked.
+
+    pika's own messages quote what they could not read, which may be a piece of the password: they are masked
+    (:func:`~harness.urls.url_secrets`), and the host part is checked first (:func:`url_problem`).
+    """
+    problem = url_problem(url)
+    if problem is None:
+        try:
+            return pika.URLParameters(url)
+        except Exception as exc:
+            problem = f"pika cannot read the queue URL{_refused_option(url)}: {type(exc).__name__}: {exc}"
+            for secret in sorted(url_secrets(url), key=len, reverse=True):
+                problem = problem.replace(secret, MASK)
+    raise QueueUrlError(f"{problem}: {redact_url(url)}") from None
+
+
+def _refused_option(url: str) -> str:
+    """`` (its option name=…)``: the first of the URL's query options pika refuses on its own; empty when none does."""
+    for name, value in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        try:
+            pika.URLParameters("amqp://localhost/?" + urlencode({name: value}))
+        except Exception:
+            return f" (its option {name})"
+    return ""
+
+
 class RabbitQueue:
     """The :class:`~harness.queue.port.QueuePort` on RabbitMQ quorum queues; see the module docstring."""
 
@@ -238,10 +269,7 @@ class RabbitQueue:
             raise ValueError(f"claim_wait must not be negative, got {claim_wait}")
         self._url = url
         self.url = redact_url(url)
-        try:
-            self._parameters = pika.URLParameters(url)
-        except Exception as exc:  # pika's own message may quote the URL: name the redacted one instead
-            raise ValueError(f"invalid RabbitMQ URL {self.url}: {type(exc).__name__}") from None
+        self._parameters = _url_parameters(url)
         self._parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
         self.address = broker_address(url)
         self.conn = conn
@@ -265,7 +293,13 @@ class RabbitQueue:
         pika_url, options = url_options(url)
         return cls(pika_url, conn, worker=worker, lease=lease, **options)
 
-    def __repr__(self) -> str:
+    @classmethod
+    def check_url(cls, url: str) -> None:
+        """QueueUrlError when :meth:`from_url` would refuse ``url`` (an option of ours or pika's, its host part), before
+        any connection (:func:`harness.queue.adapters.adapter_class` calls it)."""
+        _url_parameters(url_options(url)[0])
+
+    def __repr__(self) -> str:  # the URL masked: self.url
         return f"RabbitQueue({self.url!r}, worker={self.worker!r}, delivery_limit={self.delivery_limit})"
 
     # -- publishing ----------------------------------------------------------------------------------------------

@@ -14,20 +14,25 @@ where the ``rabbitmq`` extra is not installed — reads it from here:
 - the delay buckets (:data:`BUCKETS_MS`, :func:`delay_bucket`) and the queue names
   (:func:`exhausted_queue_name`, :func:`delay_queue_name`).
 
-:func:`redact_url` writes a URL with its password as ``***``: what logs, errors and reprs show.
+:func:`redact_url` (the harness's one URL masker, harness/urls.py) writes a URL with its secrets as
+``***``: what logs, errors and reprs show. :func:`url_options` refuses a URL whose host part no
+parser can read (a port that is no number 1-65535, an unclosed IPv6 ``[``) before pika sees it,
+naming the problem and showing the URL masked: Python's own messages would quote the "port",
+which for an unencoded ``/`` or ``:`` in the password is part of it.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from harness.consumer.retry import RetryPolicy, max_retry_window
+from harness.queue.adapters import QueueUrlError
+from harness.urls import redact_url
 
 __all__ = [
     "BUCKETS_MS",
@@ -46,6 +51,7 @@ __all__ = [
     "redact_url",
     "redelivery_horizon",
     "url_options",
+    "url_problem",
 ]
 
 # Deliveries of one message the broker allows before it moves the message to `<q>.exhausted`: the last
@@ -100,9 +106,13 @@ URL_OPTIONS: dict[str, Callable[[str], Any]] = {
 def url_options(url: str) -> tuple[str, dict[str, Any]]:
     """``url`` without the adapter's own options (what pika reads), and those options typed.
 
-    ValueError naming the option and the URL with its password redacted when one does not read
-    or is out of range (``delivery_limit=many``, ``delivery_limit=0``, ``consumer_timeout=0``).
+    QueueUrlError (a ValueError) naming the option and the URL with its password redacted when one does not read
+    or is out of range (``delivery_limit=many``, ``delivery_limit=0``, ``consumer_timeout=0``), or
+    when the URL's host part does not parse (:func:`url_problem`).
     """
+    problem = url_problem(url)
+    if problem is not None:
+        raise QueueUrlError(f"{problem}: {redact_url(url)}")
     parts = urlsplit(url)
     ours: dict[str, str] = {}
     theirs: list[tuple[str, str]] = []
@@ -116,8 +126,26 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
         try:
             options[name] = URL_OPTIONS[name](value)
         except ValueError:
-            raise ValueError(f"invalid {name}={value!r} in the queue URL {redact_url(url)}") from None
+            raise QueueUrlError(f"invalid {name}={value!r} in the queue URL {redact_url(url)}") from None
     return urlunsplit(parts._replace(query=urlencode(theirs))), options
+
+
+def url_problem(url: str) -> str | None:
+    """Why pika could not read ``url``'s host part (its own message, or Python's, would quote a piece of it); None: it can."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # urllib's only complaint here: an IPv6 host's unclosed [ (or a stray ])
+        return "the queue URL's IPv6 host has an unclosed [ (write it as [::1])"
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or above 65535
+        port = 0
+    if port == 0:
+        return (
+            "the queue URL's port is not a number 1-65535"
+            " (a / : @ ? or # in its user name or password is written %2F %3A %40 %3F %23)"
+        )
+    return None
 
 
 def broker_address(url: str) -> str:
@@ -131,24 +159,6 @@ def broker_address(url: str) -> str:
     if port is None:
         port = 5671 if parts.scheme.lower() == "amqps" else 5672
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs, errors and reprs).
-
-    Read by hand, not by a URL parser: a password written unencoded may hold ``/``, ``?``, ``#`` or
-    ``@``, which a parser takes for the path, query, fragment or host — and then finds no password
-    to hide. The password ends at the last ``@`` before the host (:data:`_USER_INFO`); when in doubt
-    more is hidden, never less.
-    """
-    match = _USER_INFO.match(url)
-    if match is None:
-        return url
-    return f"{match['start']}***@{url[match.end() :]}"
-
-
-# scheme://user:password@ — the password up to the last "@" that a host (no "@", "/", "?" or "#") follows.
-_USER_INFO = re.compile(r"(?P<start>\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/?#@]*:).*@(?=[^@/?#]*(?:[/?#]|$))", re.S)
 
 
 def delay_bucket(delay: timedelta) -> int:

@@ -135,7 +135,9 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     )
     queue_url = settings.queue_url_value()
     try:
-        adapter_class(queue_url)  # before any connection: an extra not installed is the configuration's error
+        adapter_class(
+            queue_url
+        )  # before any connection: an extra not installed, a URL it refuses: configuration errors
     except QueueUrlError as exc:
         raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
     with (

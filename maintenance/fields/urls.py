@@ -9,12 +9,14 @@
   would refuse at the first connection is a configuration error at load, naming the parameter.
 - **HTTP URLs** (:func:`check_http_url`: Better Stack, the heartbeat, the Pushgateway): parsed as
   httpx and urllib will use them — host, IPv6 brackets, port 1-65535, no credentials.
-- **Masking**: :func:`mask_url_passwords` replaces the password of every ``scheme://user:password@``
-  URL in a text by :data:`MASK`, up to the last ``@`` before the host, so a raw ``@`` in the
-  password (or the user name) leaves nothing of it visible; :func:`redact_url` also masks
-  ``?password=``. Both are shapes of the one credential detector, ``maintenance/runtime/credentials.py``,
-  which the log redactor (``maintenance/runtime/logs.py``) applies whole to every log string. :func:`url_passwords` lists a database URL's passwords so the redactor masks
-  them wherever they appear alone.
+- **Masking**: :func:`redact_url` is the harness's one URL masker (``harness/urls.py``): the
+  password of every ``scheme://user:password@`` URL in a text, up to the last ``@`` before the
+  host (a raw ``@`` in the password or the user name leaves nothing of it visible), a secret query
+  parameter (``?password=``, ``sslpassword=``, pika's ``ssl_options``) and a conninfo's
+  ``password=``, each replaced by :data:`MASK`; :func:`mask_url_passwords` is the same function under
+  its older name. The log redactor's credential detector (``maintenance/runtime/credentials.py``)
+  takes its URL shapes from there too. :func:`url_passwords` lists a database URL's secrets so the
+  redactor masks them wherever they appear alone.
   :func:`shown_url` is the origin-only display (``https://host/…``) of a URL whose path is a
   secret (the heartbeat token), used in log events.
 
@@ -32,13 +34,13 @@ from __future__ import annotations
 
 import re
 from typing import Any, NamedTuple
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
+from harness.urls import MASK, redact_url, url_secrets
 from maintenance.fields.durations import PG_MAX_MILLISECONDS
-from maintenance.runtime.credentials import MASK, QUERY_PASSWORD, URL_PASSWORD, mask_credentials
 from maintenance.runtime.imports import import_without
 
-__all__ = ["MASK"]  # re-exported: the mask every redaction writes
+__all__ = ["MASK", "redact_url"]  # re-exported: the mask every redaction writes, the one URL masker
 
 # Spellings of the scheme accepted besides libpq's own postgresql:// (SQLAlchemy's, Heroku's).
 DATABASE_URL_SCHEME_ALIASES = ("postgresql+psycopg://", "postgresql+psycopg2://", "postgres://")
@@ -174,23 +176,11 @@ def _check_server_options(options: str) -> None:
 
 
 def url_passwords(url: str) -> list[str]:
-    """The password(s) in a libpq URL: as written and percent-decoded, in the user part or the query."""
-    parts = urlsplit(url)
-    written = [parts.password or "", *re.findall(r"(?:^|&)password=([^&]*)", parts.query)]
-    return [p for p in dict.fromkeys(written + [unquote(p) for p in written]) if p]
+    """The secrets in a libpq URL or conninfo (user part, query, ``password=``): as written and percent-decoded."""
+    return url_secrets(url)
 
 
-def mask_url_passwords(text: str) -> str:
-    """``text`` with the password of every ``scheme://user:password@`` URL in it replaced by ``***``.
-
-    The password ends at the last ``@`` before the host, so ``u:p@ss@host`` shows as ``u:***@host``.
-    """
-    return mask_credentials(text, (URL_PASSWORD,))
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password (user part or ``?password=``) replaced by ``***``."""
-    return mask_credentials(url, (URL_PASSWORD, QUERY_PASSWORD))
+mask_url_passwords = redact_url  # the name the settings exported first
 
 
 def shown_url(url: str) -> str:

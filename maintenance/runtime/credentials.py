@@ -12,7 +12,8 @@ replaces by :data:`MASK`):
 
 - a URL with a password in its user part, any scheme (``postgresql://u:pw@host``,
   ``redis://:pw@host``): the password runs up to the last ``@`` before the host, so a raw ``@``
-  in it leaves nothing visible; and a ``?password=`` query parameter;
+  in it leaves nothing visible; and a query parameter naming a secret (``?password=``,
+  ``&sslpassword=``) — both the harness's one URL masker's patterns (``harness/urls.py``);
 - an ``Authorization``/``Proxy-Authorization`` header's credentials, whatever the scheme;
   ``Bearer`` and ``Basic`` credentials anywhere (``Basic`` only when it decodes to
   ``user:password``, so "Basic checks" stays prose); a ``Digest`` header's parameters;
@@ -55,6 +56,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import unquote
 
+from harness.urls import MASK, QUERY_PARAMETER, USERINFO_PASSWORD, is_secret_parameter
+
 __all__ = [
     "HIGH_ENTROPY_BITS",
     "MASK",
@@ -65,8 +68,6 @@ __all__ = [
     "credential_kind",
     "mask_credentials",
 ]
-
-MASK = "***"
 
 
 def _decodes_to_user_password(match: re.Match[str]) -> bool:
@@ -135,17 +136,11 @@ class Shape:
         return spans
 
 
-# scheme://user:password@host — the user part may hold a raw @ too; the password runs up to the
-# last @ before the host (the first @ not followed by another one before the host ends).
-URL_PASSWORD = Shape(
-    "a URL with a password",
-    re.compile(
-        r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^:/\s]{0,256}:(?P<secret>[^\s]{0,1024}?)@(?=[^@\s/?#]*(?:[/?#\s]|$))",
-        re.I,
-    ),
-)
-# A libpq ?password= (or &password=) query parameter.
-QUERY_PASSWORD = Shape("a password in a URL's query", re.compile(r"[?&]password=(?P<secret>[^&#\s]+)", re.I))
+# The URL shapes are the harness's one URL masker's (harness/urls.py): scheme://user:password@host, the user part
+# up to its first ":" (it may hold a raw @), the password up to the last @ before the host; a query parameter whose
+# name names a secret (?password=, &sslpassword=).
+URL_PASSWORD = Shape("a URL with a password", USERINFO_PASSWORD)
+QUERY_PASSWORD = Shape("a password in a URL's query", QUERY_PARAMETER, is_secret_parameter)
 
 SHAPES: tuple[Shape, ...] = (
     URL_PASSWORD,

@@ -172,3 +172,58 @@ def _delete_queues(url: str, queue: str) -> None:
             channel.queue_delete(name)
     finally:
         connection.close()
+
+
+# A queue URL nothing can read (its host part), and one only pika refuses (its query): the password is "Parse-pw-9".
+UNREADABLE_URLS = {
+    "a port that is no number": ("amqp://app:Parse-pw-9@127.0.0.1:notaport/%2F", "port"),
+    "a port out of range": ("amqp://app:Parse-pw-9@127.0.0.1:99999/%2F", "port"),
+    "an unclosed [": ("amqp://svc@team:Parse-pw-9@[::1/%2F", "IPv6"),
+}
+PIKA_REFUSES = {
+    "an option value pika cannot read": (
+        "amqp://svc@team:Parse-pw-9@127.0.0.1:1/%2F?connection_attempts=many",
+        "connection_attempts",
+    ),
+    "an option pika does not know": ("amqp://app:Parse-pw-9@127.0.0.1:1/%2F?no_such_option=1", "no_such_option"),
+}
+QUEUE_COMMANDS = {
+    "enqueue": ["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "points": 1}'],
+    "worker": ["worker", "--consumer", "harness.examples.points:consumer", "--once"],
+    "relay": ["relay", "--queue", QUEUE, "--once"],
+}
+
+
+def _one_config_line(capsys, problem: str) -> str:
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("core-jobs: configuration error: CORE_JOBS_QUEUE_URL: ") and problem in lines[0]
+    assert "Parse-pw-9" not in captured.err + captured.out and "Traceback" not in captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", [*QUEUE_COMMANDS, "check-config"])
+@pytest.mark.parametrize(("url", "problem"), UNREADABLE_URLS.values(), ids=UNREADABLE_URLS.keys())
+def test_a_queue_url_that_does_not_parse_exits_2_in_one_line_naming_the_setting_and_the_problem(
+    cli, clean_env, conn, capsys, command, url, problem
+):
+    """An unparsable CORE_JOBS_QUEUE_URL is a configuration error at load for every command: exit 2, one line naming
+    the setting and the problem, the URL's host shown, its password masked, no traceback; nothing enqueued."""
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
+    assert cli(QUEUE_COMMANDS.get(command, [command])) == EXIT_CONFIG
+    assert "***@" in _one_config_line(capsys, problem)
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+@pytest.mark.parametrize("command", QUEUE_COMMANDS)
+@pytest.mark.parametrize(("url", "problem"), PIKA_REFUSES.values(), ids=PIKA_REFUSES.keys())
+def test_a_queue_url_pika_refuses_exits_2_in_one_line_before_any_connection(
+    cli, clean_env, conn, capsys, command, url, problem
+):
+    """A URL whose query pika refuses (checked when the adapter opens it) exits 2 too, one line naming the setting
+    and the option, the password masked — not a traceback and exit 1."""
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
+    assert cli(QUEUE_COMMANDS[command]) == EXIT_CONFIG
+    _one_config_line(capsys, problem)
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0

@@ -307,23 +307,59 @@ def test_a_broker_host_that_does_not_resolve_is_broker_unavailable_naming_the_ho
     assert "broker.invalid" in str(raised.value) and "s3cr3t" not in str(raised.value)
 
 
-@pytest.mark.parametrize("password", ["pa/ss-s3cr3t", "pa#ss-s3cr3t", "pa?ss-s3cr3t", "pa@ss-s3cr3t"])
-def test_a_password_with_a_character_urls_reserve_never_appears_in_an_error_or_a_repr(conn, password):
-    """A password written unencoded with / # ? or @ (which URL parsers read as the path, fragment, query or host) is
-    still hidden: in the error of a URL pika cannot read, in redact_url, in the repr and the unreachable error."""
-    url = f"amqp://app:{password}@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=1"
+@pytest.mark.parametrize(
+    ("user", "password"),
+    [
+        ("app", "pa/ss-s3cr3t"),
+        ("app", "pa#ss-s3cr3t"),
+        ("app", "pa?ss-s3cr3t"),
+        ("app", "pa@ss-s3cr3t"),
+        ("app", "pa:ss-s3cr3t"),
+        ("svc@team", "pw-s3cr3t"),
+        ("svc@team", "pa@ss-s3cr3t"),
+    ],
+)
+def test_a_password_with_a_character_urls_reserve_never_appears_in_an_error_or_a_repr(conn, logs, user, password):
+    """A user name or password written unencoded with / # ? : or @ (which URL parsers read as the path, fragment,
+    query, port or host) is still hidden: in the error of a URL pika cannot read, in redact_url, in the port's url
+    and repr, in the unreachable error and in the adapter's events; the host is still named."""
+    url = f"amqp://{user}:{password}@127.0.0.1:1/%2F?connection_attempts=1&socket_timeout=1"
     texts = [redact_url(url)]
     try:
         port = RabbitQueue(url, conn)
     except ValueError as exc:
         texts.append(str(exc))
     else:
-        texts.append(repr(port))
+        texts += [repr(port), port.url]
         with pytest.raises(BrokerUnavailable) as raised:
             port.claim("q", 1)
         texts.append(str(raised.value))
+        port.close()
     for text in texts:
         assert "s3cr3t" not in text and "127.0.0.1" in text
+    assert "s3cr3t" not in logs.text
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("amqp://app:pw-s3cr3t@127.0.0.1:notaport/%2F", "port"),
+        ("amqp://app:pw-s3cr3t@127.0.0.1:99999/%2F", "port"),
+        ("amqp://app:pw-s3cr3t@[::1/%2F", "IPv6"),
+        ("amqp://svc@team:pw-s3cr3t@[::1/%2F", "IPv6"),
+        ("amqp://app:pw-s3cr3t@127.0.0.1:1/%2F?connection_attempts=many", "connection_attempts"),
+        ("amqp://app:pw-s3cr3t@127.0.0.1:1/%2F?no_such_option=1", "no_such_option"),
+    ],
+)
+def test_a_url_pika_cannot_read_is_a_queue_url_error_naming_the_problem_never_the_password(conn, url, problem):
+    """from_url refuses a URL pika would refuse with a QueueUrlError (a ValueError) that names the problem and shows
+    the URL masked, before any connection."""
+    from harness.queue.adapters import QueueUrlError
+
+    with pytest.raises(QueueUrlError) as raised:
+        RabbitQueue.from_url(url, conn)
+    assert problem in str(raised.value) and "s3cr3t" not in str(raised.value), raised.value
+    assert "***@" in str(raised.value)
 
 
 @pytest.mark.pure
