@@ -22,6 +22,8 @@ metric                                      labels      meaning
 ``harness_queue_depth``                     queue       ready messages (due, no live lease), by the worker
 ``harness_queue_oldest_ready_age_seconds``  queue       how long the oldest ready message has been due
                                                         (0 when none is), on the database's clock
+``harness_worker_connections_lost_total``   consumer    worker database connections lost (a failover, a
+                                                        restart): each thread reconnects by itself
 ==========================================  ==========  ===================================================
 
 Every series of a consumer and queue the worker runs is there from the start, at 0
@@ -124,6 +126,9 @@ class NoMetrics:
     def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None:
         pass
 
+    def connection_lost(self, consumer: str) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()
 
@@ -178,6 +183,12 @@ class HarnessMetrics:
             ["consumer"],
             registry=self.registry,
         )
+        self._connections_lost = Counter(
+            "harness_worker_connections_lost",
+            "Worker database connections lost (each thread reconnects by itself).",
+            ["consumer"],
+            registry=self.registry,
+        )
         self._depth = Gauge(
             "harness_queue_depth", "Ready messages: due and under no live lease.", ["queue"], registry=self.registry
         )
@@ -196,6 +207,7 @@ class HarnessMetrics:
             self._duration,
             self._in_flight,
             self._leases_lost,
+            self._connections_lost,
         ):
             per_consumer.labels(consumer)
         for reason in DEAD_LETTER_REASONS:
@@ -212,6 +224,10 @@ class HarnessMetrics:
 
     def leases_lost(self, consumer: str, n: int = 1) -> None:
         self._leases_lost.labels(consumer).inc(n)
+
+    def connection_lost(self, consumer: str) -> None:
+        """Optional in a :class:`WorkerMetrics` (the worker calls it when there): a connection was lost."""
+        self._connections_lost.labels(consumer).inc()
 
     def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None:
         self._depth.labels(queue).set(depth)

@@ -45,18 +45,25 @@ connection that is still usable it ends that delivery only — retried after the
 (its attempt counted, the error its ``last_error``; if even that is refused, its lease's expiry
 redelivers it), logged ``harness.worker.delivery_failed`` with the error, counted ``num_failed``
 — and the batch goes on. A delivery that fails so every time runs out of attempts like any
-other (a dead letter; a durable execution's crash-loop bound). The worker itself stops only when it cannot
-go on: its database connection is lost, or a handler raised ``KeyboardInterrupt``. Then, too,
-the batch's successes are acked and its unstarted messages released — on a fresh connection if
-the worker's own is gone, through a port opened anew on it (``harness.worker.give_back_failed``
-if that fails as well: they wait out their lease) — while the message in hand keeps its lease
-and its counted attempt: if it is what breaks the worker, the attempt budget ends it as a dead
-letter instead of a crash loop.
-:meth:`Worker.run` then raises that error, after every thread has stopped.
+other (a dead letter; a durable execution's crash-loop bound).
+
+A **lost database connection** (a failover, a restart, a terminated backend) does not stop the
+worker either: the batch's successes are acked, its unstarted messages released and its
+rolled-back ones retried — on a fresh connection if the worker's own is gone, through a port
+opened anew on it, or, if none can be had yet (``harness.worker.give_back_failed``), on the
+thread's next connection — while the message in hand keeps its lease and its counted attempt (if
+it is what breaks the connection, the attempt budget ends it as a dead letter instead of a crash
+loop). The thread logs ``harness.worker.connection_lost``, counts it
+(``harness_worker_connections_lost_total``), and reconnects with a growing, capped backoff
+(``harness.worker.reconnect_failed`` per failed try, ``harness.worker.reconnected``); after
+``WorkerConfig.reconnect_for`` (2 min) without a connection it gives up with
+:class:`DatabaseUnavailable`. The worker itself stops only then, when it was unreachable from the
+start, or when a handler raised ``KeyboardInterrupt``; :meth:`Worker.run` then raises that error,
+after every thread has stopped.
 
 ``core-jobs worker`` exits **0** when it stopped as asked (``--once`` found nothing ready,
 SIGTERM/SIGINT), **1** when the worker failed as above (``harness.worker.error`` says why) or
-the database was unreachable, **2** on a configuration or usage error; no other code, whatever a
+the database was unreachable (from the start, or for ``CORE_JOBS_WORKER_RECONNECT_FOR``), **2** on a configuration or usage error; no other code, whatever a
 handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3).
 
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
@@ -71,7 +78,8 @@ Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_releas
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
 redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
 ``harness.job.lease_lost``,
-``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.figures_failed`` (the
+``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.connection_lost``,
+``harness.worker.reconnect_failed``, ``harness.worker.reconnected``, ``harness.worker.figures_failed`` (the
 queue's depth and age could not be read — a statement timeout over a large backlog: the gauges keep their last
 values and the worker goes on; only a lost connection stops it); successes are metrics only, counted in the ``metrics`` passed
 (default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
@@ -117,13 +125,21 @@ from harness.queue.port import (
 )
 from harness.queue.relay import Relay
 
-__all__ = ["Worker", "WorkerConfig", "WorkerStats"]
+__all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
 
 log = structlog.get_logger()
 
 # Giving a batch back after the worker's connection was lost opens a fresh one; in a real outage
-# the server does not answer either, and the worker must not hang on its way out.
+# the server does not answer either, and the worker must not hang on its way out. Every connection
+# the worker opens waits at most this long.
 GIVE_BACK_CONNECT_TIMEOUT_S = 5
+
+# The waits between attempts to reconnect after the worker's connection was lost: growing, capped.
+RECONNECT_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+
+
+class DatabaseUnavailable(ConnectionError):
+    """The worker's database could not be reached again for ``WorkerConfig.reconnect_for``: the worker gives up."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +153,11 @@ class WorkerConfig:
     figures_interval: timedelta = timedelta(seconds=15)
     # On a broker: how often the worker relays its queue's outbox rows (replays, RESUMEs) to it.
     relay_interval: timedelta = timedelta(seconds=1)
+    # How long a thread keeps reconnecting after its database connection was lost before the worker gives up.
+    reconnect_for: timedelta = timedelta(minutes=2)
 
     def __post_init__(self) -> None:
-        for name in ("fence_ttl", "lease", "poll_interval", "figures_interval", "relay_interval"):
+        for name in ("fence_ttl", "lease", "poll_interval", "figures_interval", "relay_interval", "reconnect_for"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("batch_size", "concurrency"):
@@ -158,6 +176,7 @@ class WorkerStats:
     held: int = 0  # durable executions parked RECONCILIATION_REQUIRED (acked)
     stale: int = 0  # durable executions this worker lost to another (nothing settled)
     failed: int = 0  # deliveries ended by an unexpected error of their own (harness.worker.delivery_failed)
+    connections_lost: int = 0  # database connections lost and reconnected from (harness.worker.connection_lost)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, name: str, n: int = 1) -> None:
@@ -175,6 +194,7 @@ class WorkerStats:
             "num_held": self.held,
             "num_stale": self.stale,
             "num_failed": self.failed,
+            "num_connections_lost": self.connections_lost,
         }
 
 
@@ -205,6 +225,7 @@ class Worker:
         self._figures_lock = threading.Lock()
         self._figures_due = 0.0  # time.monotonic() at which the queue figures are read next
         self._relay_due = 0.0  # time.monotonic() at which the outbox is relayed next (on a broker)
+        self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
         metrics.watch(consumer.name, consumer.queue)
 
     def stop(self) -> None:
@@ -241,21 +262,92 @@ class Worker:
         return self.stats
 
     def _loop(self, worker_name: str, once: bool) -> None:
-        with (
-            connect(self.conninfo, autocommit=True, application_name=self.application_name) as conn,
-            closing(self._open_queue(conn, worker_name)) as queue,
-        ):
-            relay = self._outbox_relay(conn, queue, worker_name)
-            while not self._stopping.is_set():
-                self._read_figures(conn, queue)
-                self._relay_outbox(relay)
-                batch = queue.claim(self.consumer.queue, self.config.batch_size)
-                if not batch:
-                    if once:
-                        return
-                    self._stopping.wait(self.config.poll_interval.total_seconds())
-                    continue
-                self._run_batch(conn, queue, batch)
+        """This thread's sessions: one per database connection, a new one after a connection is lost.
+
+        A lost connection (a failover, a restart, a terminated backend) ends the session, not the thread: what the
+        batch held is given back (on a fresh connection, or on the next one if none can be had), and the thread
+        reconnects with a bounded backoff, for at most ``reconnect_for`` before it gives up (DatabaseUnavailable).
+        """
+        lost_since: float | None = None  # time.monotonic() when the connection was lost; None while connected
+        failures = 0
+        while not self._stopping.is_set():
+            try:
+                conn = connect(
+                    self.conninfo,
+                    autocommit=True,
+                    application_name=self.application_name,
+                    connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
+                )
+            except psycopg.OperationalError as exc:
+                if lost_since is None:
+                    raise  # unreachable from the start: a configuration to fix, not an outage to wait out
+                waited = time.monotonic() - lost_since
+                if waited >= self.config.reconnect_for.total_seconds():
+                    raise DatabaseUnavailable(
+                        f"the database could not be reached again for {waited:.0f} s (reconnect_for"
+                        f" {self.config.reconnect_for}): {describe_error(exc)}"
+                    ) from None
+                delay = RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)]
+                failures += 1
+                log.warning(
+                    "harness.worker.reconnect_failed",
+                    consumer=self.consumer.name,
+                    worker=worker_name,
+                    attempt=failures,
+                    delay_s=delay,
+                    error=describe_error(exc),
+                )
+                self._stopping.wait(delay)
+                continue
+            try:
+                with conn, closing(self._open_queue(conn, worker_name)) as queue:
+                    if lost_since is not None:
+                        log.info(
+                            "harness.worker.reconnected",
+                            consumer=self.consumer.name,
+                            worker=worker_name,
+                            after_s=round(time.monotonic() - lost_since, 3),
+                            attempts=failures + 1,
+                        )
+                    lost_since, failures = None, 0
+                    self._give_back_pending(conn, queue)
+                    self._session(conn, queue, worker_name, once)
+                    return  # stopped, or drained (once)
+            except Exception as exc:
+                if not (conn.closed or conn.broken):
+                    raise  # not the connection: the worker's own failure, as before
+                lost_since = time.monotonic()
+                self.stats.add("connections_lost")
+                connection_lost = getattr(self.metrics, "connection_lost", None)  # optional in a WorkerMetrics
+                if connection_lost is not None:
+                    connection_lost(self.consumer.name)
+                log.warning(
+                    "harness.worker.connection_lost",
+                    consumer=self.consumer.name,
+                    worker=worker_name,
+                    error=describe_error(exc),
+                )
+
+    def _session(self, conn: psycopg.Connection, queue: QueuePort, worker_name: str, once: bool) -> None:
+        """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""
+        relay = self._outbox_relay(conn, queue, worker_name)
+        while not self._stopping.is_set():
+            self._read_figures(conn, queue)
+            self._relay_outbox(relay)
+            batch = queue.claim(self.consumer.queue, self.config.batch_size)
+            if not batch:
+                if once:
+                    return
+                self._stopping.wait(self.config.poll_interval.total_seconds())
+                continue
+            self._run_batch(conn, queue, batch)
+
+    def _give_back_pending(self, conn: psycopg.Connection, queue: QueuePort) -> None:
+        """What a lost connection's batch could not give back then (no fresh connection either): now, on this one."""
+        pending: list[tuple[list[Delivery], list[Delivery], list[Delivery]]] = getattr(self._local, "pending", [])
+        self._local.pending = []
+        for done, unstarted, rolled_back in pending:
+            self._end_batch(conn, queue, done, unstarted, rolled_back)
 
     def _open_queue(self, conn: psycopg.Connection, worker_name: str) -> QueuePort:
         """This thread's port of the configured adapter, on ``conn``."""
@@ -581,7 +673,7 @@ class Worker:
         rolled_back: list[Delivery] = [],  # noqa: B006 (read only)
     ) -> None:
         """Ack the batch's successes, release its unstarted messages and retry, counted, those whose work a failed
-        shared transaction rolled back (harness.handling.BatchProgress.rolled_back); never raises.
+        shared transaction rolled back (``BatchProgress.rolled_back``, harness/handling.py); never raises.
 
         On the worker's connection while it is usable, else on a fresh one, through a port of the
         same adapter opened anew on it (and closed): a lost connection must not leave them leased
@@ -614,6 +706,8 @@ class Worker:
                 num_unreleased=len(unstarted),
                 error=describe_error(exc),
             )
+            # Tried again on this thread's next connection (what a lease outlived by then comes back anyway).
+            self._local.pending = [*getattr(self._local, "pending", []), (done, unstarted, rolled_back)]
             return
         self.stats.add("released", released)
         if acked < len(done):

@@ -26,6 +26,7 @@ DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim
 DEFAULT_WORKER_POLL_INTERVAL = timedelta(seconds=1)  # idle wait
 DEFAULT_WORKER_CONCURRENCY = 1  # threads per process
+DEFAULT_WORKER_RECONNECT_FOR = timedelta(minutes=2)  # reconnecting after a lost connection, before exit 1
 DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action by filter
 
 
@@ -61,6 +62,12 @@ class WorkerFields(BaseModel):
         ge=1,
         le=64,
         description="Worker threads per `core-jobs worker` process, each with its own connection.",
+    )
+    worker_reconnect_for: PositiveDuration = Field(
+        default=DEFAULT_WORKER_RECONNECT_FOR,
+        description="How long each `core-jobs worker` thread keeps reconnecting after its database connection is "
+        "lost (a failover, a restart, a terminated backend) before the worker gives up and exits 1. A failover "
+        "takes seconds to a minute; the worker gives its batch back and carries on once it reconnects.",
     )
     dead_letters_bulk_max: int = Field(
         default=DEFAULT_DEAD_LETTERS_BULK_MAX,

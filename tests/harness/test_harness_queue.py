@@ -6,6 +6,7 @@ import re
 import sys
 import uuid
 from contextlib import nullcontext
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -33,7 +34,7 @@ from harness.handling import handle
 from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import MAX_PAYLOAD_DEPTH, Acked, Envelope, InvalidPayload, UndecodablePayload
-from harness.worker import Worker, WorkerConfig
+from harness.worker import DatabaseUnavailable, Worker, WorkerConfig
 
 CONFIG = WorkerConfig(fence_ttl=TTL, batch_size=10)
 
@@ -508,11 +509,11 @@ def test_an_error_message_with_a_nul_character_is_still_recorded(database_url, c
     )
 
 
-def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_and_raises_the_original_error(
+def test_a_worker_that_cannot_reach_the_database_again_logs_give_back_failed_and_gives_up_after_reconnect_for(
     database_url, conn, metrics
 ):
-    """Connection lost mid-batch and no server answering a new one: give_back_failed is logged, the connection's own
-    error is raised, and the batch waits out its lease."""
+    """Connection lost mid-batch and no server answering a new one: give_back_failed is logged, the worker tries to
+    reconnect for reconnect_for and then raises DatabaseUnavailable, and the batch waits out its lease."""
     for member in ("m-ok", "m-cut", "m-next"):
         publish(conn, {"member_id": member, "points": 1})
     credit = points_consumer.handler
@@ -527,8 +528,9 @@ def test_a_worker_that_cannot_reach_the_database_to_give_its_batch_back_logs_it_
     consumer = Consumer(
         name=points_consumer.name, queue=QUEUE, payload_schema=CreditPoints, handler=cut_off, shares_transactions=False
     )
-    worker = Worker(database_url, consumer, policy=RetryPolicy(), config=CONFIG, metrics=metrics)
-    with capture_logs() as logs, pytest.raises(psycopg.OperationalError, match="connection is lost"):
+    config = replace(CONFIG, reconnect_for=timedelta(milliseconds=300))
+    worker = Worker(database_url, consumer, policy=RetryPolicy(), config=config, metrics=metrics)
+    with capture_logs() as logs, pytest.raises(DatabaseUnavailable, match="could not be reached again"):
         worker.run(once=True)
     (failed,) = [e for e in logs if e["event"] == "harness.worker.give_back_failed"]
     assert (failed["num_unacked"], failed["num_unreleased"]) == (1, 1)

@@ -1,0 +1,151 @@
+"""A lost database connection does not stop the worker: each thread gives its batch back, reconnects with a bounded
+backoff and goes on; one that cannot reconnect for ``reconnect_for`` makes the worker fail (harness.worker)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import timedelta
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from prometheus_client import CollectorRegistry
+from support.factories import publish
+from support.harness_consumers import fragile
+from support.harness_support import TTL, points, scalar
+from support.tcp_proxy import TcpProxy
+from support.waiting import wait_until
+
+from harness.consumer.retry import RetryPolicy
+from harness.examples.points import consumer as points_consumer
+from harness.metrics import HarnessMetrics
+from harness.worker import DatabaseUnavailable, Worker, WorkerConfig
+
+
+def worker_on(url: str, consumer=points_consumer, **config) -> tuple[Worker, HarnessMetrics]:
+    metrics = HarnessMetrics(CollectorRegistry())
+    worker = Worker(
+        url,
+        consumer,
+        policy=RetryPolicy(),
+        config=WorkerConfig(fence_ttl=TTL, poll_interval=timedelta(milliseconds=20), **config),
+        metrics=metrics,
+    )
+    return worker, metrics
+
+
+class Running:
+    """A worker's run() in a thread; ``result()`` joins it and returns its stats or raises its error."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.outcome: list = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.outcome.append(self.worker.run())
+        except BaseException as exc:
+            self.outcome.append(exc)
+
+    def result(self, timeout: float = 30):
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), f"the worker is still running: {self.worker.stats.fields()}"
+        (outcome,) = self.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
+def backends(conn) -> int:
+    """The worker's sessions on this test's database, connected and idle between claims."""
+    return scalar(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'core-jobs-worker'"
+        " AND datname = current_database() AND state = 'idle'",
+    )
+
+
+@pytest.fixture
+def proxy(database_url) -> Iterator[TcpProxy]:
+    parts = urlsplit(database_url)
+    if not parts.hostname or "host=" in parts.query:
+        pytest.skip("the proxy needs a server over TCP (CORE_JOBS_TEST_DATABASE_URL; .ci/run sets it)")
+    proxy = TcpProxy(parts.hostname, parts.port or 5432)
+    yield proxy
+    proxy.close()
+
+
+def through(database_url: str, proxy: TcpProxy) -> str:
+    parts = urlsplit(database_url)
+    netloc = f"{parts.username}@127.0.0.1:{proxy.port}" if parts.username else f"127.0.0.1:{proxy.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def test_a_handler_that_kills_its_backend_costs_its_own_job_and_the_worker_drains_the_rest(database_url, conn):
+    """m-disconnect terminates the worker's backend: the worker reconnects (counted once, no error raised); m-4, after
+    it in the batch, is credited; m-1, rolled back with the shared transaction, is retried counted; m-disconnect keeps
+    its lease and attempt."""
+    for member in ("m-1", "m-disconnect", "m-4"):
+        publish(conn, {"member_id": member, "points": 1})
+    worker, metrics = worker_on(database_url, fragile)
+    stats = worker.run(once=True)
+    assert (stats.connections_lost, stats.processed, stats.retried, stats.released) == (1, 1, 1, 1)
+    assert [points(conn, m) for m in ("m-1", "m-disconnect", "m-4")] == [0, 0, 1]
+    assert metrics.registry.get_sample_value("harness_worker_connections_lost_total", {"consumer": fragile.name}) == 1
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages WHERE lease_expires_at > now()") == 1
+
+
+def test_a_worker_whose_backends_are_terminated_reconnects_and_goes_on(database_url, conn):
+    """Every worker backend terminated while it idles (an administrator, a pooler restart): the worker keeps running
+    and credits a job published afterwards."""
+    worker, _metrics = worker_on(database_url, concurrency=2)
+    running = Running(worker)
+    wait_until(
+        lambda: (
+            scalar(
+                conn,
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'core-jobs-worker'"
+                " AND datname = current_database()",
+            )
+            == 2
+        ),
+        what="two worker backends",
+    )
+    conn.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+        " WHERE application_name = 'core-jobs-worker' AND datname = current_database()"
+    )
+    publish(conn, {"member_id": "m-after", "points": 3})
+    wait_until(lambda: points(conn, "m-after") == 3, what="the job published after the outage credited")
+    assert worker.stats.connections_lost >= 1
+    worker.stop()
+    assert running.result().processed == 1
+
+
+def test_a_worker_waits_out_an_outage_and_drains_what_was_published_during_it(database_url, conn, proxy):
+    """The database unreachable (every connection cut, new ones refused) and back: the worker reconnects by itself."""
+    worker, _metrics = worker_on(through(database_url, proxy), reconnect_for=timedelta(minutes=1))
+    running = Running(worker)
+    wait_until(lambda: backends(conn) == 1 or running.outcome, what="the worker connected")
+    assert not running.outcome, running.outcome
+    proxy.cut()
+    wait_until(lambda: worker.stats.connections_lost == 1, what="the worker saw its connection lost")
+    publish(conn, {"member_id": "m-during", "points": 2})
+    proxy.restore()
+    wait_until(lambda: points(conn, "m-during") == 2, what="the job published during the outage credited")
+    worker.stop()
+    assert running.result().processed == 1
+
+
+def test_a_worker_that_cannot_reconnect_for_reconnect_for_fails(database_url, conn, proxy):
+    """The database gone for good: after reconnect_for the worker stops with DatabaseUnavailable saying how long."""
+    worker, _metrics = worker_on(through(database_url, proxy), reconnect_for=timedelta(milliseconds=500))
+    running = Running(worker)
+    wait_until(lambda: backends(conn) == 1 or running.outcome, what="the worker connected")
+    assert not running.outcome, running.outcome
+    proxy.cut()
+    with pytest.raises(DatabaseUnavailable, match="could not be reached again"):
+        running.result()
+    assert worker.stats.connections_lost == 1
