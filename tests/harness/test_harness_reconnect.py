@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import timedelta
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 from support.factories import publish
 from support.harness_consumers import fragile
 from support.harness_support import TTL, points, scalar
@@ -149,3 +151,39 @@ def test_a_worker_that_cannot_reconnect_for_reconnect_for_fails(database_url, co
     with pytest.raises(DatabaseUnavailable, match="could not be reached again"):
         running.result()
     assert worker.stats.connections_lost == 1
+
+
+def test_a_batch_that_could_not_be_given_back_during_an_outage_is_given_back_on_the_next_connection(
+    database_url, conn, proxy
+):
+    """m-cut's handler takes the database away mid-batch (no fresh connection either: give_back_failed). Once it is
+    back, the worker acks m-ok's success and releases m-next on its new connection — neither waits out its lease —
+    and handles m-next; m-cut keeps its lease and its attempt."""
+    for member in ("m-ok", "m-cut", "m-next"):
+        publish(conn, {"member_id": member, "points": 1})
+
+    def cut_off(conn_, payload, ctx):
+        if payload.member_id == "m-cut":
+            proxy.cut()
+        points_consumer.handler(conn_, payload, ctx)
+
+    consumer = replace(points_consumer, handler=cut_off, shares_transactions=False)
+    worker, _metrics = worker_on(through(database_url, proxy), consumer, reconnect_for=timedelta(minutes=1))
+
+    def restore_once_lost() -> None:
+        wait_until(lambda: worker.stats.connections_lost == 1, what="the worker saw its connection lost")
+        proxy.restore()
+
+    restorer = threading.Thread(target=restore_once_lost, daemon=True)
+    restorer.start()
+    with capture_logs() as logs:
+        stats = worker.run(once=True)
+    restorer.join(30)
+    assert [e["event"] for e in logs if e["event"].startswith("harness.worker.give_back")] == [
+        "harness.worker.give_back_failed"
+    ]
+    assert (stats.processed, stats.released, stats.leases_lost) == (2, 1, 0)
+    assert [points(conn, m) for m in ("m-ok", "m-cut", "m-next")] == [1, 0, 1]
+    assert conn.execute(
+        "SELECT payload->>'member_id', attempts, lease_expires_at > now() FROM core.queue_messages"
+    ).fetchall() == [("m-cut", 1, True)]
