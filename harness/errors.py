@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import psycopg
 from pydantic import ValidationError
 
 __all__ = [
@@ -61,6 +62,10 @@ def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
 
     - an exception whose ``__str__`` raises or returns a non-string is ``"Type: <message
       unprintable: WhyType: why>"``, so the type is always there;
+    - a database error is its primary message (and its hint), never psycopg's whole text: PostgreSQL's
+      DETAIL and CONTEXT carry row data — ``Failing row contains (…)``, ``Key (card)=(…) already
+      exists``, a payload's JSON — which must not reach a log, a header or a span (the message names
+      the constraint, which is what an operator needs);
     - a NUL becomes the two characters ``\\0`` (PostgreSQL text cannot hold it) and a lone
       surrogate such as ``\\udcff`` (bytes decoded with ``surrogateescape``) its escape, since
       UTF-8 cannot encode it: the write that records the error must not fail because of the
@@ -84,8 +89,12 @@ def validation_problems(exc: ValidationError, whole: str) -> list[str]:
 
 
 def _message(error: BaseException) -> str:
-    """``str(error)`` stripped; when that fails, what went wrong (its type, and its message if that one prints)."""
+    """``str(error)`` stripped — a database error's primary message and hint alone —; when that fails, what went
+    wrong (its type, and its message if that one prints)."""
     try:
+        if isinstance(error, psycopg.Error) and (primary := error.diag.message_primary):
+            hint = error.diag.message_hint
+            return f"{primary.strip()} (HINT: {hint.strip()})" if hint else primary.strip()
         return str(error).strip()
     except Exception as failure:
         why = type(failure).__name__

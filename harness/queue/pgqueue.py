@@ -47,6 +47,7 @@ asynchronous ones say so for their own transaction only (:data:`ASYNC_COMMIT`).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
@@ -54,11 +55,22 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from psycopg.abc import Dumper
+from psycopg.adapt import PyFormat
 from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from harness.dead_letters import DeadLetter, write_dead_letter
-from harness.queue.port import Delivery, Envelope, UndecodablePayload, check_payload, decode_payload, payload_json
+from harness.queue.port import (
+    Delivery,
+    Envelope,
+    UndecodablePayload,
+    check_envelope,
+    check_fields,
+    check_payload,
+    decode_payload,
+    payload_json,
+)
 from harness.queue.publishing import keeps_its_context, publish_context, publish_span
 
 __all__ = ["PgQueue"]
@@ -213,9 +225,10 @@ class PgQueue:
     def publish(self, queue: str, envelope: Envelope, *, delay: timedelta = timedelta(0)) -> int:
         """Enqueue ``envelope`` on ``queue``, deliverable after ``delay``; return the message id.
 
-        A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload` before any write.
+        A payload jsonb cannot store raises :class:`~harness.queue.port.InvalidPayload`, another field the table
+        refuses :class:`~harness.queue.port.InvalidEnvelope` naming it, before any write.
         """
-        _check(envelope.payload)
+        check_envelope(queue, envelope)
         with publish_span([(queue, envelope)], system=self.system) as traced, self._one_statement():
             row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
         assert row is not None
@@ -240,7 +253,10 @@ class PgQueue:
         if self.conn.info.pipeline_status != PipelineStatus.OFF:
             self._publish_pipelined(messages, delay, keep_context)
             return
-        payloads = [_copy_payload(envelope.payload) for _queue, envelope in messages]
+        for queue, envelope in messages:
+            check_fields(queue, envelope)
+        dumper = self._json_dumper()
+        payloads = [_copy_payload(envelope.payload, dumper) for _queue, envelope in messages]
         if not messages:
             return
         with (
@@ -269,8 +285,8 @@ class PgQueue:
     def _publish_pipelined(
         self, messages: Sequence[tuple[str, Envelope]], delay: timedelta, keep_context: bool
     ) -> None:
-        for _queue, envelope in messages:
-            _check(envelope.payload)
+        for queue, envelope in messages:
+            check_envelope(queue, envelope)
         if not messages:
             return
         with publish_span(messages, system=self.system, keep_context=keep_context) as traced, self._one_statement():
@@ -294,6 +310,12 @@ class PgQueue:
         """A transaction for one statement, or none inside the caller's (a savepoint would cost round trips)."""
         idle = self.conn.info.transaction_status == TransactionStatus.IDLE
         return self.conn.transaction() if idle else nullcontext()
+
+    def _json_dumper(self) -> Dumper | None:
+        """The connection's jsonb dumper when it is not json.dumps (``set_json_dumps``): what publish's Jsonb sends,
+        which publish_many's COPY must write too; None for the default, which ``payload_json`` writes faster."""
+        dumper = self.conn.adapters.get_dumper(Jsonb, PyFormat.TEXT)(Jsonb, self.conn)
+        return None if getattr(dumper, "dumps", None) is json.dumps else dumper
 
     @staticmethod
     def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
@@ -390,12 +412,6 @@ class PgQueue:
             return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
 
 
-def _check(payload: Any) -> None:
-    """:func:`~harness.queue.port.check_payload`, but a payload read back as stored is written back as stored."""
-    if not isinstance(payload, UndecodablePayload):
-        check_payload(payload)
-
-
 def _stored(payload: Any) -> Jsonb:
     """The jsonb to write: an :class:`UndecodablePayload`'s text exactly as PostgreSQL printed it (a RESUME of
     such an execution re-queues it unchanged; the worker makes it its poison dead letter), else the value."""
@@ -417,9 +433,13 @@ def _copy_text(value: object) -> str:
     return str(value).translate(_COPY_ESCAPES)
 
 
-def _copy_payload(payload: Any) -> str:
-    """The payload column of a COPY row, checked (``payload_json``); an :class:`UndecodablePayload` is written
-    back exactly as PostgreSQL printed it (a RESUME of such an execution; the worker makes it its poison)."""
+def _copy_payload(payload: Any, dumper: Dumper | None) -> str:
+    """The payload column of a COPY row, checked (``payload_json``) — written by the connection's own json dumps
+    when one is set (``dumper``), as publish's Jsonb is; an :class:`UndecodablePayload` is written back exactly as
+    PostgreSQL printed it (a RESUME of such an execution; the worker makes it its poison)."""
     if isinstance(payload, UndecodablePayload):
         return _copy_text(payload.text)
-    return payload_json(payload).replace("\\", "\\\\")
+    if dumper is None:
+        return payload_json(payload).replace("\\", "\\\\")
+    check_payload(payload)
+    return _copy_text(bytes(dumper.dump(Jsonb(payload)) or b"").decode())

@@ -16,7 +16,10 @@ outcome                what the adapter does
 =====================  =================================================================
 
 Every settling call returns whether it took effect: False means the delivery's lease was lost
-(it expired and the message is, or will be, delivered again), and the write changed nothing.
+(it expired and the message is, or will be, delivered again), and the write changed nothing —
+except a broker adapter's ``dead_letter`` whose ack was lost after its letter committed: False, and
+the redelivery finds the letter (harness/handling.py). ``dead_letter`` is True when the delivery is
+settled, whether it wrote the letter or found the job's failure already a pending letter (one per failure).
 
 Adapters. The reference adapter keeps the queue in PostgreSQL (harness/queue/pgqueue.py); an
 adapter on a broker (RabbitMQ: harness/queue/rabbitmq.py, or a third party's) implements the same
@@ -55,6 +58,13 @@ what jsonb stores but a consumer could not read back: nesting deeper than
 :func:`payload_json` is the same check returning the payload's JSON text: an adapter that writes
 text (the reference queue's batch publish) checks and serializes in one pass.
 
+The envelope's other fields are held to the constraints of the tables they reach, with the
+constraints' own predicates (harness/queue/fields.py): :func:`check_envelope` — what every
+adapter's ``publish`` and ``publish_many`` run first — raises :class:`InvalidEnvelope` naming the
+field (a ``traceparent`` of another version, a blank queue, a NUL in the correlation id…), of which
+:class:`InvalidPayload` is the payload's kind; nothing is written or sent. What another producer
+sent is not refused but kept only where valid, at the adapter's decode (a new trace, no correlation id).
+
 A stored payload a worker cannot decode all the same (written by SQL, or by an older version)
 is read by :func:`decode_payload` as an :class:`UndecodablePayload`, never an exception at claim
 time: the harness makes it that delivery's poison dead letter (harness/handling.py), keeping the
@@ -87,6 +97,13 @@ from typing import Any, Literal, Protocol
 from uuid import UUID
 
 from harness.dead_letters import DeadLetter, UndecodablePayload
+from harness.queue.fields import (
+    InvalidEnvelope,
+    correlation_id_problem,
+    queue_problem,
+    replay_of_problem,
+    trace_context_problem,
+)
 
 __all__ = [
     "MAX_PAYLOAD_DEPTH",
@@ -97,12 +114,15 @@ __all__ = [
     "Duplicate",
     "Envelope",
     "Held",
+    "InvalidEnvelope",
     "InvalidPayload",
     "Outcome",
     "QueuePort",
     "RetryAfter",
     "Stale",
     "UndecodablePayload",
+    "check_envelope",
+    "check_fields",
     "check_payload",
     "decode_payload",
     "payload_json",
@@ -128,7 +148,7 @@ class Envelope:
     tracestate: str | None = None
 
 
-class InvalidPayload(ValueError):
+class InvalidPayload(InvalidEnvelope):
     """A payload PostgreSQL's jsonb cannot store; the message says where and why (never the value)."""
 
 
@@ -165,6 +185,42 @@ def decode_payload(text: str) -> Any:
         why = _TOO_LONG if "integer" in str(exc) else f"not valid JSON: {exc}"
         return UndecodablePayload(text, why)
     return UndecodablePayload(text, _TOO_DEEP) if _too_deep(value) else value
+
+
+def check_envelope(queue: str, envelope: Envelope) -> None:
+    """Raise :class:`InvalidEnvelope` naming the first field of ``(queue, envelope)`` the database would refuse.
+
+    The fields' predicates are the constraints' own (harness/queue/fields.py, :func:`check_fields`); the
+    payload is :func:`check_payload`'s, except an :class:`UndecodablePayload` read back as stored, which an
+    adapter writes back as it was (a RESUME of such an execution).
+    """
+    check_fields(queue, envelope)
+    if not isinstance(envelope.payload, UndecodablePayload):
+        check_payload(envelope.payload)
+
+
+def check_fields(queue: str, envelope: Envelope) -> None:
+    """:func:`check_envelope` but the payload: for an adapter that checks the payload as it writes it."""
+    problems = (
+        ("queue", queue_problem(queue)),
+        (
+            "correlation_id",
+            None if envelope.correlation_id is None else correlation_id_problem(envelope.correlation_id),
+        ),
+        ("replay_of", None if envelope.replay_of is None else replay_of_problem(envelope.replay_of)),
+        ("job_id", _uuid_problem(envelope.job_id)),
+        ("tenant_id", _uuid_problem(envelope.tenant_id)),
+    )
+    for name, problem in problems:
+        if problem is not None:
+            raise InvalidEnvelope(f"{name}: {problem}")
+    if problem := trace_context_problem(envelope.traceparent, envelope.tracestate):
+        raise InvalidEnvelope(problem)
+
+
+def _uuid_problem(value: object) -> str | None:
+    """A ``uuid`` column takes a UUID (exactly: a subclass's text could be anything, harness/queue/pgqueue.py)."""
+    return None if type(value) is UUID else f"must be a UUID, got {type(value).__name__}"
 
 
 def check_payload(payload: Any) -> None:

@@ -29,10 +29,13 @@ tenant, correlation id, ``replay_of``, the W3C trace context and the harness's *
 returns once the broker has the message on its quorum). A delivery's ``attempt`` is the base plus
 the broker's ``x-delivery-count`` (deliveries returned unsettled — a consumer that died, a channel
 closed by the consumer timeout), so a crashed worker's redelivery counts an attempt, as on the
-reference queue (a base header below 1 reads as 1, and an attempt is at most :data:`MAX_ATTEMPT`:
-another producer's header cannot make the retry policy or the dead letter's write fail on every
-delivery). ``redelivered`` is the broker's flag, or ``x-core-jobs-redelivered`` on a released copy of a
-redelivered delivery. A body that is not JSON the harness could
+reference queue (a base header outside ``1..delivery_limit``, which the harness never writes, reads
+as 1, and an attempt is at most :data:`MAX_ATTEMPT`: another producer's header can neither make the
+retry policy or the dead letter's write fail on every delivery, nor get a job dead-lettered unrun).
+``redelivered`` is the broker's flag, or ``x-core-jobs-redelivered`` on a released copy of a
+redelivered delivery. What else another producer can claim (docs/rabbitmq.md): a
+message without ``message_id`` is poison under a fresh random job id; a trace context or correlation
+id the tables would refuse is dropped (harness/queue/fields.py), logged ``harness.rabbitmq.header_dropped``. A body that is not JSON the harness could
 store (not UTF-8, not JSON, NaN, ``\\u0000``, too deep…) becomes an
 :class:`~harness.queue.port.UndecodablePayload` — that delivery's poison dead letter, whose payload
 is then the body as a JSON *string* (what jsonb can keep) — never an exception in ``claim``.
@@ -52,8 +55,10 @@ Settling:
 - **retry**: publish a copy (attempt base = this attempt + 1, ``x-core-jobs-last-error``) into the
   delay bucket, confirmed, then ack the original. A crash between the two leaves two copies; the
   fence absorbs the second.
-- **dead_letter**: write the dead letter on ``conn`` and commit, then ack. A crash between the two
-  redelivers the message; the harness makes that a duplicate (one pending dead letter per job).
+- **dead_letter**: write the dead letter on ``conn`` and commit, then ack; True once acked, whether
+  the letter was written now or the job's failure was already a pending letter (as on the reference
+  queue); False when the lease was lost, before the write or at the ack. A crash or a lost ack
+  between the two redelivers the message; the harness makes that a duplicate (one pending dead letter per job).
 - **release**: publish a copy with the same attempt (not counted), confirmed, then ack — a
   ``nack`` with requeue would count a delivery towards the broker's limit. The copy goes to the
   back of the queue; a redelivered one's copy says ``x-core-jobs-redelivered`` (it is still a suspect).
@@ -82,7 +87,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
-from uuid import NAMESPACE_URL, UUID, uuid5
+from uuid import NAMESPACE_URL, UUID, uuid4, uuid5
 
 import pika
 import pika.exceptions
@@ -93,7 +98,21 @@ from pika.adapters.blocking_connection import BlockingChannel, BlockingConnectio
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
 from harness.queue.adapters import QueueUrlError
-from harness.queue.port import NO_TENANT, Delivery, Envelope, InvalidPayload, check_payload, decode_payload
+from harness.queue.fields import (
+    correlation_id_problem,
+    received_correlation_id,
+    received_trace_context,
+    trace_context_problem,
+)
+from harness.queue.port import (
+    NO_TENANT,
+    Delivery,
+    Envelope,
+    InvalidPayload,
+    check_envelope,
+    check_payload,
+    decode_payload,
+)
 from harness.queue.publishing import publish_span
 from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported: names, delays, URL options, horizon
     BUCKET_IDLE,
@@ -321,8 +340,8 @@ class RabbitQueue:
         An error raised after some were confirmed says how many: its ``published`` attribute (the
         first ``published`` of ``messages`` are on the broker), which the relay acks in its outbox.
         """
-        for _queue, envelope in messages:
-            check_payload(envelope.payload)
+        for queue, envelope in messages:
+            check_envelope(queue, envelope)
         if not messages:
             return
         bucket = delay_bucket(delay)
@@ -420,6 +439,8 @@ class RabbitQueue:
     ) -> Delivery:
         headers = properties.headers or {}
         base = _int_header(headers, ATTEMPT_HEADER, 1)
+        if not 1 <= base <= self.delivery_limit:  # not a base the harness writes (docs/rabbitmq.md): a fresh job's
+            base = 1
         counted = _int_header(headers, "x-delivery-count", 0)
         receipt = _Receipt(
             link=link,
@@ -433,9 +454,9 @@ class RabbitQueue:
         )
         return Delivery(
             queue=queue,
-            envelope=_envelope(properties, headers, body),
+            envelope=_envelope(queue, properties, headers, body),
             # Another producer's header may say anything: an attempt the retry policy and the database can count.
-            attempt=min(max(base, 1) + offset + counted, MAX_ATTEMPT),
+            attempt=min(base + offset + counted, MAX_ATTEMPT),
             receipt=receipt,
             redelivered=bool(method.redelivered) or offset > 0 or bool(headers.get(REDELIVERED_HEADER)),
         )
@@ -481,9 +502,8 @@ class RabbitQueue:
         if not receipt.alive:
             return False
         with self.conn.transaction():
-            write_dead_letter(self.conn, letter)
-        _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
-        return True
+            write_dead_letter(self.conn, letter)  # or finds the job's failure already a pending letter: settled too
+        return _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
         """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack."""
@@ -722,14 +742,22 @@ def _int_header(headers: dict[str, Any], name: str, default: int) -> int:
         return default
 
 
-def _envelope(properties: pika.BasicProperties, headers: dict[str, Any], body: bytes) -> Envelope:
-    """The envelope a message carries; what cannot be read makes its payload an UndecodablePayload (poison)."""
+def _envelope(queue: str, properties: pika.BasicProperties, headers: dict[str, Any], body: bytes) -> Envelope:
+    """The envelope a message carries; what cannot be read makes its payload an UndecodablePayload (poison).
+
+    A trace context or correlation id the database would refuse is dropped (harness/queue/fields.py), logged
+    ``harness.rabbitmq.header_dropped`` naming the header and why: the job goes on without it.
+    """
     problems: list[str] = []
-    try:
-        job_id = UUID(_text(properties.message_id) or "")
-    except ValueError:
-        problems.append(f"message_id {properties.message_id!r} is not a job id (a UUID)")
-        job_id = uuid5(NAMESPACE_URL, f"rabbitmq-message:{properties.message_id!r}:{body!r}")
+    if properties.message_id is None:  # no identity: each delivery its own poison letter, never merged with another
+        problems.append("no message_id: a job needs its id (a UUID) to be run once")
+        job_id = uuid4()
+    else:
+        try:
+            job_id = UUID(_text(properties.message_id) or "")
+        except ValueError:
+            problems.append(f"message_id {properties.message_id!r} is not a job id (a UUID)")
+            job_id = uuid5(NAMESPACE_URL, f"rabbitmq-message:{properties.message_id!r}:{body!r}")
     tenant_text = _text(headers.get(TENANT_HEADER))
     try:
         tenant_id = UUID(tenant_text) if tenant_text else NO_TENANT
@@ -752,14 +780,34 @@ def _envelope(properties: pika.BasicProperties, headers: dict[str, Any], body: b
                 payload = _undecodable(body, str(exc))
     if problems and not isinstance(payload, UndecodablePayload):
         payload = _undecodable(body, "; ".join(problems))
+    sent_parent, sent_state = _text(headers.get(TRACEPARENT_HEADER)), _text(headers.get(TRACESTATE_HEADER))
+    traceparent, tracestate = received_trace_context(sent_parent, sent_state)
+    if (traceparent, tracestate) != (sent_parent, sent_state):
+        log.warning(
+            "harness.rabbitmq.header_dropped",
+            queue=queue,
+            job_id=str(job_id),
+            header=TRACEPARENT_HEADER if traceparent is None and sent_parent is not None else TRACESTATE_HEADER,
+            problem=trace_context_problem(sent_parent, sent_state),
+        )
+    sent_correlation = _text(headers.get(CORRELATION_HEADER)) or _text(properties.correlation_id)
+    correlation_id = received_correlation_id(sent_correlation)
+    if sent_correlation is not None and correlation_id != sent_correlation:
+        log.warning(
+            "harness.rabbitmq.header_dropped",
+            queue=queue,
+            job_id=str(job_id),
+            header=CORRELATION_HEADER,
+            problem=correlation_id_problem(sent_correlation),
+        )
     return Envelope(
         job_id=job_id,
         payload=payload,
         tenant_id=tenant_id,
-        correlation_id=_text(headers.get(CORRELATION_HEADER)) or _text(properties.correlation_id),
+        correlation_id=correlation_id,
         replay_of=replay_of if isinstance(replay_of, int) and not isinstance(replay_of, bool) else None,
-        traceparent=_text(headers.get(TRACEPARENT_HEADER)),
-        tracestate=_text(headers.get(TRACESTATE_HEADER)),
+        traceparent=traceparent,
+        tracestate=tracestate,
     )
 
 

@@ -34,8 +34,8 @@ Crash cases — nothing is lost, and nothing is done twice:
   worker handles one of the deliveries;
 - the relay dies before the publish: the leases expire, the rows are published by the next run.
 
-A row whose payload cannot be published (stored by SQL, Python cannot decode it: the port's
-``check_payload`` refuses it) would block no other: the relay writes it as a dead letter of
+A row that cannot be published (stored by SQL: a payload Python cannot decode, which the port's
+``check_payload`` refuses, or a field the target's publish refuses, ``check_fields``) would block no other: the relay writes it as a dead letter of
 consumer :data:`RELAY_CONSUMER` with the payload as stored and removes it from the outbox, in one
 transaction (``harness.relay.refused``), which also ends a replay it carried as ``dead_lettered``.
 
@@ -63,7 +63,7 @@ import structlog
 
 from harness.errors import describe_error
 from harness.queue.pgqueue import PgQueue
-from harness.queue.port import Delivery, Envelope, InvalidPayload, check_payload
+from harness.queue.port import Delivery, Envelope, InvalidEnvelope, check_fields, check_payload
 
 __all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_INTERVAL", "RELAY_CONSUMER", "Publisher", "Relay", "RelayResult"]
 
@@ -167,9 +167,10 @@ class Relay:
     def _relay(self, queue: str, batch: list[Delivery], result: RelayResult) -> None:
         sendable, unsendable = [], []
         for delivery in batch:
-            try:
+            try:  # what the target's publish would refuse, refused here alone (nothing else of the batch)
+                check_fields(queue, delivery.envelope)
                 check_payload(delivery.envelope.payload)
-            except InvalidPayload as exc:
+            except InvalidEnvelope as exc:
                 unsendable.append((delivery, str(exc)))
             else:
                 sendable.append(delivery)

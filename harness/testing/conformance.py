@@ -30,7 +30,11 @@ What the tests state (each test's docstring is its rule):
 - **Poison** goes to a dead letter with zero retries; a **duplicate** is acked silently.
 - **Payloads PostgreSQL cannot store** (NaN, infinity, ``\\u0000`` in a value or a key, a lone
   surrogate, a datetime) are refused at publish with ``InvalidPayload`` — by ``publish`` and by
-  ``publish_many`` — and nothing is queued.
+  ``publish_many`` — and nothing is queued; so is **any other field the tables refuse** (a
+  ``traceparent`` of another version, a blank ``tracestate``, a NUL in the correlation id, a blank
+  queue: harness/queue/fields.py), with ``InvalidEnvelope`` naming the field.
+- **Settling a failure already recorded** — ``dead_letter`` of a job whose failure is already a
+  pending letter settles the delivery (True) and writes no second one; False only means the lease was lost.
 - **Durable actions on the adapter** — a durable consumer whose ``NON_IDEMPOTENT_WRITE`` was in
   flight when its process died (the action records its send, then the process dies: here a
   :class:`ProcessDied`, the one exception the harness lets through, leaving every committed
@@ -78,6 +82,7 @@ from harness.queue.port import (
     Duplicate,
     Envelope,
     Held,
+    InvalidEnvelope,
     InvalidPayload,
     Outcome,
     QueuePort,
@@ -170,6 +175,18 @@ UNSTORABLE = {
     "datetime": {"n": 1, "at": datetime(2026, 1, 1, tzinfo=UTC)},
 }
 
+# What the tables refuse of an envelope (harness/queue/fields.py), each with the field its error names.
+UNSTORABLE_ENVELOPES: dict[str, tuple[dict[str, Any], str]] = {
+    **{f"payload: {what}": ({"payload": payload}, "payload") for what, payload in UNSTORABLE.items()},
+    "version-01 traceparent": ({"traceparent": "01" + TRACEPARENT[2:]}, "traceparent"),
+    "upper-case traceparent": ({"traceparent": TRACEPARENT.upper()}, "traceparent"),
+    "blank tracestate": ({"tracestate": "  "}, "tracestate"),
+    "tracestate without traceparent": ({"traceparent": None, "tracestate": "k=v"}, "tracestate"),
+    "nul in the correlation id": ({"correlation_id": "a\u0000b"}, "correlation_id"),
+    "correlation id too long to index": ({"correlation_id": "c" * 1025}, "correlation_id"),
+    "replay_of beyond bigint": ({"replay_of": 2**63}, "replay_of"),
+}
+
 
 class _Kit:
     """One test's world: the queue under test, its worker processes (a connection and a port each), the assertions."""
@@ -241,6 +258,18 @@ class _Kit:
 
     def effects(self, job_id: uuid.UUID) -> int:
         return self.db.execute(COUNT_EFFECTS, {"job_id": job_id}).fetchone()[0]  # type: ignore[index]
+
+    def failure_recorded(self, consumer: Consumer) -> tuple[QueuePort, Envelope, Delivery, DeadLettered]:
+        """A job ``consumer`` refuses for good, its dead letter written — what an adapter's ``dead_letter`` commits
+        before its ack, or another delivery of the job recorded — and the delivery not settled."""
+        conn, port = self.worker()
+        envelope = self.envelope()
+        port.publish(self.queue, envelope)
+        [delivery] = self.claim(port)
+        outcome = self.handle(conn, consumer, delivery)
+        assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent"
+        write_dead_letter(conn, outcome.letter)
+        return port, envelope, delivery, outcome
 
     def pending_letters(self, job_id: uuid.UUID, consumer: str) -> int:
         row = self.db.execute(COUNT_PENDING_LETTERS, {"job_id": job_id, "consumer": consumer}).fetchone()
@@ -429,14 +458,8 @@ class QueuePortContract:
 
     def test_a_crash_after_the_dead_letter_committed_and_before_the_ack_has_one_letter(self, kit: _Kit) -> None:
         """Its dead letter written, the port crashes before the ack: the redelivery leaves one pending letter, no effect."""
-        conn, port = kit.worker()
         consumer = kit.consumer(REFUSING, _refuse)
-        envelope = kit.envelope()
-        port.publish(kit.queue, envelope)
-        [delivery] = kit.claim(port)
-        outcome = kit.handle(conn, consumer, delivery)
-        assert isinstance(outcome, DeadLettered) and outcome.reason == "permanent"
-        write_dead_letter(conn, outcome.letter)  # what an adapter's dead_letter commits before its ack
+        port, envelope, _delivery, _outcome = kit.failure_recorded(consumer)
         kit.under_test.crash(port)  # instead of acking
         conn2, port2 = kit.worker()
         [again] = kit.claim(port2)
@@ -448,6 +471,16 @@ class QueuePortContract:
         kit.nothing_ready(port2)
         assert kit.pending_letters(envelope.job_id, REFUSING) == 1
         assert kit.effects(envelope.job_id) == 0
+
+    def test_a_dead_letter_of_a_failure_already_pending_settles_the_delivery_with_one_letter(self, kit: _Kit) -> None:
+        """``dead_letter`` is True when the job's failure was already a pending letter: the delivery is settled (gone),
+        its failure recorded once. False says only that the lease was lost."""
+        port, envelope, delivery, outcome = kit.failure_recorded(kit.consumer(REFUSING, _refuse))
+        assert port.dead_letter(delivery, outcome.letter) is True
+        assert port.dead_letter(delivery, outcome.letter) is False  # settled once
+        kit.under_test.make_due()
+        kit.nothing_ready(port)
+        assert kit.pending_letters(envelope.job_id, REFUSING) == 1
 
     def test_poison_goes_to_a_dead_letter_with_zero_retries(self, kit: _Kit) -> None:
         """A payload the consumer's schema rejects: a dead letter at the first delivery, nothing to deliver again."""
@@ -481,20 +514,29 @@ class QueuePortContract:
         assert kit.pending_letters(envelope.job_id, EFFECT) == 0
 
     @pytest.mark.parametrize("how", ["publish", "publish_many"])
-    @pytest.mark.parametrize("what", sorted(UNSTORABLE))
-    def test_a_payload_postgresql_cannot_store_is_refused_at_publish_and_nothing_is_queued(
+    @pytest.mark.parametrize("what", sorted(UNSTORABLE_ENVELOPES))
+    def test_an_envelope_the_database_cannot_store_is_refused_at_publish_naming_the_field_and_nothing_is_queued(
         self, kit: _Kit, how: str, what: str
     ) -> None:
-        """InvalidPayload from publish, and from publish_many with a good message beside it; nothing queued."""
+        """InvalidPayload for the payload, InvalidEnvelope naming any other field, from publish and from publish_many
+        with a good message beside it; nothing queued."""
+        fields, name = UNSTORABLE_ENVELOPES[what]
         _conn, port = kit.worker()
-        bad = kit.envelope(UNSTORABLE[what])
-        with pytest.raises(InvalidPayload):
+        bad = replace(kit.envelope(), **fields)
+        with pytest.raises(InvalidPayload if name == "payload" else InvalidEnvelope, match=f"^{name}"):
             if how == "publish":
                 port.publish(kit.queue, bad)
             else:
                 port.publish_many([(kit.queue, kit.envelope()), (kit.queue, bad)])
         kit.under_test.make_due()
         kit.nothing_ready(port)
+
+    @pytest.mark.parametrize(("queue", "problem"), [("", "is blank"), ("   ", "is blank"), ("q\u0000", "NUL")])
+    def test_a_queue_name_the_database_refuses_is_refused_at_publish(self, kit: _Kit, queue: str, problem: str) -> None:
+        """A blank queue name, or one with a NUL: InvalidEnvelope naming ``queue``, before anything is written."""
+        _conn, port = kit.worker()
+        with pytest.raises(InvalidEnvelope, match=f"^queue: .*{problem}"):
+            port.publish(queue, kit.envelope())
 
     # -- durable actions with the adapter as the queue -----------------------------------------------
 

@@ -106,7 +106,15 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.consumer import valid_name
     from harness.queue.adapters import QueueUrlError, adapter_class, open_queue
-    from harness.queue.port import NO_TENANT, Envelope, InvalidPayload, check_payload, decode_payload
+    from harness.queue.port import (
+        NO_TENANT,
+        Envelope,
+        InvalidEnvelope,
+        InvalidPayload,
+        check_fields,
+        check_payload,
+        decode_payload,
+    )
     from maintenance.runtime.db import Database
     from maintenance.settings import ENV_PREFIX, ConfigError
 
@@ -134,6 +142,11 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         tenant_id=args.tenant_id or NO_TENANT,
         correlation_id=args.correlation_id,
     )
+    try:
+        check_fields(args.queue, envelope)
+    except InvalidEnvelope as exc:
+        print(f"core-jobs: the message cannot be published: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     queue_url = settings.queue_url_value()
     try:
         adapter_class(

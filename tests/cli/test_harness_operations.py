@@ -97,6 +97,15 @@ def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
+def test_enqueue_refuses_a_correlation_id_the_tables_cannot_hold_as_a_usage_error(cli, conn, capsys):
+    """A --correlation-id over 1 024 bytes exits 2 naming the field (never the value), and nothing is queued."""
+    payload = '{"member_id": "m-1", "points": 1}'
+    assert cli(["enqueue", QUEUE, "--payload", payload, "--correlation-id", "c" * 1025]) == EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert err.startswith("core-jobs: the message cannot be published: correlation_id: is longer than 1024 bytes")
+    assert "ccc" not in err and scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
 def test_enqueue_keeps_an_escaped_backslash_u0000_as_text(cli, conn):
     """A payload whose text merely reads backslash-u0000 (an escaped backslash) is valid jsonb and is queued as written."""
     assert cli(["enqueue", QUEUE, "--payload", '{"member_id": "m-1", "note": "\\\\u0000"}']) == EXIT_OK

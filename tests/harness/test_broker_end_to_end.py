@@ -19,7 +19,6 @@ from datetime import datetime
 
 import psycopg
 import pytest
-from prometheus_client import CollectorRegistry
 from support.factories import QUEUE, TENANT
 from support.harness_support import TTL, expire_leases, fences, points, replay_state, scalar
 from support.relay_support import TAKE_WAIT, Crashing, RabbitTarget
@@ -31,11 +30,10 @@ from harness.dead_letters import write_dead_letter
 from harness.errors import PermanentError
 from harness.examples.points import CreditPoints, make_consumer
 from harness.handling import handle
-from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import DeadLettered, Envelope
 from harness.queue.relay import Relay
-from harness.worker import Worker, WorkerConfig, WorkerStats
+from harness.worker import WorkerStats
 from maintenance.operations.dead_letters import replay
 
 PAYLOAD = {"member_id": "m-1", "points": 7}
@@ -60,15 +58,7 @@ class Ledger:
 
 def run_worker(database_url: str, target: RabbitTarget, ledger: Ledger) -> WorkerStats:
     """A worker on the broker (it relays its own queue's outbox between batches), once over what is ready."""
-    worker = Worker(
-        database_url,
-        make_consumer(ledger),
-        policy=RetryPolicy(),
-        config=WorkerConfig(fence_ttl=TTL),
-        metrics=HarnessMetrics(CollectorRegistry()),
-        queue_url=target.worker_url(),
-    )
-    return worker.run(once=True)
+    return target.run_worker(ledger)
 
 
 def publish_on_broker(target: RabbitTarget) -> uuid.UUID:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 import uuid
@@ -12,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
+from psycopg.types.json import set_json_dumps
 from structlog.testing import capture_logs
 from support.factories import QUEUE, TENANT, publish
 from support.harness_support import (
@@ -174,6 +176,18 @@ def test_publish_many_stores_a_payload_as_publish_does(conn):
     assert one == many and set(many) == {"1", "null", "false", "1.5", "NaN", "t", "deep"}
 
 
+@pytest.mark.parametrize("delay", [timedelta(0), timedelta(minutes=5)])
+def test_publish_many_writes_what_the_connections_json_dumps_writes_as_publish_does(conn, delay):
+    """A consumer that set psycopg's json dumps on the connection (``set_json_dumps``) gets the same stored
+    payload from publish_many's COPY as from publish — here a dumps that wraps and indents (a newline, escaped)."""
+    set_json_dumps(lambda obj: json.dumps({"wrapped": obj, "note": "a\\tb"}, indent=2), conn)
+    payload = {"member_id": "m-1", "text": "tab\there"}
+    PgQueue(conn).publish(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload), delay=delay)
+    PgQueue(conn).publish_many([(QUEUE, Envelope(job_id=uuid.uuid4(), payload=payload))], delay=delay)
+    one, many = (row[4] for row in queued(conn))
+    assert one == many == {"wrapped": payload, "note": "a\\tb"}
+
+
 def test_an_integer_is_refused_exactly_when_a_consumer_could_not_read_it(conn):
     """An integer of exactly sys.get_int_max_str_digits() digits is queued and read back; one digit more is refused."""
     digits = sys.get_int_max_str_digits()
@@ -194,10 +208,12 @@ def test_publish_many_refuses_the_whole_batch_for_one_bad_payload(conn, payload,
 
 
 def test_publish_many_queues_none_when_the_database_refuses_one_message(conn):
-    """A message the database refuses (a blank queue) fails the call, and the messages before it are not queued."""
+    """A message the database refuses (here a constraint of the deployment's own) fails the call, and the messages
+    before it are not queued. (What the harness's tables refuse, publish refuses first: harness/queue/fields.py.)"""
+    conn.execute("ALTER TABLE core.queue_messages ADD CONSTRAINT no_two CHECK (payload->>'n' IS DISTINCT FROM '2')")
     good = (QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 1}))
-    with pytest.raises(psycopg.errors.CheckViolation, match="queue_not_blank"):
-        PgQueue(conn).publish_many([good, good, (" ", Envelope(job_id=uuid.uuid4(), payload={}))])
+    with pytest.raises(psycopg.errors.CheckViolation, match="no_two"):
+        PgQueue(conn).publish_many([good, good, (QUEUE, Envelope(job_id=uuid.uuid4(), payload={"n": 2}))])
     assert row_counts(conn)["core.queue_messages"] == 0
 
 

@@ -14,10 +14,13 @@ from support.harness_support import TTL, fences, points, scalar
 from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy, max_retry_window
+from harness.dead_letters import write_dead_letter
 from harness.examples.points import OutageLedger, make_consumer
 from harness.handling import handle
+from harness.queue import rabbitmq
 from harness.queue.port import (
     DeadLettered,
+    Duplicate,
     Envelope,
     InvalidPayload,
     UndecodablePayload,
@@ -208,6 +211,33 @@ def test_a_message_that_keeps_killing_its_consumer_lands_in_exhausted_and_is_dea
     assert port.claim(rabbit.queue, 10) == [] and rabbit.exhausted() == 0
 
 
+def test_a_dead_letter_whose_ack_is_lost_is_false_and_its_redelivery_finds_the_letter(rabbit, conn, monkeypatch):
+    """The letter commits, then the channel closes before the ack: False (the lease was lost, the broker redelivers);
+    the redelivery is a duplicate of the recorded failure, and there is one letter."""
+    port = rabbit.port(conn)
+    sent = envelope({"member_id": "m-unknown", "points": 5})
+    port.publish(rabbit.queue, sent)
+    [delivery] = claim_all(port, rabbit.queue, 1)
+    consumer = make_consumer(OutageLedger(unknown=frozenset({"m-unknown"})), queue=rabbit.queue)
+    outcome = handle(conn, consumer, delivery, policy=RetryPolicy(), fence_ttl=TTL)
+    assert isinstance(outcome, DeadLettered)
+
+    def write_then_lose_the_channel(*args, **kwargs):
+        written = write_dead_letter(*args, **kwargs)
+        delivery.receipt.channel.close()  # as the broker's consumer timeout would: the delivery is requeued
+        return written
+
+    monkeypatch.setattr(rabbitmq, "write_dead_letter", write_then_lose_the_channel)
+    assert port.dead_letter(delivery, outcome.letter) is False
+    monkeypatch.undo()
+    [again] = claim_all(port, rabbit.queue, 1)
+    assert again.redelivered
+    second = handle(conn, consumer, again, policy=RetryPolicy(), fence_ttl=TTL)
+    assert second == Duplicate(already_dead_lettered=True)
+    assert settle(port, again, second)
+    assert scalar(conn, "SELECT count(*) FROM core.dead_letters WHERE job_id = %s", (sent.job_id,)) == 1
+
+
 @pytest.mark.parametrize(
     ("body", "says"),
     [(b"\xff\xfe", "not UTF-8"), (b"{not json", "not valid JSON"), (b'{"x": NaN}', "finite"), (b'"a\\u0000"', "u0000")],
@@ -227,11 +257,11 @@ def test_a_body_the_harness_cannot_read_is_poison_dead_lettered_never_an_error_i
     assert isinstance(stored, str)
 
 
-@pytest.mark.parametrize("base", [0, -1_000, 10**12])
-def test_an_attempt_header_out_of_range_neither_fails_the_handling_nor_the_dead_letter(rabbit, conn, base):
-    """Another producer's x-core-jobs-attempt of 0, negative or past a database integer: the delivery's attempt stays
-    within 1..2^31-1, so a transient failure is a retry (not a RetryPolicyError out of handle, which stops the worker)
-    and a job past its budget is a dead letter the database accepts (not a write refused on every redelivery)."""
+@pytest.mark.parametrize("base", [0, -1_000, 21, 10**12])
+def test_an_attempt_header_out_of_range_is_read_as_a_first_attempt(rabbit, conn, base):
+    """Another producer's x-core-jobs-attempt of 0, negative, or above the delivery limit (20) — which the harness
+    never writes — reads as 1: a transient failure is a retry (not a RetryPolicyError out of handle, which stops the
+    worker, nor a dead letter of a job never run)."""
     port = rabbit.port(conn)
     port.figures(rabbit.queue)  # declares the topology
     job_id = uuid.uuid4()
@@ -239,10 +269,10 @@ def test_an_attempt_header_out_of_range_neither_fails_the_handling_nor_the_dead_
     body = json.dumps({"member_id": "m-1", "points": 5}).encode()
     rabbit.publish_raw(body, pika.BasicProperties(message_id=str(job_id), delivery_mode=2, headers=headers))
     [delivery] = claim_all(port, rabbit.queue, 1)
-    assert 1 <= delivery.attempt <= 2**31 - 1
+    assert delivery.attempt == 1
     consumer = make_consumer(OutageLedger(timeouts={"m-1": 1}), queue=rabbit.queue)
     outcome = handle(conn, consumer, delivery, policy=RetryPolicy(), fence_ttl=TTL)
-    assert type(outcome).__name__ == ("DeadLettered" if base > 0 else "RetryAfter")
+    assert type(outcome).__name__ == "RetryAfter"
     assert settle(port, delivery, outcome)
 
 

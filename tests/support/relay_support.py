@@ -31,11 +31,17 @@ from typing import Any, Protocol
 import pika.exceptions
 import psycopg
 import pytest
+from prometheus_client import CollectorRegistry
 
+from harness.consumer.retry import RetryPolicy
+from harness.examples.points import LoyaltyLedger, make_consumer
+from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery
 from harness.queue.rabbitmq import RabbitQueue, exhausted_queue_name
 from harness.queue.relay import Publisher
+from harness.worker import Worker, WorkerConfig, WorkerStats
+from support.harness_support import TTL
 from support.rabbit_support import BrokerChannel, crash_port
 
 TARGET_KINDS = ["postgresql", "rabbitmq"]
@@ -131,6 +137,18 @@ class RabbitTarget:
         )
         self._ports.append(port)
         return port
+
+    def run_worker(self, ledger: LoyaltyLedger) -> WorkerStats:
+        """A worker of the points consumer on this broker (confirming with ``ledger``), once over what is ready."""
+        worker = Worker(
+            self._database_url,
+            make_consumer(ledger),
+            policy=RetryPolicy(),
+            config=WorkerConfig(fence_ttl=TTL),
+            metrics=HarnessMetrics(CollectorRegistry()),
+            queue_url=self.worker_url(),
+        )
+        return worker.run(once=True)
 
     def worker_url(self) -> str:
         """The URL a ``Worker(queue_url=…)`` on this broker is given: the prefix, and a claim that waits
