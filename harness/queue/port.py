@@ -275,7 +275,7 @@ class Delivery:
     # its consumer gone). PgQueue settles atomically with the database: always False there.
     redelivered: bool = False
 
-    def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
+    def letter(self, consumer: str, *, attempts: int, last_error: str, traceback: str | None = None) -> DeadLetter:
         """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
         envelope = self.envelope
         return DeadLetter(
@@ -285,6 +285,7 @@ class Delivery:
             payload=envelope.payload,
             attempts=attempts,
             last_error=last_error,
+            traceback=traceback,
             tenant_id=envelope.tenant_id,
             correlation_id=envelope.correlation_id,
             replay_of=envelope.replay_of,
@@ -315,6 +316,7 @@ class RetryAfter:
 
     delay: timedelta
     error: str
+    traceback: str | None = field(default=None, compare=False)  # the failure's (harness.errors.describe_traceback)
 
 
 @dataclass(frozen=True)

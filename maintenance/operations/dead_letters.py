@@ -39,7 +39,8 @@
   **keyset** order — each page continues strictly after the last row of the previous one,
   ``(created_at, id) < (position)``, so page 100 costs what page 1 costs and a row written
   meanwhile neither repeats nor skips a row. No free-text search: every filter is an index.
-- **Detail** (:func:`get_dead_letter`): one dead letter, its payload and its audit history.
+- **Detail** (:func:`get_dead_letter`): one dead letter, its payload, its failure's stack trace
+  (``traceback``, harness/errors.py) and its audit history.
 """
 
 from __future__ import annotations
@@ -118,6 +119,7 @@ class DeadLetterRow:
     status: str
     attempts: int
     last_error: str
+    traceback: str | None  # the failure's stack trace (migration 0022); None when it has none, and on a page
     correlation_id: str | None
     tenant_id: UUID | None
     payload: Any  # an UndecodablePayload when Python cannot decode it (maintenance/operations/stored.py)
@@ -136,7 +138,7 @@ class DeadLetterRow:
 
 
 _COLUMNS = (
-    "id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
+    "id, job_id, queue, consumer, status, attempts, last_error, traceback, correlation_id, tenant_id, payload,"
     " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at, traceparent, tracestate"
 )
 
@@ -404,12 +406,12 @@ class DeadLetterDetail:
     actions: list[Action]
 
 
-# A keyset page, newest first, without payloads (the detail has them: a page of 500 would carry
-# and parse every one). Each absent filter folds away in the custom plan (executed
+# A keyset page, newest first, without payloads or tracebacks (the detail has them: a page of 500
+# would carry and parse every one). Each absent filter folds away in the custom plan (executed
 # unprepared, so never a generic plan), leaving an index range read backwards on one of
 # 0009's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
 LIST_PAGE = f"""
-SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,")}
+SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,").replace(" traceback,", " NULL::text AS traceback,")}
   FROM core.dead_letters
  WHERE status = %(status)s
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)

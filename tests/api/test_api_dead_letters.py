@@ -136,6 +136,15 @@ def test_detail_has_the_payload_and_the_audit_history(api, conn):
     assert body["status"] == "discarded" and body["status_changed_at"] is not None
 
 
+def test_detail_has_the_traceback_and_the_list_leaves_it_out(api, conn):
+    """GET /{id} shows the failure's stack trace beside its one-line last_error; a page does not carry it."""
+    stack = "Traceback (most recent call last):\n  File \"credit.py\", line 9, in tier\nKeyError: 'tier'\n"
+    letter = add_dead_letters(conn, QUEUE, 1, error="KeyError: 'tier'", traceback=stack)[0]
+    body = api.get(f"{BASE}/{letter}").json()
+    assert (body["last_error"], body["traceback"]) == ("KeyError: 'tier'", stack)
+    assert "traceback" not in api.get(BASE).json()["items"][0]
+
+
 def test_an_unknown_id_is_404(api, conn):
     """The detail of an id that does not exist is 404 dead-letter-not-found."""
     body = assert_problem(api.get(f"{BASE}/4242"), 404, "dead-letter-not-found")

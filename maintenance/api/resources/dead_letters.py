@@ -109,6 +109,11 @@ class ActionOut(BaseModel):
 
 
 class DeadLetterDetailOut(DeadLetterOut):
+    traceback: str | None = Field(
+        description="The failure's stack trace (frames with their source lines, chained causes; credentials "
+        "masked, never a frame's locals; at most 8 000 characters, the middle cut); null when it has none (a "
+        "poison payload, a letter written before migration 0022). last_error is its one-line summary."
+    )
     payload: Any = Field(
         description="The job's full payload, as the consumer received it; null when it cannot be decoded "
         "(payload_undecodable)."
@@ -298,6 +303,7 @@ def get_dead_letter(
     return _json(
         DeadLetterDetailOut(
             **DeadLetterOut.of(detail.row).model_dump(),
+            traceback=detail.row.traceback,
             **shown("payload", detail.row.payload),
             actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions],
         )
