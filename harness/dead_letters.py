@@ -2,7 +2,9 @@
 
 A dead letter carries the full payload, the attempts made, the last error as ``"Type:
 message"`` bounded to :data:`harness.errors.MAX_ERROR_CHARS` (:func:`harness.errors.describe_error`,
-which renders any exception, even one that cannot be printed), the correlation id, the queue, the consumer, the
+which renders any exception, even one that cannot be printed), its stack trace masked and bounded
+to :data:`harness.errors.MAX_TRACEBACK_CHARS` (:func:`harness.errors.describe_traceback`; NULL
+for a failure that has none: a poison, a letter written before migration 0022), the correlation id, the queue, the consumer, the
 tenant, the job id and the message's trace context, so that a replay republishes exactly the same
 job (J-B6) in the same trace (harness/tracing.py). It is born
 ``pending_review``; the database enforces its lifecycle. The caller supplies the transaction —
@@ -28,14 +30,14 @@ operator's release) changes nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from harness.errors import MAX_ERROR_CHARS
+from harness.errors import MAX_ERROR_CHARS, MAX_TRACEBACK_CHARS
 
 __all__ = [
     "DeadLetter",
@@ -58,6 +60,8 @@ class DeadLetter:
     # The message's W3C trace context (harness/tracing.py), kept so that a replay joins the job's trace.
     traceparent: str | None = None
     tracestate: str | None = None
+    # The failure's stack trace (harness.errors.describe_traceback), None when it has none.
+    traceback: str | None = field(default=None, compare=False)
 
 
 # A replay's final outcome, once: the database stamps replay_handled_at and refuses a second one.
@@ -82,8 +86,9 @@ WITH replay_handled AS (
 ),
 written AS (
     INSERT INTO core.dead_letters
-           (job_id, queue, consumer, payload, attempts, last_error, tenant_id, correlation_id, traceparent, tracestate)
-    VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s,
+           (job_id, queue, consumer, payload, attempts, last_error, traceback, tenant_id, correlation_id,
+            traceparent, tracestate)
+    VALUES (%(job_id)s, %(queue)s, %(consumer)s, %(payload)s, %(attempts)s, %(last_error)s, %(traceback)s,
             %(tenant_id)s, %(correlation_id)s, %(traceparent)s, %(tracestate)s)
     ON CONFLICT (consumer, job_id) WHERE status = 'pending_review' DO NOTHING
     RETURNING id
@@ -128,6 +133,7 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int | Non
             else Jsonb(letter.payload),
             "attempts": letter.attempts,
             "last_error": letter.last_error[:MAX_ERROR_CHARS],
+            "traceback": letter.traceback[:MAX_TRACEBACK_CHARS] if letter.traceback is not None else None,
             "tenant_id": letter.tenant_id,
             "correlation_id": letter.correlation_id,
             "replay_of": letter.replay_of,

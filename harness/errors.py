@@ -11,27 +11,42 @@
   provider said 4xx): a dead letter at once, no retries (J-B4).
 - :class:`PoisonMessage` — the payload itself is invalid; the harness raises it when the
   consumer's schema rejects a payload (J-B5): a dead letter at once, zero retries.
+
+A failure is recorded twice: :func:`describe_error`'s one line (``last_error``, the log's
+``error``) and :func:`describe_traceback`'s stack trace (the dead letter's ``traceback``, the log's
+``traceback``, the span's exception event) — what an operator needs to find the helper that raised.
 """
 
 from __future__ import annotations
 
+import traceback
 from datetime import timedelta
 
 import psycopg
 from pydantic import ValidationError
 
+from harness import tracing
+
 __all__ = [
     "MAX_ERROR_CHARS",
+    "MAX_TRACEBACK_CHARS",
     "NotSent",
     "PermanentError",
     "PoisonMessage",
     "TransientError",
     "describe_error",
+    "describe_traceback",
     "validation_problems",
 ]
 
 MAX_ERROR_CHARS = 2000  # the longest error text the harness records (a dead letter's or a retry's last_error)
 _ELLIPSIS = " …[truncated]"
+# The longest traceback the harness records. 8 000 characters hold ~40 frames of a typical stack
+# with a chained cause (Python already folds a recursion's repeats into one line), and keep the log
+# line that carries it under the 16 KiB at which container runtimes split a line (Docker's
+# json-file, containerd's CRI log) even in two-byte UTF-8; a dead letter's row stays small.
+MAX_TRACEBACK_CHARS = 8000
+_HEAD_CHARS = 2000  # of a longer one: its start (the outermost frames), then its end (the innermost, the error)
 
 
 class TransientError(Exception):
@@ -73,10 +88,43 @@ def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     """
     message = _message(error)
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    text = text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
+    text = _storable(text)
     if len(text) <= limit:
         return text
     return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS
+
+
+def describe_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -> str | None:
+    """Python's rendering of ``error``'s stack trace and chained causes, masked and cut to ``limit`` characters;
+    None when it was never raised (no frame to show: a poison built by the harness).
+
+    What it shows is the frames' file, line, function and source line, and each exception's text —
+    never a frame's locals, so a payload value is there only if an exception's own text quotes it
+    (as ``last_error`` would). Credentials are masked by the process's redactor
+    (:func:`harness.tracing.redact`: the bundle's credential detector,
+    maintenance/runtime/credentials.py) before the cut, so a cut never leaves part of a secret.
+    A longer text keeps its first ``_HEAD_CHARS`` and its end, where the innermost frames and the
+    error are, with the number of characters cut between them. Never fails: a traceback that
+    cannot be rendered is None.
+    """
+    if error.__traceback__ is None and error.__cause__ is None and error.__context__ is None:
+        return None
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:
+        return None
+    text = tracing.redact(_storable(text))
+    if len(text) <= limit:
+        return text
+    head = min(_HEAD_CHARS, limit // 4)
+    tail = limit - head - len(f"\n  …[{len(text)} characters cut]…\n")  # the marker at its longest
+    marker = f"\n  …[{len(text) - head - tail} characters cut]…\n"
+    return text[:head] + marker + text[len(text) - tail :]
+
+
+def _storable(text: str) -> str:
+    """``text`` as PostgreSQL text can hold it: NUL as ``\\0``, a lone surrogate as its escape."""
+    return text.replace("\x00", "\\0").encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def validation_problems(exc: ValidationError, whole: str) -> list[str]:

@@ -35,7 +35,8 @@
    handler does not own the process, so that is this job's failure, not the worker's exit. The
    one exception is ``KeyboardInterrupt``: the caller's stop, it propagates after the rollback.
    The error is recorded as ``"Type: message"`` by :func:`harness.errors.describe_error`,
-   which renders any exception, even one that cannot be printed.
+   which renders any exception, even one that cannot be printed, and its stack trace beside it
+   by :func:`harness.errors.describe_traceback` (the retry's span, the dead letter's ``traceback``).
 4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
    workers died mid-job or lost their leases. It is not run again (a message that kills its
    worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
@@ -102,7 +103,14 @@ from harness.consumer.consumer import Consumer, JobContext
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.dead_letters import mark_replay_handled
 from harness.durable.executor import run_execution
-from harness.errors import PermanentError, PoisonMessage, TransientError, describe_error, validation_problems
+from harness.errors import (
+    PermanentError,
+    PoisonMessage,
+    TransientError,
+    describe_error,
+    describe_traceback,
+    validation_problems,
+)
 from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, work_in_savepoint, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
@@ -229,7 +237,7 @@ def failure_outcome(
     now = server_now(conn) if isinstance(retry_after, str) else None
     delay = compute_delay(policy, delivery.attempt, retry_after=retry_after, now=now, random=runtime.random)
     metrics.retry(consumer.name)
-    return RetryAfter(delay=delay, error=describe_error(error))
+    return RetryAfter(delay=delay, error=describe_error(error), traceback=describe_traceback(error))
 
 
 def _past_the_budget(
@@ -263,7 +271,12 @@ def _dead_letter(
     metrics.dead_lettered(consumer.name, reason)
     return DeadLettered(
         reason=reason,  # type: ignore[arg-type]
-        letter=delivery.letter(consumer.name, attempts=delivery.attempt, last_error=describe_error(error)),
+        letter=delivery.letter(
+            consumer.name,
+            attempts=delivery.attempt,
+            last_error=describe_error(error),
+            traceback=describe_traceback(error),
+        ),
     )
 
 

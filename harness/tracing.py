@@ -27,8 +27,10 @@ The bundle's logging has it (maintenance/runtime/logs.py); a service that uses t
 adds it to its own structlog configuration.
 
 **An error text leaves through a span too**, to a tracing backend that sees no log redactor: a
-span's status and its exception events are written only through :func:`set_error`, which passes
-the text through the process's redactor (:func:`set_redactor`). The harness imports no credential
+span's status and its exception event (the failure's one line and its stack trace,
+``exception.type``/``.message``/``.stacktrace`` as OpenTelemetry's semantic conventions name them)
+are written only through :func:`set_error`, which passes the text through the process's redactor
+(:func:`set_redactor`; :func:`redact` for the dead letter's traceback, harness/errors.py). The harness imports no credential
 detector of its own, so the default is the identity; the bundle installs its log's
 ``SecretRedactor`` when it configures logging (maintenance/runtime/logs.py), so a span says what
 the log line says, credentials masked. The harness's spans neither record an escaping exception
@@ -56,6 +58,7 @@ __all__ = [
     "context_of",
     "current_context",
     "open_delivery_span",
+    "redact",
     "set_error",
     "set_redactor",
     "span",
@@ -78,6 +81,11 @@ def set_redactor(redact: Callable[[str], str]) -> None:
     """Make ``redact`` the masking of every error text a span carries from now on (the process's log redactor)."""
     global _redact
     _redact = redact
+
+
+def redact(text: str) -> str:
+    """``text`` masked by the process's redactor (:func:`set_redactor`): an error text that leaves the process."""
+    return _redact(text)
 
 
 def tracer() -> trace.Tracer:
@@ -170,15 +178,28 @@ def _failing(current: Span) -> Iterator[None]:
         raise
 
 
-def set_error(current: Span, description: str) -> None:
-    """Mark ``current`` failed with ``description``, masked by the process's redactor (:func:`set_redactor`).
+def set_error(current: Span, description: str, traceback: str | None = None) -> None:
+    """Mark ``current`` failed with ``description``, masked by the process's redactor (:func:`set_redactor`);
+    with the failure's ``traceback`` (:func:`harness.errors.describe_traceback`), also an ``exception`` event.
 
     The one way an error text reaches a span: a retry, a dead letter, a failed action or job. Nothing
     is masked for a span that records nothing (tracing off, or not sampled): this runs per failed delivery.
+    The event is the one ``Span.record_exception`` would add, from the texts the harness recorded
+    (the type is ``description``'s ``Type:`` prefix, as :func:`harness.errors.describe_error` writes it).
     """
     if not current.is_recording():
         return
-    current.set_status(Status(StatusCode.ERROR, _redact(description)))
+    message = _redact(description)
+    current.set_status(Status(StatusCode.ERROR, message))
+    if traceback is not None:
+        current.add_event(
+            "exception",
+            {
+                "exception.type": description.partition(":")[0],
+                "exception.message": message,
+                "exception.stacktrace": _redact(traceback),
+            },
+        )
 
 
 def _clean(attributes: dict[str, Any] | None) -> dict[str, Any]:

@@ -105,7 +105,7 @@ from psycopg.pq import TransactionStatus
 from harness import tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
-from harness.errors import describe_error
+from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect
@@ -571,7 +571,7 @@ class Worker:
             except Exception as exc:
                 if not _usable(conn):
                     raise  # the worker itself is broken (its connection is lost): it stops, as designed
-                tracing.set_error(span, describe_error(exc))
+                tracing.set_error(span, describe_error(exc), describe_traceback(exc))
                 self._delivery_failed(conn, queue, delivery, exc, fields)
 
     def _handle_and_settle(
@@ -611,9 +611,9 @@ class Worker:
         """Record ``outcome`` on the span and the stats; a success joins ``done`` (acked with the batch), the rest is settled now."""
         span.set_attribute("core_jobs.outcome", type(outcome).__name__.lower())
         if isinstance(outcome, RetryAfter):
-            tracing.set_error(span, outcome.error)
+            tracing.set_error(span, outcome.error, outcome.traceback)
         elif isinstance(outcome, DeadLettered):
-            tracing.set_error(span, outcome.letter.last_error)
+            tracing.set_error(span, outcome.letter.last_error, outcome.letter.traceback)
         if isinstance(outcome, (Acked, Duplicate)):
             done.append(delivery)
             self.stats.add("processed" if isinstance(outcome, Acked) else "duplicates")
@@ -639,7 +639,23 @@ class Worker:
             )
         elif isinstance(outcome, DeadLettered):
             self.stats.add("dead_lettered")
-            log.warning("harness.job.dead_lettered", **fields, reason=outcome.reason, error=outcome.letter.last_error)
+            letter = outcome.letter
+            if outcome.reason == "exhausted":  # retrying did not help: something is broken
+                log.error(
+                    "harness.job.dead_lettered",
+                    **fields,
+                    reason="exhausted",
+                    error=letter.last_error,
+                    traceback=letter.traceback,
+                )
+            else:  # poison or permanent: the schema's or the handler's own verdict on this job
+                log.warning(
+                    "harness.job.dead_lettered",
+                    **fields,
+                    reason=outcome.reason,
+                    error=letter.last_error,
+                    traceback=letter.traceback,
+                )
 
     def _delivery_failed(
         self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, error: Exception, fields: dict
@@ -662,7 +678,13 @@ class Worker:
                 raise
             delay = self.config.lease
             detail = f"{detail}; its retry was refused too: {describe_error(exc)}"
-        log.error("harness.worker.delivery_failed", **fields, delay_s=delay.total_seconds(), error=detail)
+        log.error(
+            "harness.worker.delivery_failed",
+            **fields,
+            delay_s=delay.total_seconds(),
+            error=detail,
+            traceback=describe_traceback(error),
+        )
 
     def _end_batch(
         self,

@@ -31,6 +31,7 @@ import pytest
 from _pytest.nodeid import coerce_node_id  # private, for schemathesis's node ids (below)
 from psycopg import sql
 
+from harness.examples import points
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.settings import ENV_PREFIX
@@ -117,6 +118,8 @@ def template_database(pg_server_url: str) -> Iterator[str]:
     name = f"core_jobs_tpl_{os.getpid()}_{secrets.token_hex(3)}"
     url = create_database(pg_server_url, name)
     migrate.upgrade(url)
+    with psycopg.connect(url, autocommit=True) as conn:  # the example consumer's table: the tests', not the schema's
+        points.create_table(conn)
     yield name
     drop_database(pg_server_url, name)
 

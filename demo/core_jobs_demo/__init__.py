@@ -25,6 +25,7 @@ from core_jobs_demo.data import seed
 from core_jobs_demo.durable import walk_through as durable_walk_through
 from core_jobs_demo.explain import EXPLAIN
 from core_jobs_demo.harness import walk_through
+from harness.examples import points
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.service.runner import build_jobs, run_jobs
@@ -99,6 +100,8 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
         db = Database(url)
         migrate.upgrade(url)
         out.write(f"Migrated to {migrate.current_revision(url)}.\n")
+        with db.connect(autocommit=True) as conn:  # the example consumer's own table: the demo's, not the schema's
+            points.create_table(conn)
         story = seed(db)
         before = table_counts(db)
         out.write("\nSeeded:\n" + "".join(f"  - {line}\n" for line in story))

@@ -6,7 +6,10 @@ the credit with the loyalty ledger (a provider; the default one always agrees) a
 points to ``example.loyalty_points`` — in the fence's transaction, so a duplicate delivery
 credits nothing and a crash credits nothing.
 
-Run it: ``core-jobs worker --consumer harness.examples.points:consumer``.
+Its table is its own, not the platform's: ``core-jobs migrate`` does not create it (migration
+0023 removes the one older migrations made, when empty). :func:`create_table` does — the demo
+calls it, and so does the tests' template database. Run it: ``create_table`` on the database,
+then ``core-jobs worker --consumer harness.examples.points:consumer``.
 
 :class:`OutageLedger` is a provider that fails on purpose, for the demo and the tests: it
 answers "timed out" (transient) for the first N attempts of chosen members, and "unknown
@@ -24,7 +27,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harness import Consumer, JobContext, PermanentError, TransientError
 
-__all__ = ["CreditPoints", "LoyaltyLedger", "OutageLedger", "consumer", "make_consumer"]
+__all__ = ["CREATE_TABLE", "CreditPoints", "LoyaltyLedger", "OutageLedger", "consumer", "create_table", "make_consumer"]
+
+# The example's own table: loyalty points per member. A double credit is visible here.
+CREATE_TABLE = """
+CREATE SCHEMA IF NOT EXISTS example;
+CREATE TABLE IF NOT EXISTS example.loyalty_points (
+    tenant_id  uuid        NOT NULL,
+    member_id  text        NOT NULL,
+    points     bigint      NOT NULL DEFAULT 0,
+    updated_at timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT loyalty_points_pkey PRIMARY KEY (tenant_id, member_id)
+);
+"""
+
+
+def create_table(conn: psycopg.Connection) -> None:
+    """Create ``example.loyalty_points`` if it is not there (the demo's and the tests' database only)."""
+    with conn.transaction():
+        conn.execute(CREATE_TABLE)
 
 
 class CreditPoints(BaseModel):
@@ -89,3 +110,12 @@ def make_consumer(
 
 
 consumer = make_consumer()
+
+
+if __name__ == "__main__":  # python -m harness.examples.points [URL]: the example's table, on a database of your own
+    import os
+    import sys
+
+    with psycopg.connect(sys.argv[1] if len(sys.argv) > 1 else os.environ["CORE_JOBS_DATABASE_URL"]) as conn:
+        create_table(conn)
+    print("example.loyalty_points is there")

@@ -331,7 +331,7 @@ class Delivery:
     # its consumer gone). PgQueue settles atomically with the database: always False there.
     redelivered: bool = False
 
-    def letter(self, consumer: str, *, attempts: int, last_error: str) -> DeadLetter:
+    def letter(self, consumer: str, *, attempts: int, last_error: str, traceback: str | None = None) -> DeadLetter:
         """This delivery's dead letter: the envelope whole — identity, payload, replay, trace context (J-B6)."""
         envelope = self.envelope
         return DeadLetter(
@@ -341,6 +341,7 @@ class Delivery:
             payload=envelope.payload,
             attempts=attempts,
             last_error=last_error,
+            traceback=traceback,
             tenant_id=envelope.tenant_id,
             correlation_id=envelope.correlation_id,
             replay_of=envelope.replay_of,
@@ -371,6 +372,7 @@ class RetryAfter:
 
     delay: timedelta
     error: str
+    traceback: str | None = field(default=None, compare=False)  # the failure's (harness.errors.describe_traceback)
 
 
 @dataclass(frozen=True)

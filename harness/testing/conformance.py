@@ -482,6 +482,20 @@ class QueuePortContract:
         kit.nothing_ready(port)
         assert kit.pending_letters(envelope.job_id, REFUSING) == 1
 
+    def test_a_dead_letter_keeps_the_failures_traceback(self, kit: _Kit) -> None:
+        """The adapter's dead_letter writes the letter whole: its one-line last_error and the stack trace beside it."""
+        conn, port = kit.worker()
+        envelope = kit.envelope()
+        port.publish(kit.queue, envelope)
+        [delivery] = kit.claim(port)
+        outcome = kit.handle(conn, kit.consumer(REFUSING, _refuse), delivery)
+        assert isinstance(outcome, DeadLettered) and settle(port, delivery, outcome) is True
+        last_error, traceback = kit.db.execute(
+            "SELECT last_error, traceback FROM core.dead_letters WHERE job_id = %s", (envelope.job_id,)
+        ).fetchone()  # type: ignore[misc]
+        assert last_error == "PermanentError: the kit's refusing consumer refuses every job"
+        assert traceback is not None and "in _refuse" in traceback and traceback.rstrip().endswith(last_error)
+
     def test_poison_goes_to_a_dead_letter_with_zero_retries(self, kit: _Kit) -> None:
         """A payload the consumer's schema rejects: a dead letter at the first delivery, nothing to deliver again."""
         conn, port = kit.worker()

@@ -1,4 +1,10 @@
-"""The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/replay/discard/release.
+"""The consumer-side commands of ``core-jobs``: worker, enqueue, dead-letters list/show/errors/replay/discard/release.
+
+``dead-letters list`` and ``errors`` show ``pending_review`` letters, newest first, unless
+``--status`` says otherwise (``any``: every status) — the API's default too, one definition in
+maintenance/operations/dead_letters.py. ``dead-letters show ID`` is one letter whole: its error,
+its stack trace, its payload and its audit history. ``dead-letters errors`` counts the letters by
+the first line of their error, biggest group first.
 
 ``worker`` and ``enqueue`` use the queue adapter ``CORE_JOBS_QUEUE_URL`` selects (unset: the reference
 queue in the database; harness/queue/adapters.py); a URL whose adapter cannot be loaded is a
@@ -42,6 +48,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # harness.enumerations imports nothing but typing: --help stays free of psycopg.
 STATUS_CHOICES = DEAD_LETTER_STATUSES
+ANY_STATUS = "any"
+DEFAULT_STATUS = (
+    "pending_review"  # maintenance.operations.dead_letters.DEFAULT_STATUS (not imported: --help stays light)
+)
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
@@ -184,13 +194,21 @@ def broker_failure(exc: BaseException, settings: Settings) -> str | None:
     return None
 
 
+def _listed_status(args: argparse.Namespace) -> str | None:
+    """``--status`` as the operations take it: ``any`` is None; unset, the one default — but every
+    status with ``--outstanding``, whose replays are ``replayed`` by definition."""
+    if args.status == ANY_STATUS or (args.status is None and getattr(args, "outstanding", False)):
+        return None
+    return args.status or DEFAULT_STATUS
+
+
 def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.operations.dead_letters import list_dead_letters
     from maintenance.runtime.db import Database
 
     with Database(settings.conninfo()).connect(autocommit=True) as conn:
         rows = list_dead_letters(
-            conn, queue=args.queue, status=args.status, outstanding=args.outstanding, limit=args.limit
+            conn, queue=args.queue, status=_listed_status(args), outstanding=args.outstanding, limit=args.limit
         )
     if args.json:
         print(json.dumps([_as_json(r) for r in rows], indent=2))
@@ -205,6 +223,80 @@ def cmd_dead_letters_list(args: argparse.Namespace, settings: Settings) -> int:
             f"{r.job_id}  {_one_line(r.last_error, 80)}"
         )
     return EXIT_OK
+
+
+def cmd_dead_letters_show(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.operations.dead_letters import get_dead_letter
+    from maintenance.operations.stored import shown
+    from maintenance.runtime.db import Database
+
+    with Database(settings.conninfo()).connect(autocommit=True) as conn:
+        detail = get_dead_letter(conn, args.id)
+    if detail is None:
+        print(f"core-jobs: dead letter {args.id} does not exist", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        actions = [{**a.__dict__, "acted_at": a.acted_at.isoformat()} for a in detail.actions]
+        print(json.dumps(_as_json(detail.row) | {"actions": actions}, indent=2))
+        return EXIT_OK
+    r = detail.row
+    print(f"dead letter {r.id}: {_state(r)}, {r.attempts} attempt(s), created {_utc(r.created_at)} UTC")
+    for label, value in (
+        ("job", r.job_id),
+        ("queue", r.queue),
+        ("consumer", r.consumer),
+        ("tenant", r.tenant_id),
+        ("correlation", r.correlation_id),
+        ("trace", r.traceparent),
+        ("changed", f"{_utc(r.status_changed_at)} UTC" if r.status_changed_at else None),
+        ("discard reason", r.discard_reason),
+    ):
+        if value is not None:
+            print(f"  {label + ':':<15} {value}")
+    print(f"  {'error:':<15} {r.last_error}")
+    stored = shown("payload", r.payload)
+    payload = stored["payload"] if stored["payload_undecodable"] is None else stored["payload_undecodable"]
+    print(f"  {'payload:':<15} {json.dumps(payload, default=str)}")
+    print("\ntraceback:" if r.traceback else "\ntraceback: none (a poison payload, or written before migration 0022)")
+    if r.traceback:
+        print("  " + r.traceback.rstrip().replace("\n", "\n  "))
+    print("\nactions:" if detail.actions else "\nactions: none")
+    for a in detail.actions:
+        print(f"  {_utc(a.acted_at)} UTC  {a.action} by {a.operator}" + (f": {a.reason}" if a.reason else ""))
+    return EXIT_OK
+
+
+def cmd_dead_letters_errors(args: argparse.Namespace, settings: Settings) -> int:
+    from maintenance.operations.dead_letters import OperationRefused, error_groups
+    from maintenance.runtime.db import Database
+
+    try:
+        with Database(settings.conninfo()).connect(autocommit=True) as conn:
+            groups = error_groups(conn, status=_listed_status(args), queue=args.queue, limit=args.limit)
+    except OperationRefused as exc:
+        print(f"core-jobs: refused: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(
+            json.dumps(
+                [g.__dict__ | {"oldest": g.oldest.isoformat(), "newest": g.newest.isoformat()} for g in groups],
+                indent=2,
+            )
+        )
+        return EXIT_OK
+    if not groups:
+        print("no dead letters match")
+        return EXIT_OK
+    print(f"{'count':>6}  {'newest (UTC)':<19}  {'latest':>6}  {'queues':<24}  error")
+    for g in groups:
+        print(
+            f"{g.count:>6}  {_utc(g.newest)}  {g.latest_id:>6}  {_one_line(', '.join(g.queues), 24):<24}  {_one_line(g.error, 80)}"
+        )
+    return EXIT_OK
+
+
+def _utc(moment: Any) -> str:
+    return f"{moment.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
 
 
 def cmd_dead_letters_replay(args: argparse.Namespace, settings: Settings) -> int:
@@ -380,9 +472,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     dl = sub.add_parser("dead-letters", help="list, replay or discard dead letters (audited)")
     dl_sub = dl.add_subparsers(dest="action", required=True, metavar="ACTION")
-    p = dl_sub.add_parser("list", help="dead letters, oldest first")
+    status = {
+        "choices": (*STATUS_CHOICES, ANY_STATUS),
+        "help": f"{DEFAULT_STATUS} unless given (every status with --outstanding); {ANY_STATUS}: every status",
+    }
+    p = dl_sub.add_parser("list", help=f"dead letters, newest first ({DEFAULT_STATUS} by default, as the API)")
     p.add_argument("--queue")
-    p.add_argument("--status", choices=STATUS_CHOICES)
+    p.add_argument("--status", **status)
     add_limit_option(p)
     p.add_argument(
         "--outstanding",
@@ -391,6 +487,18 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="JSON, payloads included")
     p.set_defaults(handler=cmd_dead_letters_list)
+
+    p = dl_sub.add_parser("show", help="one dead letter: its error, traceback, payload and audit history")
+    p.add_argument("id", type=int, metavar="ID")
+    p.add_argument("--json", action="store_true", help="JSON")
+    p.set_defaults(handler=cmd_dead_letters_show)
+
+    p = dl_sub.add_parser("errors", help="dead letters grouped and counted by error, biggest group first")
+    p.add_argument("--queue")
+    p.add_argument("--status", **status)
+    add_limit_option(p)
+    p.add_argument("--json", action="store_true", help="JSON")
+    p.set_defaults(handler=cmd_dead_letters_errors)
 
     operator = {"default": _default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
     p = dl_sub.add_parser("replay", help="republish with the same job_id and mark replayed")

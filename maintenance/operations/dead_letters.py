@@ -39,7 +39,14 @@
   **keyset** order — each page continues strictly after the last row of the previous one,
   ``(created_at, id) < (position)``, so page 100 costs what page 1 costs and a row written
   meanwhile neither repeats nor skips a row. No free-text search: every filter is an index.
-- **Detail** (:func:`get_dead_letter`): one dead letter, its payload and its audit history.
+- **Lists** (:func:`list_dead_letters`, the CLI's; :func:`list_page`, the API's) have one default:
+  ``pending_review`` letters, newest first (:data:`DEFAULT_STATUS`) — what is waiting for a decision,
+  the latest failure on top.
+- **Error groups** (:func:`error_groups`, ``dead-letters errors`` and ``GET …/dead-letters/errors``):
+  the letters counted by the first line of their ``last_error``, biggest group first, as
+  ServicePulse groups failures — one decision per cause rather than per letter.
+- **Detail** (:func:`get_dead_letter`): one dead letter, its payload, its failure's stack trace
+  (``traceback``, harness/errors.py) and its audit history.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 from uuid import UUID
 
 import psycopg
@@ -65,10 +72,12 @@ __all__ = [
     "DeadLetterDetail",
     "DeadLetterFilter",
     "DeadLetterRow",
+    "ErrorGroup",
     "OperationRefused",
     "Page",
     "Position",
     "discard",
+    "error_groups",
     "get_dead_letter",
     "get_row",
     "list_dead_letters",
@@ -118,6 +127,7 @@ class DeadLetterRow:
     status: str
     attempts: int
     last_error: str
+    traceback: str | None  # the failure's stack trace (migration 0022); None when it has none, and on a page
     correlation_id: str | None
     tenant_id: UUID | None
     payload: Any  # an UndecodablePayload when Python cannot decode it (maintenance/operations/stored.py)
@@ -136,7 +146,7 @@ class DeadLetterRow:
 
 
 _COLUMNS = (
-    "id, job_id, queue, consumer, status, attempts, last_error, correlation_id, tenant_id, payload,"
+    "id, job_id, queue, consumer, status, attempts, last_error, traceback, correlation_id, tenant_id, payload,"
     " discard_reason, created_at, status_changed_at, replay_outcome, replay_handled_at, traceparent, tracestate"
 )
 
@@ -146,7 +156,20 @@ SELECT {_COLUMNS}
  WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
    AND (%(status)s::text IS NULL OR status = %(status)s)
    AND (NOT %(outstanding)s OR (status = 'replayed' AND replay_outcome IS NULL))
- ORDER BY created_at, id
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s
+"""
+
+# The letters grouped by their error's first line, biggest group first (a ServicePulse "failure group"):
+# what broke, how often, since when, on which queues, and the newest letter to look at.
+ERROR_GROUPS = """
+SELECT split_part(last_error, E'\\n', 1) AS error, count(*) AS count, array_agg(DISTINCT queue ORDER BY queue) AS queues,
+       min(created_at) AS oldest, max(created_at) AS newest, max(id) AS latest_id
+  FROM core.dead_letters
+ WHERE (%(status)s::text IS NULL OR status = %(status)s)
+   AND (%(queue)s::text IS NULL OR queue = %(queue)s)
+ GROUP BY 1
+ ORDER BY count(*) DESC, max(created_at) DESC
  LIMIT %(limit)s
 """
 
@@ -178,21 +201,54 @@ MARK_RELEASED = "UPDATE core.dead_letters SET replay_outcome = 'released' WHERE 
 STILL_QUEUED = "SELECT DISTINCT replay_of FROM core.queue_messages WHERE replay_of = ANY(%(ids)s) ORDER BY replay_of"
 
 
+DEFAULT_STATUS: Final = (
+    "pending_review"  # what a list shows unless asked otherwise: the CLI's and the API's one default
+)
+
+
+@dataclass(frozen=True)
+class ErrorGroup:
+    """The dead letters that failed with one error (the first line of ``last_error``)."""
+
+    error: str
+    count: int
+    queues: list[str]
+    oldest: datetime
+    newest: datetime
+    latest_id: int  # the newest letter of the group: `dead-letters show` it
+
+
 def list_dead_letters(
     conn: psycopg.Connection,
     *,
     queue: str | None = None,
-    status: str | None = None,
+    status: str | None = DEFAULT_STATUS,
     outstanding: bool = False,
     limit: int = 1000,
 ) -> list[DeadLetterRow]:
-    """Dead letters, oldest first, optionally of one queue and/or one status, or only outstanding replays."""
-    if status is not None and status not in STATUSES:
-        raise OperationRefused([f"unknown status {status!r}; valid: {', '.join(STATUSES)}"])
+    """Dead letters, newest first, ``pending_review`` ones unless ``status`` says otherwise (None: every status),
+    optionally of one queue, or only outstanding replays."""
+    _check_status(status)
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
         return cur.execute(
             LIST, {"queue": queue, "status": status, "outstanding": outstanding, "limit": limit}
         ).fetchall()
+
+
+def error_groups(
+    conn: psycopg.Connection, *, status: str | None = DEFAULT_STATUS, queue: str | None = None, limit: int = 100
+) -> list[ErrorGroup]:
+    """The dead letters grouped and counted by error, biggest group first (None ``status``: every status)."""
+    _check_status(status)
+    if limit < 1:
+        raise OperationRefused([f"limit must be at least 1, got {limit}"])
+    with conn.cursor(row_factory=class_row(ErrorGroup)) as cur:
+        return cur.execute(ERROR_GROUPS, {"status": status, "queue": queue, "limit": limit}).fetchall()
+
+
+def _check_status(status: str | None) -> None:
+    if status is not None and status not in STATUSES:
+        raise OperationRefused([f"unknown status {status!r}; valid: {', '.join(STATUSES)}"])
 
 
 def replay(
@@ -363,7 +419,7 @@ def _check_operator(operator: str) -> None:
 class DeadLetterFilter:
     """Which dead letters a page lists: one status (default ``pending_review``) and any of the rest."""
 
-    status: str = "pending_review"
+    status: str = DEFAULT_STATUS
     queue: str | None = None
     consumer: str | None = None
     tenant_id: UUID | None = None
@@ -404,12 +460,12 @@ class DeadLetterDetail:
     actions: list[Action]
 
 
-# A keyset page, newest first, without payloads (the detail has them: a page of 500 would carry
-# and parse every one). Each absent filter folds away in the custom plan (executed
+# A keyset page, newest first, without payloads or tracebacks (the detail has them: a page of 500
+# would carry and parse every one). Each absent filter folds away in the custom plan (executed
 # unprepared, so never a generic plan), leaving an index range read backwards on one of
 # 0009's (<filter>, status, created_at, id) indexes from the cursor on: page 100 costs page 1.
 LIST_PAGE = f"""
-SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,")}
+SELECT {_COLUMNS.replace(" payload,", " NULL::jsonb AS payload,").replace(" traceback,", " NULL::text AS traceback,")}
   FROM core.dead_letters
  WHERE status = %(status)s
    AND (%(queue)s::text IS NULL OR queue = %(queue)s)

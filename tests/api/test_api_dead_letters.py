@@ -136,6 +136,29 @@ def test_detail_has_the_payload_and_the_audit_history(api, conn):
     assert body["status"] == "discarded" and body["status_changed_at"] is not None
 
 
+def test_detail_has_the_traceback_and_the_list_leaves_it_out(api, conn):
+    """GET /{id} shows the failure's stack trace beside its one-line last_error; a page does not carry it."""
+    stack = "Traceback (most recent call last):\n  File \"credit.py\", line 9, in tier\nKeyError: 'tier'\n"
+    letter = add_dead_letters(conn, QUEUE, 1, error="KeyError: 'tier'", traceback=stack)[0]
+    body = api.get(f"{BASE}/{letter}").json()
+    assert (body["last_error"], body["traceback"]) == ("KeyError: 'tier'", stack)
+    assert "traceback" not in api.get(BASE).json()["items"][0]
+
+
+def test_errors_groups_and_counts_pending_letters_by_error(api, conn):
+    """GET /errors: the pending letters counted by their error's first line, biggest group first, as the CLI's."""
+    add_dead_letters(conn, QUEUE, 2, error="KeyError: 'tier'")
+    newest = add_dead_letters(conn, "notifications.email", 1, error="KeyError: 'tier'\nmore", age="1 minute")[0]
+    handled = add_dead_letters(conn, QUEUE, 1, error="PermanentError: member closed")[0]
+    conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = %s", (handled,))
+    body = api.get(f"{BASE}/errors").json()
+    assert [(g["error"], g["count"], g["latest_id"]) for g in body["items"]] == [("KeyError: 'tier'", 3, newest)]
+    assert body["items"][0]["queues"] == sorted([QUEUE, "notifications.email"])
+    replayed = api.get(f"{BASE}/errors", params={"status": "replayed"}).json()["items"]
+    assert [(g["error"], g["count"]) for g in replayed] == [("PermanentError: member closed", 1)]
+    assert api.get(f"{BASE}/errors", params={"group": "x"}).status_code == 400
+
+
 def test_an_unknown_id_is_404(api, conn):
     """The detail of an id that does not exist is 404 dead-letter-not-found."""
     body = assert_problem(api.get(f"{BASE}/4242"), 404, "dead-letter-not-found")

@@ -163,6 +163,7 @@ def test_the_document_covers_every_endpoint_of_the_spec(api):
     assert set(document["paths"]) == {
         "/v1/core/dead-letters",
         "/v1/core/dead-letters/{id}",
+        "/v1/core/dead-letters/errors",
         "/v1/core/dead-letters/{id}/replay",
         "/v1/core/dead-letters/{id}/discard",
         "/v1/core/dead-letters/replay",

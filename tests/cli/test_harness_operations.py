@@ -11,7 +11,7 @@ import uuid
 import httpx
 import psycopg
 import pytest
-from support.factories import QUEUE, TENANT, dead_letter, publish
+from support.factories import QUEUE, TENANT, add_dead_letters, dead_letter, publish
 from support.harness_support import fences, points, run_worker, scalar
 
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
@@ -139,9 +139,9 @@ def test_list_filters_by_queue_and_status_as_text_and_json(cli, conn, capsys):
     assert str(job_id) in out and "notifications.email" not in out
     assert cli(["dead-letters", "list", "--json"]) == EXIT_OK
     rows = json.loads(capsys.readouterr().out)
-    assert [r["queue"] for r in rows] == [QUEUE, "notifications.email"]
-    assert rows[0]["payload"] == {"member_id": "m-1", "points": 1}
-    assert rows[0]["id"] == first and rows[0]["job_id"] == str(job_id)
+    assert [r["queue"] for r in rows] == ["notifications.email", QUEUE]  # newest first
+    assert rows[1]["payload"] == {"member_id": "m-1", "points": 1}
+    assert rows[1]["id"] == first and rows[1]["job_id"] == str(job_id)
     assert cli(["dead-letters", "list", "--status", "discarded"]) == EXIT_OK
     assert "no dead letters match" in capsys.readouterr().out
 
@@ -476,3 +476,53 @@ def test_enqueue_and_worker_run_a_job_through_rabbitmq_when_core_jobs_queue_url_
         assert points(conn, "m-r") == 3 and broker.ready() == 0
     finally:
         broker.delete()
+
+
+def test_list_and_the_api_share_one_default_pending_newest_first(cli, conn, capsys):
+    """`dead-letters list` without --status shows pending letters, newest first, as the API does; `any` shows all."""
+    older, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    newer, _ = dead_letter(conn, {"member_id": "m-2", "points": 1})
+    handled, _ = dead_letter(conn, {"member_id": "m-3", "points": 1})
+    assert cli(["dead-letters", "discard", str(handled), "--reason", "credited by hand", "--operator", "ana"]) == 0
+    capsys.readouterr()
+    assert cli(["dead-letters", "list", "--json"]) == EXIT_OK
+    assert [r["id"] for r in json.loads(capsys.readouterr().out)] == [newer, older]
+    assert cli(["dead-letters", "list", "--status", "any", "--json"]) == EXIT_OK
+    assert {r["id"] for r in json.loads(capsys.readouterr().out)} == {older, newer, handled}
+
+
+def test_show_prints_the_error_its_traceback_the_payload_and_the_audit_history(cli, conn, capsys):
+    """`dead-letters show ID`: the letter whole, the stack trace beside the one-line error."""
+    stack = "Traceback (most recent call last):\n  File \"credit.py\", line 9, in tier_of\nKeyError: 'tier'\n"
+    (letter,) = add_dead_letters(
+        conn, QUEUE, 1, error="KeyError: 'tier'", traceback=stack, payload={"member_id": "m-7"}
+    )
+    assert cli(["dead-letters", "discard", str(letter), "--reason", "member closed", "--operator", "ana"]) == EXIT_OK
+    capsys.readouterr()
+    assert cli(["dead-letters", "show", str(letter)]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert f"dead letter {letter}: discarded" in out and "KeyError: 'tier'" in out
+    assert '  File "credit.py", line 9, in tier_of' in out and '"member_id": "m-7"' in out
+    assert "discarded by ana: member closed" in out
+    assert cli(["dead-letters", "show", str(letter), "--json"]) == EXIT_OK
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["traceback"] == stack and [a["operator"] for a in shown["actions"]] == ["ana"]
+
+
+def test_show_of_an_unknown_id_is_a_usage_error(cli, capsys):
+    assert cli(["dead-letters", "show", "424242"]) == EXIT_CONFIG
+    assert "dead letter 424242 does not exist" in capsys.readouterr().err
+
+
+def test_errors_groups_and_counts_pending_letters_by_error_biggest_first(cli, conn, capsys):
+    """`dead-letters errors`: one row per error (its first line), with its count, queues and newest letter."""
+    add_dead_letters(conn, QUEUE, 3, error="KeyError: 'tier'\nmore detail")
+    newest = add_dead_letters(conn, "notifications.email", 1, error="KeyError: 'tier'", age="1 minute")[0]
+    add_dead_letters(conn, QUEUE, 1, error="PermanentError: member closed")
+    assert cli(["dead-letters", "errors", "--json"]) == EXIT_OK
+    groups = json.loads(capsys.readouterr().out)
+    assert [(g["error"], g["count"]) for g in groups] == [("KeyError: 'tier'", 4), ("PermanentError: member closed", 1)]
+    assert groups[0]["queues"] == sorted([QUEUE, "notifications.email"]) and groups[0]["latest_id"] == newest
+    assert cli(["dead-letters", "errors", "--queue", "notifications.email"]) == EXIT_OK
+    out = capsys.readouterr().out
+    assert "KeyError: 'tier'" in out and "member closed" not in out

@@ -33,3 +33,24 @@ def test_downgrade_removes_the_queue_the_ledger_and_the_example_schema(empty_dat
         ).fetchall()
         assert leftovers == []
         assert conn.execute("SELECT to_regclass('core.dead_letters') IS NOT NULL").fetchone()[0]
+
+
+def test_migrate_leaves_no_demo_table_in_the_schema(empty_database_url):
+    """A migrated database has no example schema: the demo's table is the demo's (harness.examples.points)."""
+    migrate.upgrade(empty_database_url)
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT to_regnamespace('example')").fetchone() == (None,)
+
+
+def test_the_upgrade_keeps_a_demo_table_that_holds_rows(empty_database_url, caplog):
+    """Migrated before 0023 and used for real: the table stays, with a warning; an empty one goes."""
+    migrate.upgrade(empty_database_url, "0022_dead_letter_traceback")
+    with psycopg.connect(empty_database_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO example.loyalty_points (tenant_id, member_id, points) VALUES (gen_random_uuid(), 'm', 5)"
+        )
+    with caplog.at_level("WARNING", logger="alembic.runtime.migration"):
+        migrate.upgrade(empty_database_url)
+    assert "example.loyalty_points kept: it holds 1 row(s)" in caplog.text
+    with psycopg.connect(empty_database_url) as conn:
+        assert conn.execute("SELECT sum(points) FROM example.loyalty_points").fetchone() == (5,)

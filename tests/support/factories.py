@@ -43,9 +43,9 @@ RETURNING job_id"""
 # `count` pending dead letters of one queue, the first written at `created_at` (default: `age` and a
 # second ago), each next one a second earlier; correlation ids corr-<queue>-<n>; consumer and tenant if given.
 INSERT_DEAD_LETTERS = """
-INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, correlation_id, created_at, consumer,
-                               tenant_id, traceparent, tracestate)
-SELECT coalesce(%(job_id)s::uuid, gen_random_uuid()), %(queue)s, %(payload)s, 5, %(error)s,
+INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, traceback, correlation_id, created_at,
+                               consumer, tenant_id, traceparent, tracestate)
+SELECT coalesce(%(job_id)s::uuid, gen_random_uuid()), %(queue)s, %(payload)s, 5, %(error)s, %(traceback)s,
        'corr-' || %(queue)s || '-' || g,
        coalesce(%(created_at)s::timestamptz, now() - %(age)s::interval - interval '1 second')
          - (g - 1) * interval '1 second',
@@ -110,6 +110,7 @@ def add_dead_letters(
     tenant_id: uuid.UUID | None = None,
     traceparent: str | None = None,
     tracestate: str | None = None,
+    traceback: str | None = None,
 ) -> list[int]:
     """Insert ``count`` pending dead letters written ``age`` ago (or at ``created_at``), a second apart; their ids."""
     rows = conn.execute(
@@ -126,6 +127,7 @@ def add_dead_letters(
             "tenant_id": tenant_id,
             "traceparent": traceparent,
             "tracestate": tracestate,
+            "traceback": traceback,
         },
     )
     return [r[0] for r in rows.fetchall()]

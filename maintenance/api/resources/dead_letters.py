@@ -39,6 +39,7 @@ from maintenance.api.dependencies import (
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import dead_letters as operations
 from maintenance.operations.dead_letters import (
+    DEFAULT_STATUS,
     MAX_BULK_IDS,
     DeadLetterFilter,
     DeadLetterRow,
@@ -62,6 +63,7 @@ LIST_PARAMETERS = frozenset(
         "limit",
     }
 )
+ERROR_GROUP_PARAMETERS = frozenset({"status", "queue", "limit"})
 
 
 Reason = Annotated[
@@ -109,6 +111,11 @@ class ActionOut(BaseModel):
 
 
 class DeadLetterDetailOut(DeadLetterOut):
+    traceback: str | None = Field(
+        description="The failure's stack trace (frames with their source lines, chained causes; credentials "
+        "masked, never a frame's locals; at most 8 000 characters, the middle cut); null when it has none (a "
+        "poison payload, a letter written before migration 0022). last_error is its one-line summary."
+    )
     payload: Any = Field(
         description="The job's full payload, as the consumer received it; null when it cannot be decoded "
         "(payload_undecodable)."
@@ -123,6 +130,22 @@ class DeadLetterDetailOut(DeadLetterOut):
 class PageOut(BaseModel):
     items: list[DeadLetterOut]
     next_cursor: str | None = Field(description="Pass as ?cursor= for the next page; null on the last page.")
+    limit: int
+
+
+class ErrorGroupOut(BaseModel):
+    """The dead letters that failed with one error: the first line of their ``last_error``."""
+
+    error: str
+    count: int
+    queues: list[str]
+    oldest: datetime
+    newest: datetime
+    latest_id: int = Field(description="The newest dead letter of the group: GET /v1/core/dead-letters/{id}.")
+
+
+class ErrorGroupsOut(BaseModel):
+    items: list[ErrorGroupOut] = Field(description="Biggest group first, then the most recent.")
     limit: int
 
 
@@ -248,7 +271,7 @@ router = APIRouter(prefix="/v1/core/dead-letters", tags=["dead letters"])
 def list_dead_letters(
     request: Request,
     principal: Annotated[Principal, Depends(require(READ))],
-    status: Annotated[Status, Query()] = "pending_review",
+    status: Annotated[Status, Query()] = DEFAULT_STATUS,
     queue: Annotated[Text | None, Query()] = None,
     consumer: Annotated[Text | None, Query()] = None,
     tenant_id: Annotated[UUID | None, Query()] = None,
@@ -283,6 +306,27 @@ def list_dead_letters(
 
 
 @router.get(
+    "/errors",
+    response_model=ErrorGroupsOut,
+    responses=problem_responses(*AUTH_ERRORS),
+    summary="Dead letters grouped and counted by error, biggest group first",
+)
+def list_error_groups(
+    request: Request,
+    principal: Annotated[Principal, Depends(require(READ))],
+    status: Annotated[Status, Query()] = DEFAULT_STATUS,
+    queue: Annotated[Text | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
+) -> Response:
+    pages.refuse_unknown_parameters(request, ERROR_GROUP_PARAMETERS)
+    with pool_of(request).connection() as conn:
+        groups = operations.error_groups(conn, status=status, queue=queue, limit=limit)
+    return _json(
+        ErrorGroupsOut(items=[ErrorGroupOut.model_validate(g, from_attributes=True) for g in groups], limit=limit)
+    )
+
+
+@router.get(
     "/{id:int}",
     response_model=DeadLetterDetailOut,
     responses=problem_responses(*AUTH_ERRORS, 404),
@@ -298,6 +342,7 @@ def get_dead_letter(
     return _json(
         DeadLetterDetailOut(
             **DeadLetterOut.of(detail.row).model_dump(),
+            traceback=detail.row.traceback,
             **shown("payload", detail.row.payload),
             actions=[ActionOut.model_validate(a, from_attributes=True) for a in detail.actions],
         )
