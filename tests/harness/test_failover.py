@@ -33,6 +33,7 @@ pytestmark = pytest.mark.failover
 
 JOBS = 300
 FAILOVERS = 2
+WORK_MS = 10  # each job's work holds its transaction this long: the failovers find the drain running
 
 
 @pytest.fixture(params=["asynchronous", "synchronous"])
@@ -60,7 +61,7 @@ def test_rig_follows_the_primary_across_failovers(rig: FailoverRig) -> None:
 
 def test_failovers_mid_drain_lose_no_job_and_apply_none_twice(rig: FailoverRig, tmp_path) -> None:
     with psycopg.connect(rig.primary_url(), autocommit=True) as conn:
-        job_ids = [publish(conn, {"n": n}, queue=QUEUE) for n in range(JOBS)]
+        job_ids = [publish(conn, {"n": n, "work_ms": WORK_MS}, queue=QUEUE) for n in range(JOBS)]
     rig.wait_caught_up()  # every message on the standby: what a failover may lose is the drain's only
     worker = SupervisedWorker(rig.url(), "support.failover_consumers:effect", tmp_path / "worker.log").start()
     try:
