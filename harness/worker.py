@@ -102,7 +102,7 @@ import psycopg
 import structlog
 from psycopg.pq import TransactionStatus
 
-from harness import tracing
+from harness import replication, tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error, describe_traceback
@@ -124,6 +124,7 @@ from harness.queue.port import (
     settle,
 )
 from harness.queue.relay import Relay
+from harness.replication import ReplicationBarrier
 
 __all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -155,8 +156,13 @@ class WorkerConfig:
     relay_interval: timedelta = timedelta(seconds=1)
     # How long a thread keeps reconnecting after its database connection was lost before the worker gives up.
     reconnect_for: timedelta = timedelta(minutes=2)
+    # Off (None), or how long to wait after a commit for a standby to flush it before the broker's ack (or a
+    # non-idempotent write's request) acts on it (harness/replication.py); past it the batch is released instead.
+    await_standby: timedelta | None = None
 
     def __post_init__(self) -> None:
+        if self.await_standby is not None and self.await_standby <= timedelta(0):
+            raise ValueError(f"await_standby must be positive, got {self.await_standby}")
         for name in ("fence_ttl", "lease", "poll_interval", "figures_interval", "relay_interval", "reconnect_for"):
             if getattr(self, name) <= timedelta(0):
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -225,6 +231,9 @@ class Worker:
         self._figures_lock = threading.Lock()
         self._figures_due = 0.0  # time.monotonic() at which the queue figures are read next
         self._relay_due = 0.0  # time.monotonic() at which the outbox is relayed next (on a broker)
+        self._barrier = ReplicationBarrier(config.await_standby) if config.await_standby else None
+        # Only an ack outside this database acts on a commit: the reference queue acks in the same one.
+        self._acks_outside = not issubclass(self._adapter, PgQueue)
         self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
         metrics.watch(consumer.name, consumer.queue)
 
@@ -300,6 +309,11 @@ class Worker:
                 self._stopping.wait(delay)
                 continue
             try:
+                replication.register(conn, self._barrier)  # a role that cannot see the standbys: refused
+            except BaseException:
+                conn.close()
+                raise
+            try:
                 with conn, closing(self._open_queue(conn, worker_name)) as queue:
                     if lost_since is not None:
                         log.info(
@@ -332,6 +346,8 @@ class Worker:
         """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""
         relay = self._outbox_relay(conn, queue, worker_name)
         while not self._stopping.is_set():
+            if conn.closed or conn.broken:  # lost while the last batch was given back: a new session
+                raise psycopg.OperationalError("the worker's database connection was lost")
             self._read_figures(conn, queue)
             self._relay_outbox(relay)
             batch = queue.claim(self.consumer.queue, self.config.batch_size)
@@ -404,6 +420,20 @@ class Worker:
         except Exception:
             if not _usable(relay.source.conn):
                 raise
+
+    def _replicated_or_released(
+        self, conn: psycopg.Connection, done: list[Delivery], unstarted: list[Delivery]
+    ) -> tuple[list[Delivery], list[Delivery]]:
+        """(to ack, to release): the batch's successes are acked only once a standby has their commits; if none does
+        within ``await_standby``, they are released — a copy each, whose redelivery the fence decides."""
+        try:
+            replication.after_commit(conn)
+        except replication.NotReplicated as exc:
+            log.warning(
+                "harness.worker.not_replicated", consumer=self.consumer.name, num_released=len(done), error=str(exc)
+            )
+            return [], unstarted + done
+        return done, unstarted
 
     def _retry_rolled_back(self, queue: QueuePort, deliveries: list[Delivery]) -> None:
         """Retry each delivery a failed shared transaction rolled back, its attempt counted, after the policy's backoff.
@@ -704,11 +734,16 @@ class Worker:
         """
         if not done and not unstarted and not rolled_back:
             return
+        guarded = self._barrier is not None and self._acks_outside and bool(done)
         try:
             if conn.info.transaction_status == TransactionStatus.IDLE:
+                if guarded:
+                    done, unstarted = self._replicated_or_released(conn, done, unstarted)
                 acked, released = queue.ack(done), queue.release(unstarted)
                 self._retry_rolled_back(queue, rolled_back)
             else:  # closed or broken (a database outage, a terminated backend)
+                if guarded:  # a failover may have lost the commits: a copy of each, and the fence decides
+                    done, unstarted = [], unstarted + done
                 with (
                     connect(
                         self.conninfo,
@@ -728,7 +763,10 @@ class Worker:
                 num_unreleased=len(unstarted),
                 error=describe_error(exc),
             )
-            # Tried again on this thread's next connection (what a lease outlived by then comes back anyway).
+            # Tried again on this thread's next connection (what a lease outlived by then comes back anyway); behind
+            # the barrier, successes are released there: that connection cannot tell whether their commits survived.
+            if guarded:
+                done, unstarted = [], unstarted + done
             self._local.pending = [*getattr(self._local, "pending", []), (done, unstarted, rolled_back)]
             return
         self.stats.add("released", released)

@@ -56,6 +56,8 @@ def _unit(annotation: Any) -> str:
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _unit(args[0])
+    if origin is typing.Annotated:
+        return _unit(typing.get_args(annotation)[0])
     if origin is Literal:
         return "one of " + ", ".join(f"`{a}`" for a in typing.get_args(annotation))
     if origin is dict:

@@ -9,7 +9,7 @@ every action has succeeded: the final transaction (harness/durable/finish.py) co
 
 from __future__ import annotations
 
-from harness import tracing
+from harness import replication, tracing
 from harness.consumer.actions import Action, ActionContext, idempotency_key
 from harness.durable.decide import OutputBroken, WorkerLost, validated
 from harness.durable.settle import fail, failed, reconcile
@@ -76,6 +76,9 @@ def _run_action(ex: Execution, action: Action, position: int, attempt: int) -> O
         # BEGIN goes with the statement (one round trip); the COMMIT, alone, only once its result is seen.
         with transaction_begun_with(ex.conn, ex.renewal(ex.with_pending(started))) as (renewed,):
             check_held(renewed)
+        # Behind the replication barrier, sent only once a standby has the checkpoint: a failover cannot
+        # forget that the request may have gone (NotReplicated: not sent; the next take reconciles).
+        replication.after_commit(ex.conn)
     elif how == "autocommit":
         # One statement in autocommit, one round trip: if it commits after this worker died, the
         # write is merely re-sent with its key (or reconciled once its attempts are used).

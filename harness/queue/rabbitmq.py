@@ -95,6 +95,7 @@ import psycopg
 import structlog
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
+from harness import replication
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
 from harness.queue.adapters import QueueUrlError
@@ -503,6 +504,7 @@ class RabbitQueue:
             return False
         with self.conn.transaction():
             write_dead_letter(self.conn, letter)  # or finds the job's failure already a pending letter: settled too
+        replication.after_commit(self.conn)  # behind the replication barrier: NotReplicated, and no ack
         return _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
 
     def release(self, deliveries: Sequence[Delivery]) -> int:

@@ -69,6 +69,14 @@ class WorkerFields(BaseModel):
         "lost (a failover, a restart, a terminated backend) before the worker gives up and exits 1. A failover "
         "takes seconds to a minute; the worker gives its batch back and carries on once it reconnects.",
     )
+    worker_await_standby: PositiveDuration | None = Field(
+        default=None,
+        description="Off when unset. Else how long `core-jobs worker` waits, after a commit, for a streaming standby "
+        "to flush it before anything outside PostgreSQL acts on it: the broker's ack of a job or a dead letter, a "
+        "NON_IDEMPOTENT_WRITE's request after its STARTED checkpoint (harness/replication.py). With asynchronous "
+        "replication a failover otherwise loses a job RabbitMQ already acked, or sends such a write twice. Past it "
+        "the batch is released (the fence decides its copy). Needs pg_monitor for the worker's role.",
+    )
     dead_letters_bulk_max: int = Field(
         default=DEFAULT_DEAD_LETTERS_BULK_MAX,
         ge=1,

@@ -1,0 +1,107 @@
+"""On RabbitMQ behind an asynchronous standby: a broker ack made before the commit reached a standby loses the job in
+a failover; behind the replication barrier (``WorkerConfig.await_standby``, harness/replication.py) none is lost.
+
+The rig (tests/support/failover.py), asynchronous. The commits are held on the primary: its walsender is stopped
+(SIGSTOP), so the standby never receives them; then the primary dies (its walsender SIGKILLed, the postmaster
+stopped immediately) and the standby is promoted — the window asynchronous replication always has, made wide.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import uuid
+from datetime import timedelta
+
+import psycopg
+import pytest
+from prometheus_client import CollectorRegistry
+from support.failover import failover_rig, tally
+from support.failover_consumers import QUEUE, effect
+from support.waiting import wait_until
+
+from harness.consumer.retry import RetryPolicy
+from harness.metrics import HarnessMetrics
+from harness.queue.port import Envelope
+from harness.worker import Worker, WorkerConfig
+
+pytestmark = pytest.mark.failover
+
+JOBS = 20
+TTL = timedelta(days=7)
+
+
+@pytest.fixture
+def rig():
+    with failover_rig(synchronous=False) as running:
+        yield running
+
+
+def hold_commits_on_the_primary(rig) -> int:
+    """The primary's walsender stopped: what commits from now on stays on the primary. Its pid."""
+    with psycopg.connect(rig.primary_url("postgres"), autocommit=True) as conn:
+        (pid,) = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
+    os.kill(pid, signal.SIGSTOP)
+    return pid
+
+
+def lose_the_primary(rig, walsender: int) -> None:
+    """The primary dies with the commits it held; the standby, which never got them, is promoted; a new standby."""
+    os.kill(walsender, signal.SIGKILL)
+    rig.failover()
+    rig.rebuild_standby()
+
+
+def publish_jobs(rabbit_target) -> list[uuid.UUID]:
+    port = rabbit_target.port(worker="producer")
+    job_ids = [uuid.uuid4() for _ in range(JOBS)]
+    port.publish_many([(QUEUE, Envelope(job_id=job_id, payload={"n": n})) for n, job_id in enumerate(job_ids)])
+    port.close()
+    return job_ids
+
+
+def worker(rig, rabbit_target, *, await_standby: timedelta | None) -> Worker:
+    return Worker(
+        rig.url(),
+        effect,
+        policy=RetryPolicy(),
+        config=WorkerConfig(fence_ttl=TTL, batch_size=5, await_standby=await_standby),
+        metrics=HarnessMetrics(CollectorRegistry()),
+        queue_url=rabbit_target.worker_url(),
+    )
+
+
+def test_without_the_barrier_a_failover_loses_the_jobs_the_broker_acked_before_a_standby_had_them(rig, rabbit_target):
+    """Today's default, measured: every job committed on the primary and acked on the broker; after the failover no
+    effect, no fence, no message, no dead letter — all lost."""
+    job_ids = publish_jobs(rabbit_target)
+    walsender = hold_commits_on_the_primary(rig)
+    stats = worker(rig, rabbit_target, await_standby=None).run(once=True)
+    assert stats.processed == JOBS
+    lose_the_primary(rig, walsender)
+    with psycopg.connect(rig.primary_url(), autocommit=True) as conn:
+        outcome = tally(conn, job_ids)
+    assert rabbit_target.ready(QUEUE) == 0
+    assert len(outcome.lost) == JOBS, outcome.figures()
+
+
+def test_behind_the_barrier_a_failover_loses_no_job_and_applies_none_twice(rig, rabbit_target):
+    """await_standby: the acks wait for a standby that never gets the commits; the primary dies; the worker reconnects
+    to the promoted standby and the broker redelivers: every job has exactly one effect there."""
+    job_ids = publish_jobs(rabbit_target)
+    walsender = hold_commits_on_the_primary(rig)
+    running = worker(rig, rabbit_target, await_standby=timedelta(minutes=1))
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(running.run(once=True)), daemon=True)
+    thread.start()
+    with psycopg.connect(rig.primary_url(), autocommit=True) as conn:  # the first batch committed, its ack waiting
+        wait_until(lambda: conn.execute("SELECT count(*) FROM public.failover_effects").fetchone()[0] >= 1, 60)
+    lose_the_primary(rig, walsender)
+    thread.join(180)
+    assert not thread.is_alive() and result, running.stats.fields()
+    with psycopg.connect(rig.primary_url(), autocommit=True) as conn:
+        outcome = tally(conn, job_ids)
+    assert (outcome.lost, outcome.doubled, outcome.both) == ([], [], []), outcome.figures()
+    assert outcome.effects == JOBS
+    assert running.stats.connections_lost >= 1
