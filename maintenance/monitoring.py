@@ -252,9 +252,9 @@ ROWS: tuple[tuple[str, tuple[PanelSpec, ...]], ...] = (
 )
 
 
-def _panel(spec: PanelSpec) -> timeseries.Panel | stat.Panel:
+def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | stat.Panel:
     panel = timeseries.Panel() if spec.kind == "timeseries" else stat.Panel()
-    panel.title(spec.title).unit(spec.unit).datasource(DATASOURCE).height(8).span(8)
+    panel.id(panel_id).title(spec.title).unit(spec.unit).datasource(DATASOURCE).height(8).span(8)
     if spec.description:
         panel.description(spec.description)
     for index, query in enumerate(spec.queries):
@@ -278,10 +278,13 @@ def dashboard() -> dict[str, object]:
         .readonly()
         .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     )
-    for title, panels in ROWS:
-        builder.with_row(db.Row(title))
-        for spec in panels:
-            builder.with_panel(_panel(spec))
+    # Stable ids (Grafana's links and state key on them): row n is 100 x n, its panels the next ids after it,
+    # so adding a panel to one row moves no other row's.
+    for row_number, (title, panels) in enumerate(ROWS, start=1):
+        assert len(panels) < 100, f"row {title}: at most 99 panels keep the ids of the rows after it"
+        builder.with_row(db.Row(title).id(100 * row_number))
+        for place, spec in enumerate(panels, start=1):
+            builder.with_panel(_panel(spec, 100 * row_number + place))
     model: dict[str, object] = json.loads(json.dumps(builder.build(), cls=JSONEncoder))
     return model
 

@@ -45,6 +45,7 @@ an execution (a document's registration: its result must come from the verificat
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -57,7 +58,15 @@ from pydantic import BaseModel
 from harness.consumer.effects import Effect
 from harness.consumer.retry import RetryPolicy
 
-__all__ = ["ACTION_RETRY_POLICY", "Action", "ActionContext", "ActionError", "Effect", "idempotency_key"]
+__all__ = [
+    "ACTION_RETRY_POLICY",
+    "Action",
+    "ActionContext",
+    "ActionError",
+    "Effect",
+    "idempotency_key",
+    "uncallable_as",
+]
 
 # The published retry policy's defaults (R-2).
 ACTION_RETRY_POLICY = RetryPolicy(
@@ -94,6 +103,22 @@ class ActionContext:
     results: Mapping[str, Any] = field(default_factory=dict)  # earlier actions' results, by name
 
 
+def uncallable_as(function: Callable[..., Any], role: str, arguments: tuple[str, ...]) -> str | None:
+    """Why ``function`` cannot be called with ``arguments`` positionally (``handler(conn, payload, ctx)``), naming
+    its signature; None if it can, or if Python cannot say (a builtin without a signature is given the benefit).
+    A declaration is refused with it, rather than its every delivery retried for minutes with a TypeError."""
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return None
+    try:
+        signature.bind(*arguments)
+    except TypeError as exc:
+        name = getattr(function, "__qualname__", None) or type(function).__qualname__
+        return f"{role} {name}{signature} cannot be called as {role}({', '.join(arguments)}): {exc}"
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class Action:
     """One named external call of a durable consumer: see the module docstring."""
@@ -113,6 +138,8 @@ class Action:
             raise ActionError(f"action {self.name}: effect must be an Effect, got {self.effect!r}")
         if not callable(self.call):
             raise ActionError(f"action {self.name}: call must be callable, got {self.call!r}")
+        if (problem := uncallable_as(self.call, "call", ("payload", "ctx"))) is not None:
+            raise ActionError(f"action {self.name}: {problem}")
         if self.output is not None and not (isinstance(self.output, type) and issubclass(self.output, BaseModel)):
             raise ActionError(f"action {self.name}: output must be a pydantic model class, got {self.output!r}")
         if self.retry_policy is not None and not (self.retry_justification or "").strip():

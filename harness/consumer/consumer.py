@@ -4,7 +4,7 @@
         name="points.credit",            # the fence's consumer column; stable across deploys
         queue="points.credit",           # where its messages wait
         payload_schema=CreditPoints,     # a pydantic model; a payload it rejects is poison (J-B5)
-        handler=credit,                  # handler(conn, payload, ctx), runs in the fence's transaction
+        handler=credit,                  # handler(conn, payload, ctx), runs in the fence's transaction; checked at declaration
     )
 
 The handler gets the connection of the work transaction — the fence row is already inserted in
@@ -50,7 +50,7 @@ from uuid import UUID
 import psycopg
 from pydantic import BaseModel
 
-from harness.consumer.actions import Action
+from harness.consumer.actions import Action, uncallable_as
 from harness.consumer.retry import RetryPolicy
 
 __all__ = ["Consumer", "ConsumerError", "JobContext", "valid_name"]
@@ -107,6 +107,8 @@ class Consumer(Generic[Payload]):
             raise ConsumerError(f"payload_schema must be a pydantic model class, got {self.payload_schema!r}")
         if not callable(self.handler):
             raise ConsumerError(f"handler must be callable, got {self.handler!r}")
+        if (problem := uncallable_as(self.handler, "handler", ("conn", "payload", "ctx"))) is not None:
+            raise ConsumerError(f"consumer {self.name}: {problem}")
         if self.retry_policy is not None and not (self.retry_justification or "").strip():
             raise ConsumerError(
                 f"consumer {self.name}: a retry_policy other than the queue's configured one needs a "

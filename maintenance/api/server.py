@@ -29,6 +29,8 @@ for :data:`LINGER_SECONDS` (so the client can read the answer) and the connectio
   headers the app sees;
 - a body past ``CORE_JOBS_API_MAX_BODY_BYTES``, even one the app answered without reading (e.g.
   a 401, or a 413 on its Content-Length): **413**, or only the close once the answer is out;
+- a request the parser refuses (a malformed request line or header field): **400**
+  ``malformed-request``, where uvicorn's own answer is plain text;
 - a request not read whole within ``CORE_JOBS_API_READ_TIMEOUT`` (10 s) from the connection's
   opening or its first byte: **408** ``request-timeout``. An idle keep-alive connection is closed
   after uvicorn's ``timeout_keep_alive`` (5 s).
@@ -217,10 +219,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
                 self._refuse(Problem(413, "payload-too-large", detail))
 
     def send_400_response(self, msg: str) -> None:
-        if self.refusal is None:  # a malformed request: uvicorn's own 400
-            super().send_400_response(msg)
-            return
-        self._refuse(self.refusal)
+        # A malformed request (the parser refused it): a problem too, where uvicorn's own 400 is plain text.
+        self._refuse(self.refusal or Problem(400, "malformed-request", msg))
 
     def _refuse(self, problem: Problem) -> None:
         """Answer ``problem`` (Connection: close) unless this request's response has begun or one before it is in

@@ -10,6 +10,7 @@ was held open for as long as the client liked. The tests stream such requests ov
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import threading
@@ -86,6 +87,26 @@ def probe_while(client, attack) -> tuple[Any, float]:
 
 def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else 0
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GARBAGE\r\n\r\n",  # no method, target or version
+        b"GET /healthz HTTP/9.9\r\nHost: api\r\n\r\n",  # an unknown version
+        b"GET /healthz HTTP/1.1\r\nHost: api\r\nBad Header: x\r\n\r\n",  # a space in a field name
+        b"GET /healthz HTTP/1.1\r\nHost: api\r\nX-Nul: a\x00b\r\n\r\n",  # a NUL in a field value
+    ],
+    ids=["request-line", "version", "field-name", "field-value"],
+)
+def test_a_malformed_request_is_answered_400_as_problem_json_and_closed(api, request_bytes):
+    """What the parser refuses before the app sees it is a problem too (uvicorn's own 400 is plain text)."""
+    answer, _ = stream(api, request_bytes)
+    assert status_of(answer) == 400, answer[:300]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in head.lower(), head
+    assert b"connection: close" in head.lower(), head
+    assert json.loads(body)["type"] == "urn:core-jobs:problem:malformed-request", body
 
 
 def test_refuses_a_64_mb_header_with_431_within_a_second(api):

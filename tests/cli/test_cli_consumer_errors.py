@@ -59,6 +59,33 @@ consumer = Consumer(
         "mistaken:consumer",
         ["mistaken.py, line 14", "ConsumerError: consumer points.mistaken: a retry_policy other than"],
     ),
+    "handler-that-cannot-take-conn-payload-ctx": (
+        HEADER
+        + """
+def _two(conn, payload):
+    return None
+
+
+consumer = Consumer(name="points.mistaken", queue="points.mistaken", payload_schema=CreditPoints, handler=_two)
+""",
+        "mistaken:consumer",
+        [
+            "mistaken.py, line 18",
+            "ConsumerError: consumer points.mistaken: handler _two(conn, payload) cannot be called as"
+            " handler(conn, payload, ctx)",
+        ],
+    ),
+    "action-call-that-cannot-take-payload-ctx": (
+        HEADER
+        + """
+LOOKUP = Action(name="lookup", effect=Effect.READ_ONLY, call=lambda payload: None)
+""",
+        "mistaken:consumer",
+        [
+            "mistaken.py, line 14",
+            "ActionError: action lookup: call <lambda>(payload) cannot be called as call(payload, ctx)",
+        ],
+    ),
     "syntax-error": ("consumer = Consumer(\n", "mistaken:consumer", ["mistaken.py, line 1", "SyntaxError: "]),
     "error-at-import": (
         "import os\nTOKEN = os.environ['MISTAKEN_TOKEN_NOT_SET']\n",

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from pydantic import BaseModel
 
+from harness.consumer.actions import Action, ActionError, Effect
 from harness.consumer.consumer import Consumer, ConsumerError
 from harness.consumer.retry import RetryPolicy
 from harness.errors import describe_error
@@ -59,6 +60,40 @@ def test_an_invalid_declaration_names_the_field(field, kwargs):
     values = {"name": "c", "queue": "q", "payload_schema": Payload, "handler": noop} | kwargs
     with pytest.raises(ConsumerError, match=field):
         Consumer(**values)
+
+
+def _two(conn, payload):
+    return None
+
+
+def _keyword_only(conn, payload, *, ctx):
+    return None
+
+
+class _Handler:
+    def __call__(self, conn, payload, ctx, extra=None):
+        return None
+
+
+@pytest.mark.parametrize("handler", [_two, _keyword_only, lambda: None, len])
+def test_a_handler_that_cannot_take_conn_payload_ctx_is_refused_naming_the_consumer_and_its_signature(handler):
+    """A handler the worker could never call is refused at declaration, not retried for minutes at every delivery."""
+    with pytest.raises(
+        ConsumerError, match=r"consumer c: handler .*\(.*\) cannot be called as handler\(conn, payload, ctx\)"
+    ):
+        Consumer(name="c", queue="q", payload_schema=Payload, handler=handler)
+
+
+@pytest.mark.parametrize("handler", [noop, _Handler(), lambda *args: None, lambda conn, payload, ctx, **kw: None])
+def test_a_handler_that_can_take_conn_payload_ctx_is_accepted(handler):
+    assert Consumer(name="c", queue="q", payload_schema=Payload, handler=handler).handler is handler
+
+
+def test_an_action_whose_call_cannot_take_payload_ctx_is_refused_naming_it():
+    with pytest.raises(
+        ActionError, match=r"action lookup: call .*<lambda>\(payload\) cannot be called as call\(payload, ctx\)"
+    ):
+        Action(name="lookup", effect=Effect.READ_ONLY, call=lambda payload: None)
 
 
 def test_describe_error_escapes_nul_characters_postgresql_text_cannot_hold():

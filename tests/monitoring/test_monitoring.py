@@ -169,3 +169,21 @@ def test_every_exported_family_is_scraped_from_serve_the_api_and_the_worker(db, 
     families |= scraped_families(generate_latest(harness.registry).decode())
     missing = [f"{name} ({kind})" for name, kind in exported_families().items() if families.get(name) != kind]
     assert missing == [], f"declared, not scraped with that type: {missing}; scraped: {sorted(families)}"
+
+
+@pytest.mark.pure
+def test_every_dashboard_panel_and_row_has_a_unique_id_kept_by_its_row():
+    """Grafana keys links (``viewPanel=``), annotations and library state on panel ids: every panel and row of the
+    committed JSON has one, unique, and a panel's id is its row's hundred plus its place, so adding a panel to one
+    row moves no other row's ids."""
+    panels = json.loads((MONITORING / "core-jobs-dashboard.json").read_text())["panels"]
+    ids = [panel.get("id") for panel in panels]
+    assert all(isinstance(i, int) and i > 0 for i in ids), ids
+    assert len(set(ids)) == len(ids), ids
+    row_id = 0
+    for panel in panels:
+        if panel["type"] == "row":
+            row_id = panel["id"]
+            assert row_id % 100 == 0, panel["title"]
+        else:
+            assert row_id < panel["id"] < row_id + 100, panel["title"]
