@@ -24,7 +24,9 @@ from support.helm_support import CHART_DIR
 from test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, render_objects, with_secret
 
 MONITORING = CHART_DIR / "monitoring"
-ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
+PUSHGATEWAY = {"CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091"}
+# In mode cronjob the rules need a Pushgateway (tests/chart/test_chart_combinations.py).
+ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}, "settings": PUSHGATEWAY}
 VALUE_SETS = {
     "cronjob-monitoring": ON,
     "scheduler-monitoring": {**ON, "mode": "scheduler"},
@@ -37,6 +39,7 @@ VALUE_SETS = {
         },
         "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Platform"}},
         "jobs": {"alerts": {"enabled": False}},
+        "settings": PUSHGATEWAY,
     },
 }
 PROMTOOL = shutil.which("promtool")
@@ -97,12 +100,9 @@ def test_the_prometheus_rule_carries_the_rules_file_with_an_interval_per_running
 
 def rendered_rules(chart: helm_python.Chart, values: dict) -> dict[str, str]:
     """alert or recorded series -> its expression, one line, from the PrometheusRule these values render."""
-    rule = only(
-        render_objects(
-            chart, with_secret({**values, "prometheusRule": {"enabled": True, **values.get("prometheusRule", {})}})
-        ),
-        "PrometheusRule",
-    )
+    rule_values = {"enabled": True, **values.get("prometheusRule", {})}
+    with_rules = with_secret({**values, "settings": PUSHGATEWAY, "prometheusRule": rule_values})
+    rule = only(render_objects(chart, with_rules), "PrometheusRule")
     return {
         r.get("alert") or f"{r['record']}{{{r['labels']['job_name']}}}": " ".join(r["expr"].split())
         for g in rule["spec"]["groups"]
