@@ -11,23 +11,31 @@ not export. The chart ships the JSON as a ConfigMap for Grafana's dashboard side
 PrometheusRule (prometheusRule.enabled).
 
 Every panel reads one Prometheus data source, chosen by the dashboard's ``datasource``
-variable; job panels split by ``job_name``, worker panels by ``consumer`` or ``queue``.
+variable; job panels split by ``job_name``, worker panels by ``consumer`` or ``queue``. Like the
+kube-prometheus mixins' dashboards, every selector is narrowed to the ``cluster``, ``namespace``
+and ``job`` variables (the rules' default grouping labels), and to ``queue`` or ``consumer`` where
+the metric has that label (:func:`scoped`), so one Grafana over several deployments shows one at a
+time.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import prometheus, stat, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh, VariableSort
 
 MONITORING_DIR = Path(__file__).resolve().parent.parent / "helm" / "core-jobs" / "monitoring"
 RULES_FILE = MONITORING_DIR / "core-jobs.rules.yaml"
+RULES_SOURCE = MONITORING_DIR / "core-jobs.rules.in.yaml"
+CHART_VALUES = MONITORING_DIR.parent / "values.yaml"
 UID = "core-jobs"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 
@@ -49,8 +57,40 @@ class PanelSpec:
     kind: str = "timeseries"  # or "stat"
 
 
+# The dashboard's scope, as the kube-prometheus mixins' dashboards have it: every selector carries
+# the deployment variables (cluster, namespace, scrape job: the rules' default grouping labels,
+# prometheusRule.groupLabels) and, on a metric labelled by queue or consumer, that variable too.
+SCOPE = ("cluster", "namespace", "job")
+QUEUE_METRICS = ("core_jobs_dead_letters_", "harness_queue_")
+CONSUMER_METRICS = (
+    "harness_jobs_",
+    "harness_handler_",
+    "harness_leases_",
+    "core_jobs_executions",
+    "core_jobs_execution_",
+    "core_jobs_successes_total",
+)
+_SELECTOR = re.compile(r"\b((?:core_jobs|harness)_[a-z_]+|up)\b(\{)?")
+
+
+def scoped(expr: str) -> str:
+    """``expr`` with every metric selector narrowed to the dashboard's variables."""
+
+    def narrow(match: re.Match[str]) -> str:
+        name, brace = match[1], match[2]
+        labels = list(SCOPE)
+        if name.startswith(QUEUE_METRICS):
+            labels.append("queue")
+        elif name.startswith(CONSUMER_METRICS):
+            labels.append("consumer")
+        matchers = ", ".join(f'{label}=~"${label}"' for label in labels)
+        return f"{name}{{{matchers}" + (", " if brace else "}")
+
+    return _SELECTOR.sub(narrow, expr)
+
+
 def q(expr: str, legend: str = "") -> Query:
-    return Query(expr, legend)
+    return Query(scoped(expr), legend)
 
 
 # Rows of panels, top to bottom. $__rate_interval lets Grafana pick a window of at least four scrapes.
@@ -265,6 +305,41 @@ def _panel(spec: PanelSpec, panel_id: int) -> timeseries.Panel | stat.Panel:
     return panel
 
 
+# What each variable lists: the values of its label on core-jobs' and the harness's series in scope.
+_ANY_SERIES = '__name__=~"core_jobs_.+|harness_.+"'
+_VARIABLES = (
+    # (name, label, series queried, multi-valued with "All")
+    ("cluster", "Cluster", _ANY_SERIES, True),
+    ("namespace", "Namespace", _ANY_SERIES + ', cluster=~"$cluster"', False),
+    ("job", "Scrape job", _ANY_SERIES + ', cluster=~"$cluster", namespace=~"$namespace"', True),
+    ("queue", "Queue", '__name__=~"harness_queue_depth|core_jobs_dead_letters_pending", namespace=~"$namespace"', True),
+    (
+        "consumer",
+        "Consumer",
+        '__name__=~"harness_jobs_processed_total|core_jobs_executions", namespace=~"$namespace"',
+        True,
+    ),
+)
+
+
+def _variables() -> list[db.QueryVariable]:
+    """The deployment and queue/consumer variables; "All" is ``.*``, which also matches a missing label."""
+    found = []
+    for name, label, series, multi in _VARIABLES:
+        variable = (
+            db.QueryVariable(name)
+            .label(label)
+            .datasource(DATASOURCE)
+            .query(f"label_values({{{series}}}, {name})")
+            .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED)
+            .sort(VariableSort.ALPHABETICAL_ASC)
+        )
+        if multi:
+            variable.multi(True).include_all(True).all_value(".*")
+        found.append(variable)
+    return found
+
+
 def dashboard() -> dict[str, object]:
     """The dashboard's JSON model, as Grafana imports it."""
     builder = (
@@ -278,6 +353,8 @@ def dashboard() -> dict[str, object]:
         .readonly()
         .with_variable(db.DatasourceVariable("datasource").label("Data source").type("prometheus"))
     )
+    for variable in _variables():
+        builder.with_variable(variable)
     # Stable ids (Grafana's links and state key on them): row n is 100 x n, its panels the next ids after it,
     # so adding a panel to one row moves no other row's.
     for row_number, (title, panels) in enumerate(ROWS, start=1):
@@ -298,9 +375,55 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
     return [(row, spec.title, query.expr) for row, panels in ROWS for spec in panels for query in spec.queries]
 
 
+# The interval rule of core-jobs.rules.in.yaml, repeated per job (templates/prometheusrule.yaml does the same).
+_INTERVAL_RULE = re.compile(r"^      - record: core_jobs:job_success_max_age_seconds\n(?:        .*\n)+", re.MULTILINE)
+_GENERATED = (
+    "# GENERATED from core-jobs.rules.in.yaml with the chart's default values (values.yaml) by\n"
+    "# `uv run python -m maintenance.reference` (maintenance/monitoring.py): edit the source, not this file.\n"
+)
+
+
+def rule_parameters(values: dict[str, Any]) -> dict[str, str]:
+    """The rules' ``${...}`` parameters from the chart's values (prometheusRule.*, alerting.*)."""
+    rule = values["prometheusRule"]
+    return {
+        "${by}": ", ".join(rule["groupLabels"]),
+        "${deadLetterStaleAfterSeconds}": str(int(values["alerting"]["deadLetterStaleAfterSeconds"])),
+        **{f"${{{name}}}": str(value) for name, value in sorted(rule["thresholds"].items())},
+    }
+
+
+def fill_rules(source: str, values: dict[str, Any]) -> str:
+    """``source`` (the rules template) with the parameters of ``values`` filled in, as the chart fills them."""
+    selector = values["prometheusRule"]["selector"]
+    if selector:
+        text = source.replace("${selector}", selector)
+    else:  # no matcher to add: drop the placeholder with its comma or its braces
+        text = source.replace(", ${selector}}", "}").replace("{${selector}}", "")
+    for name, value in rule_parameters(values).items():
+        text = text.replace(name, value)
+    jobs = values["jobs"]
+    within = values["prometheusRule"]["successWithinSeconds"]
+
+    def per_job(match: re.Match[str]) -> str:
+        return "".join(
+            match[0].replace("${jobName}", job).replace("${successWithinSeconds}", str(int(seconds)))
+            for job, seconds in within.items()
+            if jobs[job]["enabled"] and not jobs[job]["suspend"]
+        )
+
+    return _INTERVAL_RULE.sub(per_job, text)
+
+
+def render_rules() -> str:
+    """core-jobs.rules.yaml: the rules template with the chart's default values."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    return _GENERATED + fill_rules(RULES_SOURCE.read_text(), values)
+
+
 def rule_queries() -> list[tuple[str, str, str]]:
     """(group, alert or recorded series, PromQL) of every rule in the rules file."""
-    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    groups = yaml.safe_load(render_rules())["groups"]
     found = []
     for group in groups:
         for rule in group["rules"]:

@@ -46,7 +46,6 @@ REAL_SETTINGS = {
     "CORE_JOBS_LOG_LEVEL": "WARNING",
     "CORE_JOBS_PROCESSED_JOBS_TTL": "P14D",
     "CORE_JOBS_PURGE_BATCH_SIZE": "5000",
-    "CORE_JOBS_DEAD_LETTER_STALE_AFTER": "P2D",
     "CORE_JOBS_BETTERSTACK_POLICY_ID": "P-123",
     "CORE_JOBS_ALERTS_MAX_INCIDENTS_PER_RUN": "50",
     "CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091",
@@ -188,7 +187,7 @@ def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     allowed = set(schema["definitions"]["knownSetting"]["enum"])
     chart_managed = re.compile(
-        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|ALERTS_ENVIRONMENT|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
+        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|ALERTS_ENVIRONMENT|DEAD_LETTER_STALE_AFTER|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
     )
     expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
     assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"

@@ -639,11 +639,10 @@ def test_a_monitor_toggle_scrapes_the_scheduler_and_the_api_by_their_own_labels(
             kubernetes_validate.validate(obj, SUPPORTED_KUBE_VERSIONS[-1], strict=True)
 
 
-def test_no_monitor_by_default_nor_in_cronjob_mode(chart, cronjob_mode):
-    """The monitors are off by default, and in cronjob mode without the API there is nothing to scrape even with them on."""
+def test_no_monitor_by_default(cronjob_mode):
+    """The monitors are off by default (with nothing to scrape, turning one on refuses to render:
+    tests/chart/test_chart_combinations.py)."""
     assert not [o for o in cronjob_mode if o["apiVersion"] == "monitoring.coreos.com/v1"]
-    on = with_secret({"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}})
-    assert not [o for o in render_objects(chart, on) if o["apiVersion"] == "monitoring.coreos.com/v1"]
 
 
 def test_the_schema_refuses_a_monitor_interval_prometheus_would_not_parse(chart):

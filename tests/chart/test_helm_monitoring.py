@@ -11,6 +11,7 @@ Prometheus is exactly ``spec.groups``).
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -23,7 +24,9 @@ from support.helm_support import CHART_DIR
 from test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, render_objects, with_secret
 
 MONITORING = CHART_DIR / "monitoring"
-ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}}
+PUSHGATEWAY = {"CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091"}
+# In mode cronjob the rules need a Pushgateway (tests/chart/test_chart_combinations.py).
+ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}, "settings": PUSHGATEWAY}
 VALUE_SETS = {
     "cronjob-monitoring": ON,
     "scheduler-monitoring": {**ON, "mode": "scheduler"},
@@ -36,6 +39,7 @@ VALUE_SETS = {
         },
         "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "Platform"}},
         "jobs": {"alerts": {"enabled": False}},
+        "settings": PUSHGATEWAY,
     },
 }
 PROMTOOL = shutil.which("promtool")
@@ -85,12 +89,72 @@ def test_the_prometheus_rule_carries_the_rules_file_with_an_interval_per_running
     rule = only(render_objects(chart, with_secret(VALUE_SETS["monitoring-labelled"])), "PrometheusRule")
     rendered_alerts = [r for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
     assert [r["alert"] for r in rendered_alerts] == [r["alert"] for r in alerts]
-    assert recorded_intervals(rule) == {"purge": "vector(7200)", "metrics": "vector(600)"}
+    per_deployment = "group by (cluster, namespace, job) (core_jobs_job_runs_total) * "
+    assert recorded_intervals(rule) == {"purge": per_deployment + "7200", "metrics": per_deployment + "600"}
     assert rule["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     for alert in rendered_alerts:
         assert alert["annotations"]["runbook_url"].startswith(
             "https://git.example.com/ops/core-jobs/blob/main/docs/runbook.md#"
         )
+
+
+def rendered_rules(chart: helm_python.Chart, values: dict) -> dict[str, str]:
+    """alert or recorded series -> its expression, one line, from the PrometheusRule these values render."""
+    rule_values = {"enabled": True, **values.get("prometheusRule", {})}
+    with_rules = with_secret({**values, "settings": PUSHGATEWAY, "prometheusRule": rule_values})
+    rule = only(render_objects(chart, with_rules), "PrometheusRule")
+    return {
+        r.get("alert") or f"{r['record']}{{{r['labels']['job_name']}}}": " ".join(r["expr"].split())
+        for g in rule["spec"]["groups"]
+        for r in g["rules"]
+    }
+
+
+def test_every_rule_aggregates_by_the_group_labels_and_selects_by_the_selector(chart):
+    """prometheusRule.selector reaches every selector and groupLabels every aggregation and join (the mixins' way)."""
+    exprs = rendered_rules(
+        chart, {"prometheusRule": {"selector": 'namespace="jobs"', "groupLabels": ["region", "namespace"]}}
+    )
+    for name, expr in exprs.items():
+        selectors = re.findall(r"\b(?:core_jobs|up)[\w:]*(?:\{[^}]*\})?", expr)
+        assert selectors, name
+        for selector in selectors:
+            if not selector.startswith("core_jobs:"):  # a recorded series is already scoped
+                assert 'namespace="jobs"' in selector, (name, selector)
+        for clause in re.findall(r"\b(?:by|on) \(([^)]*)\)", expr):
+            assert clause.startswith("region, namespace"), (name, clause)
+        assert "cluster, namespace, job" not in expr and "${" not in expr, name
+
+
+def test_the_stale_dead_letter_threshold_is_the_alerts_jobs_setting(chart):
+    """alerting.deadLetterStaleAfterSeconds sets CORE_JOBS_DEAD_LETTER_STALE_AFTER and the stale rule's threshold."""
+    values = {"alerting": {"deadLetterStaleAfterSeconds": 86400}}
+    assert rendered_rules(chart, values)["CoreJobsDeadLettersPendingTooLong"].endswith("> 86400")
+    objects = render_objects(chart, with_secret(values))
+    (config_map,) = [o for o in of_kind(objects, "ConfigMap") if not o["metadata"]["name"].endswith("-dashboard")]
+    assert config_map["data"]["CORE_JOBS_DEAD_LETTER_STALE_AFTER"] == "86400"
+    assert rendered_rules(chart, {})["CoreJobsDeadLettersPendingTooLong"].endswith("> 259200")
+
+
+def test_the_stale_after_setting_belongs_to_the_alerting_value(chart):
+    """Set in `settings`, the stale age could drift from the rule's: the schema refuses it there."""
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema(with_secret({"settings": {"CORE_JOBS_DEAD_LETTER_STALE_AFTER": "P2D"}}))
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"groupLabels": []},
+        {"groupLabels": ["job_name"]},
+        {"selector": "namespace=jobs"},
+        {"selector": '{namespace="jobs"}'},
+    ],
+    ids=["no-group-labels", "a-rule-label-as-group-label", "unquoted-selector", "selector-in-braces"],
+)
+def test_the_schema_refuses_a_selector_or_group_labels_promql_would_not_take(chart, rule):
+    with pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema(with_secret({"prometheusRule": {"enabled": True, **rule}}))
 
 
 def test_the_default_intervals_equal_the_rules_files(chart):

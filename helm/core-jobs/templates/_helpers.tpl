@@ -69,7 +69,8 @@ app.kubernetes.io/part-of: {{ .ctx.Values.partOf | default .ctx.Chart.Name }}
 {{/*
 Every setting the ConfigMap carries: the values' `settings` plus the schedules (so the scheduler
 reads the same schedules the CronJobs use), the required `environment` (the alert identity is
-bound to it) and, in mode scheduler, the HTTP port. The schema
+bound to it), the stale-dead-letter age (alerting.deadLetterStaleAfterSeconds, which the
+PrometheusRule uses too) and, in mode scheduler, the HTTP port. The schema
 keeps secret names out of `settings`.
 */}}
 {{- define "core-jobs.settings" -}}
@@ -84,6 +85,8 @@ keeps secret names out of `settings`.
 {{- range $job, $cfg := .Values.jobs }}
 {{- $_ := set $settings (printf "CORE_JOBS_SCHEDULE_%s" (upper $job)) $cfg.schedule }}
 {{- end }}
+{{- /* One threshold for both alerting paths: the alerts job's and the PrometheusRule's (alerting.*). */}}
+{{- $_ := set $settings "CORE_JOBS_DEAD_LETTER_STALE_AFTER" (toString (int .Values.alerting.deadLetterStaleAfterSeconds)) }}
 {{- if eq .Values.mode "scheduler" }}
 {{- $_ := set $settings "CORE_JOBS_HTTP_PORT" (toString .Values.scheduler.port) }}
 {{- end }}
