@@ -12,7 +12,10 @@ ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs i
 claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
 retries and dead letters, and ack the batch's successes and duplicates in one statement
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
-claim waits ``poll_interval`` — or, with ``once``, ends the thread.
+claim waits ``poll_interval`` — or, with ``once``, ends the thread. On the reference queue the wait
+ends early when a message of the queue is announced ready (``listen``, on by default): the process
+holds one more connection, which LISTENs for the NOTIFY of migration 0024 (harness/queue/wakeup.py);
+polling stays the fallback, and a lost listening connection only means polling until it is back.
 
 A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
 50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
@@ -124,6 +127,7 @@ from harness.queue.port import (
     settle,
 )
 from harness.queue.relay import Relay
+from harness.queue.wakeup import Wakeup
 
 __all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -155,6 +159,9 @@ class WorkerConfig:
     relay_interval: timedelta = timedelta(seconds=1)
     # How long a thread keeps reconnecting after its database connection was lost before the worker gives up.
     reconnect_for: timedelta = timedelta(minutes=2)
+    # On the reference queue: an idle thread wakes on the queue's NOTIFY (harness/queue/wakeup.py), polling as the
+    # fallback; False: it only polls.
+    listen: bool = True
 
     def __post_init__(self) -> None:
         for name in ("fence_ttl", "lease", "poll_interval", "figures_interval", "relay_interval", "reconnect_for"):
@@ -226,6 +233,7 @@ class Worker:
         self._figures_due = 0.0  # time.monotonic() at which the queue figures are read next
         self._relay_due = 0.0  # time.monotonic() at which the outbox is relayed next (on a broker)
         self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
+        self._wakeup: Wakeup | None = None  # while run() runs on the reference queue, listening: its idle wait
         metrics.watch(consumer.name, consumer.queue)
 
     def stop(self) -> None:
@@ -252,10 +260,16 @@ class Worker:
                 self._stopping.set()
 
         threads = [threading.Thread(target=loop, args=(i,), name=f"worker-{i}") for i in range(self.config.concurrency)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        self._wakeup = self._listen(once)
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            if self._wakeup is not None:
+                self._wakeup.close()
+                self._wakeup = None
         log.info("harness.worker.stop", consumer=self.consumer.name, **self.stats.fields(), ok=not errors)
         if errors:
             raise errors[0]
@@ -338,9 +352,32 @@ class Worker:
             if not batch:
                 if once:
                     return
-                self._stopping.wait(self.config.poll_interval.total_seconds())
+                self._idle_wait()
                 continue
             self._run_batch(conn, queue, batch)
+
+    def _listen(self, once: bool) -> Wakeup | None:
+        """The process's one listening connection for this run (harness/queue/wakeup.py), closed when the worker is
+        asked to stop; None with ``once`` (it never idles), ``listen`` off, or on a broker (which pushes)."""
+        if once or not self.config.listen or self._adapter is not PgQueue:
+            return None
+        wakeup = Wakeup(self.conninfo, application_name=f"{self.application_name}/listen").start()
+
+        def close_on_stop() -> None:  # run() returns only once the stop event is set: this thread ends with it
+            self._stopping.wait()
+            wakeup.close()
+
+        threading.Thread(target=close_on_stop, name="worker-listen-stop", daemon=True).start()
+        return wakeup
+
+    def _idle_wait(self) -> None:
+        """After an empty claim: ``poll_interval``, or less — the worker stopping, or a message of the queue announced
+        ready (NOTIFY, when listening)."""
+        timeout = self.config.poll_interval.total_seconds()
+        if self._wakeup is None:
+            self._stopping.wait(timeout)
+        else:
+            self._wakeup.wait(self.consumer.queue, timeout)
 
     def _give_back_pending(self, conn: psycopg.Connection, queue: QueuePort) -> None:
         """What a lost connection's batch could not give back then (no fresh connection either): now, on this one."""

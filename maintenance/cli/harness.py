@@ -67,6 +67,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         poll_interval=settings.worker_poll_interval,
         concurrency=args.concurrency or settings.worker_concurrency,
         reconnect_for=settings.worker_reconnect_for,
+        listen=settings.worker_listen,
     )
     stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, the worker finishes the message in hand
     registry = CollectorRegistry()  # this worker's counters, which --metrics-port serves
