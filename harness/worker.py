@@ -12,7 +12,10 @@ ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs i
 claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
 retries and dead letters, and ack the batch's successes and duplicates in one statement
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
-claim waits ``poll_interval`` — or, with ``once``, ends the thread.
+claim waits ``poll_interval`` — or, with ``once``, ends the thread. On the reference queue the wait
+ends early when a message of the queue is announced ready (``listen``, on by default): the process
+holds one more connection, which LISTENs for the NOTIFY of migration 0024 (harness/queue/wakeup.py);
+polling stays the fallback, and a lost listening connection only means polling until it is back.
 
 A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
 50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
@@ -124,6 +127,7 @@ from harness.queue.port import (
     settle,
 )
 from harness.queue.relay import Relay
+from harness.queue.wakeup import Wakeup
 from harness.replication import ReplicationBarrier
 
 __all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
@@ -159,6 +163,9 @@ class WorkerConfig:
     # Off (None), or how long to wait after a commit for a standby to flush it before the broker's ack (or a
     # non-idempotent write's request) acts on it (harness/replication.py); past it the batch is released instead.
     await_standby: timedelta | None = None
+    # On the reference queue: an idle thread wakes on the queue's NOTIFY (harness/queue/wakeup.py), polling as the
+    # fallback; False: it only polls.
+    listen: bool = True
 
     def __post_init__(self) -> None:
         if self.await_standby is not None and self.await_standby <= timedelta(0):
@@ -235,6 +242,7 @@ class Worker:
         # Only an ack outside this database acts on a commit: the reference queue acks in the same one.
         self._acks_outside = not issubclass(self._adapter, PgQueue)
         self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
+        self._wakeup: Wakeup | None = None  # while run() runs on the reference queue, listening: its idle wait
         metrics.watch(consumer.name, consumer.queue)
 
     def stop(self) -> None:
@@ -261,10 +269,16 @@ class Worker:
                 self._stopping.set()
 
         threads = [threading.Thread(target=loop, args=(i,), name=f"worker-{i}") for i in range(self.config.concurrency)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        self._wakeup = self._listen(once)
+        try:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        finally:
+            if self._wakeup is not None:
+                self._wakeup.close()
+                self._wakeup = None
         log.info("harness.worker.stop", consumer=self.consumer.name, **self.stats.fields(), ok=not errors)
         if errors:
             raise errors[0]
@@ -354,9 +368,32 @@ class Worker:
             if not batch:
                 if once:
                     return
-                self._stopping.wait(self.config.poll_interval.total_seconds())
+                self._idle_wait()
                 continue
             self._run_batch(conn, queue, batch)
+
+    def _listen(self, once: bool) -> Wakeup | None:
+        """The process's one listening connection for this run (harness/queue/wakeup.py), closed when the worker is
+        asked to stop; None with ``once`` (it never idles), ``listen`` off, or on a broker (which pushes)."""
+        if once or not self.config.listen or self._adapter is not PgQueue:
+            return None
+        wakeup = Wakeup(self.conninfo, application_name=f"{self.application_name}/listen").start()
+
+        def close_on_stop() -> None:  # run() returns only once the stop event is set: this thread ends with it
+            self._stopping.wait()
+            wakeup.close()
+
+        threading.Thread(target=close_on_stop, name="worker-listen-stop", daemon=True).start()
+        return wakeup
+
+    def _idle_wait(self) -> None:
+        """After an empty claim: ``poll_interval``, or less — the worker stopping, or a message of the queue announced
+        ready (NOTIFY, when listening)."""
+        timeout = self.config.poll_interval.total_seconds()
+        if self._wakeup is None:
+            self._stopping.wait(timeout)
+        else:
+            self._wakeup.wait(self.consumer.queue, timeout)
 
     def _give_back_pending(self, conn: psycopg.Connection, queue: QueuePort) -> None:
         """What a lost connection's batch could not give back then (no fresh connection either): now, on this one."""

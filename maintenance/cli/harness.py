@@ -78,6 +78,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         concurrency=args.concurrency or settings.worker_concurrency,
         reconnect_for=settings.worker_reconnect_for,
         await_standby=settings.worker_await_standby,
+        listen=settings.worker_listen,
     )
     stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, the worker finishes the message in hand
     registry = CollectorRegistry()  # this worker's counters, which --metrics-port serves

@@ -26,6 +26,7 @@ DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim
 DEFAULT_WORKER_POLL_INTERVAL = timedelta(seconds=1)  # idle wait
 DEFAULT_WORKER_CONCURRENCY = 1  # threads per process
+DEFAULT_WORKER_LISTEN = True  # idle: wake on the reference queue's NOTIFY, polling as the fallback
 DEFAULT_WORKER_RECONNECT_FOR = timedelta(minutes=2)  # reconnecting after a lost connection, before exit 1
 DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action by filter
 
@@ -56,6 +57,13 @@ class WorkerFields(BaseModel):
     worker_poll_interval: PositiveDuration = Field(
         default=DEFAULT_WORKER_POLL_INTERVAL,
         description="How long an idle worker waits before looking for ready messages again.",
+    )
+    worker_listen: bool = Field(
+        default=DEFAULT_WORKER_LISTEN,
+        description="On the reference queue: an idle `core-jobs worker` wakes as soon as a message of its queue is "
+        "published, retried with no delay or released (LISTEN core_jobs_queue_ready, one more connection per "
+        "process), polling every CORE_JOBS_WORKER_POLL_INTERVAL as the fallback. Off: it only polls. Ignored on a "
+        "broker, which pushes.",
     )
     worker_concurrency: int = Field(
         default=DEFAULT_WORKER_CONCURRENCY,

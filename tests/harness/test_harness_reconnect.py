@@ -7,7 +7,6 @@ import threading
 from collections.abc import Iterator
 from dataclasses import replace
 from datetime import timedelta
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,7 +14,7 @@ from structlog.testing import capture_logs
 from support.factories import publish
 from support.harness_consumers import fragile
 from support.harness_support import TTL, points, scalar
-from support.tcp_proxy import TcpProxy
+from support.tcp_proxy import TcpProxy, proxy_of, through
 from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
@@ -71,18 +70,8 @@ def backends(conn) -> int:
 
 @pytest.fixture
 def proxy(database_url) -> Iterator[TcpProxy]:
-    parts = urlsplit(database_url)
-    if not parts.hostname or "host=" in parts.query:
-        pytest.skip("the proxy needs a server over TCP (CORE_JOBS_TEST_DATABASE_URL; .ci/run sets it)")
-    proxy = TcpProxy(parts.hostname, parts.port or 5432)
-    yield proxy
-    proxy.close()
-
-
-def through(database_url: str, proxy: TcpProxy) -> str:
-    parts = urlsplit(database_url)
-    netloc = f"{parts.username}@127.0.0.1:{proxy.port}" if parts.username else f"127.0.0.1:{proxy.port}"
-    return urlunsplit(parts._replace(netloc=netloc))
+    with proxy_of(database_url) as proxy:
+        yield proxy
 
 
 def test_a_handler_that_kills_its_backend_costs_its_own_job_and_the_worker_drains_the_rest(database_url, conn):

@@ -9,6 +9,10 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
 
 
 class TcpProxy:
@@ -67,3 +71,23 @@ def _pipe(source: socket.socket, sink: socket.socket) -> None:
             sink.sendall(data)
     with contextlib.suppress(OSError):
         sink.shutdown(socket.SHUT_WR)
+
+
+@contextlib.contextmanager
+def proxy_of(database_url: str) -> Iterator[TcpProxy]:
+    """A proxy in front of ``database_url``'s server, closed afterwards; the test is skipped if it is not over TCP."""
+    parts = urlsplit(database_url)
+    if not parts.hostname or "host=" in parts.query:
+        pytest.skip("the proxy needs a server over TCP (CORE_JOBS_TEST_DATABASE_URL; .ci/run sets it)")
+    proxy = TcpProxy(parts.hostname, parts.port or 5432)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def through(database_url: str, proxy: TcpProxy) -> str:
+    """``database_url`` by way of ``proxy``."""
+    parts = urlsplit(database_url)
+    netloc = f"{parts.username}@127.0.0.1:{proxy.port}" if parts.username else f"127.0.0.1:{proxy.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
