@@ -50,7 +50,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from contextlib import AbstractContextManager, nullcontext
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -196,6 +196,16 @@ SELECT count(*), coalesce(extract(epoch FROM now() - min(run_at)), 0)::float8
  WHERE queue = %(queue)s
    AND run_at <= now()
    AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+"""
+
+# Due messages under a live lease, and when the last of those leases ends (on the database's clock):
+# what a relay's `--once` reports instead of an empty outbox while another claimer — perhaps dead — holds them.
+LEASED_FIGURES = """
+SELECT count(*), max(lease_expires_at)
+  FROM core.queue_messages
+ WHERE queue = %(queue)s
+   AND run_at <= now()
+   AND lease_expires_at > now()
 """
 
 
@@ -375,6 +385,11 @@ class PgQueue:
         """(ready messages, seconds the oldest of them has been due — 0 when none is) of ``queue``."""
         depth, age = self.conn.execute(QUEUE_FIGURES, {"queue": queue}).fetchone()  # type: ignore[misc]
         return int(depth), float(age)
+
+    def leased(self, queue: str) -> tuple[int, datetime | None]:
+        """(due messages of ``queue`` under a live lease, when the last of those leases ends — None when none is)."""
+        count, until = self.conn.execute(LEASED_FIGURES, {"queue": queue}).fetchone()  # type: ignore[misc]
+        return int(count), until
 
     def ack(self, deliveries: Sequence[Delivery]) -> int:
         """Delete the messages still leased by these deliveries; return how many were."""

@@ -47,7 +47,8 @@ runs it alone (the Helm chart's optional relay Deployment). docs/outbox.md.
 
 Events (stable names, structured fields): ``harness.relay.start`` / ``harness.relay.stop`` (the
 loop of :meth:`Relay.run`, with counts), ``harness.relay.published`` (debug, per batch),
-``harness.relay.refused``, ``harness.relay.lease_lost``, ``harness.relay.error``.
+``harness.relay.refused``, ``harness.relay.lease_lost``, ``harness.relay.error``,
+``harness.relay.still_leased`` (:meth:`Relay.report_still_leased`).
 """
 
 from __future__ import annotations
@@ -146,6 +147,24 @@ class Relay:
                 log.error("harness.relay.error", queue=queue, **result.fields(), error=describe_error(exc))
                 raise
         return result
+
+    def report_still_leased(self) -> int:
+        """How many due rows of its queues are still under a live lease — another relay's or worker's, maybe a dead
+        one's —, each queue's logged ``harness.relay.still_leased`` with when its last lease ends on the database's
+        clock. A run does not wait for them: the lease ends within the claimer's lease, then the next run publishes
+        them. What ``core-jobs relay --once`` reports, so an outbox it could not empty is never reported empty."""
+        total = 0
+        for queue in self.queues:
+            count, until = self.source.leased(queue)
+            if count:
+                total += count
+                log.warning(
+                    "harness.relay.still_leased",
+                    queue=queue,
+                    num_leased=count,
+                    leased_until=until.isoformat() if until is not None else None,
+                )
+        return total
 
     def run(self, stop: threading.Event, *, interval: timedelta = DEFAULT_INTERVAL) -> RelayResult:
         """:meth:`run_once` every ``interval`` until ``stop`` is set; the counts. An error ends it (raised)."""

@@ -16,11 +16,14 @@ table is that queue itself, there is nothing to relay. The URL's password never 
 line or an error.
 
 It runs until SIGTERM/SIGINT (the batch in hand is finished and acked first), or with ``--once``
-until the outbox of its queues is empty. Exit codes as ``worker``: **0** stopped as asked (or
+until no row of its queues' outbox is ready: rows still under another claimer's live lease (a
+relay or worker, maybe a dead one) are not waited for but reported — ``harness.relay.still_leased``
+per queue with when the last lease ends on PostgreSQL's clock, ``num_still_leased`` in
+``harness.relay.stop`` — and a later run publishes them once the lease is over. Exit codes as ``worker``: **0** stopped as asked (or
 ``--once`` done), **1** the relay failed (the broker or the database: ``harness.relay.error`` says
 why; the batch in hand is given back, nothing is lost), **2** a configuration or usage error.
 Events: ``harness.relay.start`` / ``harness.relay.stop`` (counts), ``harness.relay.stopping`` on a
-signal, ``harness.relay.error``.
+signal, ``harness.relay.error``, ``harness.relay.still_leased`` (``--once``).
 """
 
 from __future__ import annotations
@@ -92,7 +95,10 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
             with on_signals(stop, on_signal=stopping):
                 if args.once:
                     result = relay.run_once()
-                    get_logger().info("harness.relay.stop", queues=relay.queues, **result.fields(), ok=True)
+                    leased = relay.report_still_leased()  # not waited for: a later run publishes them
+                    get_logger().info(
+                        "harness.relay.stop", queues=relay.queues, **result.fields(), num_still_leased=leased, ok=True
+                    )
                 else:
                     relay.run(stop, interval=timedelta(seconds=args.interval))
         except Exception:  # harness.relay.error already says why; the batch in hand was given back

@@ -10,9 +10,10 @@ from datetime import timedelta
 
 import pytest
 from support.factories import QUEUE, publish
-from support.harness_support import scalar
+from support.harness_support import expire_leases, scalar
 from support.logcapture import events_in
 
+from harness.queue.pgqueue import PgQueue
 from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
 from maintenance.cli import relay as relay_cli
 
@@ -44,6 +45,30 @@ def test_relay_once_publishes_the_outbox_of_every_queue_named_and_exits_0(cli, c
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
     (stop,) = events_in(capsys.readouterr().out, "harness.relay.stop")
     assert (stop["num_published"], stop["ok"]) == (2, True)
+
+
+def test_relay_once_reports_rows_still_leased_by_a_dead_relay_instead_of_an_empty_outbox(cli, conn, on_target, capsys):
+    """A row a dead relay claimed is under its lease: `--once` publishes the rest, exits 0 and says how many rows
+    are still leased and until when (PostgreSQL's clock), in harness.relay.still_leased and harness.relay.stop; once
+    the lease is over (back-dated here, never waited for) the next run publishes it."""
+    held = publish(conn, {"member_id": "m-1", "points": 1})
+    PgQueue(conn, worker="dead-relay", lease=timedelta(minutes=5)).claim(QUEUE, 10)  # and then it died
+    free = publish(conn, {"member_id": "m-2", "points": 2})
+    argv = ["relay", "--queue", QUEUE, "--once", "--queue-url", on_target.url]
+    assert cli(argv) == EXIT_OK
+    assert [d.envelope.job_id for d in on_target.take(QUEUE)] == [free]
+    out = capsys.readouterr().out
+    (leased,) = events_in(out, "harness.relay.still_leased")
+    until = scalar(conn, "SELECT lease_expires_at FROM core.queue_messages WHERE job_id = %s", (held,))
+    assert (leased["queue"], leased["num_leased"], leased["leased_until"]) == (QUEUE, 1, until.isoformat())
+    (stop,) = events_in(out, "harness.relay.stop")
+    assert (stop["num_published"], stop["num_still_leased"]) == (1, 1)
+
+    expire_leases(conn)
+    assert cli(argv) == EXIT_OK
+    assert [d.envelope.job_id for d in on_target.take(QUEUE)] == [held]
+    (stop,) = events_in(capsys.readouterr().out, "harness.relay.stop")
+    assert (stop["num_published"], stop["num_still_leased"]) == (1, 0)
 
 
 class Refusing:
