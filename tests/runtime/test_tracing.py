@@ -22,6 +22,7 @@ from harness.consumer.consumer import Consumer
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.errors import PermanentError
 from harness.examples.points import CreditPoints, make_consumer
+from harness.queue.fields import InvalidEnvelope
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
 from maintenance.errors import ConfigError
@@ -131,8 +132,14 @@ def test_refuses_a_traceparent_that_is_not_w3c(conn, table, traceparent):
 
 
 def test_refuses_a_tracestate_without_its_traceparent(conn):
-    """A tracestate alone is meaningless: the database refuses it."""
+    """A tracestate alone is meaningless: the database refuses it, and publish refuses it first, naming the field."""
     with pytest.raises(psycopg.errors.CheckViolation, match="tracestate_with_parent"):
+        conn.execute(
+            "INSERT INTO core.queue_messages (queue, job_id, tenant_id, payload, tracestate)"
+            " VALUES (%s, %s, %s, '{}', 'vendor=1')",
+            (QUEUE, TENANT, TENANT),
+        )
+    with pytest.raises(InvalidEnvelope, match="tracestate"):
         PgQueue(conn).publish(QUEUE, Envelope(job_id=TENANT, payload={}, tenant_id=TENANT, tracestate="vendor=1"))
 
 

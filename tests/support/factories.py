@@ -42,6 +42,7 @@ RETURNING job_id"""
 
 # `count` pending dead letters of one queue, the first written at `created_at` (default: `age` and a
 # second ago), each next one a second earlier; correlation ids corr-<queue>-<n>; consumer and tenant if given.
+# Without the traceback column (as a schema before migration 0022 has it) unless one is given.
 INSERT_DEAD_LETTERS = """
 INSERT INTO core.dead_letters (job_id, queue, payload, attempts, last_error, traceback, correlation_id, created_at,
                                consumer, tenant_id, traceparent, tracestate)
@@ -113,8 +114,11 @@ def add_dead_letters(
     traceback: str | None = None,
 ) -> list[int]:
     """Insert ``count`` pending dead letters written ``age`` ago (or at ``created_at``), a second apart; their ids."""
+    statement = INSERT_DEAD_LETTERS
+    if traceback is None:  # the column left to its default: the statement also fits a schema from before 0022
+        statement = statement.replace(" traceback,", "", 1).replace(" %(traceback)s,", "", 1)
     rows = conn.execute(
-        INSERT_DEAD_LETTERS,
+        statement,
         {
             "job_id": job_id,
             "queue": queue,
