@@ -129,6 +129,7 @@ from harness.queue.port import (
 from harness.queue.relay import Relay
 from harness.queue.wakeup import Wakeup
 from harness.replication import ReplicationBarrier
+from harness.ttl_guard import DEFAULT_TTL_MARGIN, TtlGuard, worker_window
 
 __all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
 
@@ -160,6 +161,8 @@ class WorkerConfig:
     relay_interval: timedelta = timedelta(seconds=1)
     # How long a thread keeps reconnecting after its database connection was lost before the worker gives up.
     reconnect_for: timedelta = timedelta(minutes=2)
+    # The TTL guard's factor: fence_ttl must be at least this times the longest a job may still be delivered.
+    ttl_margin: float = DEFAULT_TTL_MARGIN
     # Off (None), or how long to wait after a commit for a standby to flush it before the broker's ack (or a
     # non-idempotent write's request) acts on it (harness/replication.py); past it the batch is released instead.
     await_standby: timedelta | None = None
@@ -229,6 +232,15 @@ class Worker:
         self.conninfo = conninfo
         self.consumer = consumer
         self.policy = consumer.policy(policy)
+        window = worker_window(consumer, policy, config.lease, self._adapter, queue_url)
+        guard = TtlGuard(ttl=config.fence_ttl, window=window, margin=config.ttl_margin)
+        if not guard.ok:  # a late retry or redelivery would find no fence and apply the job again
+            raise ValueError(
+                f"fence_ttl {config.fence_ttl} is shorter than ttl_margin {config.ttl_margin:g} x the longest a job of"
+                f" {consumer.name} may still be delivered ({window}: its retry window"
+                f"{' and execution window' if consumer.durable else ''} and the queue's redelivery horizon):"
+                f" at least {guard.required} (harness/ttl_guard.py)"
+            )
         self.config = config
         self.metrics = metrics
         self.application_name = application_name

@@ -96,6 +96,7 @@ import structlog
 from pika.adapters.blocking_connection import BlockingChannel, BlockingConnection
 
 from harness import replication
+from harness.consumer.retry import RetryPolicy
 from harness.dead_letters import DeadLetter, UndecodablePayload, write_dead_letter
 from harness.errors import describe_error
 from harness.queue.adapters import QueueUrlError
@@ -302,6 +303,19 @@ class RabbitQueue:
         self._link: _Link | None = None
         self.delay_queues: set[str] = set()  # every delay bucket this port declared (what an operator may look at)
         self._connected = False  # once connected, a new connection is a reconnection (logged)
+
+    @classmethod
+    def redelivery_horizon(cls, url: str | None, policy: RetryPolicy) -> timedelta:
+        """How much longer than ``policy``'s retry window a job may still be delivered (the TTL guard's horizon,
+        harness/ttl_guard.py), from the URL's ``consumer_timeout`` and ``delivery_limit``."""
+        from harness.queue import rabbitmq_topology as topology
+
+        _pika_url, options = topology.url_options(url or "")
+        return topology.redelivery_horizon(
+            policy,
+            consumer_timeout=options.get("consumer_timeout", topology.DEFAULT_CONSUMER_TIMEOUT),
+            delivery_limit=options.get("delivery_limit", topology.DEFAULT_DELIVERY_LIMIT),
+        )
 
     @classmethod
     def from_url(

@@ -77,6 +77,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         poll_interval=settings.worker_poll_interval,
         concurrency=args.concurrency or settings.worker_concurrency,
         reconnect_for=settings.worker_reconnect_for,
+        ttl_margin=settings.ttl_margin,
         await_standby=settings.worker_await_standby,
         listen=settings.worker_listen,
     )

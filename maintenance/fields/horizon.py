@@ -84,7 +84,7 @@ def adapter_horizon(queue_url: str | None, policies: Mapping[str, RetryPolicy]) 
     option does not read, or its ``delivery_limit`` is not above some policy's ``max_attempts``.
     """
     if url_scheme(queue_url) not in RABBITMQ_SCHEMES:
-        return None
+        return _declared_horizon(queue_url, policies)
     assert queue_url is not None  # a scheme was read from it
     _pika_url, options = url_options(queue_url)
     delivery_limit: int = options.get("delivery_limit", DEFAULT_DELIVERY_LIMIT)
@@ -114,3 +114,22 @@ def adapter_horizon(queue_url: str | None, policies: Mapping[str, RetryPolicy]) 
         f" {shown('delivery_limit', str(delivery_limit))}; worst policy: {label}"
     )
     return AdapterHorizon(horizon=horizon, adapter="RabbitMQ", source=source)
+
+
+def _declared_horizon(queue_url: str | None, policies: Mapping[str, RetryPolicy]) -> AdapterHorizon | None:
+    """A third party's adapter's own horizon (its ``redelivery_horizon`` classmethod, harness/ttl_guard.py), for the
+    worst of ``policies``; None for the reference queue and an adapter that declares none."""
+    if url_scheme(queue_url) in (None, "postgresql", "postgres") or not policies:
+        return None
+    from harness.queue.adapters import adapter_class
+
+    adapter = adapter_class(queue_url)
+    if getattr(adapter, "redelivery_horizon", None) is None:
+        return None
+    label, horizon = max(
+        ((label, adapter.redelivery_horizon(queue_url, policy)) for label, policy in policies.items()),
+        key=lambda item: item[1],
+    )
+    return AdapterHorizon(
+        horizon=horizon, adapter=adapter.__name__, source=f"declared by the adapter; worst policy: {label}"
+    )

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field, field_validator
 
 from harness.consumer.retry import RetryPolicy, max_retry_window
+from harness.ttl_guard import TtlGuard as _TtlGuard
 from maintenance.fields.durations import Duration, format_duration, format_factor
 from maintenance.fields.environment import ENV_PREFIX
 
@@ -65,23 +66,8 @@ def worst_retry_window(policies: Iterable[RetryPolicy], broker_redelivery_horizo
 
 
 @dataclass(frozen=True)
-class TtlGuard:
-    """TTL versus the retry window (J-B7): a fence must outlive every retry and redelivery."""
-
-    ttl: timedelta
-    window: timedelta
-    margin: float
-
-    @property
-    def required(self) -> timedelta:
-        try:
-            return self.window * self.margin
-        except OverflowError:  # an absurd margin or horizon: no TTL can satisfy it
-            return timedelta.max
-
-    @property
-    def ok(self) -> bool:
-        return self.ttl >= self.required
+class TtlGuard(_TtlGuard):
+    """TTL versus the retry window (J-B7), the harness's predicate (harness/ttl_guard.py) told in settings' names."""
 
     def explain(self) -> str:
         verdict = "ok" if self.ok else "TOO SHORT"
