@@ -24,6 +24,10 @@ metric                                      labels      meaning
                                                         (0 when none is), on the database's clock
 ``harness_worker_connections_lost_total``   consumer    worker database connections lost (a failover, a
                                                         restart): each thread reconnects by itself
+``harness_relay_published_total``           queue       outbox rows the relay published on the broker
+``harness_relay_refused_total``             queue       outbox rows the broker could not take (dead-lettered)
+``harness_relay_leases_lost_total``         queue       rows published but acked too late (published again)
+``harness_relay_failures_total``            queue       relay runs that failed (``harness.relay.error``)
 ==========================================  ==========  ===================================================
 
 Every series of a consumer and queue the worker runs is there from the start, at 0
@@ -129,6 +133,12 @@ class NoMetrics:
     def connection_lost(self, consumer: str) -> None:
         pass
 
+    def relayed(self, queue: str, published: int, refused: int, leases_lost: int) -> None:
+        pass
+
+    def relay_failed(self, queue: str) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()
 
@@ -189,6 +199,15 @@ class HarnessMetrics:
             ["consumer"],
             registry=self.registry,
         )
+        self._relay = {
+            name: Counter(f"harness_relay_{name}", text, ["queue"], registry=self.registry)
+            for name, text in (
+                ("published", "Outbox rows the relay published on the broker."),
+                ("refused", "Outbox rows the broker could not take: dead-lettered."),
+                ("leases_lost", "Outbox rows published but acked too late: published again."),
+                ("failures", "Relay runs that failed (harness.relay.error)."),
+            )
+        }
         self._depth = Gauge(
             "harness_queue_depth", "Ready messages: due and under no live lease.", ["queue"], registry=self.registry
         )
@@ -224,6 +243,14 @@ class HarnessMetrics:
 
     def leases_lost(self, consumer: str, n: int = 1) -> None:
         self._leases_lost.labels(consumer).inc(n)
+
+    def relayed(self, queue: str, published: int, refused: int, leases_lost: int) -> None:
+        """One relay run's counts of ``queue`` (harness/queue/relay.py)."""
+        for name, n in (("published", published), ("refused", refused), ("leases_lost", leases_lost)):
+            self._relay[name].labels(queue).inc(n)
+
+    def relay_failed(self, queue: str) -> None:
+        self._relay["failures"].labels(queue).inc()
 
     def connection_lost(self, consumer: str) -> None:
         """Optional in a :class:`WorkerMetrics` (the worker calls it when there): a connection was lost."""

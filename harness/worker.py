@@ -457,7 +457,8 @@ class Worker:
         if isinstance(queue, PgQueue) and queue.conn is conn:
             return None
         outbox = PgQueue(conn, lease=self.config.lease, worker=f"{worker_name}/relay")
-        return Relay(outbox, queue, [self.consumer.queue], batch_size=self.config.batch_size)  # type: ignore[arg-type]
+        metrics = self.metrics if hasattr(self.metrics, "relayed") else None  # optional in a WorkerMetrics
+        return Relay(outbox, queue, [self.consumer.queue], batch_size=self.config.batch_size, metrics=metrics)  # type: ignore[arg-type]
 
     def _relay_outbox(self, relay: Relay | None) -> None:
         """On a broker, relay the outbox when due: one thread per ``relay_interval``. A failure is the relay's

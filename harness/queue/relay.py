@@ -58,7 +58,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 import structlog
 
@@ -116,7 +116,10 @@ class Relay:
         queues: Sequence[str],
         *,
         batch_size: int = DEFAULT_BATCH_SIZE,
+        metrics: Any = None,
     ) -> None:
+        """``metrics``: where each run's counts go (``relayed(queue, published, refused, leases_lost)`` and
+        ``relay_failed(queue)``, as :class:`harness.metrics.HarnessMetrics` has them); None counts nothing."""
         if not queues:
             raise ValueError("a relay needs at least one queue")
         if batch_size < 1:
@@ -127,6 +130,7 @@ class Relay:
         self.target = target
         self.queues = list(dict.fromkeys(queues))
         self.batch_size = batch_size
+        self.metrics = metrics
 
     def run_once(self) -> RelayResult:
         """Relay every due outbox row of the queues, batch by batch, until a batch comes back short.
@@ -135,18 +139,31 @@ class Relay:
         """
         result = RelayResult()
         for queue in self.queues:
+            of_queue = RelayResult()
             try:
                 while True:
                     batch = self.source.claim(queue, self.batch_size)
                     if not batch:
                         break
-                    self._relay(queue, batch, result)
+                    self._relay(queue, batch, of_queue)
                     if len(batch) < self.batch_size:
                         break
             except Exception as exc:
+                result.add(of_queue)
+                self._count(queue, of_queue, failed=True)
                 log.error("harness.relay.error", queue=queue, **result.fields(), error=describe_error(exc))
                 raise
+            result.add(of_queue)
+            self._count(queue, of_queue)
         return result
+
+    def _count(self, queue: str, result: RelayResult, *, failed: bool = False) -> None:
+        """The run's counts of ``queue`` into the metrics, if any."""
+        if self.metrics is None:
+            return
+        self.metrics.relayed(queue, result.published, result.refused, result.leases_lost)
+        if failed:
+            self.metrics.relay_failed(queue)
 
     def report_still_leased(self) -> int:
         """How many due rows of its queues are still under a live lease — another relay's or worker's, maybe a dead

@@ -81,11 +81,16 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.runtime.signals import on_signals
 
     name = f"{socket.gethostname()}:{os.getpid()}/relay"
+    metrics = _served_metrics(args.metrics_port)
     stop = threading.Event()  # SIGTERM/SIGINT set it: the batch in hand is finished and acked, then it stops
     with connect(settings.conninfo(), autocommit=True, application_name="core-jobs-relay") as conn:
         target = open_target(queue_url(args, settings), conn, worker=name, lease=settings.worker_lease)
         relay = Relay(
-            PgQueue(conn, lease=settings.worker_lease, worker=name), target, args.queue, batch_size=args.batch_size
+            PgQueue(conn, lease=settings.worker_lease, worker=name),
+            target,
+            args.queue,
+            batch_size=args.batch_size,
+            metrics=metrics,
         )
 
         def stopping(signal_name: str) -> None:
@@ -110,6 +115,24 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _served_metrics(port: int | None) -> object | None:
+    """The relay's counters (harness_relay_*_total) on a registry of its own, served on ``port``; None: not served."""
+    if not port:
+        return None
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    from harness.metrics import HarnessMetrics
+    from maintenance.settings import ConfigError
+
+    registry = CollectorRegistry()
+    metrics = HarnessMetrics(registry)
+    try:
+        start_http_server(port, registry=registry)
+    except OSError as exc:
+        raise ConfigError(f"--metrics-port {port}: cannot listen: {exc.strerror or exc}") from None
+    return metrics
+
+
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register ``relay`` on the ``core-jobs`` parser."""
     p = sub.add_parser("relay", help="publish the outbox (replays, RESUMEs) of queues on a broker, until SIGTERM")
@@ -128,6 +151,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         default=100,
         metavar="N",
         help="rows per publish, 1-1000 (default 100)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_bounded_int(1, 65535),
+        metavar="PORT",
+        help="serve the relay's counters (harness_relay_*_total) for Prometheus on this port (default: not served)",
     )
     p.add_argument(
         "--queue-url", metavar="URL", help=f"the broker (default {QUEUE_URL_VARIABLE}); never logged with its password"

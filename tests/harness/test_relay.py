@@ -64,6 +64,31 @@ def test_a_replay_reaches_the_target_as_it_was_published_and_leaves_the_outbox(c
     assert replay_state(conn, letter) == (None, False)  # outstanding until a worker handles the delivery
 
 
+def test_a_relay_run_counts_what_it_published_and_what_failed_in_its_metrics(conn, relay_target):
+    """Three rows relayed: harness_relay_published_total{queue} 3; a run whose publish fails counts a failure."""
+    from prometheus_client import CollectorRegistry
+
+    from harness.metrics import HarnessMetrics
+
+    metrics = HarnessMetrics(CollectorRegistry())
+    for i in range(3):
+        publish(conn, {"member_id": f"m-{i}", "points": i})
+    Relay(PgQueue(conn), relay_target.port(), [QUEUE], metrics=metrics).run_once()
+    publish(conn, {"member_id": "m-later", "points": 1})
+
+    class Unreachable:
+        def publish_many(self, messages, *, delay=timedelta(0)) -> None:
+            raise ConnectionError("the broker is down")
+
+    with pytest.raises(ConnectionError):
+        Relay(PgQueue(conn), Unreachable(), [QUEUE], metrics=metrics).run_once()  # type: ignore[arg-type]
+
+    def sample(name: str) -> float | None:
+        return metrics.registry.get_sample_value(f"harness_relay_{name}_total", {"queue": QUEUE})
+
+    assert (sample("published"), sample("refused"), sample("leases_lost"), sample("failures")) == (3, 0, 0, 1)
+
+
 def test_it_relays_batch_after_batch_until_one_comes_back_short(conn, relay_target):
     """Five messages with a batch of two are published in three batches, all of them, in publishing order."""
     jobs = [publish(conn, {"member_id": f"m-{i}", "points": i}) for i in range(5)]
