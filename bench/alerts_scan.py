@@ -1,4 +1,4 @@
-"""Benchmark: the alert feed's scan over 1 M dead letters with 10 k new and 5 k stale (issue 4).
+"""Benchmark: the alert feed's scan over 1 M dead letters with 10 k new and 5 k stale (docs/spec.md NF-10).
 
 Creates a scratch database on the server at ``ALERTS_BENCH_DATABASE_URL`` (default: the tests'
 ``CORE_JOBS_TEST_DATABASE_URL``, else postgresql://postgres@127.0.0.1:5432/test), migrates it,

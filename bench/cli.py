@@ -14,7 +14,7 @@
 3. ``--rounds`` rounds (default 5); in each, every process runs once, in a shuffled order, so load
    from the other processes of a shared machine hits them alike. Printed per command: best and
    median wall seconds, the best over ``python -c pass``'s and over ``import pydantic``'s, and the
-   target of issue 20: ≤ 0.3 s for every command, ≤ 0.5 s for check-config (best of the rounds).
+   start-up target: ≤ 0.3 s for every command, ≤ 0.5 s for check-config (best of the rounds).
 4. ``--against DIR``: the same commands run from the checkout at DIR as well (its packages first
    on ``PYTHONPATH``, this environment's dependencies), interleaved with this checkout's, and the
    ratio this / that. A worktree of main: ``git worktree add --detach /tmp/cj-main main``.

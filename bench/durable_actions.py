@@ -1,4 +1,4 @@
-"""Benchmark of durable actions: what the checkpoints cost per job, beside DBOS Transact's (issue 12).
+"""Benchmark of durable actions: what the checkpoints cost per job, beside DBOS Transact's (docs/spec.md NF-13, NF-14).
 
     uv run --group bench python bench/durable_actions.py            # defaults below
     uv run --group bench python bench/durable_actions.py --jobs 500 --warm-up 50
@@ -29,7 +29,7 @@ Printed: the median and p95 per job of each, the **checkpoint overhead** (b) −
 commit costs on this server (a durable one, as every checkpoint is, and a read-only round trip);
 then ``--breakdown-jobs`` more jobs of (a) and (b) with every round trip to PostgreSQL timed
 one by one (each statement, ``BEGIN`` and ``COMMIT``): where (b)'s overhead goes. At the end every variant's fences and ledger effects are counted — one per job and write —
-and no execution may be left behind (J-AC8).
+and no execution may be left behind (a success leaves only its fence).
 
 Server: ``HARNESS_BENCH_DATABASE_URL``, default ``postgresql://postgres@127.0.0.1:5432/test``
 (the benchmark creates and drops its own scratch databases there).
@@ -82,7 +82,7 @@ MEMBERS = 100  # jobs cycle through this many members' balances
 # with synchronous_commit on (the harness's checkpoints), waits for its WAL flush.
 DURABLE_COMMIT = "SELECT pg_current_xact_id()"
 
-# What each variant left: fences by consumer, and executions of any state (J-AC8: none).
+# What each variant left: fences by consumer, and executions of any state (none: a success leaves only its fence).
 COUNT_FENCES = "SELECT consumer, count(*) FROM core.processed_jobs GROUP BY consumer"
 COUNT_EXECUTIONS = "SELECT count(*) FROM core.executions"
 

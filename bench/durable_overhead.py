@@ -9,7 +9,7 @@ the fence and a no-op handler in one transaction — and (b) a **durable** consu
 handler and three no-op actions, ``READ_ONLY``, ``IDEMPOTENT_WRITE`` and ``NON_IDEMPOTENT_WRITE``
 (``harness/durable/executor.py``: the take, the two writes' ``STARTED`` checkpoints, the final
 transaction). The actions do nothing, so no HTTP is measured: only our own cost. Prints each
-median and p95 per job, the durable overhead (target ≤ 1.5 ms median, issue 12) and the round
+median and p95 per job, the durable overhead (target ≤ 1.5 ms median, docs/spec.md NF-13) and the round
 trips per job, counted from libpq's protocol trace of one traced job of each (a round trip is a
 turn from the client sending to the client reading; the timed jobs are not traced).
 
@@ -183,7 +183,7 @@ def measure(url: str, jobs: int) -> tuple[dict[str, list[float]], dict[str, int]
                 run_job(conn, consumer, i)
                 times[name].append((time.perf_counter() - started) * 1000)
         left = conn.execute("SELECT count(*) FROM core.executions").fetchone()
-        assert left == (0,), f"executions left behind: {left}"  # J-AC8: only fences remain
+        assert left == (0,), f"executions left behind: {left}"  # a success leaves only its fence
     return times, trips
 
 

@@ -8,7 +8,7 @@ the same trivial work — one ``INSERT INTO bench_effects`` — each system the 
 be used:
 
 - **core-jobs**: ``harness.worker.Worker`` on the reference queue (``PgQueue``), batch 10 and
-  100. Exactly once: the INSERT and the job's fence commit in one transaction (J-B1), shared by
+  100. Exactly once: the INSERT and the job's fence commit in one transaction, shared by
   the batch's jobs with a savepoint each (docs/harness.md, "Batched work transactions"); and the
   same consumer with ``shares_transactions=False`` — one transaction per job, the path before.
 - **pgqueuer** 1.6 (``QueueManager`` over a psycopg ``AsyncConnection``, ``mode=drain``), batch
@@ -87,7 +87,7 @@ def _effect(conn: psycopg.Connection, payload: Numbered, ctx: JobContext) -> Non
 
 
 CORE_JOBS = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect)
-# The same consumer opting out of shared transactions: one commit per job, as before issue 20.
+# The same consumer opting out of shared transactions: one commit per job, as before batched work transactions.
 ALONE = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect, shares_transactions=False)
 
 

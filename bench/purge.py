@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
     auto_ratio = ratios("auto", "guarded")
     auto_longest = [run.longest_ms for run, _ in runs["auto"]]
     auto_p99 = [latency(samples, run.busy).p99 for run, samples in runs["auto"]]
-    print("targets (issue 20), for the auto purge, worst round (median):")
+    print("targets (docs/spec.md NF-6 to NF-9), for the auto purge, worst round (median):")
     print(
         f"  purge >= 0.8 x guarded single DELETE rows/s: {min(auto_ratio):.2f} ({statistics.median(auto_ratio):.2f})"
         f" {verdict(min(auto_ratio) >= 0.8)}"

@@ -1,4 +1,4 @@
-"""What the purge's execution rule (issue 12) costs: one index-walk batch with and without it.
+"""What the purge's execution rule (an unfinished execution keeps its fence) costs: one index-walk batch with and without it.
 
     uv run python bench/purge_executions.py                        # 1 M fences, shuffled, 60 % expired
     uv run python bench/purge_executions.py --executions 20000     # many unfinished executions

@@ -1,4 +1,4 @@
-"""Benchmark: the purge without current statistics against the same rows analyzed (issue 17, item 8).
+"""Benchmark: the purge without current statistics against the same rows analyzed (docs/spec.md NF-9a).
 
     uv run python bench/purge_unanalyzed.py                  # 300 000 expired fences, 3 rounds
     uv run python bench/purge_unanalyzed.py --rows 100000 --rounds 5 --shuffled

@@ -1,4 +1,4 @@
-"""Benchmark of operator resolutions (issue 13): p95 under 8 concurrent operators, and of an idempotent replay.
+"""Benchmark of operator resolutions (docs/spec.md NF-15): p95 under 8 concurrent operators, and of an idempotent replay.
 
     uv run python bench/resolution.py                       # defaults below
     uv run python bench/resolution.py --requests 200 --background 20000

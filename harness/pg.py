@@ -49,6 +49,7 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 # The session settings every connection pins (see the module docstring), in one round trip.
 # synchronous_commit: an inherited 'off' becomes 'on'; every other value already flushes locally
@@ -64,11 +65,16 @@ SELECT set_config('DateStyle', 'ISO', false),
 """
 
 
-def connect(conninfo: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection:
-    """``psycopg.connect`` with the session settings pinned; idle, in the ``autocommit`` mode asked for."""
+def connect(conninfo: str, *, autocommit: bool = False, role: str | None = None, **kwargs: Any) -> psycopg.Connection:
+    """``psycopg.connect`` with the session settings pinned; idle, in the ``autocommit`` mode asked for.
+
+    ``role``: the session switches to it (:func:`set_role`), as the worker and the relay do to theirs.
+    """
     conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
     try:
         pin_session(conn)
+        if role:
+            set_role(conn, role)
         conn.autocommit = autocommit
     except BaseException:
         conn.close()
@@ -82,6 +88,16 @@ def pin_session(conn: psycopg.Connection) -> None:
     For a connection opened elsewhere, e.g. by a pool (the operations API's ``configure``).
     """
     conn.execute(PIN_SESSION_SETTINGS)
+
+
+def set_role(conn: psycopg.Connection, role: str) -> None:
+    """``SET ROLE role`` on ``conn`` (autocommit, idle): the session's grants become the role's.
+
+    The least-privilege roles the migrations create (``core_jobs_worker``, ``core_jobs_relay``,
+    ``core_jobs_api``: docs/schema.md) are NOLOGIN; a deployment's login is a member of one and
+    switches to it here. A login that is not a member fails now, with PostgreSQL's permission error.
+    """
+    conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
 
 
 def server_now(conn: psycopg.Connection) -> datetime:

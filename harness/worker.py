@@ -8,7 +8,10 @@ other scheme a third party's entry point); a URL no adapter can open is refused 
 the thread ends.
 
 Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
-ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in) and repeats:
+ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in; with
+``database_role``, switched to it by ``SET ROLE``: ``core-jobs worker`` uses ``core_jobs_worker``,
+whose grants are the harness's tables only, so a handler's own tables are granted to it by the
+deployer, docs/harness.md) and repeats:
 claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
 retries and dead letters, and ack the batch's successes and duplicates in one statement
 at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
@@ -226,10 +229,12 @@ class Worker:
         application_name: str = "core-jobs-worker",
         stop: threading.Event | None = None,
         queue_url: str | None = None,
+        database_role: str | None = None,
     ) -> None:
         self._adapter = adapter_class(queue_url)  # a URL no adapter can open is refused now, not in every thread
         self.queue_url = queue_url
         self.conninfo = conninfo
+        self.database_role = database_role  # each connection's SET ROLE (core_jobs_worker): None, none
         self.consumer = consumer
         self.policy = consumer.policy(policy)
         window = worker_window(consumer, policy, config.lease, self._adapter, queue_url)
@@ -310,6 +315,7 @@ class Worker:
                 conn = connect(
                     self.conninfo,
                     autocommit=True,
+                    role=self.database_role,
                     application_name=self.application_name,
                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                 )
@@ -798,6 +804,7 @@ class Worker:
                     connect(
                         self.conninfo,
                         autocommit=True,
+                        role=self.database_role,
                         application_name=self.application_name,
                         connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                     ) as fresh,

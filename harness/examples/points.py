@@ -42,10 +42,25 @@ CREATE TABLE IF NOT EXISTS example.loyalty_points (
 """
 
 
+# What the worker's role needs of the table, when that role exists.
+GRANT_TO_WORKER = """
+DO $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'core_jobs_worker') THEN
+        GRANT USAGE ON SCHEMA example TO core_jobs_worker;
+        GRANT SELECT, INSERT, UPDATE ON example.loyalty_points TO core_jobs_worker;
+    END IF;
+END $$
+"""
+
+
 def create_table(conn: psycopg.Connection) -> None:
-    """Create ``example.loyalty_points`` if it is not there (the demo's and the tests' database only)."""
+    """Create ``example.loyalty_points`` if it is not there (the demo's and the tests' database only), granted to
+    the worker's least-privilege role where the migrations made it (``core_jobs_worker``, migration 0020), as a
+    deployer grants a consumer's own tables (docs/harness.md)."""
     with conn.transaction():
         conn.execute(CREATE_TABLE)
+        conn.execute(GRANT_TO_WORKER)
 
 
 class CreditPoints(BaseModel):

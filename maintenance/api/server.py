@@ -59,7 +59,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from harness.pg import pin_session
+from harness.pg import pin_session, set_role
 from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
@@ -264,7 +264,7 @@ def session_setup(settings: Settings):
         pin_session(conn)
         read_stored_json(conn)  # no stored row can make a read fail (maintenance/runtime/db.py)
         if role:
-            conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+            set_role(conn, role)
         conn.execute(sql.SQL("SET statement_timeout = {}").format(sql.Literal(timeout_ms)))
 
     return configure

@@ -92,6 +92,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
             metrics=HarnessMetrics(registry),
             stop=stop,
             queue_url=settings.queue_url_value(),
+            database_role=settings.worker_database_role,
         )
     except QueueUrlError as exc:  # its adapter cannot be imported (an extra not installed)
         raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None

@@ -10,6 +10,9 @@ or to keep the relay's latency off the workers (the Helm chart's optional relay 
 
     core-jobs relay --queue points.credit [--queue Q2 …] [--once] [--interval SECONDS] [--batch-size N]
 
+Its connection switches to ``core_jobs_relay`` (``CORE_JOBS_RELAY_DATABASE_ROLE``, migration 0020):
+the outbox and the dead letter of a row it cannot publish, nothing more.
+
 The broker is the adapter named by ``CORE_JOBS_QUEUE_URL`` (or ``--queue-url``), the same setting
 the worker uses; a URL that names the reference queue (unset, ``postgresql://…``) is refused: the
 table is that queue itself, there is nothing to relay. The URL's password never reaches a log
@@ -83,7 +86,9 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     name = f"{socket.gethostname()}:{os.getpid()}/relay"
     metrics = _served_metrics(args.metrics_port)
     stop = threading.Event()  # SIGTERM/SIGINT set it: the batch in hand is finished and acked, then it stops
-    with connect(settings.conninfo(), autocommit=True, application_name="core-jobs-relay") as conn:
+    with connect(
+        settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name="core-jobs-relay"
+    ) as conn:
         target = open_target(queue_url(args, settings), conn, worker=name, lease=settings.worker_lease)
         relay = Relay(
             PgQueue(conn, lease=settings.worker_lease, worker=name),

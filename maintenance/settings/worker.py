@@ -1,4 +1,8 @@
-"""Worker settings: the queue, lease, batch size, polling and threads of ``core-jobs worker``; the bulk cap.
+"""Worker settings: the queue, lease, batch size, polling, threads and role of ``core-jobs worker``; the bulk cap.
+
+``CORE_JOBS_WORKER_DATABASE_ROLE`` and ``CORE_JOBS_RELAY_DATABASE_ROLE`` name the least-privilege roles
+the worker's and the relay's connections switch to (``SET ROLE``, migration 0020), as the API does
+to its own: the login in ``CORE_JOBS_DATABASE_URL`` must be a member.
 
 ``CORE_JOBS_QUEUE_URL`` chooses the queue adapter of ``core-jobs worker`` and ``core-jobs enqueue``
 (harness/queue/adapters.py): unset, the reference queue in the database of ``CORE_JOBS_DATABASE_URL``;
@@ -29,6 +33,8 @@ DEFAULT_WORKER_CONCURRENCY = 1  # threads per process
 DEFAULT_WORKER_LISTEN = True  # idle: wake on the reference queue's NOTIFY, polling as the fallback
 DEFAULT_WORKER_RECONNECT_FOR = timedelta(minutes=2)  # reconnecting after a lost connection, before exit 1
 DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action by filter
+DEFAULT_WORKER_DATABASE_ROLE = "core_jobs_worker"  # migration 0020
+DEFAULT_RELAY_DATABASE_ROLE = "core_jobs_relay"  # migration 0020
 
 
 class WorkerFields(BaseModel):
@@ -85,6 +91,17 @@ class WorkerFields(BaseModel):
         "replication a failover otherwise loses a job RabbitMQ already acked, or sends such a write twice. Past it "
         "the batch is released (the fence decides its copy). Needs pg_monitor for the worker's role.",
     )
+    worker_database_role: str | None = Field(
+        default=DEFAULT_WORKER_DATABASE_ROLE,
+        description="Role every `core-jobs worker` connection switches to (SET ROLE): the least-privilege role "
+        "created by the migrations; the login must be a member of it, and the consumer's own tables granted to it "
+        "(docs/harness.md). Empty: no SET ROLE (not recommended).",
+    )
+    relay_database_role: str | None = Field(
+        default=DEFAULT_RELAY_DATABASE_ROLE,
+        description="Role the `core-jobs relay` connection switches to (SET ROLE): the least-privilege role "
+        "created by the migrations; the login must be a member of it. Empty: no SET ROLE (not recommended).",
+    )
     dead_letters_bulk_max: int = Field(
         default=DEFAULT_DEAD_LETTERS_BULK_MAX,
         ge=1,
@@ -103,6 +120,11 @@ class WorkerFields(BaseModel):
             return None
         adapter_reference(raw)  # a scheme no adapter serves: its message names the known ones, never the URL
         return SecretStr(raw)
+
+    @field_validator("worker_database_role", "relay_database_role")
+    @classmethod
+    def _blank_is_none(cls, value: str | None) -> str | None:
+        return None if value is None or not value.strip() else value.strip()
 
     def queue_url_value(self) -> str | None:
         """The queue URL, password included, for the worker and enqueue; None: the reference queue."""

@@ -24,7 +24,7 @@ Create Date: 2026-12-08
 from alembic import op
 
 revision = "0022_dead_letter_traceback"
-down_revision = "0019_publish_guard_by_job"
+down_revision = "0021_object_comments"
 branch_labels = None
 depends_on = None
 

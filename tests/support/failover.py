@@ -76,7 +76,9 @@ CREATE TABLE public.failover_effects (
     id bigserial PRIMARY KEY,
     job_id uuid NOT NULL,
     at timestamptz NOT NULL DEFAULT clock_timestamp()
-)
+);
+GRANT SELECT, INSERT ON public.failover_effects TO core_jobs_worker;
+GRANT USAGE ON SEQUENCE public.failover_effects_id_seq TO core_jobs_worker
 """
 
 

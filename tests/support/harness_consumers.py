@@ -79,6 +79,7 @@ def _misbehave(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext)
         "m-permanent": lambda: PermanentError("the ledger has no member m-permanent"),
     }
     if payload.member_id == "m-disconnect":
+        conn.execute("RESET ROLE")  # back to the test's superuser: core_jobs_worker may not end a superuser's backend
         conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
     if payload.member_id in failures:
         raise failures[payload.member_id]()

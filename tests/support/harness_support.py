@@ -39,12 +39,19 @@ def replay_state(conn: psycopg.Connection, letter_id: int) -> tuple[str | None, 
     ).fetchone()
 
 
-def run_worker(database_url: str, consumer=points_consumer, policy: RetryPolicy = RetryPolicy()) -> WorkerStats:
-    """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics."""
+def run_worker(
+    database_url: str,
+    consumer=points_consumer,
+    policy: RetryPolicy = RetryPolicy(),
+    *,
+    database_role: str | None = None,
+) -> WorkerStats:
+    """``consumer`` (default: the points consumer) run once over every ready message, on its own metrics;
+    with ``database_role``, its connections switched to that role."""
     metrics = HarnessMetrics(CollectorRegistry())
-    return Worker(database_url, consumer, policy=policy, config=WorkerConfig(fence_ttl=TTL), metrics=metrics).run(
-        once=True
-    )
+    config = WorkerConfig(fence_ttl=TTL)
+    worker = Worker(database_url, consumer, policy=policy, config=config, metrics=metrics, database_role=database_role)
+    return worker.run(once=True)
 
 
 def points(conn: psycopg.Connection, member: str) -> int:
