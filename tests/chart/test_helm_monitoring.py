@@ -116,7 +116,7 @@ def test_every_rule_aggregates_by_the_group_labels_and_selects_by_the_selector(c
         chart, {"prometheusRule": {"selector": 'namespace="jobs"', "groupLabels": ["region", "namespace"]}}
     )
     for name, expr in exprs.items():
-        selectors = re.findall(r"\b(?:core_jobs|up)[\w:]*(?:\{[^}]*\})?", expr)
+        selectors = re.findall(r"\b(?:core_jobs|harness|up)[\w:]*(?:\{[^}]*\})?", expr)
         assert selectors, name
         for selector in selectors:
             if not selector.startswith("core_jobs:"):  # a recorded series is already scoped

@@ -140,6 +140,7 @@ def test_the_contracted_result_metrics_are_declared():
             "core_jobs_alerts_incidents_opened",
             "core_jobs_alerts_incidents_resolved",
             "core_jobs_alerts_escalations",
+            "core_jobs_alerts_dry_run",
         },
         "metrics": set(),
     }

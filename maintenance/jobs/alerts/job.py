@@ -150,7 +150,7 @@ class AlertFeed:
             with advisory_lock(conn, LOCK_NAME) as acquired:
                 if not acquired:
                     self.log.info("alerts.feed.skipped", reason="another run holds the lock", lock=LOCK_NAME)
-                    return AlertFeedResult(skipped=1)
+                    return AlertFeedResult(skipped=1, dry_run=int(self.dry_run))
                 try:
                     return self._run_locked(conn, now)
                 finally:
@@ -547,6 +547,12 @@ SPEC = JobSpec(
             "core_jobs_alerts_escalations",
             "escalations_posted",
             "Escalations the last alerts run posted to Better Stack.",
+        ),
+        # A feed without a token pages nobody: CoreJobsAlertFeedDryRun fires on this (docs/alerts.md).
+        ResultMetric(
+            "core_jobs_alerts_dry_run",
+            "dry_run",
+            "1 when the last alerts run was a dry run (no CORE_JOBS_BETTERSTACK_API_TOKEN): nothing reached Better Stack.",
         ),
     ),
 )

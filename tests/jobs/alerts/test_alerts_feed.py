@@ -215,6 +215,21 @@ def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs, 
     assert (live.incidents_posted, live.escalations_posted, live.dry_run) == (1, 1, 0)
 
 
+def test_a_dry_run_says_so_in_a_metric_an_alert_rule_watches(db, conn, fake_bs):
+    """core_jobs_alerts_dry_run is 1 after a run without a token (CoreJobsAlertFeedDryRun fires on it), 0 with one."""
+    from maintenance.jobs.alerts.job import SPEC
+    from maintenance.service.runner import run_job
+    from maintenance.service.telemetry import Telemetry
+
+    add_dead_letters(conn, "points.credit", 2)
+    telemetry = Telemetry()
+    value = telemetry.registry.get_sample_value
+    run_job(SPEC, make_feed(db, None), db, telemetry)
+    assert value("core_jobs_alerts_dry_run", {"job_name": "alerts"}) == 1
+    run_job(SPEC, make_feed(db, fake_bs), db, telemetry)
+    assert value("core_jobs_alerts_dry_run", {"job_name": "alerts"}) == 0
+
+
 def test_two_runs_at_once_post_one_set_of_incidents(db, conn, fake_bs):
     """A run started while another is mid-POST is skipped; one incident per queue exists afterwards."""
     add_dead_letters(conn, "points.credit", 3)
