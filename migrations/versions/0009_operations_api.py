@@ -229,7 +229,9 @@ BEGIN
 END $$;
 """
 
-# Drop the role only when no other database of the cluster still grants it anything.
+# Drop the role only when no other database of the cluster still grants it anything. Two databases
+# downgrading at once may deadlock on the role (each holds a share lock on it from its REVOKE and
+# wants the exclusive one): the victim keeps it, and the other drops it once the victim commits.
 DROP_ROLE_IF_UNUSED = """
 DO $$
 BEGIN
@@ -239,6 +241,10 @@ BEGIN
         EXCEPTION
             WHEN dependent_objects_still_exist THEN
                 RAISE NOTICE 'role {role} kept: another database of this cluster still grants it privileges';
+            WHEN deadlock_detected THEN
+                -- Another database's downgrade revoked its grants and drops the role at the same moment
+                -- (each holds a share lock on the role from its REVOKE): it drops it once this one ends.
+                RAISE NOTICE 'role {role} kept: another database of this cluster is dropping it at the same time';
             WHEN insufficient_privilege THEN
                 RAISE NOTICE 'role {role} kept: the migrating user may not drop roles';
         END;
