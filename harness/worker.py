@@ -345,6 +345,7 @@ class Worker:
             except BaseException:
                 conn.close()
                 raise
+            lost = False  # read inside the block: leaving it closes the connection either way
             try:
                 with conn, closing(self._open_queue(conn, worker_name)) as queue:
                     if lost_since is not None:
@@ -356,12 +357,16 @@ class Worker:
                             attempts=failures + 1,
                         )
                     lost_since, failures = None, 0
-                    self._give_back_pending(conn, queue)
-                    self._session(conn, queue, worker_name, once)
+                    try:
+                        self._give_back_pending(conn, queue)
+                        self._session(conn, queue, worker_name, once)
+                    except Exception:
+                        lost = conn.closed or conn.broken
+                        raise
                     return  # stopped, or drained (once)
             except Exception as exc:
-                if not (conn.closed or conn.broken):
-                    raise  # not the connection: the worker's own failure, as before
+                if not lost:
+                    raise  # not the connection (a broker unreachable, a bug): the worker's own failure, as before
                 lost_since = time.monotonic()
                 self.stats.add("connections_lost")
                 connection_lost = getattr(self.metrics, "connection_lost", None)  # optional in a WorkerMetrics
