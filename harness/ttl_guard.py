@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
-from harness.durable.window import max_execution_window
+
+if TYPE_CHECKING:  # check-config imports this module for TtlGuard alone: no consumer, durable or driver code
+    from harness.consumer.consumer import Consumer
 
 __all__ = ["DEFAULT_TTL_MARGIN", "TtlGuard", "adapter_horizon", "worker_window"]
 
@@ -54,6 +55,8 @@ def worker_window(
     consumer: Consumer[Any], policy: RetryPolicy, lease: timedelta, adapter: Any, url: str | None
 ) -> timedelta:
     """The longest a job of ``consumer`` may still be delivered: its execution window plus the adapter's horizon."""
+    from harness.durable.window import max_execution_window
+
     try:
         return max_execution_window(consumer, policy, lease) + adapter_horizon(adapter, url, consumer.policy(policy))
     except OverflowError:

@@ -29,7 +29,7 @@ from support.harness_support import (
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
-from harness.examples.points import CreditPoints, OutageLedger, make_consumer
+from harness.examples.points import CreditPoints, OutageLedger, create_table, make_consumer
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Duplicate
@@ -337,6 +337,7 @@ def test_upgrade_tracks_replays_whose_message_still_waits_and_keeps_the_old_wind
         assert conn.execute(
             "SELECT replay_outcome, replay_handled_at = status_changed_at FROM core.dead_letters WHERE id = %s", (done,)
         ).fetchone() == ("untracked", True)
+        create_table(conn)  # the example's own table: no longer the migrations' (0023 drops it while empty)
     assert run_worker(empty_database_url).processed == 1
     with psycopg.connect(empty_database_url, autocommit=True) as conn:
         assert replay_state(conn, waiting) == ("processed", True)
