@@ -98,7 +98,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -496,7 +496,7 @@ class Worker:
             return [], unstarted + done
         return done, unstarted
 
-    def _retry_rolled_back(self, queue: QueuePort, deliveries: list[Delivery]) -> None:
+    def _retry_rolled_back(self, queue: QueuePort, deliveries: Sequence[Delivery]) -> None:
         """Retry each delivery a failed shared transaction rolled back, its attempt counted, after the policy's backoff.
 
         Counted, never released: whichever job made the transaction fail would otherwise share the next one again,
@@ -783,7 +783,7 @@ class Worker:
         queue: QueuePort,
         done: list[Delivery],
         unstarted: list[Delivery],
-        rolled_back: list[Delivery] = [],  # noqa: B006 (read only)
+        rolled_back: Sequence[Delivery] = (),
     ) -> None:
         """Ack the batch's successes, release its unstarted messages and retry, counted, those whose work a failed
         shared transaction rolled back (``BatchProgress.rolled_back``, harness/handling.py); never raises.

@@ -15,6 +15,7 @@ from typing import Any, Final, Literal
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
 from harness.consumer.retry import RetryPolicy
+from harness.ttl_guard import DEFAULT_TTL_MARGIN  # factor over the max retry window: the library's, written once
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, PostgresTimeout
 from maintenance.fields.environment import ENV_PREFIX
@@ -28,7 +29,6 @@ from maintenance.fields.retry import (
 from maintenance.fields.urls import normalize_database_url
 
 DEFAULT_PROCESSED_JOBS_TTL = timedelta(days=7)  # fence lifetime (J-B7)
-DEFAULT_TTL_MARGIN = 2.0  # factor over the max retry window
 DEFAULT_RETRY_MAX_ATTEMPTS = 5  # attempts, the first included (J-B3)
 DEFAULT_RETRY_BASE_DELAY = timedelta(seconds=30)  # before the first retry
 DEFAULT_RETRY_MAX_DELAY = timedelta(hours=1)  # cap of one retry delay
