@@ -70,7 +70,16 @@ def connect(conninfo: str, *, autocommit: bool = False, role: str | None = None,
 
     ``role``: the session switches to it (:func:`set_role`), as the worker and the relay do to theirs.
     """
-    conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
+    return prepare(psycopg.connect(conninfo, autocommit=True, **kwargs), autocommit=autocommit, role=role)
+
+
+def prepare(conn: psycopg.Connection, *, autocommit: bool = False, role: str | None = None) -> psycopg.Connection:
+    """What :func:`connect` does once connected: on ``conn`` (autocommit, idle, just opened), the session settings
+    pinned, ``role`` switched to, then ``autocommit`` as asked; ``conn`` is closed if any of it fails.
+
+    Apart from the connecting, for a caller that must tell a server it could not reach from a connection lost while
+    being set up (the worker: harness/worker.py).
+    """
     try:
         pin_session(conn)
         if role:

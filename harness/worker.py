@@ -114,7 +114,7 @@ from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
-from harness.pg import connect
+from harness.pg import connect, prepare
 from harness.queue.adapters import adapter_class
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import (
@@ -311,17 +311,27 @@ class Worker:
         lost_since: float | None = None  # time.monotonic() when the connection was lost; None while connected
         failures = 0
         while not self._stopping.is_set():
+            reached = False  # the server answered: a failure after this is a connection lost, not a wrong address
             try:
-                conn = connect(
+                conn = psycopg.connect(
                     self.conninfo,
                     autocommit=True,
-                    role=self.database_role,
                     application_name=self.application_name,
                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                 )
+                reached = True
+                prepare(conn, autocommit=True, role=self.database_role)
+                try:
+                    replication.register(conn, self._barrier)  # a role that cannot see the standbys: refused
+                except BaseException:
+                    conn.close()
+                    raise
             except psycopg.OperationalError as exc:
-                if lost_since is None:
+                if lost_since is None and not reached:
                     raise  # unreachable from the start: a configuration to fix, not an outage to wait out
+                if lost_since is None:  # lost while being set up (a terminated backend): an outage like any other
+                    lost_since = time.monotonic()
+                    self._connection_lost(worker_name, exc)
                 waited = time.monotonic() - lost_since
                 if waited >= self.config.reconnect_for.total_seconds():
                     raise DatabaseUnavailable(
@@ -340,11 +350,6 @@ class Worker:
                 )
                 self._stopping.wait(delay)
                 continue
-            try:
-                replication.register(conn, self._barrier)  # a role that cannot see the standbys: refused
-            except BaseException:
-                conn.close()
-                raise
             lost = False  # read inside the block: leaving it closes the connection either way
             try:
                 with conn, closing(self._open_queue(conn, worker_name)) as queue:
@@ -368,16 +373,17 @@ class Worker:
                 if not lost:
                     raise  # not the connection (a broker unreachable, a bug): the worker's own failure, as before
                 lost_since = time.monotonic()
-                self.stats.add("connections_lost")
-                connection_lost = getattr(self.metrics, "connection_lost", None)  # optional in a WorkerMetrics
-                if connection_lost is not None:
-                    connection_lost(self.consumer.name)
-                log.warning(
-                    "harness.worker.connection_lost",
-                    consumer=self.consumer.name,
-                    worker=worker_name,
-                    error=describe_error(exc),
-                )
+                self._connection_lost(worker_name, exc)
+
+    def _connection_lost(self, worker_name: str, exc: BaseException) -> None:
+        """Count and log a lost database connection (harness.worker.connection_lost); the thread reconnects."""
+        self.stats.add("connections_lost")
+        connection_lost = getattr(self.metrics, "connection_lost", None)  # optional in a WorkerMetrics
+        if connection_lost is not None:
+            connection_lost(self.consumer.name)
+        log.warning(
+            "harness.worker.connection_lost", consumer=self.consumer.name, worker=worker_name, error=describe_error(exc)
+        )
 
     def _session(self, conn: psycopg.Connection, queue: QueuePort, worker_name: str, once: bool) -> None:
         """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""

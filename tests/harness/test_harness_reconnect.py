@@ -17,6 +17,7 @@ from support.harness_support import TTL, points, scalar
 from support.tcp_proxy import TcpProxy, proxy_of, through
 from support.waiting import wait_until
 
+import harness.worker
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
@@ -109,10 +110,40 @@ def test_a_worker_whose_backends_are_terminated_reconnects_and_goes_on(database_
         " WHERE application_name = 'core-jobs-worker' AND datname = current_database()"
     )
     publish(conn, {"member_id": "m-after", "points": 3})
-    wait_until(lambda: points(conn, "m-after") == 3, what="the job published after the outage credited")
+    wait_until(
+        lambda: points(conn, "m-after") == 3 or running.outcome, what="the job published after the outage credited"
+    )
+    assert not running.outcome, running.outcome
     assert worker.stats.connections_lost >= 1
     worker.stop()
     assert running.result().processed == 1
+
+
+def test_a_connection_lost_while_being_set_up_is_an_outage_not_a_wrong_address(database_url, conn, monkeypatch):
+    """The server answered, then the new session's backend was terminated before its settings were pinned (a pg_terminate_backend
+    racing a worker's start): the thread counts a lost connection and reconnects, instead of failing the worker as one
+    whose database was unreachable from the start."""
+    real_prepare = harness.worker.prepare
+    terminated: list[int] = []
+
+    def terminated_first(session, **kwargs):
+        if not terminated:
+            terminated.append(session.info.backend_pid)
+            conn.execute("SELECT pg_terminate_backend(%s)", terminated)
+        return real_prepare(session, **kwargs)
+
+    monkeypatch.setattr(harness.worker, "prepare", terminated_first)
+    publish(conn, {"member_id": "m-set-up", "points": 4})
+    worker, metrics = worker_on(database_url)
+    with capture_logs() as logs:
+        stats = worker.run(once=True)
+    assert (len(terminated), stats.connections_lost, stats.processed) == (1, 1, 1)
+    assert points(conn, "m-set-up") == 4
+    assert metrics.registry.get_sample_value("harness_worker_connections_lost_total", {"consumer": points_consumer.name}) == 1
+    assert [e["event"] for e in logs if e["event"].startswith("harness.worker.")][1:3] == [
+        "harness.worker.connection_lost",
+        "harness.worker.reconnect_failed",
+    ]
 
 
 def test_a_worker_waits_out_an_outage_and_drains_what_was_published_during_it(database_url, conn, proxy):
