@@ -139,7 +139,10 @@ def test_a_connection_lost_while_being_set_up_is_an_outage_not_a_wrong_address(d
         stats = worker.run(once=True)
     assert (len(terminated), stats.connections_lost, stats.processed) == (1, 1, 1)
     assert points(conn, "m-set-up") == 4
-    assert metrics.registry.get_sample_value("harness_worker_connections_lost_total", {"consumer": points_consumer.name}) == 1
+    assert (
+        metrics.registry.get_sample_value("harness_worker_connections_lost_total", {"consumer": points_consumer.name})
+        == 1
+    )
     assert [e["event"] for e in logs if e["event"].startswith("harness.worker.")][1:3] == [
         "harness.worker.connection_lost",
         "harness.worker.reconnect_failed",
