@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from harness.handling import handle
     from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
     from harness.queue.adapters import QueueUrlError, open_queue
+    from harness.queue.memory import MemoryBroker, MemoryQueue, memory_broker
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import (
         NO_TENANT,
@@ -95,6 +96,9 @@ _HOMES = {
     "WorkerMetrics": "harness.metrics",
     "RetryPolicy": "harness.consumer.retry",
     "RetryPolicyError": "harness.consumer.retry",
+    "MemoryBroker": "harness.queue.memory",
+    "MemoryQueue": "harness.queue.memory",
+    "memory_broker": "harness.queue.memory",
     "Worker": "harness.worker",
     "WorkerConfig": "harness.worker",
     "WorkerStats": "harness.worker",
@@ -118,6 +122,8 @@ __all__ = [
     "Held",
     "InvalidPayload",
     "JobContext",
+    "MemoryBroker",
+    "MemoryQueue",
     "Metrics",
     "NotSent",
     "Outcome",
@@ -136,6 +142,7 @@ __all__ = [
     "WorkerMetrics",
     "WorkerStats",
     "handle",
+    "memory_broker",
     "open_queue",
     "settle",
 ]

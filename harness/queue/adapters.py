@@ -8,6 +8,8 @@ none, empty, ``postgresql://…``,               :class:`~harness.queue.pgqueue.
                                                own): the URL's host, user and database are not read
 ``amqp://…``, ``amqps://…``                    ``harness.queue.rabbitmq.RabbitQueue`` (the ``rabbitmq``
                                                extra: ``core-jobs-harness[rabbitmq]``, pika)
+``memory://<name>``                            :class:`~harness.queue.memory.MemoryQueue`, a queue in the
+                                               process's memory, for a consumer's own tests
 any other scheme                               the entry point of that name in the group
                                                ``core_jobs_harness.queues``
 =============================================  ===========================================================
@@ -53,7 +55,14 @@ ENTRY_POINT_GROUP = "core_jobs_harness.queues"
 
 REFERENCE_QUEUE = "harness.queue.pgqueue:PgQueue"
 RABBITMQ_QUEUE = "harness.queue.rabbitmq:RabbitQueue"
-BUILT_IN = {"postgresql": REFERENCE_QUEUE, "postgres": REFERENCE_QUEUE, "amqp": RABBITMQ_QUEUE, "amqps": RABBITMQ_QUEUE}
+MEMORY_QUEUE = "harness.queue.memory:MemoryQueue"
+BUILT_IN = {
+    "postgresql": REFERENCE_QUEUE,
+    "postgres": REFERENCE_QUEUE,
+    "amqp": RABBITMQ_QUEUE,
+    "amqps": RABBITMQ_QUEUE,
+    "memory": MEMORY_QUEUE,
+}
 # What to install when a built-in adapter cannot be imported.
 _EXTRAS = {RABBITMQ_QUEUE: "core-jobs-harness[rabbitmq]"}
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 
-from harness.queue.adapters import adapter_reference
+from harness.queue.adapters import adapter_reference, url_scheme
 from maintenance.fields.durations import PositiveDuration
 from maintenance.operations.limits import DEFAULT_BULK_MAX  # not from dead_letters: that loads psycopg
 
@@ -119,6 +119,11 @@ class WorkerFields(BaseModel):
         if not raw:
             return None
         adapter_reference(raw)  # a scheme no adapter serves: its message names the known ones, never the URL
+        if url_scheme(raw) == "memory":
+            raise ValueError(
+                "memory:// is a queue in one process's memory, for a consumer's own tests (docs/harness.md, Testing a"
+                " consumer): what a command published there would be lost when it exits; use postgresql:// or amqp://"
+            )
         return SecretStr(raw)
 
     @field_validator("worker_database_role", "relay_database_role")

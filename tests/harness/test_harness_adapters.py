@@ -70,7 +70,7 @@ def test_an_unknown_scheme_is_a_value_error_naming_it_and_the_known_ones_never_t
         open_queue(url, conn, lease=LEASE)
     message = str(info.value)
     assert named in message
-    assert "amqp, amqps, postgres, postgresql" in message
+    assert "amqp, amqps, memory, postgres, postgresql" in message
     assert PASSWORD not in message
 
 
@@ -125,7 +125,7 @@ def test_a_scheme_of_the_entry_point_group_opens_that_adapter_with_the_url(echo_
 @pytest.mark.pure
 def test_the_unknown_scheme_message_lists_the_installed_entry_points_too(echo_queues):
     """A refused scheme's message names the third-party schemes installed beside the built-in ones."""
-    with pytest.raises(ValueError, match="known: amqp, amqps, echo, postgres, postgresql") as info:
+    with pytest.raises(ValueError, match="known: amqp, amqps, echo, memory, postgres, postgresql") as info:
         adapter_reference("kafka://broker/")
     assert ENTRY_POINT_GROUP in str(info.value)
 

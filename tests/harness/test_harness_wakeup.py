@@ -149,8 +149,12 @@ def test_a_lost_listening_connection_is_listened_again_and_wakes_the_worker(data
     lost = listener_pid(conn)
     with capture_logs() as logs:
         conn.execute("SELECT pg_terminate_backend(%s)", (lost,))
-        wait_until(lambda: (listener_pid(conn) or lost) != lost, timeout=AT_ONCE, what="listening again")
+        # The event, not the new backend (it shows in pg_stat_activity before its LISTEN has run).
+        wait_until(
+            lambda: any(e["event"] == "harness.worker.listening" for e in logs), timeout=AT_ONCE, what="listening again"
+        )
     assert [e["event"] for e in logs] == ["harness.worker.listen_lost", "harness.worker.listening"]
+    assert listener_pid(conn) not in (None, lost)
     publish(conn, {"member_id": "m-1", "points": 1})
     credited_at_once(conn, "m-1")
     assert idling.stop().connections_lost == 0  # the worker's own connection was never lost

@@ -88,9 +88,23 @@ def test_a_queue_url_of_no_known_scheme_is_refused_at_load_naming_the_setting_no
     from maintenance.settings import ConfigError, load_settings
 
     clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
-    with pytest.raises(ConfigError, match=r"^CORE_JOBS_QUEUE_URL: .*amqp, amqps, postgres, postgresql") as raised:
+    with pytest.raises(
+        ConfigError, match=r"^CORE_JOBS_QUEUE_URL: .*amqp, amqps, memory, postgres, postgresql"
+    ) as raised:
         load_settings()
     assert "QueuePW77" not in str(raised.value)
+
+
+def test_a_memory_queue_url_is_refused_at_load_as_a_queue_for_a_consumers_own_tests(clean_env):
+    """memory:// is a queue in one process (harness/queue/memory.py): a worker or enqueue command on it would lose
+    what it published when it exits, so the bundle's settings refuse it, saying what it is for."""
+    from maintenance.settings import ConfigError, load_settings
+
+    clean_env.setenv("CORE_JOBS_QUEUE_URL", "memory://orders")
+    with pytest.raises(
+        ConfigError, match=r"^CORE_JOBS_QUEUE_URL: .*for a consumer's own tests.*postgresql:// or amqp://"
+    ):
+        load_settings()
 
 
 def test_a_queue_url_of_an_installed_third_party_scheme_is_accepted(clean_env, echo_queues):
