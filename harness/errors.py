@@ -84,11 +84,14 @@ def describe_error(error: BaseException, limit: int = MAX_ERROR_CHARS) -> str:
     - a NUL becomes the two characters ``\\0`` (PostgreSQL text cannot hold it) and a lone
       surrogate such as ``\\udcff`` (bytes decoded with ``surrogateescape``) its escape, since
       UTF-8 cannot encode it: the write that records the error must not fail because of the
-      error's own text.
+      error's own text;
+    - a credential the error quotes (a URL's password, a token) is masked by the process's redactor
+      (:func:`harness.tracing.redact`, as :func:`describe_traceback` is) before the cut: the text is
+      stored, shown by the API and the CLI, and sent to the alert feed.
     """
     message = _message(error)
     text = f"{type(error).__name__}: {message}" if message else type(error).__name__
-    text = _storable(text)
+    text = tracing.redact(_storable(text))
     if len(text) <= limit:
         return text
     return text[: limit - len(_ELLIPSIS)] + _ELLIPSIS

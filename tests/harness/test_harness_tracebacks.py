@@ -15,7 +15,7 @@ from support.harness_support import run_worker, scalar
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
-from harness.errors import MAX_TRACEBACK_CHARS, PermanentError, describe_traceback
+from harness.errors import MAX_TRACEBACK_CHARS, PermanentError, TransientError, describe_traceback
 from harness.examples.points import CreditPoints
 
 SECRET_PAYLOAD_VALUE = "m-locals-never-leave"
@@ -81,13 +81,28 @@ def test_a_poison_payload_has_no_traceback_so_no_payload_value_through_pydantic(
     assert traceback is None
 
 
-def test_the_traceback_is_masked_by_the_credential_detector(database_url, conn, logs):
+def test_the_traceback_and_the_last_error_are_masked_by_the_credential_detector(database_url, conn, logs):
+    """A handler's error quoting a credential: the dead letter's last_error (shown by the API, the CLI, the alert
+    feed) and its traceback keep the error's shape, never the secret."""
     publish(conn, {"member_id": "m-1", "points": 5})
     leaking = refusing_with(PermanentError, "cannot reach postgresql://ledger:hunter2-pw@db.internal/ledger")
     assert run_worker(database_url, leaking).dead_lettered == 1
-    _last_error, traceback = letter(conn)
+    last_error, traceback = letter(conn)
     assert "hunter2-pw" not in traceback and "postgresql://ledger:" in traceback
+    assert "hunter2-pw" not in last_error and last_error.startswith("PermanentError: cannot reach postgresql://ledger:")
     assert "hunter2-pw" not in logs.text
+
+
+def test_a_retrys_last_error_is_masked_by_the_credential_detector(database_url, conn, logs):
+    """The retried message keeps its last_error on the queue (what `dead-letters`, the API and a broker header show):
+    masked like the dead letter's."""
+    publish(conn, {"member_id": "m-1", "points": 5})
+    leaking = refusing_with(TransientError, "ledger refused token=sk_live_4eC39HqLyjWDarjtT1zdp7dc")
+    assert run_worker(database_url, leaking).retried == 1
+    last_error = scalar(conn, "SELECT last_error FROM core.queue_messages")
+    assert (
+        last_error.startswith("TransientError: ledger refused token=") and "4eC39HqLyjWDarjtT1zdp7dc" not in last_error
+    )
 
 
 def test_the_traceback_is_bounded_keeping_its_start_and_the_innermost_frames():
