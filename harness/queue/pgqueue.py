@@ -178,11 +178,16 @@ DELETE FROM core.queue_messages AS m
 RETURNING m.id
 """
 
+# Ready now, the attempt not counted. A redelivered delivery stays one: its lease is made expired, not cleared
+# (CLAIM tells a redelivery by a lease that is set and over; no settle can use it any more), so given back by a
+# stopping worker it still runs alone. Like any expired lease it is found by polling, not announced (0024).
 RELEASE = f"""
 UPDATE core.queue_messages AS m
    SET attempts = m.attempts - 1,
-       lease_token = NULL, lease_expires_at = NULL, leased_by = NULL
-  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
+       lease_token = CASE WHEN h.redelivered THEN m.lease_token END,
+       lease_expires_at = CASE WHEN h.redelivered THEN now() END,
+       leased_by = CASE WHEN h.redelivered THEN m.leased_by END
+  FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(redelivered)s::boolean[]) AS h(id, token, redelivered)
  WHERE {_HELD}
 """
 
@@ -396,8 +401,8 @@ class PgQueue:
         return self._by_receipts(ACK, deliveries)
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Give unhandled deliveries back, ready now, their attempt not counted."""
-        return self._by_receipts(RELEASE, deliveries)
+        """Give unhandled deliveries back, ready now, their attempt not counted; a redelivered one stays so."""
+        return self._by_receipts(RELEASE, deliveries, redelivered=[d.redelivered for d in deliveries])
 
     def retry(self, delivery: Delivery, delay: timedelta, error: str) -> bool:
         """Record the failed attempt and schedule the next at ``now() + delay``, in one statement."""
@@ -417,14 +422,14 @@ class PgQueue:
             write_dead_letter(self.conn, letter)
             return True
 
-    def _by_receipts(self, statement: str, deliveries: Sequence[Delivery]) -> int:
+    def _by_receipts(self, statement: str, deliveries: Sequence[Delivery], **params: Any) -> int:
         if not deliveries:
             return 0
         ids = [d.receipt[0] for d in deliveries]
         tokens = [d.receipt[1] for d in deliveries]
         with self.conn.transaction():
             self.conn.execute(ASYNC_COMMIT)
-            return self.conn.execute(statement, {"ids": ids, "tokens": tokens}).rowcount
+            return self.conn.execute(statement, {"ids": ids, "tokens": tokens, **params}).rowcount
 
 
 def _stored(payload: Any) -> Jsonb:

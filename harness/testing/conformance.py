@@ -16,7 +16,8 @@ What the tests state (each test's docstring is its rule):
 - **Retries** — ``retry(delay)`` delivers the message again only once the delay has passed, with
   no process sleeping on it (``make_due``), as attempt 2.
 - **Redelivery** — a lost lease or a dead consumer (``crash``) delivers the message again (attempt 2),
-  ``redelivered``, at most one such delivery per claim (a killer runs alone).
+  ``redelivered``, at most one such delivery per claim (a killer runs alone); released unstarted, it is
+  still ``redelivered`` when claimed again.
 - **Settled once** — each delivery's outcome is settled exactly once: a second ``ack``, ``retry``
   or ``dead_letter`` of the same delivery returns 0/False and changes nothing (no second
   delivery, no second dead letter).
@@ -400,6 +401,23 @@ class QueuePortContract:
                 threading.Event().wait(0.01)
         assert sorted(str(d.envelope.job_id) for d in seen) == sorted(str(e.job_id) for e in envelopes)
         assert [(d.redelivered, d.attempt) for d in seen] == [(True, 2)] * 3
+        kit.nothing_ready(port)
+
+    def test_a_released_redelivery_is_still_a_redelivery(self, kit: _Kit) -> None:
+        """A redelivered delivery given back unstarted (its worker stopping) stays a suspect: claimed again, it says
+        ``redelivered`` at the same attempt, so it still runs alone (a release counts no attempt and clears no doubt)."""
+        _conn, dying = kit.worker()
+        dying.publish(kit.queue, kit.envelope())
+        kit.claim(dying)
+        kit.under_test.crash(dying)
+        _conn2, stopping = kit.worker()
+        [suspect] = kit.claim(stopping)
+        assert (suspect.redelivered, suspect.attempt) == (True, 2)
+        assert stopping.release([suspect]) == 1
+        _conn3, port = kit.worker()
+        [again] = kit.claim(port)
+        assert (again.envelope.job_id, again.redelivered, again.attempt) == (suspect.envelope.job_id, True, 2)
+        assert port.ack([again]) == 1
         kit.nothing_ready(port)
 
     @pytest.mark.parametrize("second", ["ack", "retry", "dead_letter"])

@@ -296,16 +296,22 @@ def test_lease_expiry_redelivers_with_a_new_token_and_the_next_attempt(conn):
 
 
 def test_a_reference_queue_delivery_after_a_lease_expiry_is_marked_redelivered(conn):
-    """A claim of a message whose lease expired unsettled (its worker died, perhaps of it) says redelivered; a first
-    claim, and a claim after a release or a retry, do not."""
+    """A claim of a message whose lease expired unsettled (its worker died, perhaps of it) says redelivered, and so
+    does the claim after it was released unstarted (still a suspect); a first claim, a claim after a fresh delivery's
+    release, and one after a retry (it ran and failed: not a suspect) do not."""
     publish(conn, {"member_id": "a", "points": 1})
     queue = PgQueue(conn)
     (first,) = queue.claim(QUEUE, 10)
+    assert queue.release([first]) == 1
+    (fresh_again,) = queue.claim(QUEUE, 10)
     expire_leases(conn)
     (second,) = queue.claim(QUEUE, 10)
     assert queue.release([second]) == 1
     (third,) = queue.claim(QUEUE, 10)
-    assert (first.redelivered, second.redelivered, third.redelivered) == (False, True, False)
+    assert queue.retry(third, timedelta(0), "TransientError: ledger timed out")
+    (fourth,) = queue.claim(QUEUE, 10)
+    assert [d.redelivered for d in (first, fresh_again, second, third, fourth)] == [False, False, True, True, False]
+    assert [d.attempt for d in (first, fresh_again, second, third, fourth)] == [1, 1, 2, 2, 3]
 
 
 def test_a_claim_takes_at_most_one_redelivered_message_beside_the_fresh_ones(conn):
