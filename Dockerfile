@@ -31,6 +31,7 @@ RUN --mount=type=cache,target=/root/.cache/uv \
 # Then core-jobs and core-jobs-harness, installed as packages (not editable): /src is not copied onward.
 COPY README.md ./
 COPY maintenance ./maintenance
+COPY alerts ./alerts
 COPY harness ./harness
 COPY migrations ./migrations
 RUN --mount=type=cache,target=/root/.cache/uv \

@@ -30,12 +30,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from alerts.config import AlertFeedConfig
+from alerts.feed import AlertFeed
+from alerts.incidents import scan
+from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from core_jobs_demo import scratch_database
 from harness.pg import connect, server_now
-from maintenance.jobs.alerts.config import AlertFeedConfig
-from maintenance.jobs.alerts.incidents import scan
-from maintenance.jobs.alerts.job import AlertFeed
-from maintenance.jobs.alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from maintenance.runtime import migrate
 
 TOTAL, NEW, STALE = 1_000_000, 10_000, 5_000

@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SETTINGS_PAGE = ROOT / "docs" / "reference" / "settings.md"
 EVENTS_PAGE = ROOT / "docs" / "reference" / "events.md"
 METRICS_PAGE = ROOT / "docs" / "reference" / "metrics.md"
-SCANNED_PACKAGES = ("maintenance", "harness")
+SCANNED_PACKAGES = ("maintenance", "alerts", "harness")
 
 LOG_METHODS = frozenset({"debug", "info", "warning", "error", "exception", "critical"})
 EVENT_NAME = re.compile(r"^[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)+$")
@@ -135,13 +135,13 @@ def manual_page(job: str) -> Path:
 
 def render_manual(job: str) -> str:
     """docs/<job>.md with its settings block rewritten from the job's settings mixin (its settings.py)."""
-    from maintenance.jobs.catalog import by_name
+    from maintenance.jobs.catalog import PACKAGES, by_name
 
     fields = by_name()[job].settings
     assert fields is not None, f"job {job} declares no settings"
     page = manual_page(job)
     text = page.read_text()
-    source = f"maintenance/jobs/{job}/settings.py"
+    source = PACKAGES[job].replace(".", "/") + "/settings.py"
     begin = OPTIONS_BEGIN.format(source=source)
     head, found, rest = text.partition(begin)
     _, found_end, tail = rest.partition(OPTIONS_END)

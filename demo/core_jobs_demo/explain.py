@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from alerts.feed import AlertFeedResult
 from maintenance.fields.durations import format_duration
-from maintenance.jobs.alerts.job import AlertFeedResult
 from maintenance.jobs.metrics.job import MetricsResult
 from maintenance.jobs.purge.job import PurgeResult
 from maintenance.runtime.db import Database

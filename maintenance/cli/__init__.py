@@ -25,17 +25,17 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from maintenance.cli import alerts as alerts_cli
+from alerts import cli as alerts_cli
 from maintenance.cli import executions as executions_cli
 from maintenance.cli import harness as harness_cli
 from maintenance.cli import relay as relay_cli
+from maintenance.errors import EXIT_FAILED as EXIT_JOB_FAILED
+from maintenance.errors import EXIT_OK
+from maintenance.errors import EXIT_USAGE as EXIT_CONFIG
 
 if TYPE_CHECKING:
     from maintenance.settings import Settings
 
-EXIT_OK = 0
-EXIT_JOB_FAILED = 1
-EXIT_CONFIG = 2
 
 SHOWN_DELAYS = 10  # check-config lists this many retry delays of a policy, then a count
 
@@ -200,7 +200,7 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
 
 
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
-    from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
+    from alerts.heartbeat import ping_heartbeat
     from maintenance.runtime.db import Database
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals

@@ -29,7 +29,6 @@ other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py)
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 import threading
@@ -39,12 +38,12 @@ from datetime import UTC
 from typing import TYPE_CHECKING, Any
 
 from harness.enumerations import DEAD_LETTER_STATUSES
+from maintenance.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, default_operator
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
     from maintenance.operations.dead_letters import DeadLetterRow
     from maintenance.settings import Settings
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 # harness.enumerations imports nothing but typing: --help stays free of psycopg.
 STATUS_CHOICES = DEAD_LETTER_STATUSES
@@ -419,13 +418,6 @@ def add_limit_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _default_operator() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no $USER and no passwd entry (a bare container)
-        return ""
-
-
 def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register worker, enqueue and dead-letters on the ``core-jobs`` parser."""
     p = sub.add_parser(
@@ -504,7 +496,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="JSON")
     p.set_defaults(handler=cmd_dead_letters_errors)
 
-    operator = {"default": _default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
+    operator = {"default": default_operator(), "help": "who acts, for the audit ledger (default: $USER)"}
     p = dl_sub.add_parser("replay", help="republish with the same job_id and mark replayed")
     p.add_argument("ids", nargs="*", type=int, metavar="ID")
     p.add_argument("--queue")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from maintenance.cli.harness import _bounded_int
+from maintenance.errors import EXIT_FAILED, EXIT_OK
 
 if TYPE_CHECKING:  # the parser stays light: each command imports what it needs when it runs
     import psycopg
@@ -46,7 +47,6 @@ if TYPE_CHECKING:  # the parser stays light: each command imports what it needs 
     from harness.queue.relay import Publisher
     from maintenance.settings import Settings
 
-EXIT_OK, EXIT_FAILED = 0, 1
 QUEUE_URL_VARIABLE = "CORE_JOBS_QUEUE_URL"
 REFERENCE_SCHEMES = ("", "postgresql", "postgres")
 

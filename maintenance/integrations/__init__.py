@@ -1,1 +1,1 @@
-"""Clients of the outside services the bundle talks to, one package per service (``betterstack/``)."""
+"""Deprecated: see ``maintenance.integrations.betterstack``; goes in the next minor version."""

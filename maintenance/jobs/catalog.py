@@ -1,8 +1,9 @@
 """The scheduled jobs, in the order `core-jobs run-once` runs them when no job is named.
 
-Adding a job is one new package under ``maintenance/jobs/`` plus one line in :data:`CATALOG`
-here: its name (the package's, whose ``job.py`` holds its ``SPEC``) and its settings mixin
-(docs/adding-a-job.md).
+Adding a job is one new package — a maintenance job under ``maintenance/jobs/``, an alerting one
+in ``alerts/`` — plus one line in :data:`CATALOG` here: its name, the module that holds its
+``SPEC`` and its settings mixin (docs/adding-a-job.md). This is the composition root: the one
+place of the platform that names both families (an import-linter contract keeps it so).
 
 The catalog reads the jobs two ways. What the settings and ``check-config`` need — the names
 and the settings mixins — comes from each job's ``settings.py`` alone: pydantic declarations,
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from maintenance.jobs.alerts.settings import AlertsFields
+from alerts.settings import AlertsFields
 from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.jobs.purge.settings import PurgeFields
 
@@ -28,24 +29,27 @@ if TYPE_CHECKING:
 
     JOBS: tuple[JobSpec, ...]  # made on first use by __getattr__ below
 
-# Each job, in run order: its name (maintenance/jobs/<name>/job.py has its SPEC) and its settings mixin.
-CATALOG: tuple[tuple[str, type[BaseModel] | None], ...] = (
-    ("purge", PurgeFields),
-    ("alerts", AlertsFields),
-    ("metrics", MetricsFields),
+# Each job, in run order: its name, the module whose SPEC runs it, and its settings mixin.
+CATALOG: tuple[tuple[str, str, type[BaseModel] | None], ...] = (
+    ("purge", "maintenance.jobs.purge.job", PurgeFields),
+    ("alerts", "alerts.feed", AlertsFields),
+    ("metrics", "maintenance.jobs.metrics.job", MetricsFields),
 )
 
-NAMES: tuple[str, ...] = tuple(name for name, _ in CATALOG)
+NAMES: tuple[str, ...] = tuple(name for name, _, _ in CATALOG)
+
+# Each job's package (its settings.py, config.py and manual pointer), by name: the SPEC module's.
+PACKAGES: dict[str, str] = {name: module.rpartition(".")[0] for name, module, _ in CATALOG}
 
 # Each job's settings mixin, in run order (maintenance.settings.Settings composes them).
-JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(fields for _, fields in CATALOG if fields is not None)
+JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(fields for _, _, fields in CATALOG if fields is not None)
 
 
 def _load_specs() -> tuple[JobSpec, ...]:
     """Each job's SPEC, imported from its job.py, checked against its line in CATALOG."""
     specs = []
-    for name, fields in CATALOG:
-        spec: JobSpec = importlib.import_module(f"maintenance.jobs.{name}.job").SPEC
+    for name, module, fields in CATALOG:
+        spec: JobSpec = importlib.import_module(module).SPEC
         if spec.name != name or spec.settings is not fields:
             raise ImportError(
                 f"maintenance/jobs/catalog.py names the job {name!r} with the settings {fields!r}, but its SPEC "

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+import warnings
 from types import ModuleType
 
-__all__ = ["import_without"]
+__all__ = ["import_without", "moved_module"]
 
 
 def import_without(module: str, hidden: tuple[str, ...]) -> ModuleType:
@@ -35,3 +36,13 @@ def import_without(module: str, hidden: tuple[str, ...]) -> ModuleType:
     finally:
         for name in hide:
             del sys.modules[name]
+
+
+def moved_module(old: str, new: str) -> None:
+    """The deprecation shim at ``old`` warns and becomes the module ``new``, its new home, so every name is the very
+    same object; the shim goes in the next minor version. ``new`` is imported by name: a shim adds no dependency
+    between the packages (the import contracts see none)."""
+    warnings.warn(
+        f"{old} is deprecated and goes in the next minor version: import {new}", DeprecationWarning, stacklevel=3
+    )
+    sys.modules[old] = importlib.import_module(new)

@@ -40,7 +40,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from maintenance.integrations.betterstack.heartbeat import ping_heartbeat
+from alerts.heartbeat import ping_heartbeat
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import SecretRedactor, get_logger

@@ -14,7 +14,7 @@ incidents as staging's copies of the dead letters were handled).
   (``migrated`` | ``adopted`` | ``renewed``), ``bound_by`` and ``bound_reason``. This migration
   binds the row to where it is migrated.
   ``core.installation_location()`` says where the database is now, in the same three columns;
-  the feed compares the two at every run (maintenance/jobs/alerts/identity.py).
+  the feed compares the two at every run (alerts/identity.py).
 * The row changes only by a **rebind**, and the database checks each one: to where the
   database is now (never elsewhere), stamped now, with a non-blank ``bound_by``; ``adopted``
   keeps the id (the same installation, moved), ``renewed`` takes another one (a copy) and only

@@ -36,11 +36,12 @@ HEAVY = (
     "pygments",
     # Our own modules that import those: the jobs' code, the API, `serve`, Better Stack's client.
     "maintenance.jobs.purge.job",
-    "maintenance.jobs.alerts.job",
+    "alerts.feed",
     "maintenance.jobs.metrics.job",
     "maintenance.api",
     "maintenance.service",
-    "maintenance.integrations",
+    "alerts.betterstack",
+    "alerts.heartbeat",
     "maintenance.operations.dead_letters",
     "maintenance.runtime.db",
 )

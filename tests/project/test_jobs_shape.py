@@ -10,7 +10,7 @@ import pytest
 from support import ROOT
 
 from maintenance.fields.crontab import check_crontab
-from maintenance.jobs.catalog import JOBS, by_name
+from maintenance.jobs.catalog import CATALOG, JOBS, PACKAGES, by_name
 from maintenance.settings import Settings
 
 pytestmark = pytest.mark.pure
@@ -41,22 +41,23 @@ def settings_builders(module) -> list[str]:
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_job_package_has_its_manual_config_and_job_modules(spec):
-    """maintenance/jobs/<job>/ has a docstring that points at its manual docs/<job>.md, and a config module with from_settings or builders."""
-    package = importlib.import_module(f"maintenance.jobs.{spec.name}")
+    """The job's package (maintenance/jobs/<job>/, or alerts/) has a docstring that points at its manual docs/<job>.md, and a config module with from_settings or builders."""
+    package = importlib.import_module(PACKAGES[spec.name])
     assert package.__doc__ and f"docs/{spec.name}.md" in package.__doc__, "the package docstring points at the manual"
     assert (ROOT / "docs" / f"{spec.name}.md").exists()
-    config = importlib.import_module(f"maintenance.jobs.{spec.name}.config")
+    config = importlib.import_module(f"{PACKAGES[spec.name]}.config")
     builders = settings_builders(config)
     assert builders, f"{config.__name__} builds nothing from the settings"
     assert spec.schedule == config.DEFAULT_SCHEDULE
-    job = importlib.import_module(f"maintenance.jobs.{spec.name}.job")
-    assert job.SPEC is spec
+    (module,) = [module for name, module, _ in CATALOG if name == spec.name]
+    assert module.startswith(f"{package.__name__}.")
+    assert importlib.import_module(module).SPEC is spec
 
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_job_declares_its_settings_once_in_its_package_and_settings_composes_them(spec):
-    """The spec's settings mixin is maintenance/jobs/<job>/settings.py's, declares schedule_<job>, and every field of it is a Settings field with the same default."""
-    assert spec.settings is not None and spec.settings.__module__ == f"maintenance.jobs.{spec.name}.settings"
+    """The spec's settings mixin is its package's settings.py's, declares schedule_<job>, and every field of it is a Settings field with the same default."""
+    assert spec.settings is not None and spec.settings.__module__ == f"{PACKAGES[spec.name]}.settings"
     assert f"schedule_{spec.name}" in spec.settings.model_fields
     for name, info in spec.settings.model_fields.items():
         assert Settings.model_fields[name].default == info.default, name
@@ -77,7 +78,7 @@ def a_result_of(job: str):
         return MetricsResult(counted_from=NEVER, counted_until=NEVER, horizon="settle", now=NEVER)
     module, name = {
         "purge": ("maintenance.jobs.purge.job", "PurgeResult"),
-        "alerts": ("maintenance.jobs.alerts.job", "AlertFeedResult"),
+        "alerts": ("alerts.feed", "AlertFeedResult"),
     }[job]
     return getattr(importlib.import_module(module), name)()
 
@@ -94,7 +95,7 @@ def test_each_jobs_error_event_has_the_stop_events_result_keys(spec):
     ("result_class", "not_event_fields"),
     [
         ("maintenance.jobs.purge.job:PurgeResult", {"cutoff", "protected_from"}),
-        ("maintenance.jobs.alerts.job:AlertFeedResult", {"planned"}),
+        ("alerts.feed:AlertFeedResult", {"planned"}),
     ],
 )
 def test_result_names_every_counter_as_an_event_field(result_class, not_event_fields):
@@ -108,8 +109,8 @@ def test_result_names_every_counter_as_an_event_field(result_class, not_event_fi
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
 def test_each_jobs_manual_is_written_once_in_docs_not_again_in_its_docstring(spec):
-    """The package docstring of maintenance/jobs/<job>/ is at most 30 lines: the why and a pointer, not a second manual."""
-    package = importlib.import_module(f"maintenance.jobs.{spec.name}")
+    """The package docstring of the job's package is at most 30 lines: the why and a pointer, not a second manual."""
+    package = importlib.import_module(PACKAGES[spec.name])
     lines = len((package.__doc__ or "").strip().splitlines())
     assert lines <= SUMMARY_MAX_LINES, (
         f"{package.__name__}'s docstring is {lines} lines: move the detail to docs/{spec.name}.md"

@@ -26,7 +26,7 @@ def test_only_the_reference_adapter_writes_the_queue_table():
     """No module of maintenance/ or harness/ but harness/queue/pgqueue.py has a statement writing core.queue_messages."""
     writers = [
         str(path.relative_to(ROOT))
-        for package in ("maintenance", "harness")
+        for package in ("maintenance", "alerts", "harness")
         for path in sorted((ROOT / package).rglob("*.py"))
         if path != OWNER and WRITES.search(path.read_text())
     ]

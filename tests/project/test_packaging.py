@@ -31,6 +31,7 @@ NOT_IN_A_CONSUMER = (
     "httpx",
     "pydantic_settings",
     "maintenance",
+    "alerts",
     "migrations",
 )
 
@@ -160,9 +161,9 @@ def test_the_harness_declares_only_psycopg_pydantic_structlog_the_otel_api_and_t
 
 
 def test_the_core_jobs_wheel_ships_the_jobs_and_depends_on_the_harness_distribution(dists):
-    """core-jobs's wheel has maintenance and migrations but not harness/, which it requires with metrics and rabbitmq."""
+    """core-jobs's wheel has the two job families (maintenance, alerts) and migrations but not harness/, which it requires with metrics and rabbitmq."""
     wheel = wheel_in(dists, "core_jobs")
-    assert top_level(wheel) == {"maintenance", "migrations"}
+    assert top_level(wheel) == {"maintenance", "alerts", "migrations"}
     assert "core-jobs-harness[metrics,rabbitmq]" in metadata(wheel)["Requires-Dist"]
 
 

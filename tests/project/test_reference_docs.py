@@ -69,12 +69,13 @@ def test_every_log_call_names_its_event_where_the_scan_can_read_it():
 
 @pytest.mark.parametrize("job", ["purge", "alerts", "metrics"])
 def test_each_jobs_manual_lists_exactly_the_settings_its_package_declares(job):
-    """docs/<job>.md's generated block has one row per field of maintenance/jobs/<job>/settings.py, and no other."""
-    from maintenance.jobs.catalog import by_name
+    """docs/<job>.md's generated block has one row per field of its package's settings.py, and no other."""
+    from maintenance.jobs.catalog import PACKAGES, by_name
     from maintenance.settings import ENV_PREFIX
 
     text = reference.manual_page(job).read_text()
-    block = text.split(reference.OPTIONS_BEGIN.format(source=f"maintenance/jobs/{job}/settings.py"))[1]
+    source = PACKAGES[job].replace(".", "/") + "/settings.py"
+    block = text.split(reference.OPTIONS_BEGIN.format(source=source))[1]
     block = block.split(reference.OPTIONS_END)[0]
     listed = [line.split("`")[1] for line in block.splitlines() if line.startswith("| `")]
     declared = by_name()[job].settings

@@ -28,7 +28,7 @@ SPEC = ROOT / "docs" / "spec.md"
 THIS_FILE = Path(__file__).resolve()
 
 # Where identifiers are cited: the code, its tests, the chart, the benchmarks and the docs.
-SCANNED = ("maintenance", "harness", "migrations", "tests", "bench", "helm", "docs", "README.md")
+SCANNED = ("maintenance", "alerts", "harness", "migrations", "tests", "bench", "helm", "docs", "README.md")
 
 # What counts as a citation (the pattern the specification's identifiers follow).
 IDENTIFIER = re.compile(r"\b[A-Z]{1,2}-[A-Z]*[0-9]+\b")
@@ -42,8 +42,8 @@ BOLD_ITEM_ENTRY = re.compile(rf"^[ \t]*[-*][ \t]+\*\*{_ENTRY_ID}\*\*")
 # Keyed by file, so the same string cited as an identifier anywhere else is still checked.
 NOT_IDENTIFIERS = {
     ("helm/core-jobs/values.schema.json", "A-Z0"): "the character class [A-Z0-9_] of the CORE_JOBS_* name pattern",
-    ("tests/jobs/alerts/test_alerts_settings.py", "P-1"): "a Better Stack escalation policy id, a test value",
-    ("tests/integrations/test_heartbeat.py", "P-7"): "a Better Stack escalation policy id, a test value",
+    ("tests/alerts/test_alerts_settings.py", "P-1"): "a Better Stack escalation policy id, a test value",
+    ("tests/alerts/test_heartbeat.py", "P-7"): "a Better Stack escalation policy id, a test value",
     ("tests/chart/test_chart_settings_contract.py", "P-123"): "a Better Stack escalation policy id, a test value",
 }
 

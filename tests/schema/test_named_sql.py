@@ -17,7 +17,7 @@ import psycopg
 import pytest
 from support import ROOT
 
-PACKAGES = ("maintenance", "harness")
+PACKAGES = ("maintenance", "alerts", "harness")
 STARTS_AS_SQL = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|WITH)\b", re.I)
 PARAMETER = re.compile(r"%\((\w+)\)s|%s")
 
@@ -60,7 +60,7 @@ def test_finds_the_statements_of_every_package():
     names = {name for name, _ in STATEMENTS}
     assert {
         "maintenance.jobs.purge.sql.INDEX_BATCH_HASHED",
-        "maintenance.jobs.alerts.sql.SCAN_NEW",
+        "alerts.sql.SCAN_NEW",
         "harness.queue.pgqueue.CLAIM",
     } <= names
     assert not any("{" in text and "}" in text and re.search(r"\{\w+\}", text) for _, text in STATEMENTS), (

@@ -11,11 +11,11 @@ import sys
 
 import psycopg
 
+from alerts import feed as feed_module
+from alerts.betterstack import BetterStackClient
+from alerts.config import AlertFeedConfig
+from alerts.feed import AlertFeed
 from harness.pg import server_now
-from maintenance.integrations.betterstack.client import BetterStackClient
-from maintenance.jobs.alerts import job as feed_module
-from maintenance.jobs.alerts.config import AlertFeedConfig
-from maintenance.jobs.alerts.job import AlertFeed
 
 CRASH_EXIT = 77
 

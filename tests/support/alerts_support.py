@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 
-from maintenance.jobs.alerts.config import AlertFeedConfig
-from maintenance.jobs.alerts.job import AlertFeed
+from alerts.config import AlertFeedConfig
+from alerts.feed import AlertFeed
 from maintenance.runtime.db import Database
 from support.fake_betterstack import TOKEN, FakeBetterStack, make_client
 

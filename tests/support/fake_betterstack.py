@@ -27,7 +27,7 @@ import pytest
 from pytest_httpserver import HTTPServer
 from werkzeug import Request, Response
 
-from maintenance.integrations.betterstack.client import BetterStackClient
+from alerts.betterstack import BetterStackClient
 
 TOKEN = "bs-test-token-7f3a9c1e5d"
 _METADATA_FILTER = re.compile(r"^metadata\[(?P<key>.+)\]\[\]\[value\]$")

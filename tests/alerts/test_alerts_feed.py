@@ -11,9 +11,9 @@ from support.alerts_support import CONFIG, alert_rows, coverage, handle, make_fe
 from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault, body_errors, metadata_values
 
+from alerts.config import Channels
+from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
-from maintenance.jobs.alerts.config import Channels
-from maintenance.jobs.alerts.job import METADATA_KEY, AlertFeedResult, read_installation
 
 
 def test_one_incident_per_queue_with_what_on_call_needs(db, conn, fake_bs):
@@ -217,7 +217,7 @@ def test_dry_run_logs_what_it_would_post_and_records_nothing(db, conn, fake_bs, 
 
 def test_a_dry_run_says_so_in_a_metric_an_alert_rule_watches(db, conn, fake_bs):
     """core_jobs_alerts_dry_run is 1 after a run without a token (CoreJobsAlertFeedDryRun fires on it), 0 with one."""
-    from maintenance.jobs.alerts.job import SPEC
+    from alerts.feed import SPEC
     from maintenance.service.runner import run_job
     from maintenance.service.telemetry import Telemetry
 

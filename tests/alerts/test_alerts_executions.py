@@ -14,8 +14,8 @@ from support.alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, ru
 from support.factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
 from support.fake_betterstack import Fault, metadata_values
 
+from alerts.feed import METADATA_KEY, read_installation
 from harness.pg import server_now
-from maintenance.jobs.alerts.job import METADATA_KEY, read_installation
 from maintenance.runtime import migrate
 
 

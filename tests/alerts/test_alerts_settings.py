@@ -6,8 +6,8 @@ from datetime import timedelta
 
 import pytest
 
+from alerts.config import betterstack_client, feed_config
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.alerts.config import betterstack_client, feed_config
 from maintenance.settings import load_settings
 
 
@@ -85,7 +85,7 @@ def test_settings_map_onto_the_feed_config_and_client(clean_env):
 
 def test_alert_channels_default_to_todays_values_and_are_set_per_kind(clean_env):
     """Unset: email only for both kinds; CORE_JOBS_BETTERSTACK_ESCALATION_CALL=true asks a call of escalations only."""
-    from maintenance.jobs.alerts.config import Channels
+    from alerts.config import Channels
 
     today = Channels(call=False, sms=False, email=True, critical_alert=False)
     config = feed_config(load_settings())

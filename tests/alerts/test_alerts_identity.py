@@ -22,10 +22,10 @@ from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault, metadata_values
 from support.logcapture import events_in
 
+from alerts.feed import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
+from alerts.identity import ADOPTED, RENEWED, IdentityUnconfirmed, read_identity, rebind
 from harness.pg import server_now
 from maintenance.cli import main as cli_main
-from maintenance.jobs.alerts.identity import ADOPTED, RENEWED, IdentityUnconfirmed, read_identity, rebind
-from maintenance.jobs.alerts.job import INSTALLATION_METADATA_KEY, METADATA_KEY, read_installation
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 

@@ -7,8 +7,8 @@ import socket
 from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault
 
+from alerts.heartbeat import send_heartbeat
 from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
-from maintenance.integrations.betterstack.heartbeat import send_heartbeat
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
 

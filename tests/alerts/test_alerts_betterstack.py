@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.fake_betterstack import TOKEN, FakeClock, Fault, make_client
 
-from maintenance.integrations.betterstack.client import BetterStackClient, BetterStackError, IncidentNotFound
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
 from maintenance.runtime.logs import get_logger
 
 KEY = "core_jobs_alert_key"

@@ -1,0 +1,200 @@
+"""What a run of the alert feed will page: the due items scanned, grouped by key, capped, and composed into incidents.
+
+The text is what the on-call person reads: which key (queue or consumer), how many items, since
+when, why (the most frequent reasons), samples, and what to do. For dead letters: review them,
+replay once the cause is fixed or discard with a reason. For executions: check each write at the
+provider and resolve the execution — the harness never resends an uncertain write by itself.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+
+from alerts.config import AlertFeedConfig
+from alerts.groups import AlertGroup, PlannedIncident, human, reason_and_sample_lines, when
+from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
+
+_ERROR_CHARS = 200  # of each reason's first line
+
+RESOLVE_HINT = (
+    "Check each one at the provider, then resolve it: `core-jobs executions show ID` shows its checkpoints; "
+    "POST /v1/core/executions/{id}/resolve with RESUME (the write did not happen, or its result is known) "
+    "or CLOSE_WITHOUT_TRANSITION. The harness never resends an uncertain write by itself."
+)
+
+
+# --- planning: scan, group, cap, compose --------------------------------------------------------
+def plan_incidents(
+    conn: psycopg.Connection, now: datetime, config: AlertFeedConfig, installation: str
+) -> list[PlannedIncident]:
+    """The incidents this run would post, composed (name, summary, description), keyed for ``installation``."""
+    return [compose_incident(group, now, config, installation) for group in scan(conn, now, config)]
+
+
+def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[AlertGroup]:
+    """Every group due for an incident — dead letters new, then stale; then executions new, then
+    stale — capped per kind and with details."""
+    cutoff = now - config.stale_after
+    groups: list[AlertGroup] = []
+    for source in SOURCES:
+        found_here: list[AlertGroup] = []
+        for kind, query in ((source.new_kind, source.scan_new), (source.stale_kind, source.scan_stale)):
+            rows = conn.execute(query, {"stale_cutoff": cutoff}).fetchall()
+            found = [AlertGroup(kind, row[0], tuple(row[1]), row[2], row[3], episodes=_episodes(row)) for row in rows]
+            found_here += _cap(found, config.max_incidents_per_run)
+        groups += _with_details(conn, source, found_here, config)
+    return groups
+
+
+def _episodes(row: tuple[Any, ...]) -> tuple[datetime, ...]:
+    """An execution scan's fifth column: when each entered RECONCILIATION_REQUIRED; none for dead letters."""
+    return tuple(row[4]) if len(row) > 4 else ()
+
+
+def _cap(groups: list[AlertGroup], limit: int) -> list[AlertGroup]:
+    """At most ``limit`` groups: the largest keep their own incident, the rest fold into one."""
+    groups = sorted(groups, key=lambda g: (-len(g.items), g.key or ""))
+    if len(groups) <= limit:
+        return groups
+    keep, fold = groups[: limit - 1], groups[limit - 1 :]
+    # Executions carry their episodes: kept beside their ids, in the ids' order.
+    rows = sorted((i, g.episodes[n] if g.episodes else None) for g in fold for n, i in enumerate(g.items))
+    folded = AlertGroup(
+        kind=fold[0].kind,
+        key=None,
+        items=tuple(i for i, _ in rows),
+        first_at=min(g.first_at for g in fold),
+        last_at=max(g.last_at for g in fold),
+        folded=tuple((g.key or "", len(g.items)) for g in fold),
+        episodes=tuple(e for _, e in rows if e is not None),
+    )
+    return [*keep, folded]
+
+
+def _with_details(
+    conn: psycopg.Connection, source: AlertSource, groups: list[AlertGroup], config: AlertFeedConfig
+) -> list[AlertGroup]:
+    """Add the top errors and the samples of each group.
+
+    Samples: one query for all groups. Top errors: one query per group, by primary key; a
+    single grouped query over all groups measured 3.5x slower (bench/alerts_scan.py).
+    """
+    if not groups:
+        return []
+    detailed = []
+    sample_ids = [i for g in groups for i in g.items[: config.samples]]
+    samples = {row[0]: (row[1], row[2]) for row in conn.execute(source.samples, {"ids": sample_ids})}
+    for group in groups:
+        params = {"ids": list(group.items), "chars": _ERROR_CHARS, "top": config.top_errors}
+        errors = [(error, n) for error, n in conn.execute(source.top_errors, params)]
+        detailed.append(
+            AlertGroup(
+                group.kind,
+                group.key,
+                group.items,
+                group.first_at,
+                group.last_at,
+                errors=tuple(errors),
+                samples=tuple(samples[i] for i in group.items[: config.samples]),
+                folded=group.folded,
+                episodes=group.episodes,
+            )
+        )
+    return detailed
+
+
+# --- the text -----------------------------------------------------------------------------------
+def compose_incident(group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
+    """The incident of a group, in its source's words."""
+    source = source_of(group.kind)
+    escalation = group.kind == source.stale_kind
+    if source is EXECUTIONS:
+        return compose_executions(group, now, config.stale_after, installation, escalation=escalation)
+    assert source is DEAD_LETTERS
+    return compose_dead_letters(group, now, config, installation, escalation=escalation)
+
+
+def compose_dead_letters(
+    group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str, *, escalation: bool
+) -> PlannedIncident:
+    """Name, one-line summary and description of one incident about dead letters pending review."""
+    n = len(group.items)
+    alert_key = group.alert_key(installation)
+    letters = "dead letter" if n == 1 else "dead letters"
+    where = group.key if group.key is not None else f"{len(group.folded)} queues"
+    span = f"{when(group.first_at)} – {when(group.last_at)}"
+    top = f" Most frequent error: {group.errors[0][0]} ({group.errors[0][1]}×)." if group.errors else ""
+    if not escalation:
+        name = f"{n} new {letters} in {where}"
+        summary = f"{n} {letters} in {where} waiting for review, written {span}.{top}"
+        opening = f"{n} new {letters} in {'queue ' + where if group.key else where}, pending review, written {span}."
+        action = "Review them: replay once the cause is fixed, or discard with a reason."
+    else:
+        age = human(config.stale_after)
+        name = f"{n} {letters} in {where} unreviewed for over {age}"
+        summary = (
+            f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
+            f"{when(group.first_at)} ({human(now - group.first_at)} ago).{top}"
+        )
+        opening = (
+            f"ESCALATION: {n} {letters} in {'queue ' + where if group.key else where} still pending review "
+            f"more than {age} after they were written ({span})."
+        )
+        action = "Nobody has reviewed these yet: replay or discard each, with a reason."
+    lines = [opening, "", *reason_and_sample_lines(group, "Most frequent errors:")]
+    if group.folded:
+        lines.append("Queues:")
+        for queue, count in group.folded:
+            link = config.ops_url(queue)
+            lines.append(f"  {count} in {queue}" + (f": {link}" if link else ""))
+        lines.append("")
+    elif group.key is not None and config.ops_url(group.key):
+        lines += [f"Dead letters of this queue: {config.ops_url(group.key)}", ""]
+    lines.append(action)
+    lines.append(f"Dead letter ids {group.items[0]}–{group.items[-1]} ({n}); alert key {alert_key}.")
+    return PlannedIncident(group.kind, group.key, alert_key, name, summary, "\n".join(lines), group.items)
+
+
+def compose_executions(
+    group: AlertGroup, now: datetime, stale_after: timedelta, installation: str, *, escalation: bool
+) -> PlannedIncident:
+    """Name, one-line summary and description of one incident about uncertain executions."""
+    n = len(group.items)
+    alert_key = group.alert_key(installation)
+    executions = "execution" if n == 1 else "executions"
+    where = group.key if group.key is not None else f"{len(group.folded)} consumers"
+    of = f"of {where}" if group.key is not None else f"in {where}"
+    span = f"{when(group.first_at)} – {when(group.last_at)}"
+    top = f" Most frequent reason: {group.errors[0][0]} ({group.errors[0][1]}×)." if group.errors else ""
+    if not escalation:
+        name = f"{n} {executions} {of} {'needs' if n == 1 else 'need'} reconciliation"
+        summary = (
+            f"{n} {executions} {of} RECONCILIATION_REQUIRED, uncertain since {span}: a write to a provider may "
+            f"or may not have happened.{top}"
+        )
+        opening = (
+            f"{n} {executions} {'of consumer ' + where if group.key else 'in ' + where} went to "
+            f"RECONCILIATION_REQUIRED, {span}: a write to a provider may or may not have happened."
+        )
+    else:
+        age = human(stale_after)
+        name = f"{n} {executions} {of} unresolved for over {age}"
+        summary = (
+            f"{n} {executions} {of} still RECONCILIATION_REQUIRED more than {age} later; the oldest since "
+            f"{when(group.first_at)} ({human(now - group.first_at)} ago).{top}"
+        )
+        opening = (
+            f"ESCALATION: {n} {executions} {'of consumer ' + where if group.key else 'in ' + where} still "
+            f"RECONCILIATION_REQUIRED more than {age} after {'it' if n == 1 else 'they'} became uncertain ({span})."
+        )
+    lines = [opening, "", *reason_and_sample_lines(group, "Most frequent reasons (action: reason):")]
+    if group.folded:
+        lines.append("Consumers:")
+        lines += [f"  {count} of {consumer}" for consumer, count in group.folded]
+        lines.append("")
+    lines.append(RESOLVE_HINT)
+    lines.append(f"Execution ids {group.items[0]}–{group.items[-1]} ({n}); alert key {alert_key}.")
+    return PlannedIncident(group.kind, group.key, alert_key, name, summary, "\n".join(lines), group.items)
