@@ -20,16 +20,14 @@ like the rest of the Better Stack feed): ``alerts.heartbeat.sent`` (``outcome`` 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
 from harness.errors import describe_error
 from maintenance.fields.urls import shown_url
 from maintenance.runtime.logs import get_logger
-
-if TYPE_CHECKING:
-    from maintenance.settings import Settings
 
 BODY_LIMIT = 1000  # characters of the ping's body
 
@@ -81,15 +79,22 @@ def send_heartbeat(
     return True
 
 
-def ping_heartbeat(settings: Settings, outcomes: Sequence[Any], *, source: str) -> None:
-    """Ping after the runs in ``outcomes`` (runner outcomes: ``name``, ``ok``); ``source`` opens the body."""
-    if settings.betterstack_heartbeat_url is None:
-        return
-    send_heartbeat(
-        settings.betterstack_heartbeat_url.get_secret_value(),
-        ran_jobs=[o.name for o in outcomes],
-        failed_jobs=[o.name for o in outcomes if not o.ok],
-        timeout=settings.betterstack_timeout.total_seconds(),
-        source=source,
-        log=get_logger(),
-    )
+@dataclass(frozen=True)
+class Heartbeat:
+    """The after-run hook that pings the heartbeat after each run (``CORE_JOBS_BETTERSTACK_HEARTBEAT_URL``,
+    ``CORE_JOBS_BETTERSTACK_TIMEOUT``); built once by the composition root, only when a URL is set. Its ``repr``
+    shows the URL masked: the path is the heartbeat's token."""
+
+    url: str = field(repr=False)
+    timeout_s: float = 10.0
+
+    def __call__(self, outcomes: Sequence[Any], source: str) -> None:
+        """Ping after the runs in ``outcomes`` (runner outcomes: ``name``, ``ok``); ``source`` opens the body."""
+        send_heartbeat(
+            self.url,
+            ran_jobs=[o.name for o in outcomes],
+            failed_jobs=[o.name for o in outcomes if not o.ok],
+            timeout=self.timeout_s,
+            source=source,
+            log=get_logger(),
+        )

@@ -34,6 +34,8 @@ from maintenance.errors import EXIT_OK
 from maintenance.errors import EXIT_USAGE as EXIT_CONFIG
 
 if TYPE_CHECKING:
+    from maintenance.service.runner import AfterRun
+    from maintenance.service.telemetry import Telemetry
     from maintenance.settings import Settings
 
 
@@ -199,26 +201,43 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
     return ok
 
 
+def after_run_hooks(settings: Settings, telemetry: Telemetry) -> list[AfterRun]:
+    """What runs after the jobs of a run, for run-once and serve alike: the Pushgateway push and the Better Stack
+    heartbeat, each built once here from its own settings, and only when its URL is set."""
+    from alerts.heartbeat import Heartbeat
+    from maintenance.service.telemetry import Pushgateway
+
+    hooks: list[AfterRun] = []
+    if settings.metrics_pushgateway_url:
+        hooks.append(
+            Pushgateway(telemetry, settings.metrics_pushgateway_url, settings.metrics_push_timeout.total_seconds())
+        )
+    if settings.betterstack_heartbeat_url is not None:  # the dead-man's switch of each run
+        hooks.append(
+            Heartbeat(
+                settings.betterstack_heartbeat_url.get_secret_value(), settings.betterstack_timeout.total_seconds()
+            )
+        )
+    return hooks
+
+
 def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
-    from alerts.heartbeat import ping_heartbeat
     from maintenance.runtime.db import Database
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
-    from maintenance.service.runner import build_jobs, run_jobs
-    from maintenance.service.telemetry import Telemetry, push_configured
+    from maintenance.service.runner import Runner, build_jobs
+    from maintenance.service.telemetry import Telemetry
 
     stop, telemetry = threading.Event(), Telemetry()
     db = Database(settings.conninfo())
     built = build_jobs(settings, db, args.jobs, stop=stop)
+    runner = Runner(db, telemetry, after_run_hooks(settings, telemetry))
 
     def stopping(signal_name: str) -> None:
         get_logger().info("maintenance.run.stopping", signal=signal_name)
 
     with on_signals(stop, on_signal=stopping):  # a SIGTERM lets the batch in hand finish and starts no further job
-        outcomes = run_jobs(built, db, telemetry, stop=stop)
-    for outcome in outcomes:
-        push_configured(settings, outcome.name, telemetry)
-    ping_heartbeat(settings, outcomes, source="core-jobs run-once")  # the dead-man's switch of the whole run
+        outcomes = runner.run(built, stop=stop, source="core-jobs run-once")
     ok = all(o.ok for o in outcomes)
     if args.json:  # the stop/error events' figures, as one document on stdout (the events went to stderr)
         runs = [
@@ -233,7 +252,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.service.scheduler import serve  # APScheduler and the HTTP server: only for serve
     from maintenance.service.telemetry import Telemetry
 
-    return serve(settings, stop=threading.Event(), telemetry=Telemetry())
+    telemetry = Telemetry()
+    return serve(settings, stop=threading.Event(), telemetry=telemetry, after_run=after_run_hooks(settings, telemetry))
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:

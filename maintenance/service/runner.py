@@ -4,18 +4,20 @@ Every run emits ``<job>.start``, then ``<job>.stop`` with the job's fixed result
 ``ok``, or ``<job>.error`` with the same fields at zero plus ``error``; all carry ``job``, stop
 and error also ``duration_s``. The clock is PostgreSQL's, read once per job run and passed to ``run_once``.
 
-The caller owns the state: the ``stop`` event (set by a SIGTERM through
+One pipeline for ``core-jobs run-once`` and ``core-jobs serve``: a :class:`Runner` runs a job,
+records it in the process's :class:`~maintenance.service.telemetry.Telemetry`, then calls its
+after-run hooks (the Pushgateway push, the Better Stack heartbeat), each built once by the
+composition root from its own two settings (:func:`maintenance.cli.after_run_hooks`). The
+caller owns the state: the ``stop`` event (set by a SIGTERM through
 :func:`maintenance.runtime.signals.on_signals`) is given to :func:`build_jobs` (batch loops
-check it) and to :func:`run_jobs` (no further job starts once it is set); the
-:class:`~maintenance.service.telemetry.Telemetry` that records every run is the process's,
-made by the CLI and passed in.
+check it) and to :meth:`Runner.run` (no further job starts once it is set).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,8 @@ from maintenance.settings import ConfigError, Settings
 
 @dataclass
 class JobOutcome:
+    """One run of one job: what its ``.stop`` (or ``.error``) event said."""
+
     name: str
     ok: bool
     fields: dict[str, Any] = field(default_factory=dict)
@@ -107,3 +111,33 @@ def run_jobs(
             break
         outcomes.append(run_job(spec, job, db, telemetry))
     return outcomes
+
+
+# What runs after the jobs of one run: (their outcomes, the command that ran them). A hook never raises into
+# the runner: it logs its own failure (a push or a heartbeat that fails must not fail the run).
+AfterRun = Callable[[Sequence[JobOutcome], str], None]
+
+
+class Runner:
+    """Run → record → after-run hooks, the one pipeline of ``run-once`` (:meth:`run`) and ``serve`` (:meth:`run_one`)."""
+
+    def __init__(self, db: Database, telemetry: Telemetry, after_run: Sequence[AfterRun] = ()) -> None:
+        self.db = db
+        self.telemetry = telemetry
+        self.after_run = tuple(after_run)
+
+    def run(self, built: list[tuple[JobSpec, Job]], *, stop: threading.Event, source: str) -> list[JobOutcome]:
+        """Every job of ``built`` in order (none started once ``stop`` is set), then the hooks once, for them all."""
+        outcomes = run_jobs(built, self.db, self.telemetry, stop=stop)
+        self._after(outcomes, source)
+        return outcomes
+
+    def run_one(self, spec: JobSpec, job: Job, *, source: str) -> JobOutcome:
+        """One job, then the hooks for it."""
+        outcome = run_job(spec, job, self.db, self.telemetry)
+        self._after([outcome], source)
+        return outcome
+
+    def _after(self, outcomes: Sequence[JobOutcome], source: str) -> None:
+        for hook in self.after_run:
+            hook(outcomes, source)

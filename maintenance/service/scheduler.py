@@ -31,6 +31,7 @@ Events: ``maintenance.serve.started`` (host, port, schedules), ``maintenance.ser
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from datetime import UTC
 from typing import Any
 
@@ -40,14 +41,13 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
-from alerts.heartbeat import ping_heartbeat
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import SecretRedactor, get_logger
 from maintenance.runtime.signals import on_signals
 from maintenance.service.http import make_server, serve_in_background
-from maintenance.service.runner import build_jobs, run_job
-from maintenance.service.telemetry import Telemetry, push_configured
+from maintenance.service.runner import AfterRun, Runner, build_jobs
+from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
 
@@ -62,10 +62,12 @@ class JobScheduler:
         *,
         telemetry: Telemetry,
         scheduler: BaseScheduler | None = None,
+        after_run: Sequence[AfterRun] = (),
     ) -> None:
         self.settings = settings
         self.db = db
         self.telemetry = telemetry
+        self.runner = Runner(db, telemetry, after_run)
         # /healthz is not a log line: the log redactor never sees it, so its errors are masked here.
         self._redactor = SecretRedactor(settings.secret_values())
         # Every schedule is checked before anything starts (ConfigError names the setting).
@@ -87,9 +89,7 @@ class JobScheduler:
         self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
     def _run(self, spec: JobSpec, job: Job) -> None:
-        outcome = run_job(spec, job, self.db, self.telemetry)
-        push_configured(self.settings, spec.name, self.telemetry)
-        ping_heartbeat(self.settings, [outcome], source="core-jobs serve")
+        self.runner.run_one(spec, job, source="core-jobs serve")
 
     def _not_run(self, event: JobEvent) -> None:
         # Each event name written out, so that docs/reference/events.md (maintenance.reference) lists it.
@@ -132,14 +132,17 @@ class JobScheduler:
         return ok, {"status": "ok" if ok else "stopped", "jobs": jobs}
 
 
-def serve(settings: Settings, *, stop: threading.Event, telemetry: Telemetry) -> int:
+def serve(
+    settings: Settings, *, stop: threading.Event, telemetry: Telemetry, after_run: Sequence[AfterRun] = ()
+) -> int:
     """Run the scheduler and the HTTP server until SIGTERM/SIGINT (or ``stop``); 0 on a clean stop.
 
-    ``stop`` is the command's stop event: the signals set it, and the jobs' batch loops check it.
+    ``stop`` is the command's stop event: the signals set it, and the jobs' batch loops check it. ``after_run``:
+    the hooks after each run (the composition root's :func:`maintenance.cli.after_run_hooks`).
     """
     log = get_logger()
     db = Database(settings.conninfo())
-    jobs = JobScheduler(settings, db, build_jobs(settings, db, stop=stop), telemetry=telemetry)
+    jobs = JobScheduler(settings, db, build_jobs(settings, db, stop=stop), telemetry=telemetry, after_run=after_run)
     server = make_server(settings.http_host, settings.http_port, health=jobs.health, registry=jobs.telemetry.registry)
     received: list[str] = []
     serving = False

@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -229,8 +229,15 @@ class Telemetry:
         return True
 
 
-def push_configured(settings: Any, name: str, telemetry: Telemetry) -> bool:
-    """Push job ``name``'s series from ``telemetry`` when ``CORE_JOBS_METRICS_PUSHGATEWAY_URL`` is set (``settings``: Settings)."""
-    return telemetry.push(
-        settings.metrics_pushgateway_url, name, timeout_s=settings.metrics_push_timeout.total_seconds()
-    )
+@dataclass(frozen=True)
+class Pushgateway:
+    """The after-run hook that pushes each job's series from ``telemetry`` (``CORE_JOBS_METRICS_PUSHGATEWAY_URL``,
+    ``CORE_JOBS_METRICS_PUSH_TIMEOUT``); built once by the composition root, only when a URL is set."""
+
+    telemetry: Telemetry
+    url: str
+    timeout_s: float
+
+    def __call__(self, outcomes: Sequence[Any], source: str) -> None:
+        for outcome in outcomes:
+            self.telemetry.push(self.url, outcome.name, timeout_s=self.timeout_s)

@@ -7,7 +7,7 @@ import threading
 from freezegun import freeze_time
 from support.jobs import CountingJob, FailingJob, spec
 
-from maintenance.service.runner import run_jobs
+from maintenance.service.runner import Runner, run_jobs
 from maintenance.service.telemetry import Telemetry
 
 
@@ -70,3 +70,53 @@ def test_a_failed_jobs_span_status_and_outcome_mask_its_credentials_as_its_log_l
     assert logged == LEAKY.replace("pw-9876", "***")
     assert outcome.error == logged
     assert spans.one("job leaky").status.description == logged
+
+
+class Hook:
+    """An after-run hook that records each call: (job names and oks, source)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[list[tuple[str, bool]], str]] = []
+
+    def __call__(self, outcomes, source: str) -> None:
+        self.calls.append(([(o.name, o.ok) for o in outcomes], source))
+
+
+def test_run_once_calls_each_after_run_hook_once_with_every_outcome_failures_included(db):
+    """Runner.run (run-once): the jobs, each recorded, then every hook once, for all of them, in order."""
+    first, second = Hook(), Hook()
+    runner = Runner(db, Telemetry(), [first, second])
+    runner.run(
+        [(spec("broken"), FailingJob()), (spec("after"), CountingJob())], stop=threading.Event(), source="run-once"
+    )
+    expected = [([("broken", False), ("after", True)], "run-once")]
+    assert first.calls == expected and second.calls == expected
+    assert set(runner.telemetry.last_runs) == {"broken", "after"}
+
+
+def test_serve_calls_the_hooks_after_each_job_it_runs(db):
+    """Runner.run_one (serve): one job, then the hooks for that job alone."""
+    hook = Hook()
+    runner = Runner(db, Telemetry(), [hook])
+    runner.run_one(spec("one"), CountingJob(), source="core-jobs serve")
+    runner.run_one(spec("two"), FailingJob(), source="core-jobs serve")
+    assert hook.calls == [([("one", True)], "core-jobs serve"), ([("two", False)], "core-jobs serve")]
+
+
+def test_the_composition_root_builds_only_the_hooks_whose_url_is_set_and_none_holds_the_settings(
+    clean_env, monkeypatch
+):
+    """No URL: no hook. Both URLs: a Pushgateway and a Heartbeat, each holding its two values, never Settings;
+    the heartbeat's repr does not show its URL (the path is a token)."""
+    from alerts.heartbeat import Heartbeat
+    from maintenance.cli import after_run_hooks
+    from maintenance.service.telemetry import Pushgateway
+    from maintenance.settings import load_settings
+
+    assert after_run_hooks(load_settings(), Telemetry()) == []
+    monkeypatch.setenv("CORE_JOBS_METRICS_PUSHGATEWAY_URL", "http://pushgateway:9091")
+    monkeypatch.setenv("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "https://uptime.betterstack.com/api/v1/heartbeat/s3cr3t")
+    telemetry = Telemetry()
+    push, beat = after_run_hooks(load_settings(), telemetry)
+    assert push == Pushgateway(telemetry, "http://pushgateway:9091", 10.0)
+    assert isinstance(beat, Heartbeat) and beat.url.endswith("/s3cr3t") and "s3cr3t" not in repr(beat)

@@ -23,7 +23,7 @@ from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
 from support.waiting import wait_until
 
-from maintenance.cli import EXIT_CONFIG, main
+from maintenance.cli import EXIT_CONFIG, after_run_hooks, main
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import MetricsJob
 from maintenance.service.http import make_server, serve_in_background
@@ -312,7 +312,8 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
 
 
 def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
-    """With a heartbeat URL, every scheduled run pings it (its /fail form after a failed run), as run-once does."""
+    """With a heartbeat URL, every scheduled run pings it (its /fail form after a failed run), as run-once does:
+    the hooks are the composition root's, as `core-jobs serve` builds them."""
     settings = Settings(
         database_url=database_url, betterstack_heartbeat_url=fake_bs.heartbeat_url(), schedule_alerts="*/2 * * * *"
     )
@@ -321,8 +322,14 @@ def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
         JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {}),
     )
     with freeze_time(START) as clock:
+        telemetry = Telemetry()
         jobs = JobScheduler(
-            settings, db, [(metrics, Recorder()), (alerts, Leaky("boom"))], scheduler=stepped(), telemetry=Telemetry()
+            settings,
+            db,
+            [(metrics, Recorder()), (alerts, Leaky("boom"))],
+            scheduler=stepped(),
+            telemetry=telemetry,
+            after_run=after_run_hooks(settings, telemetry),
         )
         jobs.start()
         clock.tick(timedelta(minutes=1))  # 12:01:30: metrics
