@@ -2,7 +2,7 @@
 
 A connection is **lost** (:func:`is_lost`) when psycopg says it is closed or broken: a failover, a server
 restart, a terminated backend, a network cut. What lost it is an outage to wait out, not a failure of the
-process: a worker's thread (harness/worker.py) and the outbox relay (:func:`harness.queue.relay.serve`) each
+process: a worker's thread (harness/worker.py) and the outbox relay (:meth:`harness.queue.relay.Relay.run`) each
 keep one :class:`Outage` per connection, try again after each of :data:`BACKOFF_S` (the last one repeated),
 and give up with :class:`DatabaseUnavailable` once ``reconnect_for`` has passed since the connection was
 lost. Each caller logs and counts the loss and each failed try under its own events (``harness.worker.*``,

@@ -32,7 +32,12 @@ Crash cases — nothing is lost, and nothing is done twice:
   broker then holds the message twice, and the worker's fence absorbs the second delivery
   (``Duplicate``): one effect. A replay stays outstanding — and its fences held — until the
   worker handles one of the deliveries;
-- the relay dies before the publish: the leases expire, the rows are published by the next run.
+- the relay dies before the publish: the leases expire, the rows are published by the next run;
+- its database connection is lost (a failover, a restart, a terminated backend, a network cut):
+  :meth:`Relay.run` given ``reconnect`` waits it out (harness/reconnect.py) and settles on the
+  new connection what the lost one left — rows the target confirmed are acked there, not
+  published again; rows it was giving back are released — while rows whose claim the loss cut
+  off are published once their lease ends.
 
 A row that cannot be published (stored by SQL: a payload Python cannot decode, which the port's
 ``check_payload`` refuses, or a field the target's publish refuses, ``check_fields``) would block no other: the relay writes it as a dead letter of
@@ -48,7 +53,8 @@ runs it alone (the Helm chart's optional relay Deployment). docs/outbox.md.
 Events (stable names, structured fields): ``harness.relay.start`` / ``harness.relay.stop`` (the
 loop of :meth:`Relay.run`, with counts), ``harness.relay.published`` (debug, per batch),
 ``harness.relay.refused``, ``harness.relay.lease_lost``, ``harness.relay.error``,
-``harness.relay.still_leased`` (:meth:`Relay.report_still_leased`).
+``harness.relay.still_leased`` (:meth:`Relay.report_still_leased`), ``harness.relay.connection_lost``,
+``harness.relay.reconnect_failed``, ``harness.relay.reconnected`` (:meth:`Relay.run` with ``reconnect``).
 """
 
 from __future__ import annotations
