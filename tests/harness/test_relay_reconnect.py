@@ -108,12 +108,12 @@ def test_a_relay_whose_backend_is_terminated_reconnects_counts_it_and_relays_wha
     running = Running(database_url, relay_target.port())
     wait_until(lambda: outbox(conn) == 0 or running.outcome, what="the first row relayed")
     assert not running.outcome, running.outcome
-    conn.execute(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
-        " AND datname = current_database()",
-        (APPLICATION,),
-    )
     with capture_logs() as logs:
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
+            (APPLICATION,),
+        )
         second = publish(conn, {"member_id": "m-2", "points": 2})
         wait_until(lambda: (outbox(conn) == 0 and running.connections_lost()) or running.outcome, what="m-2 relayed")
         result = running.result()
@@ -183,8 +183,10 @@ def test_core_jobs_relay_reconnects_after_its_backend_is_terminated_and_goes_on(
     """The command outlives a terminated backend (counted, logged) and relays what was published afterwards; SIGTERM
     then stops it with 0."""
 
+    publish(conn, {"member_id": "m-before", "points": 1})
+
     def terminate_publish_and_stop() -> None:
-        wait_until(lambda: relay_backends(conn, relay_cli.APPLICATION_NAME) == 1, what="the relay connected")
+        wait_until(lambda: outbox(conn) == 0, what="the relay relaying")  # in its loop, not still connecting
         conn.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
             " AND datname = current_database()",
@@ -200,18 +202,20 @@ def test_core_jobs_relay_reconnects_after_its_backend_is_terminated_and_goes_on(
     out = capsys.readouterr().out
     assert len(events_in(out, "harness.relay.connection_lost")) == 1
     (stop,) = events_in(out, "harness.relay.stop")
-    assert (stop["num_published"], stop["ok"]) == (1, True)
-    assert len(relay_target.take(QUEUE)) == 1
+    assert (stop["num_published"], stop["ok"]) == (2, True)
+    assert len(relay_target.take(QUEUE)) == 2
 
 
 def test_core_jobs_relay_exits_1_after_the_reconnect_time_without_its_database(cli, clean_env, conn, proxy, capsys):
     clean_env.setenv("CORE_JOBS_WORKER_RECONNECT_FOR", "PT0.5S")
+    publish(conn, {"member_id": "m-1", "points": 1})
 
-    def cut_once_connected() -> None:
-        wait_until(lambda: relay_backends(conn, relay_cli.APPLICATION_NAME) == 1, what="the relay connected")
+    def cut_once_relaying() -> None:
+        # Relayed: the command is in its loop (a cut while it is still connecting is a database unreachable at start).
+        wait_until(lambda: outbox(conn) == 0, what="the relay relaying")
         proxy.cut()
 
-    helper = in_background(cut_once_connected)
+    helper = in_background(cut_once_relaying)
     assert cli(["relay", "--queue", QUEUE, "--interval", "0.05"]) == EXIT_JOB_FAILED
     helper.join(30)
     (error,) = events_in(capsys.readouterr().out, "harness.relay.error")
