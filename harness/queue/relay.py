@@ -284,6 +284,9 @@ class Relay:
                 )
                 stop.wait(delay)
                 continue
+            except Exception as exc:  # not the database (the broker's port would not open): the relay's failure
+                log.error("harness.relay.error", queues=self.queues, error=describe_error(exc))
+                raise
             lasted = outage.end()
             if lasted is not None:
                 log.info("harness.relay.reconnected", queues=self.queues, after_s=lasted[0], attempts=lasted[1])

@@ -220,3 +220,37 @@ def test_core_jobs_relay_exits_1_after_the_reconnect_time_without_its_database(c
     helper.join(30)
     (error,) = events_in(capsys.readouterr().out, "harness.relay.error")
     assert "could not be reached again" in error["error"]
+
+
+def test_a_relay_whose_target_cannot_be_reopened_after_a_lost_connection_fails_saying_why(database_url, conn):
+    """Reconnecting opens the broker's port anew; a port that will not open (the broker down too) is the relay's
+    failure, logged harness.relay.error, not an outage waited out."""
+
+    class Unopenable(Running):
+        def _run(self) -> None:
+            def reconnect():
+                self.source()
+                raise ConnectionRefusedError("broker unreachable")
+
+            try:
+                self.relay.run(self.stop, interval=timedelta(milliseconds=20), reconnect=reconnect)
+            except BaseException as exc:
+                self.outcome.append(exc)
+
+    class Idle:
+        def publish_many(self, messages, *, delay=timedelta(0)) -> None:
+            pass
+
+    with capture_logs() as logs:
+        running = Unopenable(database_url, Idle())
+        wait_until(lambda: relay_backends(conn) == 1 or running.outcome, what="the relay connected")
+        conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s"
+            " AND datname = current_database()",
+            (APPLICATION,),
+        )
+        running.thread.join(30)
+    with pytest.raises(ConnectionRefusedError):
+        running.result()
+    (error,) = [e for e in logs if e["event"] == "harness.relay.error"]
+    assert "broker unreachable" in error["error"]
