@@ -28,6 +28,8 @@ metric                                      labels      meaning
 ``harness_relay_refused_total``             queue       outbox rows the broker could not take (dead-lettered)
 ``harness_relay_leases_lost_total``         queue       rows published but acked too late (published again)
 ``harness_relay_failures_total``            queue       relay runs that failed (``harness.relay.error``)
+``harness_relay_connections_lost_total``    (none)      relay database connections lost: it reconnects by
+                                                        itself (``harness.relay.connection_lost``)
 ==========================================  ==========  ===================================================
 
 Every series of a consumer and queue the worker runs is there from the start, at 0
@@ -139,6 +141,9 @@ class NoMetrics:
     def relay_failed(self, queue: str) -> None:
         pass
 
+    def relay_connection_lost(self) -> None:
+        pass
+
 
 NO_METRICS = NoMetrics()
 
@@ -208,6 +213,11 @@ class HarnessMetrics:
                 ("failures", "Relay runs that failed (harness.relay.error)."),
             )
         }
+        self._relay_connections_lost = Counter(
+            "harness_relay_connections_lost",
+            "Relay database connections lost (it reconnects by itself: harness.relay.connection_lost).",
+            registry=self.registry,
+        )
         self._depth = Gauge(
             "harness_queue_depth", "Ready messages: due and under no live lease.", ["queue"], registry=self.registry
         )
@@ -251,6 +261,10 @@ class HarnessMetrics:
 
     def relay_failed(self, queue: str) -> None:
         self._relay["failures"].labels(queue).inc()
+
+    def relay_connection_lost(self) -> None:
+        """The relay's database connection was lost (harness/queue/relay.py: it reconnects)."""
+        self._relay_connections_lost.inc()
 
     def connection_lost(self, consumer: str) -> None:
         """Optional in a :class:`WorkerMetrics` (the worker calls it when there): a connection was lost."""

@@ -131,6 +131,7 @@ from harness.queue.port import (
 )
 from harness.queue.relay import Relay
 from harness.queue.wakeup import Wakeup
+from harness.reconnect import DatabaseUnavailable, Outage, is_lost
 from harness.replication import ReplicationBarrier
 from harness.ttl_guard import DEFAULT_TTL_MARGIN, TtlGuard, worker_window
 
@@ -142,13 +143,6 @@ log = structlog.get_logger()
 # the server does not answer either, and the worker must not hang on its way out. Every connection
 # the worker opens waits at most this long.
 GIVE_BACK_CONNECT_TIMEOUT_S = 5
-
-# The waits between attempts to reconnect after the worker's connection was lost: growing, capped.
-RECONNECT_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
-
-
-class DatabaseUnavailable(ConnectionError):
-    """The worker's database could not be reached again for ``WorkerConfig.reconnect_for``: the worker gives up."""
 
 
 @dataclass(frozen=True)
@@ -308,8 +302,7 @@ class Worker:
         batch held is given back (on a fresh connection, or on the next one if none can be had), and the thread
         reconnects with a bounded backoff, for at most ``reconnect_for`` before it gives up (DatabaseUnavailable).
         """
-        lost_since: float | None = None  # time.monotonic() when the connection was lost; None while connected
-        failures = 0
+        outage = Outage(self.config.reconnect_for)
         while not self._stopping.is_set():
             reached = False  # the server answered: a failure after this is a connection lost, not a wrong address
             try:
@@ -327,24 +320,16 @@ class Worker:
                     conn.close()
                     raise
             except psycopg.OperationalError as exc:
-                if lost_since is None and not reached:
+                if not outage.ongoing and not reached:
                     raise  # unreachable from the start: a configuration to fix, not an outage to wait out
-                if lost_since is None:  # lost while being set up (a terminated backend): an outage like any other
-                    lost_since = time.monotonic()
+                if outage.begin():  # lost while being set up (a terminated backend): an outage like any other
                     self._connection_lost(worker_name, exc)
-                waited = time.monotonic() - lost_since
-                if waited >= self.config.reconnect_for.total_seconds():
-                    raise DatabaseUnavailable(
-                        f"the database could not be reached again for {waited:.0f} s (reconnect_for"
-                        f" {self.config.reconnect_for}): {describe_error(exc)}"
-                    ) from None
-                delay = RECONNECT_BACKOFF_S[min(failures, len(RECONNECT_BACKOFF_S) - 1)]
-                failures += 1
+                attempt, delay = outage.failed(exc)  # DatabaseUnavailable past reconnect_for
                 log.warning(
                     "harness.worker.reconnect_failed",
                     consumer=self.consumer.name,
                     worker=worker_name,
-                    attempt=failures,
+                    attempt=attempt,
                     delay_s=delay,
                     error=describe_error(exc),
                 )
@@ -353,26 +338,26 @@ class Worker:
             lost = False  # read inside the block: leaving it closes the connection either way
             try:
                 with conn, closing(self._open_queue(conn, worker_name)) as queue:
-                    if lost_since is not None:
+                    lasted = outage.end()
+                    if lasted is not None:
                         log.info(
                             "harness.worker.reconnected",
                             consumer=self.consumer.name,
                             worker=worker_name,
-                            after_s=round(time.monotonic() - lost_since, 3),
-                            attempts=failures + 1,
+                            after_s=lasted[0],
+                            attempts=lasted[1],
                         )
-                    lost_since, failures = None, 0
                     try:
                         self._give_back_pending(conn, queue)
                         self._session(conn, queue, worker_name, once)
                     except Exception:
-                        lost = conn.closed or conn.broken
+                        lost = is_lost(conn)
                         raise
                     return  # stopped, or drained (once)
             except Exception as exc:
                 if not lost:
                     raise  # not the connection (a broker unreachable, a bug): the worker's own failure, as before
-                lost_since = time.monotonic()
+                outage.begin()
                 self._connection_lost(worker_name, exc)
 
     def _connection_lost(self, worker_name: str, exc: BaseException) -> None:
@@ -389,7 +374,7 @@ class Worker:
         """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""
         relay = self._outbox_relay(conn, queue, worker_name)
         while not self._stopping.is_set():
-            if conn.closed or conn.broken:  # lost while the last batch was given back: a new session
+            if is_lost(conn):  # lost while the last batch was given back: a new session
                 raise psycopg.OperationalError("the worker's database connection was lost")
             self._read_figures(conn, queue)
             self._relay_outbox(relay)

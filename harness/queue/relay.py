@@ -32,7 +32,12 @@ Crash cases — nothing is lost, and nothing is done twice:
   broker then holds the message twice, and the worker's fence absorbs the second delivery
   (``Duplicate``): one effect. A replay stays outstanding — and its fences held — until the
   worker handles one of the deliveries;
-- the relay dies before the publish: the leases expire, the rows are published by the next run.
+- the relay dies before the publish: the leases expire, the rows are published by the next run;
+- its database connection is lost (a failover, a restart, a terminated backend, a network cut):
+  :meth:`Relay.run` given ``reconnect`` waits it out (harness/reconnect.py) and settles on the
+  new connection what the lost one left — rows the target confirmed are acked there, not
+  published again; rows it was giving back are released — while rows whose claim the loss cut
+  off are published once their lease ends.
 
 A row that cannot be published (stored by SQL: a payload Python cannot decode, which the port's
 ``check_payload`` refuses, or a field the target's publish refuses, ``check_fields``) would block no other: the relay writes it as a dead letter of
@@ -48,30 +53,44 @@ runs it alone (the Helm chart's optional relay Deployment). docs/outbox.md.
 Events (stable names, structured fields): ``harness.relay.start`` / ``harness.relay.stop`` (the
 loop of :meth:`Relay.run`, with counts), ``harness.relay.published`` (debug, per batch),
 ``harness.relay.refused``, ``harness.relay.lease_lost``, ``harness.relay.error``,
-``harness.relay.still_leased`` (:meth:`Relay.report_still_leased`).
+``harness.relay.still_leased`` (:meth:`Relay.report_still_leased`), ``harness.relay.connection_lost``,
+``harness.relay.reconnect_failed``, ``harness.relay.reconnected`` (:meth:`Relay.run` with ``reconnect``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Protocol
 
+import psycopg
 import structlog
 
 from harness.errors import describe_error
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery, Envelope, InvalidEnvelope, check_fields, check_payload
+from harness.reconnect import DatabaseUnavailable, Outage, is_lost
 
-__all__ = ["DEFAULT_BATCH_SIZE", "DEFAULT_INTERVAL", "RELAY_CONSUMER", "Publisher", "Relay", "RelayResult"]
+__all__ = [
+    "DEFAULT_BATCH_SIZE",
+    "DEFAULT_INTERVAL",
+    "DEFAULT_RECONNECT_FOR",
+    "RELAY_CONSUMER",
+    "Publisher",
+    "Reconnect",
+    "Relay",
+    "RelayResult",
+]
 
 log = structlog.get_logger()
 
 DEFAULT_BATCH_SIZE = 100
 DEFAULT_INTERVAL = timedelta(seconds=1)
+# How long Relay.run keeps reconnecting after its database connection was lost before it gives up (as the worker).
+DEFAULT_RECONNECT_FOR = timedelta(minutes=2)
 # The consumer named on the dead letter of an outbox row the relay cannot publish.
 RELAY_CONSUMER = "harness.relay"
 
@@ -80,6 +99,11 @@ class Publisher(Protocol):
     """What the relay needs of its target: any :class:`~harness.queue.port.QueuePort` (all or none, confirmed)."""
 
     def publish_many(self, messages: Sequence[tuple[str, Envelope]], *, delay: timedelta = ...) -> None: ...
+
+
+# Opens the relay's source and target anew after its database connection was lost: a psycopg.OperationalError
+# while the database cannot be reached yet (tried again after a backoff), anything else is the relay's failure.
+Reconnect = Callable[[], tuple[PgQueue, Publisher]]
 
 
 @dataclass
@@ -131,13 +155,20 @@ class Relay:
         self.queues = list(dict.fromkeys(queues))
         self.batch_size = batch_size
         self.metrics = metrics
+        # What a lost connection kept the relay from settling in the outbox, settled on the next one: rows the target
+        # confirmed but not acked yet (else published again once their lease ends), and rows to release.
+        self._unacked: list[tuple[str, list[Delivery]]] = []
+        self._unreleased: list[tuple[str, list[Delivery]]] = []
 
     def run_once(self) -> RelayResult:
         """Relay every due outbox row of the queues, batch by batch, until a batch comes back short.
 
-        A failed publish releases its batch and raises (see the module docstring).
+        A failed publish releases its batch and raises (see the module docstring). A lost database connection
+        raises too, without ``harness.relay.error`` (the caller reconnects, or fails as it decides): the batch in
+        hand is settled on the next connection (:meth:`run` with ``reconnect``), else its leases expire.
         """
         result = RelayResult()
+        self._settle_pending(result)
         for queue in self.queues:
             of_queue = RelayResult()
             try:
@@ -150,8 +181,10 @@ class Relay:
                         break
             except Exception as exc:
                 result.add(of_queue)
-                self._count(queue, of_queue, failed=True)
-                log.error("harness.relay.error", queue=queue, **result.fields(), error=describe_error(exc))
+                lost = is_lost(self.source.conn)
+                self._count(queue, of_queue, failed=not lost)
+                if not lost:
+                    log.error("harness.relay.error", queue=queue, **result.fields(), error=describe_error(exc))
                 raise
             result.add(of_queue)
             self._count(queue, of_queue)
@@ -183,22 +216,90 @@ class Relay:
                 )
         return total
 
-    def run(self, stop: threading.Event, *, interval: timedelta = DEFAULT_INTERVAL) -> RelayResult:
-        """:meth:`run_once` every ``interval`` until ``stop`` is set; the counts. An error ends it (raised)."""
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        interval: timedelta = DEFAULT_INTERVAL,
+        reconnect: Reconnect | None = None,
+        reconnect_for: timedelta = DEFAULT_RECONNECT_FOR,
+    ) -> RelayResult:
+        """:meth:`run_once` every ``interval`` until ``stop`` is set; the counts. An error ends it (raised).
+
+        With ``reconnect``, a lost database connection (a failover, a restart, a terminated backend, a network cut)
+        does not: it is logged ``harness.relay.connection_lost`` and counted (``harness_relay_connections_lost_total``),
+        the relay opens its source and target anew with ``reconnect`` after a growing, capped backoff
+        (harness/reconnect.py; ``harness.relay.reconnect_failed`` per failed try, ``harness.relay.reconnected``),
+        settles there what the lost connection left (rows the target confirmed are acked, not published again; rows
+        to give back are released) and goes on. After ``reconnect_for`` without a connection it raises
+        :class:`~harness.reconnect.DatabaseUnavailable` (``harness.relay.error``).
+        """
         log.info(
             "harness.relay.start", queues=self.queues, batch_size=self.batch_size, interval_s=interval.total_seconds()
         )
         total = RelayResult()
         ok = False
+        outage = Outage(reconnect_for)
         try:
             while not stop.is_set():
                 started = time.monotonic()
-                total.add(self.run_once())
+                try:
+                    total.add(self.run_once())
+                except Exception as exc:
+                    if reconnect is None or not is_lost(self.source.conn):
+                        raise
+                    self._connection_lost(exc)
+                    self._reconnect(reconnect, outage, stop)
+                    continue
                 stop.wait(max(0.0, interval.total_seconds() - (time.monotonic() - started)))
             ok = True
         finally:
             log.info("harness.relay.stop", queues=self.queues, **total.fields(), ok=ok)
         return total
+
+    def _connection_lost(self, exc: BaseException) -> None:
+        connection_lost = getattr(self.metrics, "relay_connection_lost", None)  # optional in a metrics object
+        if connection_lost is not None:
+            connection_lost()
+        log.warning("harness.relay.connection_lost", queues=self.queues, error=describe_error(exc))
+
+    def _reconnect(self, reconnect: Reconnect, outage: Outage, stop: threading.Event) -> None:
+        """A new source and target from ``reconnect``, trying again after each backoff until one opens or ``stop``."""
+        outage.begin()
+        while not stop.is_set():
+            try:
+                self.source, self.target = reconnect()
+            except psycopg.OperationalError as exc:
+                try:
+                    attempt, delay = outage.failed(exc)
+                except DatabaseUnavailable as gave_up:
+                    log.error("harness.relay.error", queues=self.queues, error=str(gave_up))
+                    raise
+                log.warning(
+                    "harness.relay.reconnect_failed",
+                    queues=self.queues,
+                    attempt=attempt,
+                    delay_s=delay,
+                    error=describe_error(exc),
+                )
+                stop.wait(delay)
+                continue
+            except Exception as exc:  # not the database (the broker's port would not open): the relay's failure
+                log.error("harness.relay.error", queues=self.queues, error=describe_error(exc))
+                raise
+            lasted = outage.end()
+            if lasted is not None:
+                log.info("harness.relay.reconnected", queues=self.queues, after_s=lasted[0], attempts=lasted[1])
+            return
+
+    def _settle_pending(self, result: RelayResult) -> None:
+        """What a lost connection left unsettled, settled on this one: confirmed rows acked, the others released."""
+        unacked, self._unacked = self._unacked, []
+        unreleased, self._unreleased = self._unreleased, []
+        for queue, deliveries in unacked:
+            self._published(queue, deliveries, result)
+        for queue, deliveries in unreleased:
+            self._give_back(queue, deliveries)
 
     def _relay(self, queue: str, batch: list[Delivery], result: RelayResult) -> None:
         sendable, unsendable = [], []
@@ -228,7 +329,12 @@ class Relay:
 
     def _published(self, queue: str, sendable: list[Delivery], result: RelayResult) -> None:
         """Ack rows the target confirmed in the outbox; a lost lease means they will be published again."""
-        acked = self.source.ack(sendable)
+        try:
+            acked = self.source.ack(sendable)
+        except Exception:
+            if is_lost(self.source.conn):  # acked on the next connection, while their lease lives
+                self._unacked.append((queue, sendable))
+            raise
         result.published += len(sendable)
         result.batches += 1
         log.debug("harness.relay.published", queue=queue, num_messages=len(sendable))
@@ -251,6 +357,8 @@ class Relay:
         try:
             self.source.release(deliveries)
         except Exception as exc:
+            if is_lost(self.source.conn):  # released on the next connection
+                self._unreleased.append((queue, deliveries))
             log.warning(
                 "harness.relay.give_back_failed", queue=queue, num_unreleased=len(deliveries), error=describe_error(exc)
             )

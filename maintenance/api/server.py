@@ -9,6 +9,13 @@ except in admin mode (``CORE_JOBS_ADMIN_ENABLED``): then it first loads the publ
 definitions and checks, on one connection set up like the pool's, that it runs as the restricted
 API role (:mod:`maintenance.api.admin`; exit 2 otherwise).
 
+A lost database (a restart, a failover, a network cut) never stops the process: while it is
+unreachable each request answers 503 ``database-unavailable`` (problem+json, no address or URL in
+it; ``maintenance.api.database_unavailable`` logged, the 503 counted by route) and ``/readyz`` is
+not ready; the pool reconnects in the background and checks each connection as a request takes it,
+so a connection the database dropped while idle is replaced, never handed out: once the database
+answers, requests do too, without a restart.
+
 Stop: on SIGTERM (or SIGINT) ``maintenance.api.stopping`` is logged, the server stops accepting
 connections, lets the requests in flight finish — each is one transaction, so none is cut in
 half — for up to ``CORE_JOBS_API_SHUTDOWN_GRACE``, closes the pool, logs
@@ -70,6 +77,11 @@ from maintenance.settings import ConfigError, Settings
 from maintenance.settings.api import DEFAULT_API_MAX_BODY_BYTES, DEFAULT_API_READ_TIMEOUT
 
 APPLICATION_NAME = "core-jobs-api"
+# How long the pool retries one connection it could not open before it gives that attempt up (psycopg_pool's
+# reconnect_timeout, default 5 min). Its waits double without a cap (1, 2, 4 … s), so after a 70 s outage the next
+# try came 55 s after the database was back, every request a 503 meanwhile (measured); given up sooner, the next
+# request opens a connection at once: the API is answering again within this after the database is.
+POOL_RECONNECT_TIMEOUT_S = 5.0
 MAX_HEADER_BYTES = 32 * 1024  # request line and headers of one request
 MAX_HEADERS = 100
 MAX_FRAMING_BYTES = 32 * 1024  # chunk-size lines, chunk extensions, CRLFs and trailer fields of one request
@@ -280,6 +292,10 @@ def build_pool(settings: Settings, conninfo: str | None = None) -> ConnectionPoo
         timeout=settings.api_pool_timeout.total_seconds(),
         open=False,
         configure=configure,
+        # Each connection is checked (one round trip) as a request takes it: one the database dropped while it idled
+        # in the pool (a restart, a failover, a terminated backend) is replaced then, never handed to a request.
+        check=ConnectionPool.check_connection,
+        reconnect_timeout=POOL_RECONNECT_TIMEOUT_S,
         name="core-jobs-api",
         kwargs={"autocommit": True, "application_name": APPLICATION_NAME},
     )

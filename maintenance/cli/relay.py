@@ -22,11 +22,20 @@ It runs until SIGTERM/SIGINT (the batch in hand is finished and acked first), or
 until no row of its queues' outbox is ready: rows still under another claimer's live lease (a
 relay or worker, maybe a dead one) are not waited for but reported — ``harness.relay.still_leased``
 per queue with when the last lease ends on PostgreSQL's clock, ``num_still_leased`` in
-``harness.relay.stop`` — and a later run publishes them once the lease is over. Exit codes as ``worker``: **0** stopped as asked (or
+``harness.relay.stop`` — and a later run publishes them once the lease is over. A lost database connection (a failover, a restart, a terminated backend, a network cut) does not
+stop it: ``harness.relay.connection_lost``, counted ``harness_relay_connections_lost_total``, then it
+reconnects with a growing, capped backoff (``harness.relay.reconnect_failed`` per failed try,
+``harness.relay.reconnected``), opening its broker port anew too; rows the broker confirmed before
+the loss are acked on the new connection (not published again), rows it was giving back are released
+there. After ``CORE_JOBS_WORKER_RECONNECT_FOR`` (2 min, the worker's setting) without a connection it
+exits 1. ``--once`` does not wait out an outage: exit 1, the rows' leases expire and a later run
+publishes them. Exit codes as ``worker``: **0** stopped as asked (or
 ``--once`` done), **1** the relay failed (the broker or the database: ``harness.relay.error`` says
 why; the batch in hand is given back, nothing is lost), **2** a configuration or usage error.
 Events: ``harness.relay.start`` / ``harness.relay.stop`` (counts), ``harness.relay.stopping`` on a
-signal, ``harness.relay.error``, ``harness.relay.still_leased`` (``--once``).
+signal, ``harness.relay.error``, ``harness.relay.still_leased`` (``--once``),
+``harness.relay.connection_lost``, ``harness.relay.reconnect_failed``, ``harness.relay.reconnected``,
+``harness.relay.close_failed`` (the previous broker port could not be closed cleanly on a reconnect).
 """
 
 from __future__ import annotations
@@ -44,9 +53,11 @@ from maintenance.errors import EXIT_FAILED, EXIT_OK
 if TYPE_CHECKING:  # the parser stays light: each command imports what it needs when it runs
     import psycopg
 
+    from harness.queue.pgqueue import PgQueue
     from harness.queue.relay import Publisher
     from maintenance.settings import Settings
 
+APPLICATION_NAME = "core-jobs-relay"
 QUEUE_URL_VARIABLE = "CORE_JOBS_QUEUE_URL"
 REFERENCE_SCHEMES = ("", "postgresql", "postgres")
 
@@ -77,26 +88,49 @@ def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease
 def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     import socket
 
+    from harness.errors import describe_error
     from harness.pg import connect
     from harness.queue.pgqueue import PgQueue
     from harness.queue.relay import Relay
+    from harness.reconnect import is_lost
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
 
     name = f"{socket.gethostname()}:{os.getpid()}/relay"
     metrics = _served_metrics(args.metrics_port)
     stop = threading.Event()  # SIGTERM/SIGINT set it: the batch in hand is finished and acked, then it stops
-    with connect(
-        settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name="core-jobs-relay"
-    ) as conn:
-        target = open_target(queue_url(args, settings), conn, worker=name, lease=settings.worker_lease)
-        relay = Relay(
-            PgQueue(conn, lease=settings.worker_lease, worker=name),
-            target,
-            args.queue,
-            batch_size=args.batch_size,
-            metrics=metrics,
+    url = queue_url(args, settings)
+    opened: list[tuple[psycopg.Connection, Publisher]] = []  # the session's connection and target; the last is live
+
+    def open_session() -> tuple[PgQueue, Publisher]:
+        """A new connection and target (the previous ones closed): at start, and after the connection was lost."""
+        close_session()
+        conn = connect(
+            settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name=APPLICATION_NAME
         )
+        try:
+            target = open_target(url, conn, worker=name, lease=settings.worker_lease)
+        except BaseException:
+            conn.close()
+            raise
+        opened.append((conn, target))
+        return PgQueue(conn, lease=settings.worker_lease, worker=name), target
+
+    def close_session() -> None:
+        while opened:
+            conn, target = opened.pop()
+            close = getattr(target, "close", None)
+            try:
+                if close is not None:
+                    close()
+            except Exception as exc:  # a target whose connection went with the database's
+                get_logger().warning("harness.relay.close_failed", error=describe_error(exc))
+            finally:
+                conn.close()
+
+    try:
+        source, target = open_session()
+        relay = Relay(source, target, args.queue, batch_size=args.batch_size, metrics=metrics)
 
         def stopping(signal_name: str) -> None:
             get_logger().info("harness.relay.stopping", queues=relay.queues, signal=signal_name)
@@ -110,13 +144,18 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
                         "harness.relay.stop", queues=relay.queues, **result.fields(), num_still_leased=leased, ok=True
                     )
                 else:
-                    relay.run(stop, interval=timedelta(seconds=args.interval))
-        except Exception:  # harness.relay.error already says why; the batch in hand was given back
+                    relay.run(
+                        stop,
+                        interval=timedelta(seconds=args.interval),
+                        reconnect=open_session,
+                        reconnect_for=settings.worker_reconnect_for,
+                    )
+        except Exception as exc:  # harness.relay.error already says why; the batch in hand was given back
+            if args.once and is_lost(relay.source.conn):  # --once does not wait out an outage
+                get_logger().error("harness.relay.error", queues=relay.queues, error=describe_error(exc))
             return EXIT_FAILED
-        finally:
-            close = getattr(target, "close", None)
-            if close is not None:
-                close()
+    finally:
+        close_session()
     return EXIT_OK
 
 

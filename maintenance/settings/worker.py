@@ -79,9 +79,10 @@ class WorkerFields(BaseModel):
     )
     worker_reconnect_for: PositiveDuration = Field(
         default=DEFAULT_WORKER_RECONNECT_FOR,
-        description="How long each `core-jobs worker` thread keeps reconnecting after its database connection is "
-        "lost (a failover, a restart, a terminated backend) before the worker gives up and exits 1. A failover "
-        "takes seconds to a minute; the worker gives its batch back and carries on once it reconnects.",
+        description="How long each `core-jobs worker` thread, and `core-jobs relay`, keeps reconnecting after its "
+        "database connection is lost (a failover, a restart, a terminated backend) before it gives up and exits 1. "
+        "A failover takes seconds to a minute; the worker gives its batch back (the relay acks what the broker "
+        "confirmed) and carries on once it reconnects.",
     )
     worker_await_standby: PositiveDuration | None = Field(
         default=None,
