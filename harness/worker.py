@@ -114,7 +114,7 @@ from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
-from harness.pg import connect, prepare
+from harness.pg import connect, prepare, require_schema
 from harness.queue.adapters import adapter_class
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import (
@@ -387,6 +387,7 @@ class Worker:
 
     def _session(self, conn: psycopg.Connection, queue: QueuePort, worker_name: str, once: bool) -> None:
         """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""
+        require_schema(conn)  # an unmigrated database: SchemaNotMigrated, saying what to run
         relay = self._outbox_relay(conn, queue, worker_name)
         while not self._stopping.is_set():
             if conn.closed or conn.broken:  # lost while the last batch was given back: a new session

@@ -371,6 +371,11 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
     """
     import psycopg
 
+    from harness.pg import SchemaNotMigrated
+
+    if isinstance(exc, SchemaNotMigrated):  # an unmigrated database: what is missing, and what to run
+        _report(f"schema error: {exc}", settings)
+        return EXIT_CONFIG
     alembic_util: Any = sys.modules.get("alembic.util")
     if alembic_util is not None and isinstance(exc, alembic_util.CommandError):  # e.g. a revision that does not exist
         _report(f"usage error: {args.command}: {exc}", settings)

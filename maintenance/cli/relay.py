@@ -77,7 +77,7 @@ def open_target(url: str | None, conn: psycopg.Connection, *, worker: str, lease
 def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     import socket
 
-    from harness.pg import connect
+    from harness.pg import SchemaNotMigrated, connect, require_schema
     from harness.queue.pgqueue import PgQueue
     from harness.queue.relay import Relay
     from maintenance.runtime.logs import get_logger
@@ -89,6 +89,7 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     with connect(
         settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name="core-jobs-relay"
     ) as conn:
+        require_schema(conn)  # an unmigrated database: one line saying what to run (exit 2), not UndefinedTable
         target = open_target(queue_url(args, settings), conn, worker=name, lease=settings.worker_lease)
         relay = Relay(
             PgQueue(conn, lease=settings.worker_lease, worker=name),
@@ -111,6 +112,8 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
                     )
                 else:
                     relay.run(stop, interval=timedelta(seconds=args.interval))
+        except SchemaNotMigrated:
+            raise  # one line saying what to run, exit 2 (maintenance/cli)
         except Exception:  # harness.relay.error already says why; the batch in hand was given back
             return EXIT_FAILED
         finally:
