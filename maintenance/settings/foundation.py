@@ -82,7 +82,9 @@ class FoundationFields(BaseModel):
     retry_overrides: dict[str, RetryOverride] = Field(
         default_factory=dict,
         description='Per-queue retry policies as JSON: {"queue": {"max_attempts": 8, '
-        '"justification": "why"}}. A missing justification is an error (J-B3).',
+        '"justification": "why"}}. Keys: justification (required: why this queue differs; J-B3), and any of '
+        "max_attempts, base_delay, max_delay, jitter, retry_after_cap (durations like 30s or PT5M), each replacing "
+        "that CORE_JOBS_RETRY_* value for the queue; another key is an error listing these.",
     )
     broker_redelivery_horizon: NonNegativeDuration = Field(
         default=DEFAULT_BROKER_REDELIVERY_HORIZON,
