@@ -218,6 +218,29 @@ class WorkerStats:
 
 
 class Worker:
+    """Runs one consumer's queue: claim a batch, handle each delivery under its fence, settle it; until stopped.
+
+    ``Worker(conninfo, consumer, policy=RetryPolicy(), config=WorkerConfig(fence_ttl=timedelta(days=7)))``, then
+    :meth:`run` — ``run(once=True)`` returns when nothing is ready (a test, a cron), else it runs until
+    :meth:`stop` (safe from a signal handler: the message in hand is finished first) — and returns its
+    :class:`WorkerStats`. What ``core-jobs worker --consumer module:object`` builds from the settings.
+
+    - ``conninfo``: the database (libpq URL) whose ``core`` schema holds the fences and dead letters, migrated
+      (``core-jobs migrate``; else :class:`~harness.pg.SchemaNotMigrated` at the first connection). Each of
+      ``config.concurrency`` threads opens its own connection, and reconnects for ``config.reconnect_for`` after
+      losing it (then :class:`DatabaseUnavailable`).
+    - ``consumer``: the :class:`~harness.consumer.consumer.Consumer`; its queue is the one claimed.
+    - ``policy``: the retry policy of the queue (the consumer's own ``retry_policy=`` wins);
+      ``config.fence_ttl`` must outlive it (the TTL guard: a ``ValueError`` here saying the minimum).
+    - ``queue_url``: the adapter (harness/queue/adapters.py): None or ``postgresql://`` the reference queue in the
+      same database, ``amqp://…`` RabbitMQ (whose outbox this worker relays between batches).
+    - ``metrics``: where counts go (:data:`~harness.metrics.NO_METRICS` by default; ``HarnessMetrics(registry)``);
+      ``database_role``: each connection's ``SET ROLE`` (``core_jobs_worker``); ``stop``: an event that stops it
+      too; ``application_name``: the sessions' name in ``pg_stat_activity``.
+
+    Events ``harness.worker.*`` and ``harness.job.*`` (docs/reference/events.md); docs/harness.md.
+    """
+
     def __init__(
         self,
         conninfo: str,
