@@ -52,7 +52,7 @@ def _move_schema(args: argparse.Namespace, settings: Settings, *, down: bool) ->
     try:
         before = migrate.current_revision(conninfo, lock_timeout=timeout)
         move = migrate.downgrade if down else migrate.upgrade
-        move(conninfo, args.revision, lock_timeout=timeout, attempts=attempts)
+        move(conninfo, args.revision, lock_timeout=timeout, attempts=attempts, api_role=settings.migrate_api_role)
     except migrate.MigrationBlocked as exc:
         _report(str(exc), settings)
         return EXIT_JOB_FAILED

@@ -102,6 +102,12 @@ class FoundationFields(BaseModel):
         ge=1,
         description="`core-jobs migrate`: attempts before it gives up (exit 1, naming the sessions holding locks).",
     )
+    migrate_api_role: bool = Field(
+        default=True,
+        description="`core-jobs migrate`: create the cluster-wide role core_jobs_api (the operations API's) and grant "
+        "it its privileges. false for a deployment that does not run `core-jobs api`: the migrations then neither "
+        "create the role nor grant it anything in this database, nor drop it on a downgrade (docs/deployment.md).",
+    )
     log_format: Literal["auto", "json", "console"] = Field(
         default=DEFAULT_LOG_FORMAT, description="auto: JSON lines when stdout is not a TTY, readable console on a TTY."
     )
