@@ -1,7 +1,8 @@
 """The reference queue adapter: messages in ``core.queue_messages``, on PostgreSQL's clock.
 
 For the demo, the tests and small deployments — and, for a queue that lives on a broker, the
-**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs) and a relay
+**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs), as does a producer
+(``publish_in_transaction``, harness/queue/outbox.py), and a relay
 moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision about time uses the server's
 ``now()``: no worker sleeps to wait for a retry and nothing is queued in memory (R-1).
 
