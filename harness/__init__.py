@@ -15,7 +15,8 @@ the subpackages are grouped by concept:
   finish), its SQL and its window;
 - ``harness.queue`` — the queue port (``port``: ``QueuePort``, ``Envelope``, the outcomes), its
   reference PostgreSQL adapter (``pgqueue``), and the choice of an adapter from a URL
-  (``adapters``: ``open_queue``; RabbitMQ's and third parties' adapters load only when chosen);
+  (``adapters``: ``open_queue``; RabbitMQ's and third parties' adapters load only when chosen), and a
+  producer's publish in its own transaction through the outbox (``outbox``: ``publish_in_transaction``);
 - what they all stand on: ``harness.dead_letters`` (the writer), ``harness.metrics`` (what is
   counted), ``harness.errors`` (how a handler says what went wrong, and how an error becomes
   text), ``harness.pg`` and ``harness.pipelined`` (the PostgreSQL helpers: the clock read once,
@@ -40,8 +41,10 @@ if TYPE_CHECKING:
     from harness.errors import NotSent, PermanentError, PoisonMessage, TransientError
     from harness.handling import handle
     from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
+    from harness.pg import SchemaNotMigrated, require_schema
     from harness.queue.adapters import QueueUrlError, open_queue
     from harness.queue.memory import MemoryBroker, MemoryQueue, memory_broker
+    from harness.queue.outbox import NoTransaction, publish_in_transaction
     from harness.queue.pgqueue import PgQueue
     from harness.queue.port import (
         NO_TENANT,
@@ -72,6 +75,10 @@ _HOMES = {
     "TransientError": "harness.errors",
     "handle": "harness.handling",
     "PgQueue": "harness.queue.pgqueue",
+    "SchemaNotMigrated": "harness.pg",
+    "require_schema": "harness.pg",
+    "NoTransaction": "harness.queue.outbox",
+    "publish_in_transaction": "harness.queue.outbox",
     "QueueUrlError": "harness.queue.adapters",
     "open_queue": "harness.queue.adapters",
     "NO_TENANT": "harness.queue.port",
@@ -125,6 +132,7 @@ __all__ = [
     "MemoryBroker",
     "MemoryQueue",
     "Metrics",
+    "NoTransaction",
     "NotSent",
     "Outcome",
     "PermanentError",
@@ -135,6 +143,7 @@ __all__ = [
     "RetryAfter",
     "RetryPolicy",
     "RetryPolicyError",
+    "SchemaNotMigrated",
     "Stale",
     "TransientError",
     "Worker",
@@ -144,6 +153,8 @@ __all__ = [
     "handle",
     "memory_broker",
     "open_queue",
+    "publish_in_transaction",
+    "require_schema",
     "settle",
 ]
 

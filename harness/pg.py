@@ -131,3 +131,45 @@ def advisory_lock(conn: psycopg.Connection, name: str) -> Iterator[bool]:
     finally:
         if acquired and not conn.closed:
             conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (name,))
+
+
+# The tables every worker, relay and producer of the harness reads or writes (migrations/, docs/schema.md).
+HARNESS_TABLES = ("core.queue_messages", "core.processed_jobs", "core.dead_letters")
+
+# Which of them the database lacks: to_regclass is NULL for a table that does not exist (never an error).
+MISSING_TABLES = "SELECT t FROM unnest(%(tables)s::text[]) AS t WHERE to_regclass(t) IS NULL ORDER BY t"
+
+MIGRATE_HINT = "run `core-jobs migrate` (or `alembic upgrade head` with the bundle's migrations) against it first"
+
+
+class SchemaNotMigrated(Exception):
+    """The database has not been migrated: the harness's tables are missing. Says which, and what to run.
+
+    Raised by :func:`require_schema` (the worker's and the relay's first statement on a connection) and
+    in place of PostgreSQL's ``UndefinedTable`` where the harness first touches a table (the claim, a publish).
+    """
+
+    def __init__(self, missing: tuple[str, ...] | list[str]) -> None:
+        self.missing = tuple(missing)
+        super().__init__(
+            f"the database has no {', '.join(self.missing)}: its schema is not migrated for core-jobs' harness; "
+            + MIGRATE_HINT
+        )
+
+    @classmethod
+    def from_error(cls, exc: psycopg.errors.UndefinedTable) -> SchemaNotMigrated:
+        """PostgreSQL's ``relation "core.x" does not exist`` as the table it names (the table part only)."""
+        message = exc.diag.message_primary or str(exc)
+        name = message.split('"')[1] if message.count('"') >= 2 else "the harness's tables"
+        return cls([name if "." in name or name.startswith("the ") else f"core.{name}"])
+
+
+def require_schema(conn: psycopg.Connection, tables: tuple[str, ...] = HARNESS_TABLES) -> None:
+    """Raise :class:`SchemaNotMigrated` naming every one of ``tables`` the database of ``conn`` lacks.
+
+    One catalog read, in its own transaction or the caller's; for a worker or a relay once per connection,
+    before its first claim, so an unmigrated database is one clear sentence rather than ``UndefinedTable``.
+    """
+    missing = [row[0] for row in conn.execute(MISSING_TABLES, {"tables": list(tables)}).fetchall()]
+    if missing:
+        raise SchemaNotMigrated(missing)

@@ -114,7 +114,7 @@ from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
-from harness.pg import connect, prepare
+from harness.pg import connect, prepare, require_schema
 from harness.queue.adapters import adapter_class
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import (
@@ -212,6 +212,29 @@ class WorkerStats:
 
 
 class Worker:
+    """Runs one consumer's queue: claim a batch, handle each delivery under its fence, settle it; until stopped.
+
+    ``Worker(conninfo, consumer, policy=RetryPolicy(), config=WorkerConfig(fence_ttl=timedelta(days=7)))``, then
+    :meth:`run` — ``run(once=True)`` returns when nothing is ready (a test, a cron), else it runs until
+    :meth:`stop` (safe from a signal handler: the message in hand is finished first) — and returns its
+    :class:`WorkerStats`. What ``core-jobs worker --consumer module:object`` builds from the settings.
+
+    - ``conninfo``: the database (libpq URL) whose ``core`` schema holds the fences and dead letters, migrated
+      (``core-jobs migrate``; else :class:`~harness.pg.SchemaNotMigrated` at the first connection). Each of
+      ``config.concurrency`` threads opens its own connection, and reconnects for ``config.reconnect_for`` after
+      losing it (then :class:`DatabaseUnavailable`).
+    - ``consumer``: the :class:`~harness.consumer.consumer.Consumer`; its queue is the one claimed.
+    - ``policy``: the retry policy of the queue (the consumer's own ``retry_policy=`` wins);
+      ``config.fence_ttl`` must outlive it (the TTL guard: a ``ValueError`` here saying the minimum).
+    - ``queue_url``: the adapter (harness/queue/adapters.py): None or ``postgresql://`` the reference queue in the
+      same database, ``amqp://…`` RabbitMQ (whose outbox this worker relays between batches).
+    - ``metrics``: where counts go (:data:`~harness.metrics.NO_METRICS` by default; ``HarnessMetrics(registry)``);
+      ``database_role``: each connection's ``SET ROLE`` (``core_jobs_worker``); ``stop``: an event that stops it
+      too; ``application_name``: the sessions' name in ``pg_stat_activity``.
+
+    Events ``harness.worker.*`` and ``harness.job.*`` (docs/reference/events.md); docs/harness.md.
+    """
+
     def __init__(
         self,
         conninfo: str,
@@ -372,6 +395,7 @@ class Worker:
 
     def _session(self, conn: psycopg.Connection, queue: QueuePort, worker_name: str, once: bool) -> None:
         """Claim and run batches on ``conn`` until stopped (or, with ``once``, until nothing is ready)."""
+        require_schema(conn)  # an unmigrated database: SchemaNotMigrated, saying what to run
         relay = self._outbox_relay(conn, queue, worker_name)
         while not self._stopping.is_set():
             if is_lost(conn):  # lost while the last batch was given back: a new session

@@ -22,6 +22,9 @@ lock_timeout_ms = context.config.attributes.get("lock_timeout_ms")
 if lock_timeout_ms is not None:
     connection.execute(text("SELECT set_config('lock_timeout', :value, true)"), {"value": f"{int(lock_timeout_ms)}ms"})
 connection.execute(text("CREATE SCHEMA IF NOT EXISTS core"))
+# CORE_JOBS_MIGRATE_API_ROLE (maintenance/runtime/migrate.py): false, and the migrations skip the role core_jobs_api
+# (migrations/api_role.py). Absent (a caller that does not say): true, as before.
+context.config.attributes.setdefault("api_role", True)
 context.configure(connection=connection, version_table_schema="core", transactional_ddl=True)
 with context.begin_transaction():
     context.run_migrations()

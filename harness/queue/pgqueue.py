@@ -1,7 +1,8 @@
 """The reference queue adapter: messages in ``core.queue_messages``, on PostgreSQL's clock.
 
 For the demo, the tests and small deployments — and, for a queue that lives on a broker, the
-**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs) and a relay
+**outbox** the operations layer publishes to in its own transaction (replays, RESUMEs), as does a producer
+(``publish_in_transaction``, harness/queue/outbox.py), and a relay
 moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision about time uses the server's
 ``now()``: no worker sleeps to wait for a retry and nothing is queued in memory (R-1).
 
@@ -26,6 +27,8 @@ moves to the broker (harness/queue/relay.py, docs/outbox.md). Every decision abo
   checked and written to JSON text in one pass first; all or none, and the table's triggers (the
   API role's publish guard) see the batch as they see an INSERT's rows. A pipeline (a RESUME's
   writes) cannot carry a COPY: there the same rows go as one INSERT of arrays.
+- **An unmigrated database** (no ``core.queue_messages``): a claim or a publish raises
+  :class:`~harness.pg.SchemaNotMigrated`, saying to run ``core-jobs migrate``, not ``UndefinedTable``.
 - **Replays**: ``replay_of`` (the dead letter a replay republished) is a column of the message,
   so it survives retries and lease expiries; the claim hands it back in the envelope, and the
   harness marks that replay handled with the delivery's final outcome (harness/queue/port.py).
@@ -61,6 +64,7 @@ from psycopg.pq import PipelineStatus, TransactionStatus
 from psycopg.types.json import Jsonb
 
 from harness.dead_letters import DeadLetter, write_dead_letter
+from harness.pg import SchemaNotMigrated
 from harness.queue.port import (
     Delivery,
     Envelope,
@@ -244,8 +248,11 @@ class PgQueue:
         refuses :class:`~harness.queue.port.InvalidEnvelope` naming it, before any write.
         """
         check_envelope(queue, envelope)
-        with publish_span([(queue, envelope)], system=self.system) as traced, self._one_statement():
-            row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
+        try:
+            with publish_span([(queue, envelope)], system=self.system) as traced, self._one_statement():
+                row = self.conn.execute(PUBLISH, self._publish_params(queue, traced[0][1], delay)).fetchone()
+        except psycopg.errors.UndefinedTable as exc:  # an unmigrated database: say what to run
+            raise SchemaNotMigrated.from_error(exc) from None
         assert row is not None
         return row[0]
 
@@ -348,11 +355,14 @@ class PgQueue:
 
     def claim(self, queue: str, limit: int) -> list[Delivery]:
         """Lease up to ``limit`` ready messages of ``queue``, oldest ``run_at`` first."""
-        with self.conn.transaction():
-            self.conn.execute(ASYNC_COMMIT)
-            rows = self.conn.execute(
-                CLAIM, {"queue": queue, "limit": limit, "lease": self.lease, "worker": self.worker}
-            ).fetchall()
+        try:
+            with self.conn.transaction():
+                self.conn.execute(ASYNC_COMMIT)
+                rows = self.conn.execute(
+                    CLAIM, {"queue": queue, "limit": limit, "lease": self.lease, "worker": self.worker}
+                ).fetchall()
+        except psycopg.errors.UndefinedTable as exc:  # an unmigrated database: say what to run
+            raise SchemaNotMigrated.from_error(exc) from None
         rows.sort(key=lambda r: (r[8], r[0]))
         return [
             Delivery(

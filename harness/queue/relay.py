@@ -1,4 +1,7 @@
-"""The relay: what the operations layer publishes in PostgreSQL, published on the broker.
+"""The relay: what the operations layer and producers publish in PostgreSQL, published on the broker.
+
+A producer's job written in its own transaction (``harness.publish_in_transaction``,
+harness/queue/outbox.py) is an outbox row like a replay's, and relayed the same way.
 
 A replay (``core-jobs dead-letters replay``, the operations API, a bulk replay) and a RESUME
 publish through ``PgQueue.publish_many`` **inside their own transaction**: the dead letter's

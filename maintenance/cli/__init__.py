@@ -54,7 +54,7 @@ def _move_schema(args: argparse.Namespace, settings: Settings, *, down: bool) ->
     try:
         before = migrate.current_revision(conninfo, lock_timeout=timeout)
         move = migrate.downgrade if down else migrate.upgrade
-        move(conninfo, args.revision, lock_timeout=timeout, attempts=attempts)
+        move(conninfo, args.revision, lock_timeout=timeout, attempts=attempts, api_role=settings.migrate_api_role)
     except migrate.MigrationBlocked as exc:
         _report(str(exc), settings)
         return EXIT_JOB_FAILED
@@ -391,6 +391,11 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
     """
     import psycopg
 
+    from harness.pg import SchemaNotMigrated
+
+    if isinstance(exc, SchemaNotMigrated):  # an unmigrated database: what is missing, and what to run
+        _report(f"schema error: {exc}", settings)
+        return EXIT_CONFIG
     alembic_util: Any = sys.modules.get("alembic.util")
     if alembic_util is not None and isinstance(exc, alembic_util.CommandError):  # e.g. a revision that does not exist
         _report(f"usage error: {args.command}: {exc}", settings)

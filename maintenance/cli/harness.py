@@ -58,6 +58,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     from harness.errors import describe_error
     from harness.metrics import HarnessMetrics
+    from harness.pg import SchemaNotMigrated
     from harness.queue.adapters import QueueUrlError
     from harness.worker import Worker, WorkerConfig
     from maintenance.consumers import consumer_ttl_guard, load_consumer
@@ -110,7 +111,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         except BaseException as exc:  # whatever stopped it, the exit code is a documented one
             # The stop event already carries the counts; say why.
             get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
-            if broker_failure(exc, settings) is not None:
+            if isinstance(exc, SchemaNotMigrated) or broker_failure(exc, settings) is not None:
                 raise  # and the broker's line on stderr, as for every command (maintenance/cli, exit 1)
             return EXIT_FAILED
     return EXIT_OK

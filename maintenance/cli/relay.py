@@ -89,7 +89,7 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     import socket
 
     from harness.errors import describe_error
-    from harness.pg import connect
+    from harness.pg import SchemaNotMigrated, connect, require_schema
     from harness.queue.pgqueue import PgQueue
     from harness.queue.relay import Relay
     from harness.reconnect import is_lost
@@ -109,6 +109,7 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
             settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name=APPLICATION_NAME
         )
         try:
+            require_schema(conn)  # an unmigrated database: one line saying what to run (exit 2), not UndefinedTable
             target = open_target(url, conn, worker=name, lease=settings.worker_lease)
         except BaseException:
             conn.close()
@@ -150,6 +151,8 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
                         reconnect=open_session,
                         reconnect_for=settings.worker_reconnect_for,
                     )
+        except SchemaNotMigrated:
+            raise  # one line saying what to run, exit 2 (maintenance/cli)
         except Exception as exc:  # harness.relay.error already says why; the batch in hand was given back
             if args.once and is_lost(relay.source.conn):  # --once does not wait out an outage
                 get_logger().error("harness.relay.error", queues=relay.queues, error=describe_error(exc))

@@ -1,7 +1,9 @@
 """Durations: how every duration setting is written, read and shown.
 
-A duration is ISO-8601 (``P7D``, ``PT30S``, ``P1DT12H``, ``P2W``) or a number of seconds
-(``30``, ``0.5``). Months and years are refused: their length is ambiguous. A leading ``-`` is
+A duration is a number of seconds (``30``, ``0.5``), numbers with units (``2s``, ``500ms``, ``5m``,
+``1h30m``, ``7d``, ``2w``: Go's and Kubernetes' way, each unit at most once) or ISO-8601 (``P7D``,
+``PT30S``, ``P1DT12H``, ``P2W``). Months and years are refused: their length is ambiguous; a value
+in none of these forms is refused with the forms accepted (:data:`ACCEPTED_FORMS`). A leading ``-`` is
 read, so that the range check names the real problem ("must be positive"). Durations are shown
 back (check-config, the TTL guard) as compact ISO-8601, exact to the microsecond. A duration that
 becomes a PostgreSQL parameter (``lock_timeout``, ``statement_timeout``) is a
@@ -24,9 +26,35 @@ _ISO_DURATION = re.compile(
     r"(?:(?P<seconds>\d+(?:\.\d+)?)S)?)?$"
 )
 
+# Numbers with units, largest first or not: 1h30m, 500ms, 2s, 7d. `ms` before `m` (the alternation's order).
+_UNIT = re.compile(r"(\d+(?:\.\d+)?)(ms|w|d|h|m|s)")
+_UNITS = {"w": "weeks", "d": "days", "h": "hours", "m": "minutes", "s": "seconds", "ms": "milliseconds"}
+
+ACCEPTED_FORMS = (
+    "seconds like 30 or 0.5; a number with a unit, or several, like 500ms, 2s, 5m, 1h30m, 7d, 2w "
+    "(units ms, s, m, h, d, w); or ISO-8601 like PT30S, P7D, P1DT12H (no months or years)"
+)
+_REFUSED = f"expected a duration: {ACCEPTED_FORMS}"
+
+
+def _with_units(text: str) -> dict[str, float] | None:
+    """``1h30m`` as ``{"hours": 1, "minutes": 30}``; None when ``text`` is not numbers with units (each once)."""
+    parts: dict[str, float] = {}
+    end = 0
+    for match in _UNIT.finditer(text):
+        if match.start() != end:
+            return None
+        unit = _UNITS[match.group(2)]
+        if unit in parts:
+            return None
+        parts[unit] = float(match.group(1))
+        end = match.end()
+    return parts if parts and end == len(text) else None
+
 
 def parse_duration(value: Any) -> timedelta:
-    """Parse an ISO-8601 duration (``P7D``, ``PT30S``) or a number of seconds into a timedelta.
+    """Parse a duration — seconds (``30``), numbers with units (``2s``, ``500ms``, ``1h30m``) or ISO-8601
+    (``P7D``, ``PT30S``) — into a timedelta; anything else is refused naming the accepted forms.
 
     Months and years are refused: their length is ambiguous. A leading ``-`` is accepted so
     that range checks can name the real problem ("must be positive").
@@ -34,13 +62,13 @@ def parse_duration(value: Any) -> timedelta:
     if isinstance(value, timedelta):
         return value
     if isinstance(value, bool):
-        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+        raise ValueError(_REFUSED)
     if isinstance(value, int | float):
         if not math.isfinite(value):
             raise ValueError("duration must be finite")
         return _timedelta(seconds=value)
     if not isinstance(value, str):
-        raise ValueError("expected an ISO-8601 duration like P7D or PT30S, or seconds")
+        raise ValueError(_REFUSED)
     text = value.strip()
     sign = 1
     if text.startswith("-"):
@@ -53,9 +81,12 @@ def parse_duration(value: Any) -> timedelta:
         if not math.isfinite(seconds):
             raise ValueError("duration must be finite")
         return _timedelta(seconds=sign * seconds)
+    with_units = _with_units(text)
+    if with_units is not None:
+        return sign * _timedelta(**with_units)
     match = _ISO_DURATION.match(text.upper())
     if not match:
-        raise ValueError(f"{value!r} is not a duration: use ISO-8601 like P7D, PT30S, P1DT12H, or seconds like 30")
+        raise ValueError(f"{value!r} is not a duration: use {ACCEPTED_FORMS}")
     parts = {k: float(v) for k, v in match.groupdict().items() if v is not None}
     return sign * _timedelta(**parts)
 

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from difflib import get_close_matches
 from typing import Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.ttl_guard import TtlGuard as _TtlGuard
@@ -26,7 +27,13 @@ from maintenance.fields.environment import ENV_PREFIX
 
 
 class RetryOverride(BaseModel):
-    """A per-queue retry policy. J-B3: overriding the default needs a written justification."""
+    """A per-queue retry policy. J-B3: overriding the default needs a written justification.
+
+    Its keys (:data:`RETRY_OVERRIDE_KEYS`): ``justification`` (required), and any of ``max_attempts``,
+    ``base_delay``, ``max_delay`` (durations: ``30s``, ``PT5M``…), ``jitter`` (0–1) and ``retry_after_cap`` (a
+    duration), each replacing the default policy's ``CORE_JOBS_RETRY_*`` value for this queue. Another key is
+    refused, naming the valid ones (and the closest, for a typo).
+    """
 
     model_config = {"extra": "forbid"}
 
@@ -37,12 +44,30 @@ class RetryOverride(BaseModel):
     jitter: float | None = None
     retry_after_cap: Duration | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for key in value:
+                if key not in RETRY_OVERRIDE_KEYS:
+                    closest = get_close_matches(str(key), RETRY_OVERRIDE_KEYS, n=1)
+                    hint = f"did you mean {closest[0]}? " if closest else ""
+                    raise ValueError(
+                        f"unknown key {key!r}; {hint}the keys are {', '.join(RETRY_OVERRIDE_KEYS)}"
+                        " (justification required)"
+                    )
+        return value
+
     @field_validator("justification")
     @classmethod
     def _justification_not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("must explain why this queue overrides the default retry policy (J-B3)")
         return value.strip()
+
+
+# The keys of one queue's override in CORE_JOBS_RETRY_OVERRIDES, as documented.
+RETRY_OVERRIDE_KEYS = ("justification", "max_attempts", "base_delay", "max_delay", "jitter", "retry_after_cap")
 
 
 def policy_with_override(default: RetryPolicy, override: RetryOverride | None) -> RetryPolicy:

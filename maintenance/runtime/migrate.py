@@ -100,6 +100,7 @@ def _run(
     lock_timeout: timedelta | None,
     attempts: int,
     pause: Callable[[float], None],
+    api_role: bool = True,
 ) -> None:
     for attempt in range(1, attempts + 1):
         engine = _engine(conninfo)
@@ -108,6 +109,7 @@ def _run(
                 config = _config()
                 config.attributes["connection"] = connection
                 config.attributes["lock_timeout_ms"] = None if lock_timeout is None else _milliseconds(lock_timeout)
+                config.attributes["api_role"] = api_role  # migrations/api_role.py
                 action(config, revision)
             return
         except sqlalchemy.exc.OperationalError as exc:
@@ -139,14 +141,18 @@ def upgrade(
     lock_timeout: timedelta | None = None,
     attempts: int = 1,
     pause: Callable[[float], None] = time.sleep,
+    api_role: bool = True,
 ) -> None:
     """Bring the schema up to ``revision`` (default: the newest).
+
+    ``api_role`` False (``CORE_JOBS_MIGRATE_API_ROLE=false``): the migrations neither create the cluster-wide role
+    ``core_jobs_api`` nor grant it anything (migrations/api_role.py).
 
     With ``lock_timeout``, each lock wait is bounded and a timed-out attempt is rolled back and
     tried again after a pause as long as the timeout, ``attempts`` times in all; then
     :class:`MigrationBlocked`. Without it, waits are as long as the session's own setting.
     """
-    _run(conninfo, command.upgrade, revision, lock_timeout, attempts, pause)
+    _run(conninfo, command.upgrade, revision, lock_timeout, attempts, pause, api_role)
 
 
 def downgrade(
@@ -156,9 +162,12 @@ def downgrade(
     lock_timeout: timedelta | None = None,
     attempts: int = 1,
     pause: Callable[[float], None] = time.sleep,
+    api_role: bool = True,
 ) -> None:
-    """Take the schema down to ``revision`` (``base`` removes everything core-jobs created); waits as ``upgrade``'s."""
-    _run(conninfo, command.downgrade, revision, lock_timeout, attempts, pause)
+    """Take the schema down to ``revision`` (``base`` removes everything core-jobs created); waits as ``upgrade``'s.
+
+    ``api_role`` False: the role ``core_jobs_api`` is neither revoked from nor dropped."""
+    _run(conninfo, command.downgrade, revision, lock_timeout, attempts, pause, api_role)
 
 
 def head_revision() -> str | None:

@@ -82,7 +82,9 @@ class FoundationFields(BaseModel):
     retry_overrides: dict[str, RetryOverride] = Field(
         default_factory=dict,
         description='Per-queue retry policies as JSON: {"queue": {"max_attempts": 8, '
-        '"justification": "why"}}. A missing justification is an error (J-B3).',
+        '"justification": "why"}}. Keys: justification (required: why this queue differs; J-B3), and any of '
+        "max_attempts, base_delay, max_delay, jitter, retry_after_cap (durations like 30s or PT5M), each replacing "
+        "that CORE_JOBS_RETRY_* value for the queue; another key is an error listing these.",
     )
     broker_redelivery_horizon: NonNegativeDuration = Field(
         default=DEFAULT_BROKER_REDELIVERY_HORIZON,
@@ -99,6 +101,12 @@ class FoundationFields(BaseModel):
         default=DEFAULT_MIGRATE_LOCK_ATTEMPTS,
         ge=1,
         description="`core-jobs migrate`: attempts before it gives up (exit 1, naming the sessions holding locks).",
+    )
+    migrate_api_role: bool = Field(
+        default=True,
+        description="`core-jobs migrate`: create the cluster-wide role core_jobs_api (the operations API's) and grant "
+        "it its privileges. false for a deployment that does not run `core-jobs api`: the migrations then neither "
+        "create the role nor grant it anything in this database, nor drop it on a downgrade (docs/deployment.md).",
     )
     log_format: Literal["auto", "json", "console"] = Field(
         default=DEFAULT_LOG_FORMAT, description="auto: JSON lines when stdout is not a TTY, readable console on a TTY."

@@ -43,6 +43,8 @@ from importlib import import_module
 
 from alembic import op
 
+from migrations import api_role
+
 revision = "0009_operations_api"
 down_revision = "0008_fence_rule"
 branch_labels = None
@@ -257,13 +259,13 @@ def upgrade() -> None:
     op.execute(GUARD_UPDATE)
     op.execute(CREATE_LIST_INDEXES)
     op.execute(CREATE_IDEMPOTENCY_LEDGER)
-    op.execute(CREATE_ROLE)
-    op.execute(GRANT_API_ROLE)
+    api_role.execute(CREATE_ROLE)  # both skipped with CORE_JOBS_MIGRATE_API_ROLE=false (migrations/api_role.py)
+    api_role.execute(GRANT_API_ROLE)
 
 
 def downgrade() -> None:
-    op.execute(REVOKE_API_ROLE)
+    api_role.execute(REVOKE_API_ROLE)
     op.execute(DROP_IDEMPOTENCY_LEDGER)
     op.execute(DROP_LIST_INDEXES)
-    op.execute(DROP_ROLE_IF_UNUSED.format(role=API_ROLE))
+    api_role.execute(DROP_ROLE_IF_UNUSED.format(role=API_ROLE))
     op.execute(import_module("migrations.versions.0007_replay_outstanding").GUARD_UPDATE)

@@ -40,6 +40,8 @@ Create Date: 2026-12-01
 
 from alembic import op
 
+from migrations import api_role
+
 revision = "0010_durable_actions"
 down_revision = "0009_operations_api"
 branch_labels = None
@@ -264,7 +266,7 @@ DROP SEQUENCE IF EXISTS core.execution_fencing_seq;
 def upgrade() -> None:
     op.execute(CREATE_EXECUTIONS)
     op.execute(CREATE_GUARDS)
-    op.execute(GRANT_API_ROLE)
+    api_role.execute(GRANT_API_ROLE)
 
 
 def downgrade() -> None:

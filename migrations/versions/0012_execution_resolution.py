@@ -33,6 +33,8 @@ from importlib import import_module
 
 from alembic import op
 
+from migrations import api_role
+
 revision = "0012_execution_resolution"
 down_revision = "0011_execution_alerts"
 branch_labels = None
@@ -276,10 +278,10 @@ def upgrade() -> None:
     op.execute(CREATE_LEDGER)
     op.execute(GUARD)
     op.execute(CREATE_API_ROLE_GUARD)
-    op.execute(GRANT_API_ROLE)
+    api_role.execute(GRANT_API_ROLE)
 
 
 def downgrade() -> None:
-    op.execute(REVOKE_API_ROLE)
+    api_role.execute(REVOKE_API_ROLE)
     op.execute(guard_of_0010())
     op.execute(DROP_LEDGER)

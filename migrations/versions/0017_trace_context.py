@@ -29,6 +29,8 @@ from importlib import import_module
 
 from alembic import op
 
+from migrations import api_role
+
 revision = "0017_trace_context"
 down_revision = "0016_installation_environment"
 branch_labels = None
@@ -93,12 +95,12 @@ def guard() -> str:
 def upgrade() -> None:
     op.execute(COLUMNS)
     op.execute(guard())
-    op.execute(f"GRANT INSERT {GRANT} ON core.queue_messages TO {API_ROLE}")
+    api_role.execute(f"GRANT INSERT {GRANT} ON core.queue_messages TO {API_ROLE}")
 
 
 def downgrade() -> None:
-    op.execute(f"REVOKE INSERT {GRANT} ON core.queue_messages FROM {API_ROLE}")
-    op.execute(f"GRANT INSERT {GRANT_0009} ON core.queue_messages TO {API_ROLE}")
+    api_role.execute(f"REVOKE INSERT {GRANT} ON core.queue_messages FROM {API_ROLE}")
+    api_role.execute(f"GRANT INSERT {GRANT_0009} ON core.queue_messages TO {API_ROLE}")
     op.execute(guard_of_0014())
     for table in TABLES:
         op.execute(f"ALTER TABLE core.{table} DROP COLUMN IF EXISTS tracestate, DROP COLUMN IF EXISTS traceparent")

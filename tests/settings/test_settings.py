@@ -93,6 +93,44 @@ def test_retry_override_without_justification_is_an_error(clean_env):
         load_settings()
 
 
+def test_an_unknown_retry_override_key_is_refused_listing_the_valid_keys(clean_env):
+    """A misspelt key names itself, the closest valid key and every valid one."""
+    clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"justification": "slow", "max_attempt": 8}}')
+    with pytest.raises(ConfigError) as refused:
+        load_settings()
+    message = str(refused.value)
+    assert message.startswith("CORE_JOBS_RETRY_OVERRIDES[points.credit]: unknown key 'max_attempt'")
+    assert "did you mean max_attempts?" in message
+    assert "justification, max_attempts, base_delay, max_delay, jitter, retry_after_cap" in message
+
+
+def test_duration_settings_accept_numbers_with_units(clean_env):
+    """`2s`, `500ms`, `1h30m` wherever a duration is read: a setting, and a retry override's delays."""
+    clean_env.setenv("CORE_JOBS_WORKER_LEASE", "2s")
+    clean_env.setenv("CORE_JOBS_WORKER_POLL_INTERVAL", "500ms")
+    clean_env.setenv("CORE_JOBS_RETRY_MAX_DELAY", "1h30m")
+    clean_env.setenv(
+        "CORE_JOBS_RETRY_OVERRIDES",
+        '{"points.credit": {"justification": "slow", "base_delay": "5m", "max_delay": "2h"}}',
+    )
+    s = load_settings()
+    assert (s.worker_lease, s.worker_poll_interval, s.retry_max_delay) == (
+        timedelta(seconds=2),
+        timedelta(milliseconds=500),
+        timedelta(hours=1, minutes=30),
+    )
+    assert s.retry_policy("points.credit").base_delay == timedelta(minutes=5)
+
+
+def test_a_refused_duration_setting_says_which_forms_are_accepted(clean_env):
+    """A value in no accepted form names the setting and the forms: seconds, numbers with units, ISO-8601."""
+    clean_env.setenv("CORE_JOBS_WORKER_LEASE", "2 secs")
+    with pytest.raises(
+        ConfigError, match=r"CORE_JOBS_WORKER_LEASE: '2 secs' is not a duration: use seconds like 30.*1h30m.*PT30S"
+    ):
+        load_settings()
+
+
 def test_retry_override_with_blank_justification_is_an_error(clean_env):
     """A justification of only spaces is no justification."""
     clean_env.setenv("CORE_JOBS_RETRY_OVERRIDES", '{"points.credit": {"max_attempts": 8, "justification": "  "}}')

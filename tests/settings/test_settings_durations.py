@@ -1,4 +1,4 @@
-"""Durations: ISO-8601 or seconds in, compact exact ISO-8601 out (pure: no database)."""
+"""Durations: seconds, numbers with units or ISO-8601 in, compact exact ISO-8601 out (pure: no database)."""
 
 from __future__ import annotations
 
@@ -22,17 +22,38 @@ pytestmark = pytest.mark.pure
         ("30", timedelta(seconds=30)),
         ("0.5", timedelta(milliseconds=500)),
         ("pt5m", timedelta(minutes=5)),
+        ("2s", timedelta(seconds=2)),
+        ("500ms", timedelta(milliseconds=500)),
+        ("5m", timedelta(minutes=5)),
+        ("1h30m", timedelta(hours=1, minutes=30)),
+        ("1h", timedelta(hours=1)),
+        ("7d", timedelta(days=7)),
+        ("2w", timedelta(weeks=2)),
+        ("1.5h", timedelta(minutes=90)),
+        ("1m30s250ms", timedelta(minutes=1, seconds=30, milliseconds=250)),
+        ("-5s", timedelta(seconds=-5)),
     ],
 )
-def test_durations_accept_iso_8601_or_seconds(text, expected):
-    """A duration is ISO-8601 or a number of seconds."""
+def test_durations_accept_seconds_numbers_with_units_or_iso_8601(text, expected):
+    """A duration is a number of seconds, numbers with units (Go's 1h30m) or ISO-8601."""
     assert parse_duration(text) == expected
 
 
-@pytest.mark.parametrize("text", ["7 days", "P", "PT", "P1M", "P1Y", "nan", "inf", "", "1h"])
-def test_unparsable_durations_are_refused(text):
-    """Anything else — including months and years, whose length is ambiguous — is an error."""
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize(
+    "text", ["7 days", "P", "PT", "P1M", "P1Y", "", "1y", "5mo", "1h1h", "h", "1 h", "1h 30m", "2S"]
+)
+def test_unparsable_durations_are_refused_naming_the_accepted_forms(text):
+    """Anything else — including months and years, whose length is ambiguous, and a unit twice — is an error that
+    says which forms are accepted."""
+    with pytest.raises(ValueError, match=r"500ms, 2s, 5m, 1h30m.*PT30S, P7D") as refused:
+        parse_duration(text)
+    assert "seconds like 30" in str(refused.value)
+
+
+@pytest.mark.parametrize("text", ["nan", "inf", "-inf"])
+def test_durations_that_are_not_finite_are_refused(text):
+    """A number of seconds must be finite."""
+    with pytest.raises(ValueError, match="finite"):
         parse_duration(text)
 
 
