@@ -58,7 +58,7 @@ if TYPE_CHECKING:
         Stale,
         settle,
     )
-    from harness.worker import Worker, WorkerConfig, WorkerStats
+    from harness.worker import Worker, WorkerConfig, WorkerGroup, WorkerGroupError, WorkerStats
 
 # Each public name → the module that defines it.
 _HOMES = {
@@ -101,6 +101,8 @@ _HOMES = {
     "memory_broker": "harness.queue.memory",
     "Worker": "harness.worker",
     "WorkerConfig": "harness.worker",
+    "WorkerGroup": "harness.worker",
+    "WorkerGroupError": "harness.worker",
     "WorkerStats": "harness.worker",
 }
 
@@ -139,6 +141,8 @@ __all__ = [
     "TransientError",
     "Worker",
     "WorkerConfig",
+    "WorkerGroup",
+    "WorkerGroupError",
     "WorkerMetrics",
     "WorkerStats",
     "handle",
