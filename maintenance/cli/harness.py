@@ -101,7 +101,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     server = None
     if args.metrics_port:
         try:  # /metrics (harness_jobs_*_total) and /healthz (every consumer's worker running)
-            server = make_server("", args.metrics_port, health=group.health, registry=registry)
+            server = make_server("0.0.0.0", args.metrics_port, health=group.health, registry=registry)
         except OSError as exc:
             raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror or exc}") from None
         serve_in_background(server)
