@@ -74,7 +74,7 @@ VALUE_SETS: dict[str, dict[str, Any]] = {
     "scheduler": {"mode": "scheduler"},
     "api": {"api": API_ON},
     "relay": {"relay": RELAY_ON},
-    "workers": {"workers": WORKERS, "workerDefaults": {"queueUrlKey": "queue-url"}, "podMonitor": {"enabled": True}},
+    "workers": {"workers": WORKERS, "workerDefaults": {"queueUrlKey": "queue-url"}},
     "scheduler-api": {"mode": "scheduler", "api": API_ON},
     "suspended": {"jobs": {"purge": {"suspend": True}}},
     "custom-schedules": {
