@@ -218,7 +218,7 @@ def test_healthz_on_the_metrics_port_shows_every_consumer_and_is_ok_while_all_ru
             found = healthz(port)
             return found if found is not None and found[0] == 200 else None
 
-        status, body = wait_until(ready, timeout=60, what="/healthz 200")
+        _status, body = wait_until(ready, timeout=60, what="/healthz 200")
         assert body == {
             "consumers": {first: {"queue": first, "state": "running"}, second: {"queue": second, "state": "running"}}
         }
