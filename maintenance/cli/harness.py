@@ -98,8 +98,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         )
     except QueueUrlError as exc:  # its adapter cannot be imported (an extra not installed)
         raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
-    server = None
-    if args.metrics_port:
+    if args.metrics_port:  # served until the process exits (a daemon thread), as prometheus_client's own server
         try:  # /metrics (harness_jobs_*_total) and /healthz (every consumer's worker running)
             server = make_server("0.0.0.0", args.metrics_port, health=group.health, registry=registry)
         except OSError as exc:
@@ -110,20 +109,15 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     def stopping(signal_name: str) -> None:
         get_logger().info("harness.worker.stopping", consumer=names, signal=signal_name)
 
-    try:
-        with on_signals(stop, on_signal=stopping):
-            try:
-                group.run(once=args.once)
-            except WorkerGroupError as exc:  # whatever stopped it, the exit code is a documented one
-                # The stop event already carries the counts; say why, and which consumer.
-                get_logger().error("harness.worker.error", consumer=exc.consumer, error=describe_error(exc.error))
-                if broker_failure(exc.error, settings) is not None:
-                    raise exc.error from None  # the broker's line on stderr, as for every command (exit 1)
-                return EXIT_FAILED
-    finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
+    with on_signals(stop, on_signal=stopping):
+        try:
+            group.run(once=args.once)
+        except WorkerGroupError as exc:  # whatever stopped it, the exit code is a documented one
+            # The stop event already carries the counts; say why, and which consumer.
+            get_logger().error("harness.worker.error", consumer=exc.consumer, error=describe_error(exc.error))
+            if broker_failure(exc.error, settings) is not None:
+                raise exc.error from None  # the broker's line on stderr, as for every command (exit 1)
+            return EXIT_FAILED
     return EXIT_OK
 
 
