@@ -61,7 +61,7 @@ if TYPE_CHECKING:
         Stale,
         settle,
     )
-    from harness.worker import Worker, WorkerConfig, WorkerStats
+    from harness.worker import Worker, WorkerConfig, WorkerGroup, WorkerGroupError, WorkerStats
 
 # Each public name → the module that defines it.
 _HOMES = {
@@ -108,6 +108,8 @@ _HOMES = {
     "memory_broker": "harness.queue.memory",
     "Worker": "harness.worker",
     "WorkerConfig": "harness.worker",
+    "WorkerGroup": "harness.worker",
+    "WorkerGroupError": "harness.worker",
     "WorkerStats": "harness.worker",
 }
 
@@ -148,6 +150,8 @@ __all__ = [
     "TransientError",
     "Worker",
     "WorkerConfig",
+    "WorkerGroup",
+    "WorkerGroupError",
     "WorkerMetrics",
     "WorkerStats",
     "handle",

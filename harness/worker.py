@@ -1,5 +1,7 @@
 """The worker loop: runs one consumer on its queue — the reference PostgreSQL queue, or a broker's.
 
+:class:`WorkerGroup` runs several consumers in one process, one :class:`Worker` each, stopped together.
+
 The queue is the adapter ``queue_url`` selects (harness/queue/adapters.py: unset or
 ``postgresql://`` is the reference queue in the worker's own database, ``amqp://`` RabbitMQ, any
 other scheme a third party's entry point); a URL no adapter can open is refused when the
@@ -135,7 +137,7 @@ from harness.reconnect import DatabaseUnavailable, Outage, is_lost
 from harness.replication import ReplicationBarrier
 from harness.ttl_guard import DEFAULT_TTL_MARGIN, TtlGuard, worker_window
 
-__all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerStats"]
+__all__ = ["DatabaseUnavailable", "Worker", "WorkerConfig", "WorkerGroup", "WorkerGroupError", "WorkerStats"]
 
 log = structlog.get_logger()
 
@@ -896,3 +898,87 @@ def _usable(conn: psycopg.Connection) -> bool:
     except psycopg.Error:
         return False
     return conn.info.transaction_status == TransactionStatus.IDLE
+
+
+class WorkerGroupError(RuntimeError):
+    """One consumer's :class:`Worker` of a :class:`WorkerGroup` failed; the others were stopped. ``consumer`` names it."""
+
+    def __init__(self, consumer: str, error: BaseException) -> None:
+        super().__init__(f"consumer {consumer}: {describe_error(error)}")
+        self.consumer = consumer
+        self.error = error
+
+
+class WorkerGroup:
+    """Several consumers in one process: one :class:`Worker` per consumer, run side by side, stopped together.
+
+    Each worker keeps its own queue, lease, threads, connections and metrics labels (the consumer's name);
+    the group only runs each one's :meth:`Worker.run` in a thread of its own and shares the stopping:
+    :meth:`stop` (or the ``stop`` event the workers were made with, which ``core-jobs worker`` passes to
+    each and its SIGTERM/SIGINT handlers set) stops them all, and when one fails — its database
+    unreachable for its ``reconnect_for``, a handler's ``KeyboardInterrupt`` — the others are stopped
+    gracefully too, and :meth:`run` raises :class:`WorkerGroupError` naming that consumer (the first to
+    fail), after every worker has stopped. With ``once`` each worker ends when its own queue has nothing ready.
+
+    :meth:`health` is what ``core-jobs worker`` serves on ``/healthz``: ok while every consumer's worker runs.
+    """
+
+    def __init__(self, workers: Sequence[Worker]) -> None:
+        if not workers:
+            raise ValueError("a WorkerGroup needs at least one worker")
+        names = [w.consumer.name for w in workers]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:  # two workers of one consumer in a process: raise its concurrency instead
+            raise ValueError(f"consumer {', '.join(twice)} given more than once")
+        self.workers = tuple(workers)
+        self._lock = threading.Lock()
+        self._states = dict.fromkeys(names, "starting")
+
+    def stop(self) -> None:
+        """Every worker finishes the message in hand, then stops (safe from a signal handler)."""
+        for worker in self.workers:
+            worker.stop()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """(ok, body): ok while every consumer's worker runs; the body gives each one's state and queue."""
+        with self._lock:
+            states = dict(self._states)
+        body = {
+            "consumers": {
+                w.consumer.name: {"queue": w.consumer.queue, "state": states[w.consumer.name]} for w in self.workers
+            }
+        }
+        return all(s == "running" for s in states.values()), body
+
+    def run(self, *, once: bool = False) -> dict[str, WorkerStats]:
+        """Run every worker until stopped (or, with ``once``, until its queue has nothing ready); each one's counts."""
+        failures: list[WorkerGroupError] = []
+        results: dict[str, WorkerStats] = {}
+
+        def run_one(worker: Worker) -> None:
+            name = worker.consumer.name
+            self._set(name, "running")
+            try:
+                results[name] = worker.run(once=once)
+            except BaseException as exc:  # reported by run(), after every worker stopped
+                with self._lock:
+                    failures.append(WorkerGroupError(name, exc))
+                    self._states[name] = "failed"
+                self.stop()
+            else:
+                self._set(name, "stopped")
+
+        threads = [
+            threading.Thread(target=run_one, args=(w,), name=f"consumer-{w.consumer.name}") for w in self.workers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if failures:
+            raise failures[0]
+        return results
+
+    def _set(self, name: str, state: str) -> None:
+        with self._lock:
+            self._states[name] = state

@@ -5,6 +5,11 @@ The CLI (``core-jobs worker --consumer``, ``check-config --consumer``) and the A
 wrong in the user's module is one ConfigError line naming the file and line of their code, never
 a traceback (docs/cli.md). :func:`consumer_ttl_guard` is one consumer's fence-TTL guard (J-B7),
 which the worker checks before it starts and ``check-config`` reports.
+
+A consumer's module is found as ``python -m`` and uvicorn find an application's: in the current
+directory first (put at the front of ``sys.path`` while it is looked up), then on ``PYTHONPATH``
+and among the installed packages. A module not found there is one line saying so and where it was
+looked for; a module found whose own import fails names what it could not import.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the caller's parser stays light: each function imports what it needs when it runs
@@ -30,27 +38,67 @@ def load_consumer(reference: str, label: str = "--consumer") -> Consumer:
     without a justification) — is that ConfigError, naming the file and line of their code where it
     failed: exit 2 and one line, never a traceback (docs/cli.md)."""
     from harness.consumer.consumer import Consumer
-    from harness.errors import describe_error
     from maintenance.settings import ConfigError
 
     module_name, _, attribute = reference.partition(":")
     if not module_name or not attribute:
         raise ConfigError(f"{label} {reference!r}: expected module:object, e.g. harness.examples.points:consumer")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{label} {reference!r}: cannot import {module_name}: {exc}") from None
-    except (Exception, SystemExit) as exc:  # the module's own code failed: a declaration refused, a typo, sys.exit()
-        where = _where_it_failed(exc, module_name)
-        raise ConfigError(
-            f"{label} {reference!r}: importing {module_name} failed{where}: {describe_error(exc)}"
-        ) from None
+    with _current_directory_importable():  # and while the place of a failure is looked for
+        module = _import(module_name, reference, label)
     if not hasattr(module, attribute):
         raise ConfigError(f"{label} {reference!r}: module {module_name} has no {attribute}")
     found = getattr(module, attribute)
     if not isinstance(found, Consumer):
         raise ConfigError(f"{label} {reference!r}: {module_name}.{attribute} is not a harness Consumer")
     return found
+
+
+def _import(module_name: str, reference: str, label: str) -> Any:
+    """The module ``module_name``; ConfigError saying what failed (see :func:`load_consumer`)."""
+    from harness.errors import describe_error
+    from maintenance.settings import ConfigError
+
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        missing = getattr(exc, "name", None)
+        if missing is not None and _is_part_of(missing, module_name):  # the consumer's module itself is not found
+            raise ConfigError(
+                f"{label} {reference!r}: cannot import {module_name}: {exc} (a consumer's module is looked up in the"
+                f" current directory, {os.getcwd()}, then on PYTHONPATH and among the installed packages: run from"
+                " the folder that holds it, or add that folder to PYTHONPATH)"
+            ) from None
+        where = _where_it_failed(exc, module_name)
+        raise ConfigError(
+            f"{label} {reference!r}: cannot import {module_name}: {exc} ({module_name} was found{where}, but what it"
+            " imports was not: install it, or add its folder to PYTHONPATH)"
+        ) from None
+    except (Exception, SystemExit) as exc:  # the module's own code failed: a declaration refused, a typo, sys.exit()
+        where = _where_it_failed(exc, module_name)
+        raise ConfigError(
+            f"{label} {reference!r}: importing {module_name} failed{where}: {describe_error(exc)}"
+        ) from None
+
+
+@contextmanager
+def _current_directory_importable() -> Iterator[None]:
+    """The current directory at the front of ``sys.path`` while a consumer is looked up (``python -m`` puts it
+    there for the whole run; a console script like ``core-jobs`` does not), ``sys.path`` as it was afterwards."""
+    cwd = os.getcwd()
+    if cwd in sys.path or "" in sys.path:
+        yield
+        return
+    sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if cwd in sys.path:
+            sys.path.remove(cwd)
+
+
+def _is_part_of(missing: str, module_name: str) -> bool:
+    """Whether the module that could not be found is ``module_name`` or one of its parent packages."""
+    return module_name == missing or module_name.startswith(missing + ".")
 
 
 def _where_it_failed(exc: BaseException, module_name: str) -> str:

@@ -102,7 +102,7 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
-    consumers_ok = _check_consumers(args.consumers or [], settings, out)
+    consumers_ok = _check_consumers(*_checked_consumers(args, settings), settings, out)
     out.write(f"\nJobs: {', '.join(JOB_NAMES) or '(none registered)'}\n")
     return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
 
@@ -114,9 +114,10 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.settings import ENV_PREFIX
 
     guard = settings.ttl_guard()
-    consumers = []
-    for reference in args.consumers or []:
-        consumer = load_consumer(reference)
+    consumers: list[dict[str, Any]] = []
+    references, label = _checked_consumers(args, settings)
+    for reference in references:
+        consumer = load_consumer(reference, label)
         consumer_guard = consumer_ttl_guard(settings, consumer)
         consumers.append(
             {
@@ -170,7 +171,16 @@ def _queue_shown(settings: Settings) -> str:
     return f"{settings.queue_adapter()} ({why})"
 
 
-def _check_consumers(references: list[str], settings: Settings, out: Any) -> bool:
+def _checked_consumers(args: argparse.Namespace, settings: Settings) -> tuple[list[str], str]:
+    """The consumers check-config checks and how they were given: every --consumer, else CORE_JOBS_WORKER_CONSUMERS."""
+    from maintenance.settings import ENV_PREFIX
+
+    if args.consumers:
+        return args.consumers, "--consumer"
+    return settings.worker_consumers, f"{ENV_PREFIX}WORKER_CONSUMERS"
+
+
+def _check_consumers(references: list[str], label: str, settings: Settings, out: Any) -> bool:
     """check-config --consumer: each consumer's own window (a durable one's execution window,
     harness/durable/window.py) and its TTL guard, worded as the settings' guard; False if any is short."""
     if not references:
@@ -182,7 +192,7 @@ def _check_consumers(references: list[str], settings: Settings, out: Any) -> boo
     ok = True
     out.write("\nConsumers (J-B7; a durable consumer's window counts its actions' retries and take-overs):\n")
     for reference in references:
-        consumer = load_consumer(reference)
+        consumer = load_consumer(reference, label)
         queue_policy = settings.retry_policy(consumer.queue)
         window = max_execution_window(consumer, queue_policy, settings.worker_lease)
         if consumer.durable:

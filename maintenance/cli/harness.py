@@ -54,22 +54,19 @@ DEFAULT_STATUS = (
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from prometheus_client import CollectorRegistry, start_http_server
+    from prometheus_client import CollectorRegistry
 
     from harness.errors import describe_error
     from harness.metrics import HarnessMetrics
     from harness.pg import SchemaNotMigrated
     from harness.queue.adapters import QueueUrlError
-    from harness.worker import Worker, WorkerConfig
-    from maintenance.consumers import consumer_ttl_guard, load_consumer
+    from harness.worker import Worker, WorkerConfig, WorkerGroup, WorkerGroupError
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
+    from maintenance.service.http import make_server, serve_in_background
     from maintenance.settings import ENV_PREFIX, ConfigError
 
-    consumer = load_consumer(args.consumer)
-    guard = consumer_ttl_guard(settings, consumer)
-    if not guard.ok:
-        raise ConfigError(f"--consumer {args.consumer}: {guard.explain()}")
+    consumers = worker_consumers(args.consumers, settings)
     config = WorkerConfig(
         fence_ttl=settings.processed_jobs_ttl,
         lease=settings.worker_lease,
@@ -81,40 +78,78 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         await_standby=settings.worker_await_standby,
         listen=settings.worker_listen,
     )
-    stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, the worker finishes the message in hand
-    registry = CollectorRegistry()  # this worker's counters, which --metrics-port serves
+    stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, every worker finishes the message in hand
+    registry = CollectorRegistry()  # every consumer's counters, labelled by consumer, which --metrics-port serves
+    metrics = HarnessMetrics(registry)
     try:
-        worker = Worker(
-            settings.conninfo(),
-            consumer,
-            policy=settings.retry_policy(consumer.queue),
-            config=config,
-            metrics=HarnessMetrics(registry),
-            stop=stop,
-            queue_url=settings.queue_url_value(),
-            database_role=settings.worker_database_role,
+        group = WorkerGroup(
+            [
+                Worker(
+                    settings.conninfo(),
+                    consumer,
+                    policy=settings.retry_policy(consumer.queue),
+                    config=config,
+                    metrics=metrics,
+                    stop=stop,
+                    queue_url=settings.queue_url_value(),
+                    database_role=settings.worker_database_role,
+                )
+                for consumer in consumers
+            ]
         )
     except QueueUrlError as exc:  # its adapter cannot be imported (an extra not installed)
         raise ConfigError(f"{ENV_PREFIX}QUEUE_URL: {exc}") from None
-    if args.metrics_port:
-        try:
-            start_http_server(args.metrics_port, registry=registry)  # harness_jobs_*_total
+    if args.metrics_port:  # served until the process exits (a daemon thread), as prometheus_client's own server
+        try:  # /metrics (harness_jobs_*_total) and /healthz (every consumer's worker running)
+            server = make_server("0.0.0.0", args.metrics_port, health=group.health, registry=registry)
         except OSError as exc:
             raise ConfigError(f"--metrics-port {args.metrics_port}: cannot listen: {exc.strerror or exc}") from None
+        serve_in_background(server)
+    names = ", ".join(c.name for c in consumers)
 
     def stopping(signal_name: str) -> None:
-        get_logger().info("harness.worker.stopping", consumer=consumer.name, signal=signal_name)
+        get_logger().info("harness.worker.stopping", consumer=names, signal=signal_name)
 
     with on_signals(stop, on_signal=stopping):
         try:
-            worker.run(once=args.once)
-        except BaseException as exc:  # whatever stopped it, the exit code is a documented one
-            # The stop event already carries the counts; say why.
-            get_logger().error("harness.worker.error", consumer=consumer.name, error=describe_error(exc))
-            if isinstance(exc, SchemaNotMigrated) or broker_failure(exc, settings) is not None:
-                raise  # and the broker's line on stderr, as for every command (maintenance/cli, exit 1)
+            group.run(once=args.once)
+        except WorkerGroupError as exc:  # whatever stopped it, the exit code is a documented one
+            # The stop event already carries the counts; say why, and which consumer.
+            get_logger().error("harness.worker.error", consumer=exc.consumer, error=describe_error(exc.error))
+            if isinstance(exc.error, SchemaNotMigrated) or broker_failure(exc.error, settings) is not None:
+                raise exc.error from None  # its one line on stderr, as for every command (maintenance/cli)
             return EXIT_FAILED
     return EXIT_OK
+
+
+def worker_consumers(references: list[str] | None, settings: Settings) -> list[Any]:
+    """The consumers ``core-jobs worker`` runs: every ``--consumer``, else ``CORE_JOBS_WORKER_CONSUMERS``; each
+    loaded and its TTL guard checked, or ConfigError (exit 2) naming the one refused and where it was given."""
+    from maintenance.consumers import consumer_ttl_guard, load_consumer
+    from maintenance.settings import ENV_PREFIX, ConfigError
+
+    label = "--consumer" if references else f"{ENV_PREFIX}WORKER_CONSUMERS"
+    references = references or settings.worker_consumers
+    if not references:
+        raise ConfigError(
+            f"--consumer is required (or {ENV_PREFIX}WORKER_CONSUMERS): the consumer(s) to run,"
+            " e.g. --consumer harness.examples.points:consumer"
+        )
+    consumers: list[Any] = []
+    names: dict[str, str] = {}
+    for reference in references:
+        consumer = load_consumer(reference, label)
+        guard = consumer_ttl_guard(settings, consumer)
+        if not guard.ok:
+            raise ConfigError(f"{label} {reference}: {guard.explain()}")
+        if consumer.name in names:  # one consumer twice in a process: raise its concurrency instead
+            raise ConfigError(
+                f"{label} {reference}: consumer {consumer.name} is already given as {names[consumer.name]};"
+                " run it once, with more --concurrency"
+            )
+        names[consumer.name] = reference
+        consumers.append(consumer)
+    return consumers
 
 
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
@@ -423,13 +458,16 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     """Register worker, enqueue and dead-letters on the ``core-jobs`` parser."""
     p = sub.add_parser(
         "worker",
-        help="run a consumer on its queue (CORE_JOBS_QUEUE_URL, default the reference one; graceful on SIGTERM)",
+        help="run one or more consumers, each on its queue (CORE_JOBS_QUEUE_URL, default the reference one;"
+        " graceful on SIGTERM)",
     )
     p.add_argument(
         "--consumer",
-        required=True,
+        dest="consumers",
+        action="append",
         metavar="MODULE:OBJECT",
-        help="the Consumer to run, e.g. harness.examples.points:consumer",
+        help="a Consumer to run, e.g. harness.examples.points:consumer; repeatable: one process runs them all, each"
+        " on its own queue (default CORE_JOBS_WORKER_CONSUMERS)",
     )
     p.add_argument(
         "--concurrency",
@@ -448,7 +486,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--metrics-port",
         type=_bounded_int(1, 65535),
         metavar="PORT",
-        help="serve the harness counters for Prometheus on this port (default: not served)",
+        help="serve /metrics (the harness counters, for Prometheus) and /healthz (every consumer running) on this port"
+        " (default: not served)",
     )
     p.set_defaults(handler=cmd_worker)
 

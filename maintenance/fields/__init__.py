@@ -9,11 +9,29 @@ declarations. This package imports neither the settings nor the jobs, so both ca
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 from pydantic import BaseModel
+
+# A consumer as a setting names it: ``module:attribute`` (maintenance/consumers.py loads it).
+CONSUMER_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
 def default_of(fields: type[BaseModel], name: str) -> Any:
     """The default a settings mixin declares for ``name``: the one place it is written."""
     return fields.model_fields[name].get_default(call_default_factory=True)
+
+
+def listed(value: object) -> object:
+    """A list setting's raw value (a ``mode="before"`` validator): ``a,b`` or a JSON list ``["a", "b"]``."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError:
+                raise ValueError('not a JSON list: write a,b or ["a", "b"]') from None
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value

@@ -7,7 +7,6 @@ exit 2). Their rows are in docs/reference/settings.md; docs/api.md explains them
 
 from __future__ import annotations
 
-import json
 import re
 from datetime import timedelta
 from typing import Annotated
@@ -15,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_settings import NoDecode
 
+from maintenance.fields import CONSUMER_REFERENCE, listed
 from maintenance.fields.durations import NonNegativeDuration as _Duration
 from maintenance.fields.durations import PositiveDuration as _PositiveDuration
 from maintenance.fields.durations import PostgresTimeout
@@ -24,7 +24,7 @@ ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "
 
 _ADMIN_ENTRY_SHAPES = {
     "admin_consumers": (
-        re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"),
+        CONSUMER_REFERENCE,
         "module:attribute, e.g. harness.examples.points:consumer",
     ),
     "admin_business_scopes": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"), "a name of letters, digits and . _ : -"),
@@ -129,15 +129,7 @@ class ApiSettings(BaseModel):
     @field_validator("api_jwt_algorithms", "admin_consumers", "admin_business_scopes", mode="before")
     @classmethod
     def _list(cls, value: object) -> object:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                try:
-                    return json.loads(text)
-                except json.JSONDecodeError:
-                    raise ValueError('not a JSON list: write a,b or ["a", "b"]') from None
-            return [part.strip() for part in text.split(",") if part.strip()]
-        return value
+        return listed(value)
 
     @field_validator("admin_consumers", "admin_business_scopes")
     @classmethod

@@ -18,11 +18,13 @@ the database URL's: redacted by ``check-config``, masked in the logs, never in a
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from harness.queue.adapters import adapter_reference, url_scheme
+from maintenance.fields import CONSUMER_REFERENCE, listed
 from maintenance.fields.durations import PositiveDuration
 from maintenance.operations.limits import DEFAULT_BULK_MAX  # not from dead_letters: that loads psycopg
 
@@ -49,6 +51,13 @@ class WorkerFields(BaseModel):
         "settings are shown.",
     )
 
+    worker_consumers: Annotated[list[str], NoDecode] = Field(
+        default=[],
+        description="The consumers `core-jobs worker` runs when no --consumer is given, as module:attribute "
+        "(comma-separated or a JSON list), e.g. billing.credit:consumer,billing.refund:consumer: one process, "
+        "each consumer on its own queue with its own lease, threads and metrics; `check-config` checks each one's "
+        "TTL guard. Empty: --consumer is required.",
+    )
     worker_lease: PositiveDuration = Field(
         default=DEFAULT_WORKER_LEASE,
         description="How long `core-jobs worker` holds a claimed message before another worker may take it "
@@ -126,6 +135,22 @@ class WorkerFields(BaseModel):
                 " consumer): what a command published there would be lost when it exits; use postgresql:// or amqp://"
             )
         return SecretStr(raw)
+
+    @field_validator("worker_consumers", mode="before")
+    @classmethod
+    def _consumer_list(cls, value: object) -> object:
+        return listed(value)
+
+    @field_validator("worker_consumers")
+    @classmethod
+    def _consumer_references(cls, value: list[str]) -> list[str]:
+        malformed = [v for v in value if not CONSUMER_REFERENCE.match(v)]
+        if malformed:
+            raise ValueError(f"each entry is module:attribute, e.g. harness.examples.points:consumer; got {malformed}")
+        twice = sorted({v for v in value if value.count(v) > 1})
+        if twice:
+            raise ValueError(f"{', '.join(twice)} given more than once")
+        return value
 
     @field_validator("worker_database_role", "relay_database_role")
     @classmethod

@@ -187,7 +187,7 @@ def test_the_values_schema_allows_exactly_the_settings_the_application_knows():
     schema = json.loads((CHART_DIR / "values.schema.json").read_text())
     allowed = set(schema["definitions"]["knownSetting"]["enum"])
     chart_managed = re.compile(
-        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|ALERTS_ENVIRONMENT|DEAD_LETTER_STALE_AFTER|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
+        r"^CORE_JOBS_(SCHEDULE_.*|HTTP_PORT|ALERTS_ENVIRONMENT|DEAD_LETTER_STALE_AFTER|WORKER_CONSUMERS|API_(HOST|PORT|JWKS_URL|JWT_ISSUER|JWT_AUDIENCE|JWT_PUBLIC_KEY_FILE))$"
     )
     expected = {n for n in known_variables() if n not in SECRET_SETTINGS and not chart_managed.match(n)}
     assert allowed == expected, "update definitions.knownSetting in helm/core-jobs/values.schema.json"

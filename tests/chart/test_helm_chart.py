@@ -56,11 +56,25 @@ API_ON = {
 # The outbox relay's Deployment (tests/chart/test_relay_chart.py).
 RELAY_ON = {"enabled": True, "queues": ["points.credit", "orders.sync"]}
 
+# Two worker groups (tests/chart/test_worker_chart.py): one of two consumers with a budget, one plain.
+WORKERS = [
+    {
+        "name": "points",
+        "consumers": ["billing.credit:consumer", "billing.refund:consumer"],
+        "replicas": 2,
+        "concurrency": 4,
+        "env": [{"name": "CORE_JOBS_WORKER_BATCH_SIZE", "value": "20"}],
+        "podDisruptionBudget": {"enabled": True, "maxUnavailable": 1},
+    },
+    {"name": "ledger", "consumers": ["ledger.sync:consumer"]},
+]
+
 VALUE_SETS: dict[str, dict[str, Any]] = {
     "defaults": {},
     "scheduler": {"mode": "scheduler"},
     "api": {"api": API_ON},
     "relay": {"relay": RELAY_ON},
+    "workers": {"workers": WORKERS, "workerDefaults": {"queueUrlKey": "queue-url"}},
     "scheduler-api": {"mode": "scheduler", "api": API_ON},
     "suspended": {"jobs": {"purge": {"suspend": True}}},
     "custom-schedules": {
