@@ -498,12 +498,19 @@ class Worker:
                 raise
 
     def _replicated_or_released(
-        self, conn: psycopg.Connection, done: list[Delivery], unstarted: list[Delivery]
+        self, conn: psycopg.Connection, done: list[Delivery], unstarted: list[Delivery], since: int | None
     ) -> tuple[list[Delivery], list[Delivery]]:
         """(to ack, to release): the batch's successes are acked only once a standby has their commits; if none does
-        within ``await_standby``, they are released — a copy each, whose redelivery the fence decides."""
+        within ``await_standby``, or a commit of the batch came back uncertain (its synchronous-replication wait
+        cancelled: ``since``, harness/replication.py), they are released — a copy each, whose redelivery the fence
+        decides."""
         try:
-            replication.after_commit(conn)
+            replication.after_commit(conn, since)
+        except replication.CommitUncertain as exc:
+            log.warning(
+                "harness.worker.commit_uncertain", consumer=self.consumer.name, num_released=len(done), error=str(exc)
+            )
+            return [], unstarted + done
         except replication.NotReplicated as exc:
             log.warning(
                 "harness.worker.not_replicated", consumer=self.consumer.name, num_released=len(done), error=str(exc)
@@ -559,6 +566,7 @@ class Worker:
             return
         done: list[Delivery] = []
         started = 0
+        since = replication.uncertain_commits(conn)  # a commit of this group that comes back uncertain: no ack
         try:
             for delivery in batch:
                 if self._stopping.is_set():
@@ -569,7 +577,7 @@ class Worker:
             # Stopping or failing mid-batch: the message in hand keeps its lease and its counted
             # attempt (if it is what broke the worker, the attempt budget still ends it); the
             # unstarted rest did nothing wrong and goes back at once.
-            self._end_batch(conn, queue, done, batch[started:])
+            self._end_batch(conn, queue, done, batch[started:], since=since)
 
     def _run_together(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
         """The batch's work in shared transactions (harness.handling.handle_together), then each outcome settled.
@@ -581,6 +589,7 @@ class Worker:
         """
         progress = BatchProgress()
         spans: dict[int, tracing.Span] = {}
+        since = replication.uncertain_commits(conn)  # a commit of this batch that comes back uncertain: no ack
 
         @contextmanager
         def each(delivery: Delivery) -> Iterator[None]:
@@ -640,7 +649,7 @@ class Worker:
             ended |= {id(delivery) for delivery in progress.rolled_back}
             kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
             unstarted = [d for d in batch if id(d) not in ended and id(d) != kept]
-            self._end_batch(conn, queue, done, unstarted, progress.rolled_back)
+            self._end_batch(conn, queue, done, unstarted, progress.rolled_back, since=since)
         if failure is not None:
             raise failure
 
@@ -799,6 +808,8 @@ class Worker:
         done: list[Delivery],
         unstarted: list[Delivery],
         rolled_back: Sequence[Delivery] = (),
+        *,
+        since: int | None = None,
     ) -> None:
         """Ack the batch's successes, release its unstarted messages and retry, counted, those whose work a failed
         shared transaction rolled back (``BatchProgress.rolled_back``, harness/handling.py); never raises.
@@ -807,14 +818,18 @@ class Worker:
         same adapter opened anew on it (and closed): a lost connection must not leave them leased
         until the lease expires, each with an attempt used. What cannot be done here, the lease
         expiry does later (the fence absorbs a redelivered success).
+
+        On a broker, ``since`` (:func:`harness.replication.uncertain_commits` before the batch's commits): a commit
+        that came back uncertain since then releases the successes instead of acking them.
         """
         if not done and not unstarted and not rolled_back:
             return
         guarded = self._barrier is not None and self._acks_outside and bool(done)
+        checked = guarded or (since is not None and self._acks_outside and bool(done))
         try:
             if conn.info.transaction_status == TransactionStatus.IDLE:
-                if guarded:
-                    done, unstarted = self._replicated_or_released(conn, done, unstarted)
+                if checked:
+                    done, unstarted = self._replicated_or_released(conn, done, unstarted, since)
                 acked, released = queue.ack(done), queue.release(unstarted)
                 self._retry_rolled_back(queue, rolled_back)
             else:  # closed or broken (a database outage, a terminated backend)
