@@ -72,6 +72,14 @@ SIGTERM/SIGINT), **1** when the worker failed as above (``harness.worker.error``
 the database was unreachable (from the start, or for ``CORE_JOBS_WORKER_RECONNECT_FOR``), **2** on a configuration or usage error; no other code, whatever a
 handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3).
 
+**The durability tier.** :meth:`Worker.run` first reads the database's durability tier from the primary
+(harness/durability.py: single node, asynchronous standbys, synchronous k of n) and logs it
+(``harness.worker.durability_tier``, with what the consumer needs). Asynchronous standbys under a broker queue or a
+``NON_IDEMPOTENT_WRITE`` with no replication barrier (``await_standby``) refuse the start
+(:class:`~harness.durability.DurabilityTierTooLow`; ``core-jobs worker`` exits 2) unless
+``accept_asynchronous_replication``. Every connection of the worker is refused on a server in recovery
+(:class:`~harness.pg.ServerInRecovery`): its decisions are read from the primary only.
+
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
@@ -81,6 +89,7 @@ successes and logged ``harness.execution.held``; ``Stale`` (another worker took 
 settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
+``harness.worker.durability_tier``, ``harness.worker.commit_uncertain``, ``harness.worker.not_replicated``,
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
 redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
 ``harness.job.lease_lost``,
@@ -111,6 +120,7 @@ from psycopg.pq import TransactionStatus
 from harness import replication, tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
+from harness.durability import DurabilityTier, DurabilityTierTooLow, needs_of, read_tier
 from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
@@ -163,6 +173,9 @@ class WorkerConfig:
     # Off (None), or how long to wait after a commit for a standby to flush it before the broker's ack (or a
     # non-idempotent write's request) acts on it (harness/replication.py); past it the batch is released instead.
     await_standby: timedelta | None = None
+    # Start over asynchronous standbys even where the consumer needs commits a failover keeps (a broker queue, a
+    # NON_IDEMPOTENT_WRITE) and no barrier guards them: the operator accepts the loss (harness/durability.py).
+    accept_asynchronous_replication: bool = False
     # On the reference queue: an idle thread wakes on the queue's NOTIFY (harness/queue/wakeup.py), polling as the
     # fallback; False: it only polls.
     listen: bool = True
@@ -276,6 +289,7 @@ class Worker:
         # Only an ack outside this database acts on a commit: the reference queue acks in the same one.
         self._acks_outside = not issubclass(self._adapter, PgQueue)
         self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
+        self.tier: DurabilityTier | None = None  # read by run() from the primary
         self._wakeup: Wakeup | None = None  # while run() runs on the reference queue, listening: its idle wait
         metrics.watch(consumer.name, consumer.queue)
 
@@ -293,6 +307,11 @@ class Worker:
             batch_size=self.config.batch_size,
             once=once,
         )
+        try:
+            self.tier = self._durability_tier()
+        except BaseException:
+            log.info("harness.worker.stop", consumer=self.consumer.name, **self.stats.fields(), ok=False)
+            raise
         errors: list[BaseException] = []
 
         def loop(index: int) -> None:
@@ -318,6 +337,37 @@ class Worker:
             raise errors[0]
         return self.stats
 
+    def _durability_tier(self) -> DurabilityTier:
+        """The database's durability tier, read from the primary and logged; DurabilityTierTooLow if it does not give
+        what the consumer needs and nothing was accepted instead (harness/durability.py)."""
+        with connect(
+            self.conninfo,
+            autocommit=True,
+            role=self.database_role,
+            primary_only=True,
+            application_name=f"{self.application_name}/tier",
+            connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
+        ) as conn:
+            tier = read_tier(conn)
+        needs = needs_of(self.consumer, broker=self._acks_outside)
+        shortfall = tier.shortfall(needs, barrier=self._barrier is not None)
+        accepted = shortfall is not None and self.config.accept_asynchronous_replication
+        fields = {
+            "consumer": self.consumer.name,
+            **tier.fields(),
+            "needs": needs.describe(),
+            "barrier": self._barrier is not None,
+            "accepted": accepted,
+            "meaning": tier.meaning(),
+        }
+        if shortfall is None:
+            log.info("harness.worker.durability_tier", **fields)
+        else:  # accepted, or refused just below
+            log.warning("harness.worker.durability_tier", **fields)
+        if shortfall is not None and not accepted:
+            raise DurabilityTierTooLow(f"{self.consumer.name}: {shortfall}")
+        return tier
+
     def _loop(self, worker_name: str, once: bool) -> None:
         """This thread's sessions: one per database connection, a new one after a connection is lost.
 
@@ -336,7 +386,7 @@ class Worker:
                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                 )
                 reached = True
-                prepare(conn, autocommit=True, role=self.database_role)
+                prepare(conn, autocommit=True, role=self.database_role, primary_only=True)
                 try:
                     replication.register(conn, self._barrier)  # a role that cannot see the standbys: refused
                 except BaseException:
@@ -840,6 +890,7 @@ class Worker:
                         self.conninfo,
                         autocommit=True,
                         role=self.database_role,
+                        primary_only=True,
                         application_name=self.application_name,
                         connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                     ) as fresh,
