@@ -97,8 +97,12 @@ def publish(rig: FailoverRig, queue: str, rabbit_url: str, prefix: str, batch: l
             broker.close()
 
 
+def sep(url: str) -> str:
+    return "&" if "?" in url else "?"
+
+
 def drain(rig: FailoverRig, queue: str, mode: str, rabbit_url: str, prefix: str, batch_size: int) -> None:
-    queue_url = None if queue == "reference" else f"{rabbit_url}{'&' if '?' in rabbit_url else '?'}prefix={prefix}"
+    queue_url = None if queue == "reference" else f"{rabbit_url}{sep(rabbit_url)}prefix={prefix}&claim_wait=5000"
     worker = Worker(
         rig.url(),
         effect,
