@@ -104,7 +104,7 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
     consumers_ok = _check_consumers(args.consumers or [], settings, out)
     durability_ok = True
-    if args.tier or args.consumers:
+    if args.tier:
         durability = _durability_document(args.consumers or [], settings)
         durability_ok = durability["ok"]
         out.write(f"\nDurability tier (read from the primary): {durability['tier']}\n  {durability['meaning']}\n")
@@ -135,7 +135,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
                 "guard": {"ok": consumer_guard.ok, "explanation": consumer_guard.explain()},
             }
         )
-    durability = _durability_document(args.consumers or [], settings) if args.tier or args.consumers else None
+    durability = _durability_document(args.consumers or [], settings) if args.tier else None
     ok = guard.ok and all(c["guard"]["ok"] for c in consumers) and (durability is None or durability["ok"])
     effective = settings.effective()
     document = {
@@ -153,7 +153,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _durability_document(references: list[str], settings: Settings) -> dict[str, Any]:
-    """check-config --tier / --consumer: the database's durability tier, read from the primary
+    """check-config --tier: the database's durability tier, read from the primary
     (harness/durability.py), what it means, and per consumer what it needs and whether the worker would start."""
     import psycopg
 
@@ -368,7 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--tier",
         action="store_true",
-        help="also read the database's durability tier from the primary (implied by --consumer, whose needs it checks)",
+        help="also read the database's durability tier from the primary, and check each --consumer's needs against it",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document (settings, guards, jobs) instead")
     p.set_defaults(handler=cmd_check_config)

@@ -181,13 +181,13 @@ def test_a_worker_whose_url_reaches_a_standby_is_refused(asynchronous):
 
 def test_check_config_shows_the_tier_and_each_consumers_verdict(asynchronous, clean_env, capsys):
     clean_env.setenv("CORE_JOBS_DATABASE_URL", asynchronous.url())
-    assert main(["check-config", "--consumer", SENDER, "--consumer", EFFECT]) == EXIT_CONFIG
+    assert main(["check-config", "--tier", "--consumer", SENDER, "--consumer", EFFECT]) == EXIT_CONFIG
     out = capsys.readouterr().out
     assert "Durability tier (read from the primary): asynchronous standbys (1)" in out
     assert f"{SENDER}: needs NON_IDEMPOTENT_WRITE send" in out and "REFUSED" in out
     assert f"{EFFECT}: needs nothing beyond the reference queue" in out
     clean_env.setenv("CORE_JOBS_WORKER_AWAIT_STANDBY", "PT30S")
-    assert main(["check-config", "--json", "--consumer", SENDER]) == EXIT_OK
+    assert main(["check-config", "--tier", "--json", "--consumer", SENDER]) == EXIT_OK
     document = json.loads(capsys.readouterr().out)
     assert document["durability"]["fields"]["tier"] == "asynchronous"
     assert document["durability"]["barrier"] is True
