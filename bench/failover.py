@@ -99,7 +99,11 @@ class Rabbit:
                 port.close()
 
     def worker_env(self) -> dict[str, str]:
-        return {"CORE_JOBS_QUEUE_URL": f"{self.url}{'&' if '?' in self.url else '?'}prefix={self.prefix}"}
+        return {
+            "CORE_JOBS_QUEUE_URL": f"{self.url}{'&' if '?' in self.url else '?'}prefix={self.prefix}",
+            # Asynchronous with no barrier the worker refuses a broker queue (harness/durability.py): measured anyway.
+            "CORE_JOBS_WORKER_ACCEPT_ASYNCHRONOUS_REPLICATION": "true",
+        }
 
     def queues(self) -> dict[str, int]:
         """Messages (ready and unacked) of each broker queue of the prefix: delay buckets and .exhausted included."""

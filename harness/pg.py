@@ -33,6 +33,11 @@ transaction to the next: use session pooling, as the jobs' session advisory lock
 ``list_dead_letters(conn)``) should be opened with :func:`connect` too, or pinned with
 :func:`pin_session` (the operations API's pool does so for each of its connections).
 
+A connection opened with ``primary_only`` (the worker's) is refused, :class:`ServerInRecovery`, when it lands on
+a server in recovery (``pg_is_in_recovery()``, read by the same statement): a decision read there — a fence, a
+lease, a dead letter's status, a resolution — would be a standby's, behind the primary. libpq's
+``target_session_attrs=read-write`` in the URL makes a multi-host URL find the primary instead.
+
 Statement-level settings stay with the statements that need them (``SET LOCAL`` in the
 purge's batches, the asynchronous commit of claims, acks and takes, READ COMMITTED in the
 metrics job); a ``statement_timeout`` or ``lock_timeout`` the database sets is the DBA's and applies.
@@ -61,19 +66,35 @@ SELECT set_config('DateStyle', 'ISO', false),
        set_config('synchronous_commit',
                   CASE current_setting('synchronous_commit') WHEN 'off' THEN 'on'
                        ELSE current_setting('synchronous_commit') END,
-                  false)
+                  false),
+       pg_is_in_recovery()
 """
 
 
-def connect(conninfo: str, *, autocommit: bool = False, role: str | None = None, **kwargs: Any) -> psycopg.Connection:
+class ServerInRecovery(psycopg.OperationalError):
+    """The connection landed on a server in recovery (a standby): no decision of the harness is read there."""
+
+
+def connect(
+    conninfo: str,
+    *,
+    autocommit: bool = False,
+    role: str | None = None,
+    primary_only: bool = False,
+    **kwargs: Any,
+) -> psycopg.Connection:
     """``psycopg.connect`` with the session settings pinned; idle, in the ``autocommit`` mode asked for.
 
     ``role``: the session switches to it (:func:`set_role`), as the worker and the relay do to theirs.
+    ``primary_only``: a server in recovery is refused (:class:`ServerInRecovery`).
     """
-    return prepare(psycopg.connect(conninfo, autocommit=True, **kwargs), autocommit=autocommit, role=role)
+    conn = psycopg.connect(conninfo, autocommit=True, **kwargs)
+    return prepare(conn, autocommit=autocommit, role=role, primary_only=primary_only)
 
 
-def prepare(conn: psycopg.Connection, *, autocommit: bool = False, role: str | None = None) -> psycopg.Connection:
+def prepare(
+    conn: psycopg.Connection, *, autocommit: bool = False, role: str | None = None, primary_only: bool = False
+) -> psycopg.Connection:
     """What :func:`connect` does once connected: on ``conn`` (autocommit, idle, just opened), the session settings
     pinned, ``role`` switched to, then ``autocommit`` as asked; ``conn`` is closed if any of it fails.
 
@@ -81,7 +102,13 @@ def prepare(conn: psycopg.Connection, *, autocommit: bool = False, role: str | N
     being set up (the worker: harness/worker.py).
     """
     try:
-        pin_session(conn)
+        in_recovery = pin_session(conn)
+        if primary_only and in_recovery:
+            raise ServerInRecovery(
+                f"the server at {conn.info.host}:{conn.info.port} is in recovery (a standby): the harness reads its"
+                " decisions from the primary only; give a URL that reaches it (a multi-host URL with"
+                " target_session_attrs=read-write, or the cluster's read-write service)"
+            )
         if role:
             set_role(conn, role)
         conn.autocommit = autocommit
@@ -91,12 +118,14 @@ def prepare(conn: psycopg.Connection, *, autocommit: bool = False, role: str | N
     return conn
 
 
-def pin_session(conn: psycopg.Connection) -> None:
-    """Pin the session settings on ``conn`` (autocommit, idle), one round trip: what :func:`connect` does.
+def pin_session(conn: psycopg.Connection) -> bool:
+    """Pin the session settings on ``conn`` (autocommit, idle), one round trip: what :func:`connect` does; whether
+    the server is in recovery (a standby).
 
     For a connection opened elsewhere, e.g. by a pool (the operations API's ``configure``).
     """
-    conn.execute(PIN_SESSION_SETTINGS)
+    row = conn.execute(PIN_SESSION_SETTINGS).fetchone()
+    return bool(row and row[4])
 
 
 def set_role(conn: psycopg.Connection, role: str) -> None:

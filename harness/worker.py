@@ -74,6 +74,14 @@ SIGTERM/SIGINT), **1** when the worker failed as above (``harness.worker.error``
 the database was unreachable (from the start, or for ``CORE_JOBS_WORKER_RECONNECT_FOR``), **2** on a configuration or usage error; no other code, whatever a
 handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3).
 
+**The durability tier.** :meth:`Worker.run` first reads the database's durability tier from the primary
+(harness/durability.py: single node, asynchronous standbys, synchronous k of n) and logs it
+(``harness.worker.durability_tier``, with what the consumer needs). Asynchronous standbys under a broker queue or a
+``NON_IDEMPOTENT_WRITE`` with no replication barrier (``await_standby``) refuse the start
+(:class:`~harness.durability.DurabilityTierTooLow`; ``core-jobs worker`` exits 2) unless
+``accept_asynchronous_replication``. Every connection of the worker is refused on a server in recovery
+(:class:`~harness.pg.ServerInRecovery`): its decisions are read from the primary only.
+
 The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
 redelivered and the fence absorbs the work already done — but it is wasted effort.
 
@@ -83,6 +91,7 @@ successes and logged ``harness.execution.held``; ``Stale`` (another worker took 
 settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
 
 Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
+``harness.worker.durability_tier``, ``harness.worker.commit_uncertain``, ``harness.worker.not_replicated``,
 ``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
 redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
 ``harness.job.lease_lost``,
@@ -113,6 +122,7 @@ from psycopg.pq import TransactionStatus
 from harness import replication, tracing
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
+from harness.durability import DurabilityTier, DurabilityTierTooLow, needs_of, read_tier
 from harness.errors import describe_error, describe_traceback
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
@@ -165,6 +175,9 @@ class WorkerConfig:
     # Off (None), or how long to wait after a commit for a standby to flush it before the broker's ack (or a
     # non-idempotent write's request) acts on it (harness/replication.py); past it the batch is released instead.
     await_standby: timedelta | None = None
+    # Start over asynchronous standbys even where the consumer needs commits a failover keeps (a broker queue, a
+    # NON_IDEMPOTENT_WRITE) and no barrier guards them: the operator accepts the loss (harness/durability.py).
+    accept_asynchronous_replication: bool = False
     # On the reference queue: an idle thread wakes on the queue's NOTIFY (harness/queue/wakeup.py), polling as the
     # fallback; False: it only polls.
     listen: bool = True
@@ -278,6 +291,7 @@ class Worker:
         # Only an ack outside this database acts on a commit: the reference queue acks in the same one.
         self._acks_outside = not issubclass(self._adapter, PgQueue)
         self._local = threading.local()  # per thread: ``pending``, what a lost connection could not give back yet
+        self.tier: DurabilityTier | None = None  # read by run() from the primary
         self._wakeup: Wakeup | None = None  # while run() runs on the reference queue, listening: its idle wait
         metrics.watch(consumer.name, consumer.queue)
 
@@ -295,6 +309,11 @@ class Worker:
             batch_size=self.config.batch_size,
             once=once,
         )
+        try:
+            self.tier = self._durability_tier()
+        except BaseException:
+            log.info("harness.worker.stop", consumer=self.consumer.name, **self.stats.fields(), ok=False)
+            raise
         errors: list[BaseException] = []
 
         def loop(index: int) -> None:
@@ -320,6 +339,37 @@ class Worker:
             raise errors[0]
         return self.stats
 
+    def _durability_tier(self) -> DurabilityTier:
+        """The database's durability tier, read from the primary and logged; DurabilityTierTooLow if it does not give
+        what the consumer needs and nothing was accepted instead (harness/durability.py)."""
+        with connect(
+            self.conninfo,
+            autocommit=True,
+            role=self.database_role,
+            primary_only=True,
+            application_name=f"{self.application_name}/tier",
+            connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
+        ) as conn:
+            tier = read_tier(conn)
+        needs = needs_of(self.consumer, broker=self._acks_outside)
+        shortfall = tier.shortfall(needs, barrier=self._barrier is not None)
+        accepted = shortfall is not None and self.config.accept_asynchronous_replication
+        fields = {
+            "consumer": self.consumer.name,
+            **tier.fields(),
+            "needs": needs.describe(),
+            "barrier": self._barrier is not None,
+            "accepted": accepted,
+            "meaning": tier.meaning(),
+        }
+        if shortfall is None:
+            log.info("harness.worker.durability_tier", **fields)
+        else:  # accepted, or refused just below
+            log.warning("harness.worker.durability_tier", **fields)
+        if shortfall is not None and not accepted:
+            raise DurabilityTierTooLow(f"{self.consumer.name}: {shortfall}")
+        return tier
+
     def _loop(self, worker_name: str, once: bool) -> None:
         """This thread's sessions: one per database connection, a new one after a connection is lost.
 
@@ -338,7 +388,7 @@ class Worker:
                     connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                 )
                 reached = True
-                prepare(conn, autocommit=True, role=self.database_role)
+                prepare(conn, autocommit=True, role=self.database_role, primary_only=True)
                 try:
                     replication.register(conn, self._barrier)  # a role that cannot see the standbys: refused
                 except BaseException:
@@ -500,12 +550,19 @@ class Worker:
                 raise
 
     def _replicated_or_released(
-        self, conn: psycopg.Connection, done: list[Delivery], unstarted: list[Delivery]
+        self, conn: psycopg.Connection, done: list[Delivery], unstarted: list[Delivery], since: int | None
     ) -> tuple[list[Delivery], list[Delivery]]:
         """(to ack, to release): the batch's successes are acked only once a standby has their commits; if none does
-        within ``await_standby``, they are released — a copy each, whose redelivery the fence decides."""
+        within ``await_standby``, or a commit of the batch came back uncertain (its synchronous-replication wait
+        cancelled: ``since``, harness/replication.py), they are released — a copy each, whose redelivery the fence
+        decides."""
         try:
-            replication.after_commit(conn)
+            replication.after_commit(conn, since)
+        except replication.CommitUncertain as exc:
+            log.warning(
+                "harness.worker.commit_uncertain", consumer=self.consumer.name, num_released=len(done), error=str(exc)
+            )
+            return [], unstarted + done
         except replication.NotReplicated as exc:
             log.warning(
                 "harness.worker.not_replicated", consumer=self.consumer.name, num_released=len(done), error=str(exc)
@@ -561,6 +618,7 @@ class Worker:
             return
         done: list[Delivery] = []
         started = 0
+        since = replication.uncertain_commits(conn)  # a commit of this group that comes back uncertain: no ack
         try:
             for delivery in batch:
                 if self._stopping.is_set():
@@ -571,7 +629,7 @@ class Worker:
             # Stopping or failing mid-batch: the message in hand keeps its lease and its counted
             # attempt (if it is what broke the worker, the attempt budget still ends it); the
             # unstarted rest did nothing wrong and goes back at once.
-            self._end_batch(conn, queue, done, batch[started:])
+            self._end_batch(conn, queue, done, batch[started:], since=since)
 
     def _run_together(self, conn: psycopg.Connection, queue: QueuePort, batch: list[Delivery]) -> None:
         """The batch's work in shared transactions (harness.handling.handle_together), then each outcome settled.
@@ -583,6 +641,7 @@ class Worker:
         """
         progress = BatchProgress()
         spans: dict[int, tracing.Span] = {}
+        since = replication.uncertain_commits(conn)  # a commit of this batch that comes back uncertain: no ack
 
         @contextmanager
         def each(delivery: Delivery) -> Iterator[None]:
@@ -642,7 +701,7 @@ class Worker:
             ended |= {id(delivery) for delivery in progress.rolled_back}
             kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
             unstarted = [d for d in batch if id(d) not in ended and id(d) != kept]
-            self._end_batch(conn, queue, done, unstarted, progress.rolled_back)
+            self._end_batch(conn, queue, done, unstarted, progress.rolled_back, since=since)
         if failure is not None:
             raise failure
 
@@ -801,6 +860,8 @@ class Worker:
         done: list[Delivery],
         unstarted: list[Delivery],
         rolled_back: Sequence[Delivery] = (),
+        *,
+        since: int | None = None,
     ) -> None:
         """Ack the batch's successes, release its unstarted messages and retry, counted, those whose work a failed
         shared transaction rolled back (``BatchProgress.rolled_back``, harness/handling.py); never raises.
@@ -809,14 +870,18 @@ class Worker:
         same adapter opened anew on it (and closed): a lost connection must not leave them leased
         until the lease expires, each with an attempt used. What cannot be done here, the lease
         expiry does later (the fence absorbs a redelivered success).
+
+        On a broker, ``since`` (:func:`harness.replication.uncertain_commits` before the batch's commits): a commit
+        that came back uncertain since then releases the successes instead of acking them.
         """
         if not done and not unstarted and not rolled_back:
             return
         guarded = self._barrier is not None and self._acks_outside and bool(done)
+        checked = guarded or (since is not None and self._acks_outside and bool(done))
         try:
             if conn.info.transaction_status == TransactionStatus.IDLE:
-                if guarded:
-                    done, unstarted = self._replicated_or_released(conn, done, unstarted)
+                if checked:
+                    done, unstarted = self._replicated_or_released(conn, done, unstarted, since)
                 acked, released = queue.ack(done), queue.release(unstarted)
                 self._retry_rolled_back(queue, rolled_back)
             else:  # closed or broken (a database outage, a terminated backend)
@@ -827,6 +892,7 @@ class Worker:
                         self.conninfo,
                         autocommit=True,
                         role=self.database_role,
+                        primary_only=True,
                         application_name=self.application_name,
                         connect_timeout=GIVE_BACK_CONNECT_TIMEOUT_S,
                     ) as fresh,

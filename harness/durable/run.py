@@ -74,11 +74,17 @@ def _run_action(ex: Execution, action: Action, position: int, attempt: int) -> O
         # An explicit transaction: only a live worker's COMMIT ends it (a statement left waiting
         # on a lock by a worker that died is rolled back, not committed after its death).
         # BEGIN goes with the statement (one round trip); the COMMIT, alone, only once its result is seen.
+        since = replication.uncertain_commits(ex.conn)
         with transaction_begun_with(ex.conn, ex.renewal(ex.with_pending(started))) as (renewed,):
             check_held(renewed)
         # Behind the replication barrier, sent only once a standby has the checkpoint: a failover cannot
         # forget that the request may have gone (NotReplicated: not sent; the next take reconciles).
-        replication.after_commit(ex.conn)
+        # A checkpoint whose synchronous-replication wait was cancelled may be on no standby: not sent either,
+        # and the action is held for an operator now (CommitUncertain, harness/replication.py).
+        try:
+            replication.after_commit(ex.conn, since)
+        except replication.CommitUncertain as exc:
+            return reconcile(ex, action, position, attempt, exc)
     elif how == "autocommit":
         # One statement in autocommit, one round trip: if it commits after this worker died, the
         # write is merely re-sent with its key (or reconciled once its attempts are used).

@@ -516,9 +516,10 @@ class RabbitQueue:
         receipt: _Receipt = delivery.receipt
         if not receipt.alive:
             return False
+        since = replication.uncertain_commits(self.conn)
         with self.conn.transaction():
             write_dead_letter(self.conn, letter)  # or finds the job's failure already a pending letter: settled too
-        replication.after_commit(self.conn)  # behind the replication barrier: NotReplicated, and no ack
+        replication.after_commit(self.conn, since)  # uncertain, or behind the barrier unreplicated: no ack
         return _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
 
     def release(self, deliveries: Sequence[Delivery]) -> int:

@@ -102,9 +102,20 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
-    consumers_ok = _check_consumers(*_checked_consumers(args, settings), settings, out)
+    references, label = _checked_consumers(args, settings)
+    consumers_ok = _check_consumers(references, label, settings, out)
+    durability_ok = True
+    if args.tier:
+        durability = _durability_document(references, settings)
+        durability_ok = durability["ok"]
+        out.write(f"\nDurability tier (read from the primary): {durability['tier']}\n  {durability['meaning']}\n")
+        for consumer in durability["consumers"]:
+            verdict = "ok" if consumer["ok"] else f"REFUSED: {consumer['shortfall']}"
+            if consumer["accepted"]:
+                verdict = f"accepted (CORE_JOBS_WORKER_ACCEPT_ASYNCHRONOUS_REPLICATION): {consumer['shortfall']}"
+            out.write(f"  {consumer['consumer']}: needs {consumer['needs']}: {verdict}\n")
     out.write(f"\nJobs: {', '.join(JOB_NAMES) or '(none registered)'}\n")
-    return EXIT_OK if guard.ok and consumers_ok else EXIT_CONFIG
+    return EXIT_OK if guard.ok and consumers_ok and durability_ok else EXIT_CONFIG
 
 
 def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
@@ -126,7 +137,8 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
                 "guard": {"ok": consumer_guard.ok, "explanation": consumer_guard.explain()},
             }
         )
-    ok = guard.ok and all(c["guard"]["ok"] for c in consumers)
+    durability = _durability_document(_checked_consumers(args, settings)[0], settings) if args.tier else None
+    ok = guard.ok and all(c["guard"]["ok"] for c in consumers) and (durability is None or durability["ok"])
     effective = settings.effective()
     document = {
         "ok": ok,
@@ -135,10 +147,53 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
         "queue": {"url": effective[f"{ENV_PREFIX}QUEUE_URL"], "adapter": settings.queue_adapter()},
         "redelivery_horizon": _horizon_document(settings),
         "consumers": consumers,
+        "durability": durability,
         "jobs": list(JOB_NAMES),
     }
     sys.stdout.write(json.dumps(document, indent=2) + "\n")
     return EXIT_OK if ok else EXIT_CONFIG
+
+
+def _durability_document(references: list[str], settings: Settings) -> dict[str, Any]:
+    """check-config --tier: the database's durability tier, read from the primary
+    (harness/durability.py), what it means, and per consumer what it needs and whether the worker would start."""
+    import psycopg
+
+    from harness.durability import needs_of, read_tier
+    from harness.errors import describe_error
+    from harness.pg import connect
+    from harness.queue.adapters import url_scheme
+    from maintenance.consumers import load_consumer
+
+    try:
+        with connect(settings.conninfo(), autocommit=True, primary_only=True, connect_timeout=10) as conn:
+            tier = read_tier(conn)
+    except psycopg.Error as exc:  # ServerInRecovery among them: the worker would not start either
+        return {"ok": False, "tier": f"unknown ({describe_error(exc)})", "meaning": "", "fields": None, "consumers": []}
+    broker = url_scheme(settings.queue_url_value()) is not None
+    barrier = settings.worker_await_standby is not None
+    accepting = settings.worker_accept_asynchronous_replication
+    consumers = []
+    for reference in references:
+        needs = needs_of(load_consumer(reference), broker=broker)
+        shortfall = tier.shortfall(needs, barrier=barrier)
+        consumers.append(
+            {
+                "consumer": reference,
+                "needs": needs.describe(),
+                "ok": shortfall is None or accepting,
+                "accepted": shortfall is not None and accepting,
+                "shortfall": shortfall,
+            }
+        )
+    return {
+        "ok": all(c["ok"] for c in consumers),
+        "tier": tier.describe(),
+        "meaning": tier.meaning(),
+        "fields": tier.fields(),
+        "barrier": barrier,
+        "consumers": consumers,
+    }
 
 
 def _horizon_document(settings: Settings) -> dict[str, Any]:
@@ -320,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="MODULE:OBJECT",
         help="also check this consumer's own window against the TTL (repeatable), e.g. harness.examples.points:consumer",
+    )
+    p.add_argument(
+        "--tier",
+        action="store_true",
+        help="also read the database's durability tier from the primary, and check each --consumer's needs against it",
     )
     p.add_argument("--json", action="store_true", help="print one JSON document (settings, guards, jobs) instead")
     p.set_defaults(handler=cmd_check_config)

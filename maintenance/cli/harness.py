@@ -20,7 +20,8 @@ handler raised ``KeyboardInterrupt``: ``harness.worker.error`` says why), or the
 not be reached or failed the command (one ``database error`` line on stderr, secrets masked), or
 the queue's broker could not be reached or refused it (one ``broker error`` line naming its
 ``host:port``, never the password: :func:`broker_failure`; the worker logs ``harness.worker.error`` too); 2 a
-configuration or usage error, or an operator action refused as a whole (an unknown id, a dead
+configuration or usage error (the worker: also a database whose durability tier does not give what the consumer
+needs, harness/durability.py, or a URL that reaches a server in recovery), or an operator action refused as a whole (an unknown id, a dead
 letter that is not ``pending_review`` — or, for release, not an outstanding replay, or one whose
 message still waits in the queue —, a blank reason) — nothing changed. The worker exits with no
 other code: a handler's ``SystemExit`` is that job's failure (harness/worker.py).
@@ -56,9 +57,10 @@ DEFAULT_STATUS = (
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from prometheus_client import CollectorRegistry
 
+    from harness.durability import DurabilityTierTooLow
     from harness.errors import describe_error
     from harness.metrics import HarnessMetrics
-    from harness.pg import SchemaNotMigrated
+    from harness.pg import SchemaNotMigrated, ServerInRecovery
     from harness.queue.adapters import QueueUrlError
     from harness.worker import Worker, WorkerConfig, WorkerGroup, WorkerGroupError
     from maintenance.runtime.logs import get_logger
@@ -76,6 +78,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         reconnect_for=settings.worker_reconnect_for,
         ttl_margin=settings.ttl_margin,
         await_standby=settings.worker_await_standby,
+        accept_asynchronous_replication=settings.worker_accept_asynchronous_replication,
         listen=settings.worker_listen,
     )
     stop = threading.Event()  # this command's: SIGTERM/SIGINT set it, every worker finishes the message in hand
@@ -114,6 +117,8 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         try:
             group.run(once=args.once)
         except WorkerGroupError as exc:  # whatever stopped it, the exit code is a documented one
+            if isinstance(exc.error, DurabilityTierTooLow | ServerInRecovery):  # before its threads: the deployment's
+                raise ConfigError(str(exc.error)) from None
             # The stop event already carries the counts; say why, and which consumer.
             get_logger().error("harness.worker.error", consumer=exc.consumer, error=describe_error(exc.error))
             if isinstance(exc.error, SchemaNotMigrated) or broker_failure(exc.error, settings) is not None:

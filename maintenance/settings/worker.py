@@ -101,6 +101,14 @@ class WorkerFields(BaseModel):
         "replication a failover otherwise loses a job RabbitMQ already acked, or sends such a write twice. Past it "
         "the batch is released (the fence decides its copy). Needs pg_monitor for the worker's role.",
     )
+    worker_accept_asynchronous_replication: bool = Field(
+        default=False,
+        description="Off: `core-jobs worker` refuses to start (exit 2) when the database replicates to asynchronous "
+        "standbys only and its consumer needs commits a failover keeps — a broker queue (an acked job whose commit "
+        "the promoted standby lacks is lost) or a NON_IDEMPOTENT_WRITE (its lost STARTED checkpoint sends it "
+        "twice) — with no CORE_JOBS_WORKER_AWAIT_STANDBY barrier (harness/durability.py, docs/high-availability.md). "
+        "On: it starts anyway, the loss accepted, and logs the tier as a warning.",
+    )
     worker_database_role: str | None = Field(
         default=DEFAULT_WORKER_DATABASE_ROLE,
         description="Role every `core-jobs worker` connection switches to (SET ROLE): the least-privilege role "

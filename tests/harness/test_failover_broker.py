@@ -66,7 +66,12 @@ def worker(rig, rabbit_target, *, await_standby: timedelta | None) -> Worker:
         rig.url(),
         effect,
         policy=RetryPolicy(),
-        config=WorkerConfig(fence_ttl=TTL, batch_size=5, await_standby=await_standby),
+        config=WorkerConfig(
+            fence_ttl=TTL,
+            batch_size=5,
+            await_standby=await_standby,
+            accept_asynchronous_replication=await_standby is None,  # the loss measured, not refused
+        ),
         metrics=HarnessMetrics(CollectorRegistry()),
         queue_url=rabbit_target.worker_url(),
     )

@@ -223,6 +223,26 @@ class FailoverRig:
 
             wait_until(replayed, timeout, f"{STANDBY_NAME} replaying up to {target}")
 
+    def stop_standby(self) -> None:
+        """The standby stopped (``pg_ctl stop -m fast``), its directory kept: in synchronous mode every commit now
+        waits for it (``wait_event = 'SyncRep'``) until :meth:`start_standby`."""
+        assert self.standby is not None, "the rig has no standby"
+        self.standby.stop()
+
+    def start_standby(self) -> None:
+        """The stopped standby started again and streaming (counted in the quorum again)."""
+        assert self.standby is not None, "the rig has no standby"
+        self.standby.start()
+        wait_until(self._streaming, 60, f"{STANDBY_NAME} streaming again from the primary on port {self.primary.port}")
+
+    def cancel_replication_waits(self) -> list[int]:
+        """``pg_cancel_backend`` of every backend of the primary waiting for a synchronous standby; their pids.
+
+        Each such COMMIT returns success with PostgreSQL's warning that it is committed locally only."""
+        with psycopg.connect(self.primary_url("postgres"), autocommit=True) as conn:
+            waiting = [pid for (pid,) in conn.execute("SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'")]
+            return [pid for pid in waiting if conn.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0]]
+
     def stop(self) -> None:
         for node in (self.standby, self.primary):
             if node is not None:
