@@ -381,7 +381,7 @@ class RabbitQueue:
                     if unconfirmed:
                         self._retried(target, properties, reason="connection lost before the confirm")
                     unconfirmed = True
-                    self._confirmed_publish(link.publisher, target, body, properties)
+                    self._confirmed_publish(link, target, body, properties)
                     unconfirmed = False
                     sent += 1
 
@@ -698,30 +698,35 @@ class RabbitQueue:
             headers=headers,
         )
         try:
-            self._confirmed_publish(receipt.link.publisher, target, receipt.body, properties)
+            self._confirmed_publish(receipt.link, target, receipt.body, properties)
         except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
             return False  # the connection is gone: the broker requeued the delivery, nothing was copied
         return True
 
-    def _confirmed_publish(
-        self, channel: BlockingChannel, queue: str, body: bytes, properties: pika.BasicProperties
-    ) -> None:
-        """Publish on the default exchange, mandatory, and wait for the broker's confirm. A nack — the quorum
-        queue could not take it, as when its leader died and no new one was elected yet — is retried, the same
+    def _confirmed_publish(self, link: _Link, queue: str, body: bytes, properties: pika.BasicProperties) -> None:
+        """Publish on the link's confirm channel (default exchange, mandatory) and wait for the broker's confirm.
+
+        A nack — the quorum queue could not take it: its leader died — is retried on the new leader, the same
         message (its ``message_id``: a copy the broker did keep is absorbed by the fence), with a backoff, for at
-        most :data:`PUBLISH_RETRY_WINDOW`; then :class:`pika.exceptions.NackError` is raised. An unroutable message
-        (no such queue) raises at once."""
+        most :data:`PUBLISH_RETRY_WINDOW`; then :class:`pika.exceptions.NackError` is raised. Each retry goes on a
+        **new** channel: a channel that published while the queue had no leader keeps being nacked after a new
+        one is elected (RabbitMQ 3.10), a new channel reaches the new leader. An unroutable message raises at once.
+        """
         deadline = time.monotonic() + PUBLISH_RETRY_WINDOW.total_seconds()
         for attempt in itertools.count():
             backoff = PUBLISH_RETRY_BACKOFF_S[min(attempt, len(PUBLISH_RETRY_BACKOFF_S) - 1)]
             try:
-                channel.basic_publish("", queue, body, properties, mandatory=True)
+                link.publisher.basic_publish("", queue, body, properties, mandatory=True)
                 return
             except pika.exceptions.NackError:
                 if time.monotonic() + backoff > deadline:
                     raise
                 self._retried(queue, properties, reason="nacked")
                 time.sleep(backoff)
+                stale, link.publisher = link.publisher, link.connection.channel()
+                link.publisher.confirm_delivery()
+                with contextlib.suppress(Exception):
+                    stale.close()
         raise AssertionError("unreachable")
 
     def _retried(self, queue: str, properties: pika.BasicProperties, *, reason: str) -> None:
