@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import uuid
 
-import psycopg
 import pytest
 from support.failover import EFFECTS_TABLE
 from support.failover_consumers import QUEUE

@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pika
@@ -200,10 +200,8 @@ class RabbitCluster:
         for node in self.nodes:
             pid = node.pid()
             if pid is not None:
-                try:
+                with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
         shutil.rmtree(self.root, ignore_errors=True)
 
     # -- faults --------------------------------------------------------------------------------------------------

@@ -108,6 +108,7 @@ def drain_with_broker_faults(
     faults = ["kill"] * kills + ["stop"] * stops
     faults = [faults[i] for i in sorted(range(len(faults)), key=lambda i: (i * 7919) % len(faults))]  # interleaved
     done: list[str] = []
+    after_drain = 0  # faults that came once every job had its effect (the drain was too short for them)
     began = time.monotonic()
     producer.start()
     wait_until(lambda: cluster.messages(prefix).get(work_queue) is not None, 60, f"{work_queue} declared")
@@ -117,6 +118,7 @@ def drain_with_broker_faults(
         for i, fault in enumerate(faults, start=1):
             mark = i * jobs // (len(faults) + 1)
             wait_until(lambda mark=mark: _effects(counting()) >= mark, timeout, f"{mark} effects before fault {i}")
+            after_drain += _effects(counting()) >= jobs
             leader = cluster.leader(work_queue)
             if fault == "kill":
                 cluster.kill(leader)
@@ -137,7 +139,9 @@ def drain_with_broker_faults(
         cluster.heal()
     drained = time.monotonic() - began
     arguments = cluster.ctl(cluster.nodes[0], "list_queues", "name", "arguments")
-    limit_kept = any(line.startswith(work_queue + "\t") and "x-delivery-limit" in line for line in arguments.splitlines())
+    limit_kept = any(
+        line.startswith(work_queue + "\t") and "x-delivery-limit" in line for line in arguments.splitlines()
+    )
     members = cluster.members(work_queue)
     with psycopg.connect(counting(), autocommit=True) as conn:
         outcome = tally(conn, job_ids)
@@ -147,6 +151,7 @@ def drain_with_broker_faults(
         "kills": sum(1 for d in done if d.startswith("kill")),
         "stops": sum(1 for d in done if d.startswith("stop")),
         "database_failovers": both,
+        "after_drain": after_drain,
         **outcome.figures(),
         "publishes_retried": producer.retried + events.get("harness.rabbitmq.publish_retried", 0),
         "producer_errors": producer.errors,
