@@ -44,8 +44,9 @@ BATCH = 20
 
 
 class Producer(threading.Thread):
-    """Publishes ``job_ids`` in batches on the cluster's URL; a batch that raises is published again from where the
-    error says it stopped (``published``), as a relay does."""
+    """Publishes ``job_ids`` in batches on the cluster's URL, each once the work queue's backlog is below two batches
+    (so publishing lasts as long as the drain, and publishes are in flight when a node dies); a batch that raises is
+    published again from where the error says it stopped (``published``), as a relay does."""
 
     def __init__(self, cluster: RabbitCluster, database_url: str, prefix: str, job_ids: list[uuid.UUID], work_ms: int):
         super().__init__(daemon=True)
@@ -64,6 +65,7 @@ class Producer(threading.Thread):
                         (QUEUE, Envelope(job_id=job, payload={"n": start + i, "work_ms": self.work_ms}))
                         for i, job in enumerate(self.job_ids[start : start + BATCH])
                     ]
+                    self._wait_for_room(port)
                     while batch:
                         try:
                             port.publish_many(batch)
@@ -76,6 +78,16 @@ class Producer(threading.Thread):
                 self.retried = port.publishes_retried
                 port.close()
                 self.done.set()
+
+    def _wait_for_room(self, port: RabbitQueue) -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if port.figures(QUEUE)[0] < 2 * BATCH:
+                    return
+            except Exception:  # the node being asked died: the next try goes to another
+                pass
+            time.sleep(0.05)  # a producer's pacing, not a test waiting for time
 
 
 def drain_with_broker_faults(
@@ -116,7 +128,7 @@ def drain_with_broker_faults(
     both = 0
     try:
         for i, fault in enumerate(faults, start=1):
-            mark = i * jobs // (len(faults) + 1)
+            mark = i * jobs // (len(faults) + 2)  # the last stretch of the drain left without a fault
             wait_until(lambda mark=mark: _effects(counting()) >= mark, timeout, f"{mark} effects before fault {i}")
             after_drain += _effects(counting()) >= jobs
             leader = cluster.leader(work_queue)
