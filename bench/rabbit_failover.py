@@ -1,6 +1,6 @@
 """What a RabbitMQ node loss mid-drain costs the promise — alone, or with a PostgreSQL failover in the same drain.
 
-    uv run python bench/rabbit_failover.py                       # 10 leader kills and 1 stopped node, 2000 jobs
+    uv run python bench/rabbit_failover.py                       # 10 leader kills and 1 stopped node, 2000 jobs of 100 ms
     uv run python bench/rabbit_failover.py --kills 12 --stops 2 --jobs 3000
     uv run python bench/rabbit_failover.py --mode both           # and the PostgreSQL primary lost at the first kill
 
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--stops", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--work-ms", type=int, default=20, help="how long each job's work holds its transaction")
+    parser.add_argument("--work-ms", type=int, default=100, help="how long each job's work holds its transaction")
     parser.add_argument("--replication", choices=("synchronous", "asynchronous"), default="synchronous")
     args = parser.parse_args(argv)
     columns = [
