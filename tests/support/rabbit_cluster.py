@@ -310,13 +310,14 @@ class RabbitCluster:
 
 
 def _alive(pid: int | None) -> bool:
+    """A running process (a killed beam may linger as a zombie until its parent reaps it: that is not alive)."""
     if pid is None:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
         return False
-    return True
+    return state != "Z"
 
 
 @contextmanager
