@@ -79,6 +79,7 @@ log, an error or a repr.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import math
 import time
@@ -131,6 +132,7 @@ from harness.queue.rabbitmq_topology import (  # the pika-free part, re-exported
     exhausted_queue_name,
     redact_url,
     redelivery_horizon,
+    split_hosts,
     url_options,
     url_problem,
 )
@@ -179,6 +181,9 @@ MAX_HEADER_ERROR_CHARS = 1_000
 
 RECONNECT_ATTEMPTS = 3
 RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
+# A nacked publish is sent again after these pauses (the last one repeated), for at most PUBLISH_RETRY_WINDOW in all.
+PUBLISH_RETRY_WINDOW = timedelta(seconds=30)
+PUBLISH_RETRY_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 
 _CONNECTION_ERRORS = (pika.exceptions.AMQPConnectionError, pika.exceptions.ConnectionWrongStateError)
 
@@ -236,8 +241,9 @@ class _Receipt:
         return not self.settled and self.channel.is_open and self.link.connection.is_open
 
 
-def _url_parameters(url: str) -> pika.URLParameters:
-    """pika's reading of ``url``; QueueUrlError naming the problem (an option pika refuses: which one), the URL masked.
+def _url_parameters(url: str) -> list[pika.URLParameters]:
+    """pika's reading of ``url``, one per node of a multi-host URL (:func:`split_hosts`); QueueUrlError naming the
+    problem (an option pika refuses: which one), the URL masked.
 
     pika's own messages quote what they could not read, which may be a piece of the password: they are masked
     (:func:`~harness.urls.url_secrets`), and the host part is checked first (:func:`url_problem`).
@@ -245,7 +251,7 @@ def _url_parameters(url: str) -> pika.URLParameters:
     problem = url_problem(url)
     if problem is None:
         try:
-            return pika.URLParameters(url)
+            return [pika.URLParameters(one) for one in split_hosts(url)]
         except Exception as exc:
             problem = f"pika cannot read the queue URL{_refused_option(url)}: {type(exc).__name__}: {exc}"
             for secret in sorted(url_secrets(url), key=len, reverse=True):
@@ -291,7 +297,10 @@ class RabbitQueue:
         self._url = url
         self.url = redact_url(url)
         self._parameters = _url_parameters(url)
-        self._parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
+        for parameters in self._parameters:
+            parameters.client_properties = {"connection_name": f"core-jobs {worker}".strip()}
+        self._next_node = 0  # where the next connection starts trying: the node after the last one connected to
+        self.publishes_retried = 0  # publishes sent again: nacked (a quorum queue's leader lost) or never confirmed
         self.address = broker_address(url)
         self.conn = conn
         self.worker = worker
@@ -363,12 +372,17 @@ class RabbitQueue:
         with publish_span(messages, system=self.system) as traced:
             prepared = [(queue, _body(envelope), _properties(envelope, attempt_base=1)) for queue, envelope in traced]
             sent = 0
+            unconfirmed = False  # a publish whose connection was lost before its confirm: sent again, counted
 
             def send(link: _Link) -> None:
-                nonlocal sent
+                nonlocal sent, unconfirmed
                 for queue, body, properties in prepared[sent:]:
                     target = self._target(link, self._name(queue), bucket)
-                    _confirmed_publish(link.publisher, target, body, properties)
+                    if unconfirmed:
+                        self._retried(target, properties, reason="connection lost before the confirm")
+                    unconfirmed = True
+                    self._confirmed_publish(link, target, body, properties)
+                    unconfirmed = False
                     sent += 1
 
             try:
@@ -590,12 +604,23 @@ class RabbitQueue:
         ) from None
 
     def _connect(self, *, attempt: int) -> _Link:
-        connection = pika.BlockingConnection(self._parameters)
+        """A new connection: pika tries the nodes in turn, from the one after the node last connected to (a
+        reconnection goes to the next node of a cluster, not back to the one that was just lost)."""
+        start = self._next_node % len(self._parameters)
+        connection = pika.BlockingConnection(self._parameters[start:] + self._parameters[:start])
+        node = _connected_node(connection, self._parameters, start)
+        self._next_node = node + 1
         publisher = connection.channel()
         publisher.confirm_delivery()
         self._link = _Link(connection, publisher)
         if self._connected:
-            log.info("harness.rabbitmq.reconnected", url=self.url, worker=self.worker, attempt=attempt)
+            log.info(
+                "harness.rabbitmq.reconnected",
+                url=self.url,
+                worker=self.worker,
+                attempt=attempt,
+                node=broker_address(split_hosts(self._url)[node]),
+            )
         self._connected = True
         return self._link
 
@@ -674,10 +699,48 @@ class RabbitQueue:
             headers=headers,
         )
         try:
-            _confirmed_publish(receipt.link.publisher, target, receipt.body, properties)
+            self._confirmed_publish(receipt.link, target, receipt.body, properties)
         except (*_CONNECTION_ERRORS, pika.exceptions.ChannelWrongStateError, pika.exceptions.ChannelClosed):
             return False  # the connection is gone: the broker requeued the delivery, nothing was copied
         return True
+
+    def _confirmed_publish(self, link: _Link, queue: str, body: bytes, properties: pika.BasicProperties) -> None:
+        """Publish on the link's confirm channel (default exchange, mandatory) and wait for the broker's confirm.
+
+        A nack — the quorum queue could not take it: its leader died — is retried on the new leader, the same
+        message (its ``message_id``: a copy the broker did keep is absorbed by the fence), with a backoff, for at
+        most :data:`PUBLISH_RETRY_WINDOW`; then :class:`pika.exceptions.NackError` is raised. Each retry goes on a
+        **new** channel: a channel that published while the queue had no leader keeps being nacked after a new
+        one is elected (RabbitMQ 3.10), a new channel reaches the new leader. An unroutable message raises at once.
+        """
+        deadline = time.monotonic() + PUBLISH_RETRY_WINDOW.total_seconds()
+        for attempt in itertools.count():
+            backoff = PUBLISH_RETRY_BACKOFF_S[min(attempt, len(PUBLISH_RETRY_BACKOFF_S) - 1)]
+            try:
+                link.publisher.basic_publish("", queue, body, properties, mandatory=True)
+                return
+            except pika.exceptions.NackError:
+                if time.monotonic() + backoff > deadline:
+                    raise
+                self._retried(queue, properties, reason="nacked")
+                time.sleep(backoff)
+                stale, link.publisher = link.publisher, link.connection.channel()
+                link.publisher.confirm_delivery()
+                with contextlib.suppress(Exception):
+                    stale.close()
+        raise AssertionError("unreachable")
+
+    def _retried(self, queue: str, properties: pika.BasicProperties, *, reason: str) -> None:
+        self.publishes_retried += 1
+        log.warning(
+            "harness.rabbitmq.publish_retried",
+            url=self.url,
+            worker=self.worker,
+            queue=queue,
+            job_id=_text(properties.message_id),
+            reason=reason,
+            retried=self.publishes_retried,
+        )
 
 
 def _at_most_one_redelivered(buffer: list[Delivery], limit: int) -> tuple[list[Delivery], list[Delivery]]:
@@ -715,9 +778,14 @@ def _ack(receipt: _Receipt) -> bool:
     return True
 
 
-def _confirmed_publish(channel: BlockingChannel, queue: str, body: bytes, properties: pika.BasicProperties) -> None:
-    """Publish on the default exchange, mandatory, and wait for the broker's confirm (raises if refused)."""
-    channel.basic_publish("", queue, body, properties, mandatory=True)
+def _connected_node(connection: BlockingConnection, parameters: list[pika.URLParameters], start: int) -> int:
+    """The index in ``parameters`` of the node ``connection`` reached (pika keeps the parameters it used)."""
+    used = connection._impl.params  # pika's Connection.params: the ConnectionParameters it connected with
+    for offset in range(len(parameters)):
+        index = (start + offset) % len(parameters)
+        if parameters[index] is used or (parameters[index].host, parameters[index].port) == (used.host, used.port):
+            return index
+    return start
 
 
 def _body(envelope: Envelope) -> bytes:

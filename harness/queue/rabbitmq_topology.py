@@ -50,6 +50,7 @@ __all__ = [
     "exhausted_queue_name",
     "redact_url",
     "redelivery_horizon",
+    "split_hosts",
     "url_options",
     "url_problem",
 ]
@@ -130,8 +131,45 @@ def url_options(url: str) -> tuple[str, dict[str, Any]]:
     return urlunsplit(parts._replace(query=urlencode(theirs))), options
 
 
+def split_hosts(url: str) -> list[str]:
+    """One URL per node of a multi-host queue URL, in its order; ``[url]`` when it names one host.
+
+    ``amqp://user:password@h1:5701,h2:5702,h3:5703/vhost?options`` names a cluster's nodes: each
+    URL is the same user, password, vhost and options with one ``host:port`` (the userinfo is
+    read up to the last ``@`` of the authority, so a raw ``@`` or ``,`` in the password stays
+    the password's). pika tries such a list in turn (harness/queue/rabbitmq.py).
+    """
+    scheme, separator, rest = url.partition("://")
+    if not separator:
+        return [url]
+    authority = _authority(url)
+    userinfo, at, hosts = authority.rpartition("@")
+    if "," not in hosts:
+        return [url]
+    tail = rest[len(authority) :]
+    return [f"{scheme}://{userinfo}{at}{host}{tail}" for host in hosts.split(",")]
+
+
+def _authority(url: str) -> str:
+    """What follows ``scheme://`` up to the path, the query or the fragment."""
+    rest = url.partition("://")[2]
+    return rest[: min((i for i in (rest.find(c) for c in "/?#") if i >= 0), default=len(rest))]
+
+
 def url_problem(url: str) -> str | None:
-    """Why pika could not read ``url``'s host part (its own message, or Python's, would quote a piece of it); None: it can."""
+    """Why pika could not read ``url``'s host part — each host's, for a multi-host URL (:func:`split_hosts`) — (its
+    own message, or Python's, would quote a piece of it); None: it can."""
+    urls = split_hosts(url)
+    if len(urls) > 1 and any(not _authority(one).rpartition("@")[2] for one in urls):
+        return "the queue URL names an empty host between its commas"
+    for one in urls:
+        problem = _host_problem(one)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _host_problem(url: str) -> str | None:
     try:
         parts = urlsplit(url)
     except ValueError:  # urllib's only complaint here: an IPv6 host's unclosed [ (or a stray ])
@@ -149,7 +187,12 @@ def url_problem(url: str) -> str | None:
 
 
 def broker_address(url: str) -> str:
-    """``host:port`` of the broker a queue URL names, the port pika would use when it names none (5672; 5671 for amqps)."""
+    """``host:port`` of the broker a queue URL names, the port pika would use when it names none (5672; 5671 for
+    amqps); a multi-host URL's every node, comma-separated."""
+    return ",".join(_address(one) for one in split_hosts(url))
+
+
+def _address(url: str) -> str:
     parts = urlsplit(url)
     host = parts.hostname or "localhost"
     try:

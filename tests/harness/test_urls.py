@@ -19,6 +19,18 @@ CORPUS = {
     "a ? in the password": ("amqp://app:pa?ss-S3cret@rabbit/vh", "amqp://app:***@rabbit/vh"),
     "a # in the password": ("amqp://app:pa#ss-S3cret@rabbit/vh", "amqp://app:***@rabbit/vh"),
     "percent-encoded parts": ("amqp://sv%40c:p%40ss-S3cret@rabbit/%2F", "amqp://sv%40c:***@rabbit/%2F"),
+    "a cluster's every node": (
+        "amqp://app:S3cret-pw@h1:5701,h2:5702,h3:5703/vh?heartbeat=30",
+        "amqp://app:***@h1:5701,h2:5702,h3:5703/vh?heartbeat=30",
+    ),
+    "a cluster's nodes, a raw @ and , in the password": (
+        "amqp://app:p@s,s-S3cret@h1:5701,h2:5702/vh",
+        "amqp://app:***@h1:5701,h2:5702/vh",
+    ),
+    "node URLs listed, a password each": (
+        "amqp://a:S3cret-1@h1:5701/vh,amqp://b:S3cret-2@h2:5702/vh",
+        "amqp://a:***@h1:5701/vh,amqp://b:***@h2:5702/vh",
+    ),
     "no password": ("amqp://app@rabbit:5672/vh", "amqp://app@rabbit:5672/vh"),
     "an empty password": ("amqp://app:@rabbit/vh", "amqp://app:@rabbit/vh"),
     "no user": ("amqp://rabbit:5672/%2F?heartbeat=30", "amqp://rabbit:5672/%2F?heartbeat=30"),
