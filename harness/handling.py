@@ -52,28 +52,42 @@
 
 **A batch in one transaction** (:func:`handle_together`, what the worker does with a claimed
 batch of a plain consumer): step 2's transaction is shared by up to
-:data:`SAVEPOINTS_PER_TRANSACTION` deliveries, each one's fence, handler and replay mark under a
-savepoint of its own (:func:`harness.fence.work_in_savepoint`), and committed once — one
-synchronous commit for the lot instead of one per job. The guarantees are step 2's, per job:
+:data:`JOBS_PER_TRANSACTION` deliveries and committed once — one synchronous commit for the lot
+instead of one per job — in as few round trips as the guarantees allow: ``BEGIN``, the batch's
+row in ``core.open_work_batches`` (migration 0027), its mark (:data:`MARK_BATCH`) and **every
+job's fence in one statement** (:data:`BATCH_FENCES`) travel together; then each new job's
+handler runs, with no savepoint around it (its replay mark after it); then the row is deleted
+and ``COMMIT`` sent, again together. The guarantees are step 2's, per job:
 
 - the commit is all or none: a crash before it leaves no job's work and no job's fence (each
   comes back when its lease expires and runs once); after it, every job's work and fence;
-- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls back to its
-  own savepoint — its fence and writes undone, its batch-mates' untouched — and is decided by
-  step 3 alone; its retry or dead letter is settled after the commit, on its own;
-- poison (step 1) never enters the transaction; a delivery beyond ``max_attempts`` (step 4) or
-  ``redelivered`` (step 0) is handled alone, after the open transaction commits;
-- a handler that ends the shared transaction (COMMIT, ROLLBACK) is dead-lettered as in step 2;
-  its batch-mates' writes went with it — committed by its COMMIT or lost by its ROLLBACK — so
-  each one's fence is read: there, the job is done (acked); absent, it runs again, in the next
-  shared transaction;
+- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls the shared
+  transaction back — its fence and writes undone, and its batch-mates' — and is decided by step
+  3 alone, on its error, settled on its own; its batch-mates did nothing wrong and run again, in
+  the next shared transaction (the failing job is not run again: its outcome is decided);
+- poison (step 1) never enters the transaction (its dead letter writes nothing there); a
+  delivery beyond ``max_attempts`` (step 4) or ``redelivered`` (step 0) is handled alone,
+  between shared transactions;
+- a handler cannot commit the batch: the batch's row makes the database refuse any COMMIT
+  but the worker's (which deletes the row first), rolling everything back — so no fence of a
+  job not yet run can ever commit. A handler that ends the transaction (its refused COMMIT, a
+  ROLLBACK — and perhaps begins one of its own) is found as soon as it returns or raises, with
+  no round trip: the mark is ``SET LOCAL``, reverts however the transaction ends, and
+  PostgreSQL reports it to the client as it changes. That handler is dead-lettered as in step
+  2, whatever it began is rolled back, and its batch-mates run again; a second handler that
+  tries the same in the next transaction meets the same refusal;
 - a commit that fails (a deferred constraint, a serialization failure) commits nothing: each
   of its jobs runs again alone, through :func:`handle`, within the same call, so one job's fault
   stays its own — the refused job retried with its attempt counted, or dead-lettered;
+- the worker stopping between two jobs commits the jobs run so far, once the fences of those
+  not run are deleted (``core.unfence_unrun``: only fences the transaction itself wrote); the
+  rest are given back unstarted;
 - every way a shared transaction can fail ends with each of its jobs settled — committed alone,
   retried counted, or dead-lettered — never released uncounted: what the worker's stop or a lost
-  connection keeps from running again alone is in ``BatchProgress.rolled_back``, which the worker
-  retries with the attempt counted.
+  connection keeps from running again alone, and the jobs before a handler that lost the
+  connection or was interrupted (``KeyboardInterrupt``: nothing of that transaction commits, the
+  job in hand has no savepoint), are in ``BatchProgress.rolled_back``, which the worker retries
+  with the attempt counted.
 
 A consumer whose handler must not share its transaction says ``shares_transactions=False``
 (harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
@@ -128,11 +142,10 @@ __all__ = [
     "handle_together",
 ]
 
-# The jobs one shared transaction holds at most. Each job's savepoint that writes takes a
-# subtransaction id; past 64 in one transaction, PostgreSQL's per-backend cache of them overflows
-# and every other session's snapshot must look subtransactions up in pg_subtrans until this
-# transaction ends — a slowdown of the whole server. 50 leaves room for handlers' own savepoints;
-# a claimed batch of 100 commits as two transactions.
+# The jobs one shared transaction holds at most: what one failing job makes its batch-mates run again, and the
+# room left for handlers' own savepoints (past 64 subtransactions in one transaction, PostgreSQL's per-backend
+# cache of them overflows and every other session's snapshot must look them up in pg_subtrans until it ends).
+# A claimed batch of 100 commits as two transactions.
 JOBS_PER_TRANSACTION = 50
 
 # The probe of a redelivered delivery (step 0): its failure is already a pending dead letter of this

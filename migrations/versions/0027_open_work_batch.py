@@ -51,6 +51,10 @@ BEGIN
 END
 $$;
 
+COMMENT ON FUNCTION core.refuse_open_work_batch() IS
+    'At commit: fails while the transaction''s row in core.open_work_batches is there (a COMMIT not the worker''s, '
+    'which deletes the row first) (0027).';
+
 CREATE CONSTRAINT TRIGGER open_work_batch_refuses_commit AFTER INSERT ON core.open_work_batches
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION core.refuse_open_work_batch();

@@ -153,6 +153,17 @@ def test_the_database_refuses_a_commit_of_an_open_work_batch_that_is_not_the_wor
     assert scalar(conn, "SELECT count(*) FROM core.open_work_batches") == 0
 
 
+def test_unfencing_a_stopping_batch_s_unrun_jobs_deletes_only_fences_its_own_transaction_wrote(conn):
+    """core.unfence_unrun: a committed fence stays whatever the caller asks; one this transaction wrote goes."""
+    committed, unrun = uuid.uuid4(), uuid.uuid4()
+    fence = "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at) VALUES (%s, 'c', %s, now() + %s)"
+    conn.execute(fence, (committed, TENANT, TTL))
+    with conn.transaction():
+        conn.execute(fence, (unrun, TENANT, TTL))
+        gone = scalar(conn, "SELECT core.unfence_unrun('c', %s::uuid[])", ([committed, unrun],))
+    assert gone == 1 and fences(conn, committed) == 1 and fences(conn, unrun) == 0
+
+
 def test_a_consumer_that_does_not_share_transactions_commits_each_job_alone(database_url, conn):
     """shares_transactions=False: a batch of three commits three transactions, as before batching."""
     from dataclasses import replace
