@@ -85,9 +85,10 @@ and ``COMMIT`` sent, again together. The guarantees are step 2's, per job:
 - every way a shared transaction can fail ends with each of its jobs settled — committed alone,
   retried counted, or dead-lettered — never released uncounted: what the worker's stop or a lost
   connection keeps from running again alone, and the jobs before a handler that lost the
-  connection or was interrupted (``KeyboardInterrupt``: nothing of that transaction commits, the
-  job in hand has no savepoint), are in ``BatchProgress.rolled_back``, which the worker retries
-  with the attempt counted.
+  connection, are in ``BatchProgress.rolled_back``, which the worker retries with the attempt
+  counted. A handler raising ``KeyboardInterrupt`` (the caller's stop) rolls back its transaction
+  (the job in hand has no savepoint to undo it alone); the jobs before it run and commit again,
+  in a transaction of their own, before the interrupt goes on.
 
 A consumer whose handler must not share its transaction says ``shares_transactions=False``
 (harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
@@ -452,7 +453,16 @@ class _SharedBatch:
                     continue
                 payload, context, _fence = admitted
                 fenced = new.get(delivery.envelope.job_id) is delivery  # a job twice in a chunk: its first runs
-                problem = self._work(delivery, payload, context, fenced, shared)
+                try:
+                    problem = self._work(delivery, payload, context, fenced, shared)
+                except KeyboardInterrupt:
+                    if conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
+                        self.progress.rolled_back.extend(d for d, _fenced in shared)
+                        raise
+                    done = {id(d) for d, _fenced in shared}
+                    self.run([(d, a) for d, a in chunk[:index] if id(d) in done])  # what it did, committed again
+                    progress.in_hand = delivery  # it keeps its lease; the rest of the chunk was not started
+                    raise
             if problem is not None:
                 # Its work, and its batch-mates', rolled back with the transaction: it is settled on its error;
                 # the others did nothing wrong and run again, in the next shared transaction.
@@ -505,12 +515,15 @@ class _SharedBatch:
             if delivery.envelope.replay_of is not None:
                 mark_replay_handled(conn, delivery.envelope.replay_of, "processed" if fenced else "duplicate")
         except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and not (conn.closed or conn.broken):
+                # The caller's stop: nothing of this transaction can commit (the job in hand has no savepoint to
+                # undo it); run() commits the jobs before it again, without it, then stops.
+                with suppress(psycopg.Error):
+                    conn.rollback()
+                raise
             if conn.closed or conn.broken or isinstance(exc, KeyboardInterrupt):
-                # Nothing of this transaction can commit (the job in hand has no savepoint to undo it): each job
-                # before it is retried, counted, by the caller; the one in hand keeps its lease.
-                if not (conn.closed or conn.broken):
-                    with suppress(psycopg.Error):
-                        conn.rollback()
+                # Nothing of this transaction commits: each job before the one in hand is retried, counted, by the
+                # caller; the one in hand keeps its lease.
                 self.progress.rolled_back.extend(d for d, _fenced in shared)
                 raise
             if not isinstance(exc, TransactionEnded) and not _in_batch_transaction(conn):
