@@ -10,19 +10,25 @@ be used:
 - **core-jobs**: ``harness.worker.Worker`` on the reference queue (``PgQueue``), batch 10 and
   100. Exactly once: the INSERT and the job's fence commit in one transaction, shared by
   the batch's jobs with a savepoint each (docs/harness.md, "Batched work transactions"); and the
-  same consumer with ``shares_transactions=False`` — one transaction per job, the path before.
-- **pgqueuer** 1.6 (``QueueManager`` over a psycopg ``AsyncConnection``, ``mode=drain``), batch
-  10 and 100. At least once: the INSERT commits on the work connection, then the job's
-  completion is buffered in memory and logged with its batch-mates' — a crash in between runs
-  the job again, and nothing fences the second run.
-- **procrastinate** 3.10 (``App`` with a ``PsycopgConnector``, ``run_worker(wait=False)``,
+  same consumer with ``shares_transactions=False`` (``--per-job``) — one transaction per job.
+- **pgqueuer** 1.6 as its users run it: its recommended asyncpg driver (``QueueManager`` over
+  ``Queries.from_asyncpg_connection``, ``mode=drain``) and an asyncpg pool of 10 per process for
+  the jobs' work, batch 10 and 100. At least once: the INSERT commits on a pool connection, then
+  the job's completion is buffered in memory and logged with its batch-mates' — a crash in
+  between runs the job again, and nothing fences the second run. And **pgqueuer doing
+  nothing**: the same with an empty entrypoint, its queue machinery alone.
+- **the database's limit**: the same exactly-once work with no worker around it — claim a batch,
+  write its fences, INSERT each new job's effect and ack the batch, in one statement
+  (:data:`LIMIT_BATCH`) and one synchronous commit a batch, 2 clients.
+- **procrastinate** 3.10 (``--procrastinate``) (``App`` with a ``PsycopgConnector``, ``run_worker(wait=False)``,
   concurrency ``--procrastinate-concurrency``). At least once: the INSERT commits, then the
   job's status is written.
 
 Each system has its own scratch database; the configurations alternate within each round (the
 machine is shared and noisy), the clock starts once every process has imported and connected,
 and stops when both have exited with the queue empty. Each run checks that every job left
-exactly one effect. Prints each median in jobs/s and core-jobs's ratio to each peer.
+exactly one effect. Prints each median in jobs/s, core-jobs's ratio to each peer and the load
+average before and after.
 
 **Enqueue.** ``--jobs`` jobs published in one call, alternately: core-jobs's
 ``PgQueue.publish_many`` (its port's batch publish: one COPY, all or none), pgqueuer's
@@ -68,10 +74,13 @@ from maintenance.runtime.logs import configure_logging
 
 QUEUE = "bench.peers"
 PROCESSES = 2
+# pgqueuer's work pool per process: asyncpg's default pool size, what its users get.
+PGQUEUER_POOL = 10
 
 # The one piece of work every system's job does.
 EFFECTS_TABLE = "CREATE TABLE bench_effects (n bigint NOT NULL)"
 EFFECT = "INSERT INTO bench_effects (n) VALUES (%s)"
+EFFECT_ASYNCPG = "INSERT INTO bench_effects (n) VALUES ($1)"
 EFFECTS = "SELECT count(*), count(DISTINCT n) FROM bench_effects"
 
 
@@ -138,63 +147,76 @@ async def _pgqueuer_enqueue(url: str, jobs: int) -> float:
     return elapsed
 
 
-def _listening_apart(queue_conn: psycopg.AsyncConnection, listen_conn: psycopg.AsyncConnection):  # type: ignore[no-untyped-def]
-    """pgqueuer's psycopg driver with its LISTEN on a connection of its own.
-
-    Its stock driver waits for notifications holding the query connection's lock (``notifies(timeout=1.0)``),
-    so each dequeue can wait up to a second for the next NOTIFY (measured: 2 000 jobs, 1 process, batch 10 —
-    106 s of wall time for 2.5 s of CPU). asyncpg, its other driver, is not installed here; a listener
-    apart gives pgqueuer what asyncpg would: queries never wait on the listener.
-    """
-    from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
-    from psycopg import sql
-
-    class ListeningApart(PsycopgDriver):
-        async def add_listener(self, channel, callback):  # type: ignore[no-untyped-def]
-            if channel not in self._listeners:
-                await listen_conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
-                self._listeners[channel] = []
-            self._listeners[channel].append(callback)
-            if self._watcher is None:
-                self._watcher = asyncio.create_task(self.watch_notifies())
-                self._tm.add(self._watcher)
-
-        async def watch_notifies(self) -> None:
-            while not self.shutdown.is_set():
-                async for note in listen_conn.notifies(timeout=1.0, stop_after=1):
-                    for callback in list(self._listeners.get(note.channel, [])):
-                        callback(note.payload)
-
-    return ListeningApart(queue_conn)
-
-
-async def _pgqueuer_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
+async def _pgqueuer_drain(url: str, batch_size: int, work: bool, ready: mp.Barrier) -> None:
+    """pgqueuer as its users run it: its recommended asyncpg driver on one connection for the queue (its
+    LISTEN included), and an asyncpg pool of :data:`PGQUEUER_POOL` connections for the jobs' work, so its
+    concurrent jobs commit side by side. ``work`` False: the entrypoint does nothing (its queue machinery alone)."""
+    import asyncpg
     from pgqueuer.models import Job
     from pgqueuer.qm import QueueManager
     from pgqueuer.queries import Queries
     from pgqueuer.types import QueueExecutionMode
 
-    async with (
-        await psycopg.AsyncConnection.connect(url, autocommit=True) as queue_conn,
-        await psycopg.AsyncConnection.connect(url, autocommit=True) as listen_conn,
-        await psycopg.AsyncConnection.connect(url, autocommit=True) as work_conn,
-    ):
-        manager = QueueManager(Queries(_listening_apart(queue_conn, listen_conn)))
+    queue_conn = await asyncpg.connect(url)
+    pool = await asyncpg.create_pool(url, min_size=PGQUEUER_POOL, max_size=PGQUEUER_POOL)
+    try:
+        manager = QueueManager(Queries.from_asyncpg_connection(queue_conn))
 
         @manager.entrypoint(QUEUE)
         async def effect(job: Job) -> None:
             assert job.payload is not None
-            await work_conn.execute(EFFECT, (int(job.payload),))
+            if work:
+                async with pool.acquire() as conn:
+                    await conn.execute(EFFECT_ASYNCPG, int(job.payload))
 
         ready.wait()
         await manager.run(batch_size=batch_size, mode=QueueExecutionMode.drain)
+    finally:
+        await pool.close()
+        await queue_conn.close()
 
 
-def pgqueuer_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
+def pgqueuer_drain(url: str, batch_size: int, work: bool, ready: mp.Barrier) -> None:
     import logging
 
     logging.getLogger("pgqueuer").setLevel(logging.ERROR)
-    asyncio.run(_pgqueuer_drain(url, batch_size, ready))
+    asyncio.run(_pgqueuer_drain(url, batch_size, work, ready))
+
+
+# --- the database's own limit -------------------------------------------------------------------
+
+# The same exactly-once work with no worker around it: claim a batch, write its fences, do each new job's
+# INSERT and ack (delete) the batch's messages, in one statement and one synchronous commit.
+LIMIT_BATCH = """
+WITH claimed AS (
+    SELECT id, job_id, tenant_id, payload
+      FROM core.queue_messages
+     WHERE queue = %(queue)s AND run_at <= now() AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+     ORDER BY run_at, id
+     LIMIT %(limit)s
+       FOR UPDATE SKIP LOCKED
+), fenced AS (
+    INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+    SELECT job_id, %(consumer)s, tenant_id, now() + %(ttl)s FROM claimed
+    ON CONFLICT DO NOTHING
+    RETURNING job_id
+), effects AS (
+    INSERT INTO bench_effects (n)
+    SELECT (c.payload ->> 'n')::bigint FROM claimed AS c JOIN fenced AS f USING (job_id)
+), acked AS (
+    DELETE FROM core.queue_messages AS m USING claimed AS c WHERE m.id = c.id RETURNING 1
+)
+SELECT count(*) FROM acked
+"""
+
+
+def limit_drain(url: str, batch_size: int, ready: mp.Barrier) -> None:
+    """One client of the database's limit: :data:`LIMIT_BATCH` until a batch finds nothing."""
+    params = {"queue": QUEUE, "limit": batch_size, "consumer": QUEUE, "ttl": TTL}
+    with connect(url, autocommit=True) as conn:
+        ready.wait()
+        while conn.execute(LIMIT_BATCH, params, prepare=True).fetchone()[0]:  # type: ignore[index]
+            pass
 
 
 # --- procrastinate ------------------------------------------------------------------------------
@@ -255,8 +277,9 @@ def procrastinate_drain(url: str, concurrency: int, ready: mp.Barrier) -> None:
 # --- the runs -----------------------------------------------------------------------------------
 
 
-def drain(url: str, target: Callable[..., None], args: tuple, jobs: int, left: str) -> float:
-    """Jobs/s of :data:`PROCESSES` processes running ``target(url, *args, ready)``; checks one effect per job."""
+def drain(url: str, target: Callable[..., None], args: tuple, jobs: int, left: str, effects: bool = True) -> float:
+    """Jobs/s of :data:`PROCESSES` processes running ``target(url, *args, ready)``; checks one effect per job
+    (``effects`` False: none, every job done all the same)."""
     ready = mp.Barrier(PROCESSES + 1)
     workers = [mp.Process(target=target, args=(url, *args, ready)) for _ in range(PROCESSES)]
     for w in workers:
@@ -268,9 +291,10 @@ def drain(url: str, target: Callable[..., None], args: tuple, jobs: int, left: s
     elapsed = time.perf_counter() - started
     assert all(w.exitcode == 0 for w in workers), [w.exitcode for w in workers]
     with psycopg.connect(url, autocommit=True) as conn:
-        effects, distinct = conn.execute(EFFECTS).fetchone()  # type: ignore[misc]
+        done, distinct = conn.execute(EFFECTS).fetchone()  # type: ignore[misc]
         remaining = conn.execute(left).fetchone()[0]  # type: ignore[index]
-    assert (effects, distinct, remaining) == (jobs, jobs, 0), (effects, distinct, remaining)
+    expected = jobs if effects else 0
+    assert (done, distinct, remaining) == (expected, expected, 0), (done, distinct, remaining)
     return jobs / elapsed
 
 
@@ -290,6 +314,10 @@ def core_jobs_enqueue(url: str, jobs: int, pipelined: bool = False) -> float:
     return elapsed
 
 
+def _loadavg() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
 def report(rates: dict[str, list[float]]) -> dict[str, float]:
     medians = {label: statistics.median(values) for label, values in rates.items()}
     for label, values in rates.items():
@@ -303,6 +331,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--procrastinate-concurrency", type=int, default=1, help="its worker's concurrency (default 1)")
     parser.add_argument("--skip-drain", action="store_true", help="only the enqueue rates")
+    parser.add_argument("--skip-enqueue", action="store_true", help="only the drain rates")
+    parser.add_argument("--procrastinate", action="store_true", help="procrastinate's drain too")
+    parser.add_argument("--per-job", action="store_true", help="core-jobs with a transaction per job too")
     args = parser.parse_args()
     configure_logging(level="ERROR")
     server = os.environ.get("HARNESS_BENCH_DATABASE_URL", DEFAULT_SERVER)
@@ -328,10 +359,17 @@ def main() -> None:
 
             return run
 
-        def pgq(batch: int) -> Callable[[], float]:
+        def pgq(batch: int, work: bool = True) -> Callable[[], float]:
             def run() -> float:
                 asyncio.run(_pgqueuer_enqueue(pgq_url, jobs))
-                return drain(pgq_url, pgqueuer_drain, (batch,), jobs, "SELECT count(*) FROM pgqueuer")
+                return drain(pgq_url, pgqueuer_drain, (batch, work), jobs, "SELECT count(*) FROM pgqueuer", work)
+
+            return run
+
+        def limit(batch: int) -> Callable[[], float]:
+            def run() -> float:
+                core_jobs_fill(core_url, jobs)
+                return drain(core_url, limit_drain, (batch,), jobs, "SELECT count(*) FROM core.queue_messages")
 
             return run
 
@@ -346,15 +384,18 @@ def main() -> None:
             )
 
         if not args.skip_drain:
-            configs: dict[str, Callable[[], float]] = {
-                "core-jobs, batch 10": core(10),
-                "pgqueuer, batch 10": pgq(10),
-                "core-jobs, batch 100": core(100),
-                "pgqueuer, batch 100": pgq(100),
-                f"procrastinate, concurrency {args.procrastinate_concurrency}": proc,
-                "core-jobs, batch 10, a transaction per job": core(10, ALONE),
-                "core-jobs, batch 100, a transaction per job": core(100, ALONE),
-            }
+            configs: dict[str, Callable[[], float]] = {}
+            for batch in (10, 100):
+                configs[f"core-jobs, batch {batch}"] = core(batch)
+                configs[f"pgqueuer, batch {batch}"] = pgq(batch)
+                configs[f"pgqueuer doing nothing, batch {batch}"] = pgq(batch, work=False)
+                configs[f"database limit, batch {batch}"] = limit(batch)
+            if args.procrastinate:
+                configs[f"procrastinate, concurrency {args.procrastinate_concurrency}"] = proc
+            if args.per_job:
+                configs["core-jobs, batch 10, a transaction per job"] = core(10, ALONE)
+                configs["core-jobs, batch 100, a transaction per job"] = core(100, ALONE)
+            print(f"load average before: {_loadavg()}", flush=True)
             rates: dict[str, list[float]] = {label: [] for label in configs}
             for _ in range(args.rounds):
                 for label, run in configs.items():
@@ -362,12 +403,18 @@ def main() -> None:
                     print(f"    {label}: {rates[label][-1]:.0f} jobs/s", file=sys.stderr, flush=True)
             print(
                 f"Drain: {jobs} ready jobs, {PROCESSES} worker processes, one INSERT per job, {args.rounds} rounds"
-                " (configurations alternate within each round; median of the rounds):"
+                " (configurations alternate within each round; median of the rounds). pgqueuer on asyncpg"
+                f" (its recommended driver), its work on an asyncpg pool of {PGQUEUER_POOL} per process; the database"
+                " limit: claim, fences, INSERTs and ack in one statement a batch, 2 clients:"
             )
             medians = report(rates)
-            labels = list(configs)
-            for ours, theirs in ((0, 1), (2, 3), (0, 4), (2, 4), (0, 5), (2, 6)):
-                print(f"  {labels[ours]} / {labels[theirs]}: {medians[labels[ours]] / medians[labels[theirs]]:.2f}x")
+            for batch in (10, 100):
+                ours = medians[f"core-jobs, batch {batch}"]
+                for peer in ("pgqueuer", "pgqueuer doing nothing", "database limit"):
+                    print(f"  core-jobs / {peer}, batch {batch}: {ours / medians[f'{peer}, batch {batch}']:.2f}x")
+            print(f"load average after: {_loadavg()}", flush=True)
+            if args.skip_enqueue:
+                return
 
         ours, before, theirs = (
             "core-jobs publish_many (COPY)",

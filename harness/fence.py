@@ -12,13 +12,9 @@ together, or none of it. A fence already there is a duplicate: no handler, the r
 the fence's TTL, the lease, the metrics and the random source of the retry jitter — as one
 object from :func:`harness.handling.handle` down to each phase of a durable execution.
 
-:func:`work_in_savepoint` is the same work inside a transaction shared with other jobs
-(:func:`harness.handling.handle_together`): the fence, the handler and the replay's mark under a
-savepoint of their own, released on success, rolled back to on any failure, so a failing job
-takes back only its own writes and its batch-mates' stand. The shared transaction commits all of
-them or none. A handler that ends the shared transaction itself (COMMIT, ROLLBACK) raises
-:class:`TransactionEnded`: what its batch-mates wrote may be committed or lost, and the caller
-finds out which from their fences.
+:func:`harness.handling.handle_together` does the same work for a batch of jobs in one shared
+transaction; a handler that ends that transaction itself (COMMIT, ROLLBACK) is
+:class:`TransactionEnded` there.
 """
 
 from __future__ import annotations
@@ -47,7 +43,6 @@ __all__ = [
     "Runtime",
     "TransactionEnded",
     "check_work_transaction",
-    "work_in_savepoint",
     "work_under_fence",
 ]
 
@@ -163,57 +158,3 @@ class TransactionEnded(PermanentError):
             "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
             " escaped the fence, so the job is not retried; fix the handler, then review the job"
         )
-
-
-def work_in_savepoint(
-    conn: psycopg.Connection,
-    consumer: Consumer,
-    payload: Any,
-    context: JobContext,
-    *,
-    fence: Statement,
-    replay_of: int | None,
-) -> bool:
-    """The fence, the handler and the replay's mark under one savepoint of the open transaction on ``conn``.
-
-    Returns True when this savepoint wrote the fence (the job's work is done, to commit with the
-    transaction), False when the fence was there already (a duplicate: no handler). On any
-    failure the savepoint is rolled back to — the job's writes, fence included, are undone, the
-    transaction goes on — and the error raised; :class:`TransactionEnded` when the handler ended
-    the transaction itself (nothing is left to roll back to; the caller ends what is open).
-    """
-    conn.execute(SAVEPOINT)
-    try:
-        fenced = conn.execute(*fence).fetchone() is not None
-        if fenced:
-            try:
-                consumer.handler(conn, payload, context)
-            except psycopg.Rollback as exc:
-                raise TransientError(
-                    "the handler raised psycopg.Rollback: its work and the fence were rolled"
-                    " back, so nothing was committed"
-                ) from exc
-            if conn.info.transaction_status == TransactionStatus.IDLE:
-                raise TransactionEnded()
-            check_work_transaction(conn)
-        if replay_of is not None:
-            mark_replay_handled(conn, replay_of, "processed" if fenced else "duplicate")
-        conn.execute(RELEASE_SAVEPOINT)  # fails when the handler ended the transaction and began another
-    except BaseException as exc:
-        if conn.closed or conn.broken:
-            raise
-        if conn.info.transaction_status == TransactionStatus.IDLE:
-            raise TransactionEnded() from (None if isinstance(exc, TransactionEnded) else exc)
-        try:
-            conn.execute(ROLLBACK_TO_SAVEPOINT)
-        except psycopg.Error:
-            raise TransactionEnded() from exc  # the savepoint is gone: the handler's own COMMIT; BEGIN
-        raise
-    return fenced
-
-
-# One name serves every job of a shared transaction: each is released or rolled back to (and
-# released) before the next is set, so they never nest.
-SAVEPOINT = "SAVEPOINT harness_job"
-RELEASE_SAVEPOINT = "RELEASE SAVEPOINT harness_job"
-ROLLBACK_TO_SAVEPOINT = "ROLLBACK TO SAVEPOINT harness_job; RELEASE SAVEPOINT harness_job"

@@ -52,28 +52,43 @@
 
 **A batch in one transaction** (:func:`handle_together`, what the worker does with a claimed
 batch of a plain consumer): step 2's transaction is shared by up to
-:data:`SAVEPOINTS_PER_TRANSACTION` deliveries, each one's fence, handler and replay mark under a
-savepoint of its own (:func:`harness.fence.work_in_savepoint`), and committed once — one
-synchronous commit for the lot instead of one per job. The guarantees are step 2's, per job:
+:data:`JOBS_PER_TRANSACTION` deliveries and committed once — one synchronous commit for the lot
+instead of one per job — in as few round trips as the guarantees allow: ``BEGIN``, the batch's
+row in ``core.open_work_batches`` (migration 0027), its mark (:data:`MARK_BATCH`) and **every
+job's fence in one statement** (:data:`BATCH_FENCES`) travel together; then each new job's
+handler runs, with no savepoint around it (its replay mark after it); then the row is deleted
+and ``COMMIT`` sent, again together. The guarantees are step 2's, per job:
 
 - the commit is all or none: a crash before it leaves no job's work and no job's fence (each
   comes back when its lease expires and runs once); after it, every job's work and fence;
-- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls back to its
-  own savepoint — its fence and writes undone, its batch-mates' untouched — and is decided by
-  step 3 alone; its retry or dead letter is settled after the commit, on its own;
-- poison (step 1) never enters the transaction; a delivery beyond ``max_attempts`` (step 4) or
-  ``redelivered`` (step 0) is handled alone, after the open transaction commits;
-- a handler that ends the shared transaction (COMMIT, ROLLBACK) is dead-lettered as in step 2;
-  its batch-mates' writes went with it — committed by its COMMIT or lost by its ROLLBACK — so
-  each one's fence is read: there, the job is done (acked); absent, it runs again, in the next
-  shared transaction;
+- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls the shared
+  transaction back — its fence and writes undone, and its batch-mates' — and is decided by step
+  3 alone, on its error, settled on its own; its batch-mates did nothing wrong and run again, in
+  the next shared transaction (the failing job is not run again: its outcome is decided);
+- poison (step 1) never enters the transaction (its dead letter writes nothing there); a
+  delivery beyond ``max_attempts`` (step 4) or ``redelivered`` (step 0) is handled alone,
+  between shared transactions;
+- a handler cannot commit the batch: the batch's row makes the database refuse any COMMIT
+  but the worker's (which deletes the row first), rolling everything back — so no fence of a
+  job not yet run can ever commit. A handler that ends the transaction (its refused COMMIT, a
+  ROLLBACK — and perhaps begins one of its own) is found as soon as it returns or raises, with
+  no round trip: the mark is ``SET LOCAL``, reverts however the transaction ends, and
+  PostgreSQL reports it to the client as it changes. That handler is dead-lettered as in step
+  2, whatever it began is rolled back, and its batch-mates run again; a second handler that
+  tries the same in the next transaction meets the same refusal;
 - a commit that fails (a deferred constraint, a serialization failure) commits nothing: each
   of its jobs runs again alone, through :func:`handle`, within the same call, so one job's fault
   stays its own — the refused job retried with its attempt counted, or dead-lettered;
+- the worker stopping between two jobs commits the jobs run so far, once the fences of those
+  not run are deleted (``core.unfence_unrun``: only fences the transaction itself wrote); the
+  rest are given back unstarted;
 - every way a shared transaction can fail ends with each of its jobs settled — committed alone,
   retried counted, or dead-lettered — never released uncounted: what the worker's stop or a lost
-  connection keeps from running again alone is in ``BatchProgress.rolled_back``, which the worker
-  retries with the attempt counted.
+  connection keeps from running again alone, and the jobs before a handler that lost the
+  connection, are in ``BatchProgress.rolled_back``, which the worker retries with the attempt
+  counted. A handler raising ``KeyboardInterrupt`` (the caller's stop) rolls back its transaction
+  (the job in hand has no savepoint to undo it alone); the jobs before it run and commit again,
+  in a transaction of their own, before the interrupt goes on.
 
 A consumer whose handler must not share its transaction says ``shares_transactions=False``
 (harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
@@ -94,6 +109,7 @@ from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+from uuid import UUID
 
 import psycopg
 from psycopg.pq import TransactionStatus
@@ -111,7 +127,7 @@ from harness.errors import (
     describe_traceback,
     validation_problems,
 )
-from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, work_in_savepoint, work_under_fence
+from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
@@ -120,25 +136,18 @@ __all__ = [
     "ALREADY_DEAD_LETTERED",
     "DEFAULT_LEASE",
     "INSERT_FENCE",
-    "SAVEPOINTS_PER_TRANSACTION",
+    "JOBS_PER_TRANSACTION",
     "BatchProgress",
     "failure_outcome",
     "handle",
     "handle_together",
 ]
 
-# The jobs one shared transaction holds at most. Each job's savepoint that writes takes a
-# subtransaction id; past 64 in one transaction, PostgreSQL's per-backend cache of them overflows
-# and every other session's snapshot must look subtransactions up in pg_subtrans until this
-# transaction ends — a slowdown of the whole server. 50 leaves room for handlers' own savepoints;
-# a claimed batch of 100 commits as two transactions.
-SAVEPOINTS_PER_TRANSACTION = 50
-
-# The job ids of a consumer whose fences exist: which of a shared transaction's jobs were
-# committed, after a handler ended that transaction itself.
-FENCED_JOBS = """
-SELECT job_id FROM core.processed_jobs WHERE consumer = %(consumer)s AND job_id = ANY(%(job_ids)s)
-"""
+# The jobs one shared transaction holds at most: what one failing job makes its batch-mates run again, and the
+# room left for handlers' own savepoints (past 64 subtransactions in one transaction, PostgreSQL's per-backend
+# cache of them overflows and every other session's snapshot must look them up in pg_subtrans until it ends).
+# A claimed batch of 100 commits as two transactions.
+JOBS_PER_TRANSACTION = 50
 
 # The probe of a redelivered delivery (step 0): its failure is already a pending dead letter of this
 # consumer (migration 0018's unique index answers it) and, for a replay, the replay was already handled.
@@ -325,108 +334,244 @@ def handle_together(
         raise ValueError(f"consumer {consumer.name} is durable: its executions do not share transactions")
     runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
     todo: deque[tuple[Delivery, bool]] = deque((delivery, False) for delivery in deliveries)  # (delivery, alone)
-    shared: list[tuple[Delivery, bool]] = []  # the open transaction's jobs: (delivery, whether it wrote the fence)
-    savepoints = 0  # set in the open transaction, failed ones included (each took a subtransaction id)
-
-    def commit() -> None:
-        nonlocal savepoints
-        savepoints = 0
-        if conn.info.transaction_status != TransactionStatus.INTRANS:
-            return
+    batch = _SharedBatch(conn, consumer, runtime, progress, todo, each, stopping)
+    while todo and not stopping():
+        delivery, alone = todo[0]
+        if alone or not _may_share(delivery, runtime):  # past the budget, redelivered, after a failed commit
+            todo.popleft()
+            progress.in_hand = delivery
+            with each(delivery):
+                _alone(conn, consumer, delivery, runtime, progress, todo)
+            continue
+        chunk: list[tuple[Delivery, Admitted | None]] = []  # None: poison, settled without a transaction
+        while todo and len(chunk) < JOBS_PER_TRANSACTION and not todo[0][1] and _may_share(todo[0][0], runtime):
+            chunk.append((todo[0][0], _admit(consumer, todo.popleft()[0], runtime)))
         try:
-            conn.execute("COMMIT")
-        except psycopg.Error:
-            if conn.closed or conn.broken:  # committed or not, nobody can tell here: each is retried, counted
-                progress.rolled_back.extend(delivery for delivery, _fenced in shared)
-                shared.clear()
-                raise
-            conn.rollback()
-            todo.extendleft(reversed([(delivery, True) for delivery, _fenced in shared]))  # each again, alone
-        else:
-            for delivery, fenced in shared:
-                (metrics.processed if fenced else metrics.duplicate)(consumer.name)
-                progress.settled.append((delivery, Acked() if fenced else Duplicate()))
-        shared.clear()
-
-    def ended(offender: Delivery, error: TransactionEnded) -> None:
-        """The handler of ``offender`` ended the shared transaction: keep what committed, run the rest again."""
-        nonlocal savepoints
-        savepoints = 0
-        conn.rollback()  # whatever it left open
-        wrote = [delivery.envelope.job_id for delivery, fenced in shared if fenced]
-        committed = {row[0] for row in conn.execute(FENCED_JOBS, {"consumer": consumer.name, "job_ids": wrote})}
-        again = []
-        for delivery, fenced in shared:
-            if fenced and delivery.envelope.job_id in committed:
-                metrics.processed(consumer.name)
-                progress.settled.append((delivery, Acked()))
-            else:
-                again.append((delivery, False))
-        shared.clear()
-        todo.extendleft(reversed(again))
-        # Dead-lettered as a handler ending its own transaction alone is (harness.fence.check_work_transaction).
-        failure = PermanentError(str(error))
-        progress.settled.append((offender, failure_outcome(conn, consumer, offender, failure, runtime)))
-
-    def step(delivery: Delivery, alone: bool) -> None:
-        """Handle one delivery: in the open shared transaction, or on its own after that transaction commits."""
-        nonlocal savepoints
-        admitted = None if alone else _admit(consumer, delivery, runtime)
-        if admitted is None:  # poison, past the budget, redelivered, or after a failed commit: on its own
-            if delivery.attempt > policy.max_attempts or delivery.redelivered or alone:
-                commit()  # its own transaction comes after the open one, never inside it
-            try:
-                progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
-            except KeyboardInterrupt:
-                raise
-            except Exception as exc:
-                if conn.closed or conn.broken:
-                    raise
-                progress.settled.append((delivery, exc))
-            return
-        payload, context, fence = admitted
-        if conn.info.transaction_status == TransactionStatus.IDLE:
-            conn.execute("BEGIN")
-        savepoints += 1
-        try:
-            fenced = work_in_savepoint(
-                conn, consumer, payload, context, fence=(INSERT_FENCE, fence), replay_of=delivery.envelope.replay_of
-            )
-        except KeyboardInterrupt:
+            batch.run(chunk)
+        except BaseException:
+            _rolled_back_alone(todo, progress)
             raise
-        except TransactionEnded as exc:
-            ended(delivery, exc)
-            return
-        except BaseException as exc:
-            if conn.closed or conn.broken:
-                raise
-            progress.settled.append((delivery, failure_outcome(conn, consumer, delivery, exc, runtime)))
-        else:
-            shared.append((delivery, fenced))
-        if savepoints >= SAVEPOINTS_PER_TRANSACTION:
-            commit()
+    _rolled_back_alone(todo, progress)  # stopping after a failed commit: not run again, retried by the caller
 
+
+# A shared batch transaction opens with these, in one round trip: its row in core.open_work_batches (migration
+# 0027: a COMMIT that finds it is refused), its mark and every job's fence.
+OPEN_BATCH = "INSERT INTO core.open_work_batches DEFAULT VALUES"
+# Transaction-local, so it reverts however the transaction ends; PostgreSQL reports the setting to the client as it
+# changes (ParameterStatus), so after each handler the worker sees, without a round trip, whether it is still in
+# the transaction it opened. It changes nothing in that transaction (only the default of transactions to come).
+MARK_BATCH = "SET LOCAL default_transaction_read_only = on"
+MARK = ("default_transaction_read_only", "on")
+BATCH_FENCES = """
+INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
+SELECT j.job_id, %(consumer)s, j.tenant_id, now() + %(ttl)s
+  FROM unnest(%(job_ids)s::uuid[], %(tenant_ids)s::uuid[]) AS j(job_id, tenant_id)
+ON CONFLICT DO NOTHING
+RETURNING job_id
+"""
+# The worker's own commit: its row goes, then COMMIT — one round trip (no parameters: one simple query).
+CLOSE_AND_COMMIT = "DELETE FROM core.open_work_batches WHERE xid = pg_current_xact_id(); COMMIT"
+# The fences of the batch's jobs not yet run when the worker stops: this transaction's own, never committed.
+UNFENCE_UNRUN = "SELECT core.unfence_unrun(%(consumer)s, %(job_ids)s::uuid[])"
+
+
+def _alone(
+    conn: psycopg.Connection,
+    consumer: Consumer,
+    delivery: Delivery,
+    runtime: Runtime,
+    progress: BatchProgress,
+    todo: deque[tuple[Delivery, bool]],
+) -> None:
+    """``delivery`` through :func:`handle`, its outcome (or the unexpected error of its handling) settled in ``progress``."""
     try:
-        while True:
-            while todo and not stopping():
-                delivery, alone = todo.popleft()
-                progress.in_hand = delivery
-                with each(delivery):
-                    step(delivery, alone)
-            commit()  # a commit that fails puts its jobs back in todo, each to run alone: the loop goes on
-            if not todo or stopping():
-                break
-    except BaseException:
-        # The caller's stop or a lost connection: the open transaction's jobs commit if the connection
-        # still can (their work is done and sound); else they are rolled back, for the caller to retry.
-        if shared and not (conn.closed or conn.broken):
-            with suppress(psycopg.Error):
-                commit()
-        progress.rolled_back.extend(delivery for delivery, _fenced in shared)
-        shared.clear()
+        progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
+    except KeyboardInterrupt:
         _rolled_back_alone(todo, progress)
         raise
-    _rolled_back_alone(todo, progress)  # stopping after a failed commit: not run again, retried by the caller
+    except Exception as exc:
+        if conn.closed or conn.broken:
+            _rolled_back_alone(todo, progress)
+            raise
+        progress.settled.append((delivery, exc))
+
+
+# A delivery's validated payload, its handler's context and its fence's parameters.
+Admitted = tuple[Any, JobContext, dict[str, Any]]
+
+
+class _SharedBatch:
+    """Runs chunks of admitted deliveries, each chunk one shared transaction (see the module docstring)."""
+
+    def __init__(
+        self,
+        conn: psycopg.Connection,
+        consumer: Consumer,
+        runtime: Runtime,
+        progress: BatchProgress,
+        todo: deque[tuple[Delivery, bool]],
+        each: Callable[[Delivery], AbstractContextManager[Any]],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self.conn, self.consumer, self.runtime, self.progress = conn, consumer, runtime, progress
+        self.todo, self.each, self.stopping = todo, each, stopping
+
+    def run(self, chunk: list[tuple[Delivery, Admitted | None]]) -> None:
+        conn, progress = self.conn, self.progress
+        try:
+            new = self._open(chunk)
+        except psycopg.Error:
+            if conn.closed or conn.broken:
+                raise
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            self._again(chunk, alone=True)  # the batch could not open (a fence refused): each job on its own
+            return
+        # The transaction's jobs so far: (delivery, whether it wrote the fence).
+        shared: list[tuple[Delivery, bool]] = []
+        for index, (delivery, admitted) in enumerate(chunk):
+            if self.stopping():
+                unrun = [d.envelope.job_id for d, _a in chunk[index:] if new.pop(d.envelope.job_id, None) is d]
+                try:
+                    if unrun:
+                        conn.execute(UNFENCE_UNRUN, {"consumer": self.consumer.name, "job_ids": unrun})
+                except psycopg.Error:
+                    if not (conn.closed or conn.broken):
+                        conn.rollback()
+                    progress.rolled_back.extend(d for d, _fenced in shared)
+                    if conn.closed or conn.broken:
+                        raise
+                    return
+                self._commit(shared)
+                return  # the rest were not started: the caller gives them back
+            progress.in_hand = delivery
+            with self.each(delivery):
+                if admitted is None:  # poison: its dead letter, no SQL (it never enters the transaction)
+                    progress.settled.append(
+                        (delivery, handle(conn, self.consumer, delivery, **_keywords(self.runtime)))
+                    )
+                    continue
+                payload, context, _fence = admitted
+                fenced = new.get(delivery.envelope.job_id) is delivery  # a job twice in a chunk: its first runs
+                try:
+                    problem = self._work(delivery, payload, context, fenced, shared)
+                except KeyboardInterrupt:
+                    if conn.closed or conn.broken or conn.info.transaction_status != TransactionStatus.IDLE:
+                        self.progress.rolled_back.extend(d for d, _fenced in shared)
+                        raise
+                    done = {id(d) for d, _fenced in shared}
+                    self.run([(d, a) for d, a in chunk[:index] if id(d) in done])  # what it did, committed again
+                    progress.in_hand = delivery  # it keeps its lease; the rest of the chunk was not started
+                    raise
+            if problem is not None:
+                # Its work, and its batch-mates', rolled back with the transaction: it is settled on its error;
+                # the others did nothing wrong and run again, in the next shared transaction.
+                progress.settled.append(
+                    (delivery, failure_outcome(conn, self.consumer, delivery, problem, self.runtime))
+                )
+                self._again([(d, None) for d, _fenced in shared] + chunk[index + 1 :], alone=False)
+                return
+            shared.append((delivery, fenced))
+        self._commit(shared)
+
+    def _open(self, chunk: Sequence[tuple[Delivery, Admitted | None]]) -> dict[UUID, Delivery]:
+        """BEGIN, the batch's row and mark, every job's fence: one round trip. The new fences, each by its delivery."""
+        conn = self.conn
+        admitted = [d for d, a in chunk if a is not None]
+        params = {
+            "consumer": self.consumer.name,
+            "ttl": self.runtime.fence_ttl,
+            "job_ids": [d.envelope.job_id for d in admitted],
+            "tenant_ids": [d.envelope.tenant_id for d in admitted],
+        }
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            conn.execute(OPEN_BATCH)
+            conn.execute(MARK_BATCH)
+            fences = conn.execute(BATCH_FENCES, params)
+        inserted = {row[0] for row in fences.fetchall()}
+        new: dict[UUID, Delivery] = {}
+        for delivery in admitted:
+            if delivery.envelope.job_id in inserted:
+                new.setdefault(delivery.envelope.job_id, delivery)
+        return new
+
+    def _work(
+        self, delivery: Delivery, payload: Any, context: JobContext, fenced: bool, shared: list[tuple[Delivery, bool]]
+    ) -> BaseException | None:
+        """One job's handler (if its fence is new) and replay mark in the open transaction; the error that ends the
+        transaction for it, rolled back already, or None. A lost connection or the caller's stop raises."""
+        conn = self.conn
+        try:
+            if fenced:
+                try:
+                    self.consumer.handler(conn, payload, context)
+                except psycopg.Rollback as exc:
+                    raise TransientError(
+                        "the handler raised psycopg.Rollback: its work and the fence were rolled"
+                        " back, so nothing was committed"
+                    ) from exc
+                _check_batch_transaction(conn)
+            if delivery.envelope.replay_of is not None:
+                mark_replay_handled(conn, delivery.envelope.replay_of, "processed" if fenced else "duplicate")
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt) and not (conn.closed or conn.broken):
+                # The caller's stop: nothing of this transaction can commit (the job in hand has no savepoint to
+                # undo it); run() commits the jobs before it again, without it, then stops.
+                with suppress(psycopg.Error):
+                    conn.rollback()
+                raise
+            if conn.closed or conn.broken or isinstance(exc, KeyboardInterrupt):
+                # Nothing of this transaction commits: each job before the one in hand is retried, counted, by the
+                # caller; the one in hand keeps its lease.
+                self.progress.rolled_back.extend(d for d, _fenced in shared)
+                raise
+            if not isinstance(exc, TransactionEnded) and not _in_batch_transaction(conn):
+                exc = TransactionEnded()  # it raised after ending the transaction (its refused COMMIT, say)
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            return PermanentError(str(exc)) if isinstance(exc, TransactionEnded) else exc
+        return None
+
+    def _commit(self, shared: list[tuple[Delivery, bool]]) -> None:
+        conn, progress, metrics, name = self.conn, self.progress, self.runtime.metrics, self.consumer.name
+        try:
+            conn.execute(CLOSE_AND_COMMIT)
+        except psycopg.Error:
+            if conn.closed or conn.broken:  # committed or not, nobody can tell here: each is retried, counted
+                progress.rolled_back.extend(d for d, _fenced in shared)
+                raise
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+            self._again([(d, None) for d, _fenced in shared], alone=True)  # each again, alone
+            return
+        for delivery, fenced in shared:
+            (metrics.processed if fenced else metrics.duplicate)(name)
+            progress.settled.append((delivery, Acked() if fenced else Duplicate()))
+
+    def _again(self, deliveries: Sequence[tuple[Delivery, Any]], *, alone: bool) -> None:
+        """Put ``deliveries`` back at the front of the batch, in order: to share the next transaction, or each alone."""
+        self.todo.extendleft(reversed([(delivery, alone) for delivery, _a in deliveries]))
+
+
+def _check_batch_transaction(conn: psycopg.Connection) -> None:
+    """After a handler: the shared transaction must still be the worker's, open and healthy (:data:`MARK_BATCH`)."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:
+        raise TransientError(
+            "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
+        )
+    if not _in_batch_transaction(conn):
+        # Its COMMIT was refused (migration 0027) or it rolled back, and perhaps began a transaction of its own.
+        raise TransactionEnded()
+
+
+def _in_batch_transaction(conn: psycopg.Connection) -> bool:
+    """Whether ``conn`` is still in the shared transaction the worker opened (its mark, :data:`MARK_BATCH`)."""
+    status = conn.info.transaction_status
+    if status == TransactionStatus.INERROR:  # aborted: nothing of it can commit (an abort reports the mark reverted)
+        return True
+    return status == TransactionStatus.INTRANS and conn.info.parameter_status(MARK[0]) == MARK[1]
 
 
 def _rolled_back_alone(todo: deque[tuple[Delivery, bool]], progress: BatchProgress) -> None:
@@ -444,7 +589,13 @@ def _keywords(runtime: Runtime) -> dict[str, Any]:
     }
 
 
-def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> tuple[Any, JobContext, dict[str, Any]] | None:
+def _may_share(delivery: Delivery, runtime: Runtime) -> bool:
+    """Whether ``delivery`` may join a shared transaction: not beyond ``max_attempts`` (a fence probe of its own), not
+    ``redelivered`` (:func:`handle` first looks for the dead letter a crash before its ack may have left)."""
+    return delivery.attempt <= runtime.policy.max_attempts and not delivery.redelivered
+
+
+def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> Admitted | None:
     """A delivery's validated payload, context and fence parameters if it may share a transaction, else None.
 
     None for what :func:`handle` decides alone: an undecodable or invalid payload (poison, no

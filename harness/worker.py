@@ -23,8 +23,8 @@ holds one more connection, which LISTENs for the NOTIFY of migration 0024 (harne
 polling stays the fallback, and a lost listening connection only means polling until it is back.
 
 A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
-50 jobs, each job under its own savepoint; harness/handling.py and docs/harness.md say what stays
-true): its successes are acked after that commit, its failures settled one by one after it, each
+50 jobs, their fences written in one statement, no savepoint per job; harness/handling.py and
+docs/harness.md say what stays true): its successes are acked after that commit, its failures settled one by one after it, each
 delivery with its own span, timing and events. A message whose work was rolled back with a
 shared transaction that failed and was not run again alone (the worker stopping or losing its
 connection) is retried with its attempt counted — never released uncounted, which would let

@@ -1,4 +1,4 @@
-"""A claimed batch's jobs in shared work transactions, a savepoint each (harness.handling.handle_together): one
+"""A claimed batch's jobs in shared work transactions (harness.handling.handle_together): one
 effect per job under SIGKILL mid-batch, a failing, poison, duplicate or transaction-ending job settled alone, and
 the consumer's opt-out."""
 
@@ -10,7 +10,7 @@ import uuid
 import psycopg
 import pytest
 from support.factories import TENANT, publish
-from support.harness_consumers import LOCK_KEY, blocking_one, ending, fragile
+from support.harness_consumers import LOCK_KEY, blocking_one, ending, fragile, two_enders
 from support.harness_support import (
     TTL,
     expire_leases,
@@ -126,6 +126,42 @@ def test_a_handler_that_rolls_back_the_shared_transaction_is_dead_lettered_and_i
     assert [points(conn, m) for m in ("m-1", "m-2", "m-3", "m-rollback")] == [1, 1, 1, 0]
     assert scalar(conn, "SELECT count(*) FROM core.processed_jobs") == 3
     assert dead_letters(conn) == {"m-rollback": "PermanentError"}
+
+
+def test_two_handlers_of_a_batch_each_trying_to_end_it_commit_nothing_without_its_fence(database_url, conn):
+    """m-swallow's COMMIT is refused, it swallows that and begins a transaction of its own; m-commit then commits:
+    both are dead-lettered, and every job between and around them is credited once, each with its fence."""
+    members = ("m-1", "m-swallow", "m-2", "m-commit", "m-3")
+    jobs = [publish(conn, {"member_id": member, "points": 1}) for member in members]
+    stats = run_worker(database_url, two_enders)
+    assert (stats.processed, stats.dead_lettered) == (3, 2)
+    assert [points(conn, m) for m in members] == [1, 0, 1, 0, 1]
+    assert [fences(conn, j) for j in jobs] == [1, 0, 1, 0, 1]
+    assert dead_letters(conn) == {"m-swallow": "PermanentError", "m-commit": "PermanentError"}
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
+
+
+def test_the_database_refuses_a_commit_of_an_open_work_batch_that_is_not_the_workers(conn):
+    """The batch's row in core.open_work_batches (0027): a COMMIT that finds it rolls everything back."""
+    conn.execute("CREATE TABLE batch_probe (n int)")
+    conn.execute("BEGIN")
+    conn.execute("INSERT INTO core.open_work_batches DEFAULT VALUES")
+    conn.execute("INSERT INTO batch_probe VALUES (1)")
+    with pytest.raises(psycopg.errors.ObjectNotInPrerequisiteState):
+        conn.execute("COMMIT")
+    assert scalar(conn, "SELECT count(*) FROM batch_probe") == 0
+    assert scalar(conn, "SELECT count(*) FROM core.open_work_batches") == 0
+
+
+def test_unfencing_a_stopping_batch_s_unrun_jobs_deletes_only_fences_its_own_transaction_wrote(conn):
+    """core.unfence_unrun: a committed fence stays whatever the caller asks; one this transaction wrote goes."""
+    committed, unrun = uuid.uuid4(), uuid.uuid4()
+    fence = "INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at) VALUES (%s, 'c', %s, now() + %s)"
+    conn.execute(fence, (committed, TENANT, TTL))
+    with conn.transaction():
+        conn.execute(fence, (unrun, TENANT, TTL))
+        gone = scalar(conn, "SELECT core.unfence_unrun('c', %s::uuid[])", ([committed, unrun],))
+    assert gone == 1 and fences(conn, committed) == 1 and fences(conn, unrun) == 0
 
 
 def test_a_consumer_that_does_not_share_transactions_commits_each_job_alone(database_url, conn):

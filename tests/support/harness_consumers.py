@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+from contextlib import suppress
 
 import psycopg
 from pydantic import field_validator
@@ -147,4 +148,43 @@ def _credit_then_kill_for_m_killer(conn: psycopg.Connection, payload: CreditPoin
 
 killing = Consumer(
     name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_credit_then_kill_for_m_killer
+)
+
+
+# The crash consumer: each job inserts one row of its own into ``crash_effects`` (a table the test makes, nothing
+# else writes it), and the process kills itself (SIGKILL) on its ``CRASH_AT_CALL``-th handler call — before that
+# call's INSERT or after it (``CRASH_PHASE``: before, after); 0 or unset: never.
+CRASH_EFFECT = "INSERT INTO crash_effects (job_id) VALUES (%s)"
+_crash_calls = [0]
+
+
+def _effect_then_perhaps_die(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    _crash_calls[0] += 1
+    dies = _crash_calls[0] == int(os.environ.get("CRASH_AT_CALL") or 0)
+    if dies and os.environ.get("CRASH_PHASE") == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    conn.execute(CRASH_EFFECT, (ctx.job_id,))
+    if dies:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+crashing = Consumer(name="crash", queue="crash.effects", payload_schema=CreditPoints, handler=_effect_then_perhaps_die)
+
+
+# The points consumer with two handlers that each try to end the shared transaction, after crediting: m-swallow's
+# COMMIT is refused (the batch is the worker's to commit), it swallows the refusal and begins a transaction of its
+# own; m-commit then runs COMMIT. Every other member is credited.
+def _swallow_then_begin_or_commit(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
+    points.handler(conn, payload, ctx)
+    if payload.member_id == "m-swallow":
+        with suppress(psycopg.Error):
+            conn.execute("COMMIT")
+        conn.execute("BEGIN")
+        points.handler(conn, payload, ctx)  # its own write, in the transaction it began
+    if payload.member_id == "m-commit":
+        conn.execute("COMMIT")
+
+
+two_enders = Consumer(
+    name=points.name, queue=points.queue, payload_schema=CreditPoints, handler=_swallow_then_begin_or_commit
 )
