@@ -102,13 +102,10 @@ def prepare(
     being set up (the worker: harness/worker.py).
     """
     try:
-        in_recovery = pin_session(conn)
-        if primary_only and in_recovery:
-            raise ServerInRecovery(
-                f"the server at {conn.info.host}:{conn.info.port} is in recovery (a standby): the harness reads its"
-                " decisions from the primary only; give a URL that reaches it (a multi-host URL with"
-                " target_session_attrs=read-write, or the cluster's read-write service)"
-            )
+        if primary_only:
+            pin_primary_session(conn)
+        else:
+            pin_session(conn)
         if role:
             set_role(conn, role)
         conn.autocommit = autocommit
@@ -126,6 +123,17 @@ def pin_session(conn: psycopg.Connection) -> bool:
     """
     row = conn.execute(PIN_SESSION_SETTINGS).fetchone()
     return bool(row and row[4])
+
+
+def pin_primary_session(conn: psycopg.Connection) -> None:
+    """:func:`pin_session`, and :class:`ServerInRecovery` when ``conn`` reached a standby (same round trip): for
+    every connection that reads decisions — the worker's, the relay's, the operations API's pool."""
+    if pin_session(conn):
+        raise ServerInRecovery(
+            f"the server at {conn.info.host}:{conn.info.port} is in recovery (a standby): core-jobs reads its"
+            " decisions from the primary only; give a URL that reaches it (a multi-host URL with"
+            " target_session_attrs=read-write, or the cluster's read-write service)"
+        )
 
 
 def set_role(conn: psycopg.Connection, role: str) -> None:

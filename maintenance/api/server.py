@@ -66,7 +66,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from harness.pg import pin_session, set_role
+from harness.pg import pin_primary_session, set_role
 from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
@@ -266,14 +266,14 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
 def session_setup(settings: Settings):
     """What every API connection runs first: the session settings every core-jobs connection pins
-    (``harness.pg.pin_session``: a resolution's or an operation's commit is durable whatever the
-    database's ``synchronous_commit``), jsonb read without ever raising (``read_stored_json``),
+    (``harness.pg.pin_primary_session``: a resolution's or an operation's commit is durable whatever the
+    database's ``synchronous_commit``; a standby, ``ServerInRecovery``, is refused), jsonb read without ever raising (``read_stored_json``),
     ``SET ROLE`` to the API role, a statement timeout."""
     role = settings.api_database_role
     timeout_ms = int(settings.api_statement_timeout.total_seconds() * 1000)
 
     def configure(conn: psycopg.Connection) -> None:
-        pin_session(conn)
+        pin_primary_session(conn)  # a standby's answer to a decision read would be behind the primary: refused
         read_stored_json(conn)  # no stored row can make a read fail (maintenance/runtime/db.py)
         if role:
             set_role(conn, role)

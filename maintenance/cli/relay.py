@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from maintenance.cli.harness import _bounded_int
-from maintenance.errors import EXIT_FAILED, EXIT_OK
+from maintenance.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 if TYPE_CHECKING:  # the parser stays light: each command imports what it needs when it runs
     import psycopg
@@ -89,7 +89,7 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
     import socket
 
     from harness.errors import describe_error
-    from harness.pg import SchemaNotMigrated, connect, require_schema
+    from harness.pg import SchemaNotMigrated, ServerInRecovery, connect, require_schema
     from harness.queue.pgqueue import PgQueue
     from harness.queue.relay import Relay
     from harness.reconnect import is_lost
@@ -106,7 +106,11 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
         """A new connection and target (the previous ones closed): at start, and after the connection was lost."""
         close_session()
         conn = connect(
-            settings.conninfo(), autocommit=True, role=settings.relay_database_role, application_name=APPLICATION_NAME
+            settings.conninfo(),
+            autocommit=True,
+            role=settings.relay_database_role,
+            application_name=APPLICATION_NAME,
+            primary_only=True,  # a lease or the outbox read on a standby would be behind the primary
         )
         try:
             require_schema(conn)  # an unmigrated database: one line saying what to run (exit 2), not UndefinedTable
@@ -130,7 +134,10 @@ def cmd_relay(args: argparse.Namespace, settings: Settings) -> int:
                 conn.close()
 
     try:
-        source, target = open_session()
+        try:
+            source, target = open_session()
+        except ServerInRecovery as exc:  # the URL reaches a standby: the deployment's to fix (exit 2)
+            raise ConfigError(str(exc)) from None
         relay = Relay(source, target, args.queue, batch_size=args.batch_size, metrics=metrics)
 
         def stopping(signal_name: str) -> None:

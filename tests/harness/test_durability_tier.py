@@ -179,6 +179,22 @@ def test_a_worker_whose_url_reaches_a_standby_is_refused(asynchronous):
     assert done.returncode == EXIT_CONFIG and "in recovery" in done.stderr, done.stderr
 
 
+def test_the_relay_and_the_api_pool_refuse_a_standby_too(asynchronous):
+    """Every connection that reads decisions is refused on a standby: the relay's (exit 2, one line) and each the
+    operations API's pool opens (its configure step: the pool discards it and requests get a 503)."""
+    from maintenance.api.server import session_setup
+    from maintenance.settings import Settings
+
+    assert asynchronous.standby is not None
+    standby = asynchronous.standby.url(DATABASE)
+    broker = "amqp://guest:guest@127.0.0.1:5672/%2F"  # never reached: the database connection is refused first
+    done = core_jobs(standby, "relay", "--once", "--queue", "points", "--queue-url", broker)
+    assert done.returncode == EXIT_CONFIG and "in recovery" in done.stderr, done.stderr
+    configure = session_setup(Settings(database_url=standby, api_database_role=None))
+    with psycopg.connect(standby, autocommit=True) as conn, pytest.raises(ServerInRecovery, match="read-write"):
+        configure(conn)
+
+
 def test_check_config_shows_the_tier_and_each_consumers_verdict(asynchronous, clean_env, capsys):
     clean_env.setenv("CORE_JOBS_DATABASE_URL", asynchronous.url())
     assert main(["check-config", "--tier", "--consumer", SENDER, "--consumer", EFFECT]) == EXIT_CONFIG
