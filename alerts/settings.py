@@ -3,7 +3,7 @@
 The Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
 :class:`maintenance.settings.Settings` composes this mixin from the job catalog; the option
 list of ``docs/alerts.md`` and ``docs/reference/settings.md`` are generated from it
-(``uv run python -m maintenance.reference``). Secrets: the API token and the heartbeat URL (its
+(``uv run python -m tools.reference``). Secrets: the API token and the heartbeat URL (its
 path is a token) are ``SecretStr``; URLs are checked by
 :func:`~maintenance.fields.urls.check_http_url`. The heartbeat (``alerts/heartbeat.py``) and the
 client (``alerts/betterstack.py``) are this family's too.

@@ -10,7 +10,7 @@ The stop event's fields are the log contract; what Prometheus gets from them is 
 in the SPEC's ``result_metrics``: one gauge per quantity, in base units (seconds, rows), named
 ``core_jobs_<job>_<quantity>`` — never one gauge of unrelated fields, which no one can chart
 or alert on with one unit. :mod:`maintenance.service.telemetry` exports what is declared here,
-and ``python -m maintenance.reference`` lists it in docs/reference/metrics.md.
+and ``python -m tools.reference`` lists it in docs/reference/metrics.md.
 """
 
 from __future__ import annotations

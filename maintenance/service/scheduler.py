@@ -92,7 +92,7 @@ class JobScheduler:
         self.runner.run_one(spec, job, source="core-jobs serve")
 
     def _not_run(self, event: JobEvent) -> None:
-        # Each event name written out, so that docs/reference/events.md (maintenance.reference) lists it.
+        # Each event name written out, so that docs/reference/events.md (tools.reference) lists it.
         log = get_logger(job=event.job_id)
         if event.code == EVENT_JOB_MISSED:  # a JobExecutionEvent: one run time
             when = event.scheduled_run_time

@@ -16,7 +16,7 @@ from pathlib import Path
 from support import ROOT
 from support.markdown import anchors, without_code_blocks
 
-from maintenance import reference
+from tools import reference
 
 README = ROOT / "README.md"
 

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from maintenance import reference
+from tools import reference
 
 pytestmark = pytest.mark.pure
 
 
 @pytest.mark.parametrize("page", sorted(reference.PAGES), ids=lambda p: p.name)
 def test_generated_reference_page_is_up_to_date(page):
-    """The committed page equals what `python -m maintenance.reference` writes; regenerate when not."""
-    assert page.exists(), f"{page} is missing: run `uv run python -m maintenance.reference`"
+    """The committed page equals what `python -m tools.reference` writes; regenerate when not."""
+    assert page.exists(), f"{page} is missing: run `uv run python -m tools.reference`"
     assert page.read_text() == reference.PAGES[page](), (
-        f"{page.relative_to(reference.ROOT)} is stale: run `uv run python -m maintenance.reference` and commit it"
+        f"{page.relative_to(reference.ROOT)} is stale: run `uv run python -m tools.reference` and commit it"
     )
 
 

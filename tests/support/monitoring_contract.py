@@ -1,13 +1,13 @@
 """The metric names the alert rules and the dashboard may query: what the processes export, plus Prometheus's own.
 
-What is exported is read from the exporting collectors themselves (``maintenance.reference.collect_metrics``,
+What is exported is read from the exporting collectors themselves (``tools.reference.collect_metrics``,
 which also writes docs/reference/metrics.md), so a rule or a panel that queries a renamed or removed
 metric fails tests/monitoring/test_monitoring.py.
 """
 
 from __future__ import annotations
 
-from maintenance.reference import collect_metrics
+from tools.reference import collect_metrics
 
 PROMETHEUS_OWN = frozenset({"up"})
 

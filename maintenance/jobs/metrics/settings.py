@@ -2,7 +2,7 @@
 
 :class:`maintenance.settings.Settings` composes this mixin from the job catalog; ``config.py``
 takes its defaults from here, and the option list of ``docs/metrics.md`` and
-``docs/reference/settings.md`` are generated from it (``uv run python -m maintenance.reference``).
+``docs/reference/settings.md`` are generated from it (``uv run python -m tools.reference``).
 Where the metrics go (the Pushgateway) is the runtime's, not this job's:
 ``maintenance/settings/telemetry.py``.
 """

@@ -3,7 +3,7 @@
 :class:`maintenance.settings.Settings` composes this mixin from the job catalog; ``config.py``
 takes its defaults from here (:func:`~maintenance.fields.default_of`), and the option list of
 ``docs/purge.md`` and ``docs/reference/settings.md`` are generated from it
-(``uv run python -m maintenance.reference``).
+(``uv run python -m tools.reference``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Grafana dashboard of core-jobs, built as code, and the table of every panel and rule.
 
-``uv run python -m maintenance.reference`` writes helm/core-jobs/monitoring/core-jobs-dashboard.json
+``uv run python -m tools.reference`` writes helm/core-jobs/monitoring/core-jobs-dashboard.json
 from :func:`dashboard` (grafana-foundation-sdk, Grafana's own typed builders: a dev dependency,
 so a production install never imports this module) and the "Alert rules and dashboard" table of
 docs/metrics.md from :func:`render_table`. Nobody edits the JSON by hand:
@@ -379,7 +379,7 @@ def dashboard_queries() -> list[tuple[str, str, str]]:
 _INTERVAL_RULE = re.compile(r"^      - record: core_jobs:job_success_max_age_seconds\n(?:        .*\n)+", re.MULTILINE)
 _GENERATED = (
     "# GENERATED from core-jobs.rules.in.yaml with the chart's default values (values.yaml) by\n"
-    "# `uv run python -m maintenance.reference` (maintenance/monitoring.py): edit the source, not this file.\n"
+    "# `uv run python -m tools.reference` (tools/monitoring.py): edit the source, not this file.\n"
 )
 
 
