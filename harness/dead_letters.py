@@ -142,4 +142,5 @@ def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int | Non
         },
     ).fetchone()
     assert row is not None  # the final SELECT always returns one row
-    return row[0]
+    written: int | None = row[0]
+    return written

@@ -91,7 +91,7 @@ class Needs:
         return " and ".join(parts) or "nothing beyond the reference queue (a lost commit loses the job's ack with it)"
 
 
-def needs_of(consumer: Consumer, *, broker: bool) -> Needs:
+def needs_of(consumer: Consumer[Any], *, broker: bool) -> Needs:
     """What ``consumer`` needs, on a broker queue (``broker``) or the reference queue."""
     writes = tuple(a.name for a in consumer.actions if a.effect is Effect.NON_IDEMPOTENT_WRITE)
     return Needs(broker=broker, non_idempotent=writes)

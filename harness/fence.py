@@ -80,7 +80,7 @@ class Runtime:
 
 def work_under_fence(
     conn: psycopg.Connection,
-    consumer: Consumer,
+    consumer: Consumer[Any],
     payload: Any,
     context: JobContext,
     *,

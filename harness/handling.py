@@ -166,7 +166,7 @@ class DeliveriesExhausted(Exception):
 
 def handle(
     conn: psycopg.Connection,
-    consumer: Consumer,
+    consumer: Consumer[Any],
     delivery: Delivery,
     *,
     policy: RetryPolicy,
@@ -224,7 +224,7 @@ def handle(
         return failure_outcome(conn, consumer, delivery, exc, runtime)
 
 
-def _already_dead_lettered(conn: psycopg.Connection, consumer: Consumer, delivery: Delivery) -> bool:
+def _already_dead_lettered(conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery) -> bool:
     """Step 0's probe (:data:`ALREADY_DEAD_LETTERED`), one autocommit statement."""
     envelope = delivery.envelope
     params = {"consumer": consumer.name, "job_id": envelope.job_id, "replay_of": envelope.replay_of}
@@ -233,7 +233,7 @@ def _already_dead_lettered(conn: psycopg.Connection, consumer: Consumer, deliver
 
 
 def failure_outcome(
-    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, error: BaseException, runtime: Runtime
+    conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery, error: BaseException, runtime: Runtime
 ) -> Outcome:
     """Retry or dead letter after a failed (rolled back) attempt of a plain consumer (its queue's policy)."""
     policy, metrics = runtime.policy, runtime.metrics
@@ -250,7 +250,7 @@ def failure_outcome(
 
 
 def _past_the_budget(
-    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, fence: dict, runtime: Runtime
+    conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery, fence: dict[str, Any], runtime: Runtime
 ) -> Outcome:
     """A delivery beyond ``max_attempts``: none of the earlier ones settled (each worker died or lost its lease).
 
@@ -275,7 +275,7 @@ def _past_the_budget(
 
 
 def _dead_letter(
-    consumer: Consumer, delivery: Delivery, reason: str, error: BaseException, metrics: Metrics
+    consumer: Consumer[Any], delivery: Delivery, reason: str, error: BaseException, metrics: Metrics
 ) -> DeadLettered:
     metrics.dead_lettered(consumer.name, reason)
     return DeadLettered(
@@ -311,7 +311,7 @@ class BatchProgress:
 
 def handle_together(
     conn: psycopg.Connection,
-    consumer: Consumer,
+    consumer: Consumer[Any],
     deliveries: Sequence[Delivery],
     *,
     policy: RetryPolicy,
@@ -377,7 +377,7 @@ UNFENCE_UNRUN = "SELECT core.unfence_unrun(%(consumer)s, %(job_ids)s::uuid[])"
 
 def _alone(
     conn: psycopg.Connection,
-    consumer: Consumer,
+    consumer: Consumer[Any],
     delivery: Delivery,
     runtime: Runtime,
     progress: BatchProgress,
@@ -406,7 +406,7 @@ class _SharedBatch:
     def __init__(
         self,
         conn: psycopg.Connection,
-        consumer: Consumer,
+        consumer: Consumer[Any],
         runtime: Runtime,
         progress: BatchProgress,
         todo: deque[tuple[Delivery, bool]],
@@ -595,7 +595,7 @@ def _may_share(delivery: Delivery, runtime: Runtime) -> bool:
     return delivery.attempt <= runtime.policy.max_attempts and not delivery.redelivered
 
 
-def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> Admitted | None:
+def _admit(consumer: Consumer[Any], delivery: Delivery, runtime: Runtime) -> Admitted | None:
     """A delivery's validated payload, context and fence parameters if it may share a transaction, else None.
 
     None for what :func:`handle` decides alone: an undecodable or invalid payload (poison, no
@@ -621,7 +621,7 @@ def _admit(consumer: Consumer, delivery: Delivery, runtime: Runtime) -> Admitted
 
 
 def _context_and_fence(
-    consumer: Consumer, delivery: Delivery, fence_ttl: timedelta
+    consumer: Consumer[Any], delivery: Delivery, fence_ttl: timedelta
 ) -> tuple[JobContext, dict[str, Any]]:
     """The handler's context of ``delivery`` and its fence's parameters (:data:`INSERT_FENCE`), alone or in a batch."""
     envelope = delivery.envelope

@@ -150,7 +150,8 @@ def server_now(conn: psycopg.Connection) -> datetime:
     """PostgreSQL's ``now()``: the start of the current transaction on the server's clock."""
     row = conn.execute("SELECT now()").fetchone()
     assert row is not None
-    return row[0]
+    now: datetime = row[0]
+    return now
 
 
 @contextmanager

@@ -253,7 +253,7 @@ class Worker:
     def __init__(
         self,
         conninfo: str,
-        consumer: Consumer,
+        consumer: Consumer[Any],
         *,
         policy: RetryPolicy,
         config: WorkerConfig,
@@ -494,7 +494,8 @@ class Worker:
 
     def _open_queue(self, conn: psycopg.Connection, worker_name: str) -> QueuePort:
         """This thread's port of the configured adapter, on ``conn``."""
-        return self._adapter.from_url(self.queue_url, conn, worker=worker_name, lease=self.config.lease)
+        port: QueuePort = self._adapter.from_url(self.queue_url, conn, worker=worker_name, lease=self.config.lease)
+        return port
 
     def _read_figures(self, conn: psycopg.Connection, queue: QueuePort) -> None:
         """The queue's depth and oldest ready age for the metrics, when due: one thread, one read per interval.
@@ -747,7 +748,7 @@ class Worker:
         queue: QueuePort,
         delivery: Delivery,
         done: list[Delivery],
-        fields: dict,
+        fields: dict[str, Any],
         span: tracing.Span,
     ) -> None:
         self.metrics.handling(self.consumer.name)
@@ -772,7 +773,7 @@ class Worker:
         delivery: Delivery,
         outcome: Outcome,
         done: list[Delivery],
-        fields: dict,
+        fields: dict[str, Any],
         span: tracing.Span,
     ) -> None:
         """Record ``outcome`` on the span and the stats; a success joins ``done`` (acked with the batch), the rest is settled now."""
@@ -825,7 +826,7 @@ class Worker:
                 )
 
     def _delivery_failed(
-        self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, error: Exception, fields: dict
+        self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, error: Exception, fields: dict[str, Any]
     ) -> None:
         """An unexpected error while handling or settling ``delivery`` on a usable connection: that delivery's
         failure, not the worker's. It is retried after the policy's backoff (its attempt counted, the error its
@@ -957,12 +958,16 @@ def _usable(conn: psycopg.Connection) -> bool:
     open is rolled back here; a rollback that fails means the connection is gone)."""
     if conn.closed or conn.broken:
         return False
-    if conn.info.transaction_status == TransactionStatus.IDLE:
+    if _idle(conn):
         return True
     try:
         conn.rollback()
     except psycopg.Error:
         return False
+    return _idle(conn)  # read again: the rollback changed it
+
+
+def _idle(conn: psycopg.Connection) -> bool:
     return conn.info.transaction_status == TransactionStatus.IDLE
 
 

@@ -67,7 +67,7 @@ __all__ = ["run_execution"]
 
 
 def run_execution(
-    conn: psycopg.Connection, consumer: Consumer, delivery: Delivery, payload: Any, runtime: Runtime
+    conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery, payload: Any, runtime: Runtime
 ) -> Outcome:
     """Run one delivery of durable ``consumer`` (its payload validated) on ``conn`` (autocommit); see the module docstring."""
     if runtime.lease <= timedelta(0):

@@ -60,7 +60,7 @@ class Execution:
     """One delivery of a durable consumer, from its take to its outcome."""
 
     conn: psycopg.Connection
-    consumer: Consumer
+    consumer: Consumer[Any]
     delivery: Delivery
     payload: Any
     runtime: Runtime
@@ -131,7 +131,7 @@ def one(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> tup
 
 def row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
     """The one row a statement always returns, from its cursor."""
-    found = cursor.fetchone()
+    found: tuple[Any, ...] | None = cursor.fetchone()
     assert found is not None, "the statement returns one row"
     return found
 

@@ -96,7 +96,8 @@ def open_queue(
 
     The caller closes it (``close()``); ``conn`` stays the caller's. QueueUrlError when no adapter can open ``url``.
     """
-    return adapter_class(url).from_url(url, conn, worker=worker, lease=lease)
+    port: QueuePort = adapter_class(url).from_url(url, conn, worker=worker, lease=lease)
+    return port
 
 
 def adapter_class(url: str | None) -> Any:

@@ -255,7 +255,8 @@ class PgQueue:
         except psycopg.errors.UndefinedTable as exc:  # an unmigrated database: say what to run
             raise SchemaNotMigrated.from_error(exc) from None
         assert row is not None
-        return row[0]
+        value: int = row[0]
+        return value
 
     def publish_many(
         self,
@@ -341,7 +342,7 @@ class PgQueue:
         return None if getattr(dumper, "dumps", None) is json.dumps else dumper
 
     @staticmethod
-    def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict:
+    def _publish_params(queue: str, envelope: Envelope, delay: timedelta) -> dict[str, Any]:
         return {
             "queue": queue,
             "job_id": envelope.job_id,

@@ -206,7 +206,7 @@ class _Link:
 
     @property
     def alive(self) -> bool:
-        return self.connection.is_open and self.publisher.is_open
+        return bool(self.connection.is_open and self.publisher.is_open)
 
 
 @dataclass(eq=False)
@@ -397,7 +397,8 @@ class RabbitQueue:
         """Up to ``limit`` deliveries of ``queue`` (and of its ``.exhausted`` queue), waiting at most ``claim_wait``."""
         if limit < 1:
             return []
-        return self._with_link(lambda link: self._claim(link, queue, limit))
+        deliveries: list[Delivery] = self._with_link(lambda link: self._claim(link, queue, limit))
+        return deliveries
 
     def _claim(self, link: _Link, queue: str, limit: int) -> list[Delivery]:
         while link.set_aside:  # the last claim's deliveries on them are settled by now

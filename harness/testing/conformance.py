@@ -247,7 +247,7 @@ class _Kit:
         """The queue hands out nothing now."""
         assert port.claim(self.queue, 10) == []
 
-    def handle(self, conn: psycopg.Connection, consumer: Consumer, delivery: Delivery) -> Outcome:
+    def handle(self, conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery) -> Outcome:
         return handle(
             conn,
             consumer,
@@ -258,9 +258,12 @@ class _Kit:
         )
 
     def effects(self, job_id: uuid.UUID) -> int:
-        return self.db.execute(COUNT_EFFECTS, {"job_id": job_id}).fetchone()[0]  # type: ignore[index]
+        row = self.db.execute(COUNT_EFFECTS, {"job_id": job_id}).fetchone()
+        assert row is not None
+        count: int = row[0]
+        return count
 
-    def failure_recorded(self, consumer: Consumer) -> tuple[QueuePort, Envelope, Delivery, DeadLettered]:
+    def failure_recorded(self, consumer: Consumer[Any]) -> tuple[QueuePort, Envelope, Delivery, DeadLettered]:
         """A job ``consumer`` refuses for good, its dead letter written — what an adapter's ``dead_letter`` commits
         before its ack, or another delivery of the job recorded — and the delivery not settled."""
         conn, port = self.worker()
@@ -274,9 +277,11 @@ class _Kit:
 
     def pending_letters(self, job_id: uuid.UUID, consumer: str) -> int:
         row = self.db.execute(COUNT_PENDING_LETTERS, {"job_id": job_id, "consumer": consumer}).fetchone()
-        return row[0]  # type: ignore[index]
+        assert row is not None
+        count: int = row[0]
+        return count
 
-    def consumer(self, name: str, handler: Callable[..., Any], actions: tuple[Action, ...] = ()) -> Consumer:
+    def consumer(self, name: str, handler: Callable[..., Any], actions: tuple[Action, ...] = ()) -> Consumer[Any]:
         return Consumer(name=name, queue=self.queue, payload_schema=KitPayload, handler=handler, actions=actions)
 
 
@@ -578,7 +583,7 @@ class QueuePortContract:
         """Sent, then the process died: redelivered, RECONCILIATION_REQUIRED (Held, acked), the send made once."""
         sends: list[uuid.UUID] = []
 
-        def notify(payload: KitPayload, ctx: ActionContext) -> dict:
+        def notify(payload: KitPayload, ctx: ActionContext) -> dict[str, Any]:
             sends.append(ctx.job_id)  # the request went out ...
             raise ProcessDied()  # ... and the process died before its answer was recorded
 
