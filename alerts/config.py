@@ -20,8 +20,6 @@ if TYPE_CHECKING:
     from alerts.betterstack import BetterStackClient
     from maintenance.settings import Settings
 
-DEFAULT_SCHEDULE: str = default_of(AlertsFields, "schedule_alerts")  # crontab (UTC) under `core-jobs serve`
-
 
 @dataclass(frozen=True)
 class Channels:

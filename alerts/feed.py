@@ -13,7 +13,7 @@ import psycopg
 import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from alerts.config import DEFAULT_SCHEDULE, AlertFeedConfig, betterstack_client, feed_config
+from alerts.config import AlertFeedConfig, betterstack_client, feed_config
 from alerts.groups import PlannedIncident
 from alerts.identity import settle_identity
 from alerts.incidents import plan_incidents
@@ -525,7 +525,6 @@ def build(settings: Settings, db: Database, _stop: object = None) -> AlertFeed: 
 
 
 SPEC = JobSpec(
-    schedule=DEFAULT_SCHEDULE,
     name="alerts",
     summary="Better Stack incidents for new dead letters and RECONCILIATION_REQUIRED executions, escalations, auto-resolve",
     build=build,

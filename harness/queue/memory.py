@@ -61,7 +61,7 @@ class MemoryBroker:
     _waiting: list[_Message] = field(default_factory=list)  # published, retried or released: ready once due
     _in_flight: dict[_Receipt, None] = field(default_factory=dict)  # claimed, not yet settled
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _order: itertools.count[int] = field(default_factory=itertools.count[int])
+    _order: itertools.count[int] = field(default_factory=itertools.count)
 
     def advance(self, by: timedelta) -> None:
         """The broker's clock moves on by ``by``: what was delayed until then is ready."""

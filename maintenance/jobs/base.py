@@ -63,8 +63,6 @@ class JobSpec:
     build: Callable[[Settings, Database, threading.Event], Job]
     zero_fields: Callable[[], dict[str, Any]]
     event_prefix: str = ""
-    # The default crontab (UTC) under `core-jobs serve`; the setting CORE_JOBS_SCHEDULE_<JOB> overrides it.
-    schedule: str = ""
     # The job's settings mixin (its settings.py): Settings composes it, the manuals list it.
     settings: type[BaseModel] | None = None
     # The gauges its result sets (after a run that returned one); see the module docstring.

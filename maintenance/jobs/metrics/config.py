@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 DEFAULT_MAX_TRANSACTION: timedelta = default_of(MetricsFields, "metrics_max_transaction")
 DEFAULT_TENANT_LABEL: bool = default_of(MetricsFields, "metrics_tenant_label")
 DEFAULT_TENANT_TOP_N: int = default_of(MetricsFields, "metrics_tenant_top_n")
-DEFAULT_SCHEDULE: str = default_of(MetricsFields, "schedule_metrics")
 
 
 @dataclass(frozen=True)

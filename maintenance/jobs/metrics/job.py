@@ -15,7 +15,7 @@ from psycopg.types.json import Jsonb
 from harness.enumerations import EXECUTION_STATUSES
 from maintenance.errors import ConfigError
 from maintenance.jobs.base import JobSpec
-from maintenance.jobs.metrics.config import DEFAULT_SCHEDULE, MetricsConfig
+from maintenance.jobs.metrics.config import MetricsConfig
 from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.jobs.metrics.sql import (
     ADVANCE_WATERMARK,
@@ -322,7 +322,6 @@ def _age(now: datetime, oldest: datetime | None) -> float | None:
 
 # --- registration ------------------------------------------------------------------------------
 SPEC = JobSpec(
-    schedule=DEFAULT_SCHEDULE,
     name="metrics",
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
     build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),

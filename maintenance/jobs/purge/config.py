@@ -30,7 +30,6 @@ DEFAULT_PROGRESS_INTERVAL: timedelta = default_of(PurgeFields, "purge_progress_i
 # is replayed to a retry for this long after the action, then the purge deletes it.
 DEFAULT_IDEMPOTENCY_KEY_RETENTION: timedelta = default_of(PurgeFields, "idempotency_key_retention")
 DEFAULT_STRATEGY: str = default_of(PurgeFields, "purge_strategy")
-DEFAULT_SCHEDULE: str = default_of(PurgeFields, "schedule_purge")
 # Slow start: each run's first batch is at most this many rows; the size then steers toward
 # the target batch duration (docs/purge.md).
 SLOW_START_BATCH_SIZE = 1_000  # rows

@@ -20,7 +20,6 @@ from maintenance.errors import ConfigError
 from maintenance.fields.durations import format_duration
 from maintenance.jobs.base import JobSpec, ResultMetric
 from maintenance.jobs.purge.config import (
-    DEFAULT_SCHEDULE,
     MIN_IDEMPOTENCY_KEY_RETENTION,
     STRATEGIES,
     PurgeConfig,
@@ -420,7 +419,6 @@ SPEC = JobSpec(
     settings=PurgeFields,
     zero_fields=zero_fields,
     event_prefix=EVENTS,
-    schedule=DEFAULT_SCHEDULE,
     result_metrics=(
         ResultMetric("core_jobs_purge_rows_deleted", "num_deleted", "Fences the last purge run deleted."),
         ResultMetric(
