@@ -23,7 +23,7 @@ import pytest
 from support.api_support import api_settings, assert_problem, running_api
 
 from maintenance.api.auth import MAX_TOKEN_CHARS
-from maintenance.api.server import MAX_FRAMING_BYTES, MAX_HEADER_BYTES, MAX_HEADERS
+from maintenance.api.transport import MAX_FRAMING_BYTES, MAX_HEADER_BYTES, MAX_HEADERS
 
 CHUNK = 64 * 1024
 

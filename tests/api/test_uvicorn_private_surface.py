@@ -1,4 +1,4 @@
-"""The private surface of uvicorn that ``BoundedHttpToolsProtocol`` (maintenance/api/server.py) subclasses is there,
+"""The private surface of uvicorn that ``BoundedHttpToolsProtocol`` (maintenance/api/transport.py) subclasses is there,
 as the subclass relies on it: pyproject.toml bounds uvicorn to the minor tested, and this fails loudly, naming what
 changed, when a new uvicorn moves a method, renames a parameter or an attribute, or stops answering a parser error
 through ``send_400_response``."""
@@ -14,7 +14,7 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from maintenance.api.server import BoundedHttpToolsProtocol
+from maintenance.api.transport import BoundedHttpToolsProtocol
 
 pytestmark = pytest.mark.pure
 
