@@ -62,6 +62,12 @@ def transaction_in_one_round_trip(conn: psycopg.Connection, *statements: Stateme
         # The transaction had queued its COMMIT before the pipeline's sync brought the error back,
         # so the server's transaction is still open, aborted: end it.
         if not conn.closed and conn.info.transaction_status != TransactionStatus.IDLE:
-            conn.rollback()
+            try:
+                conn.rollback()
+            except psycopg.Error:
+                # The server went away mid-pipeline (a terminated backend: the pipeline cannot even be left,
+                # "cannot exit pipeline mode while busy"): the connection is unusable, so it is closed, and every
+                # caller's lost-connection check (closed or broken) sees it and reconnects.
+                conn.close()
         raise
     return cursors

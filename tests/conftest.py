@@ -54,6 +54,7 @@ pytest_plugins = [
     "support.rabbit_cluster",
     "support.queue_adapters",
     "support.relay_support",
+    "support.purge_fixtures",
 ]
 
 

@@ -12,11 +12,7 @@ import itertools
 from datetime import timedelta
 
 import pytest
-from support.purge_support import (
-    add_old_expired_fences,
-    load_fences,
-    purger,
-)
+from support.purge_support import add_old_expired_fences, load_fences, purger
 
 from maintenance.jobs.purge.job import Purger
 

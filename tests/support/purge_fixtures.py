@@ -1,10 +1,13 @@
-"""The purge tests' fixtures: PostgreSQL's clock read once, and the log events at debug."""
+"""The purge tests' fixtures, a plugin of the suite (tests/conftest.py): ``now``, PostgreSQL's clock read once, and
+``events``, the test's log events at debug (the purge logs each batch at debug). Not a conftest.py in the purge
+folder: that would shadow the suite's own, which support modules import as ``conftest``."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 import pytest
+
 from support.logcapture import LoggedEvents
 
 
