@@ -71,7 +71,9 @@ REPLICATION_SETTINGS = {
 }
 SYNCHRONOUS_SETTINGS = {"synchronous_standby_names": f"'ANY 1 ({STANDBY_NAME})'"}
 
-# The consumer's own record of its work: one row per run, nothing to stop a second (that is the fence's job).
+# The consumer's own record of its work: one row per run, nothing to stop a second (that is the fence's job). And
+# pg_monitor for the worker's role: the replication barrier (CORE_JOBS_WORKER_AWAIT_STANDBY) reads the standbys'
+# positions.
 EFFECTS_TABLE = """
 CREATE TABLE public.failover_effects (
     id bigserial PRIMARY KEY,
@@ -79,7 +81,8 @@ CREATE TABLE public.failover_effects (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 GRANT SELECT, INSERT ON public.failover_effects TO core_jobs_worker;
-GRANT USAGE ON SEQUENCE public.failover_effects_id_seq TO core_jobs_worker
+GRANT USAGE ON SEQUENCE public.failover_effects_id_seq TO core_jobs_worker;
+GRANT pg_monitor TO core_jobs_worker
 """
 
 
