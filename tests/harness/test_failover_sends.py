@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from core_jobs_demo.ledger import LoyaltyLedger
 from support.factories import publish
 from support.failover import SupervisedWorker, ended, fail_over_mid_drain, failover_rig, queue_empty, tally_sends
 from support.failover_consumers import LEDGER_URL_VARIABLE, NOTIFIER_QUEUE, sends_per_job
 from support.waiting import wait_until
+
+from core_jobs_demo.ledger import LoyaltyLedger
 
 pytestmark = pytest.mark.failover
 
