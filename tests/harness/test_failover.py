@@ -7,8 +7,8 @@ reference queue the work, its fence and the message's ack are one database's: a 
 promoted standby never received is lost whole, and the message is simply taken again — so both
 replication modes must end with every job having exactly one effect or one dead letter.
 
-The worker is supervised (restarted when it exits, as Kubernetes would): it exits today when its
-connection breaks; once it reconnects by itself the supervisor has nothing to do. A few
+The worker is supervised (restarted when it exits, as Kubernetes would); it reconnects by itself
+after a lost connection, so the supervisor has nothing to do. A few
 failovers here; ``bench/failover.py`` runs twenty and more per mode and prints the figures.
 """
 

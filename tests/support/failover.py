@@ -43,7 +43,8 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,9 @@ REPLICATION_SETTINGS = {
 }
 SYNCHRONOUS_SETTINGS = {"synchronous_standby_names": f"'ANY 1 ({STANDBY_NAME})'"}
 
-# The consumer's own record of its work: one row per run, nothing to stop a second (that is the fence's job).
+# The consumer's own record of its work: one row per run, nothing to stop a second (that is the fence's job). And
+# pg_monitor for the worker's role: the replication barrier (CORE_JOBS_WORKER_AWAIT_STANDBY) reads the standbys'
+# positions.
 EFFECTS_TABLE = """
 CREATE TABLE public.failover_effects (
     id bigserial PRIMARY KEY,
@@ -78,7 +81,8 @@ CREATE TABLE public.failover_effects (
     at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 GRANT SELECT, INSERT ON public.failover_effects TO core_jobs_worker;
-GRANT USAGE ON SEQUENCE public.failover_effects_id_seq TO core_jobs_worker
+GRANT USAGE ON SEQUENCE public.failover_effects_id_seq TO core_jobs_worker;
+GRANT pg_monitor TO core_jobs_worker
 """
 
 
@@ -316,6 +320,62 @@ def tally(conn: psycopg.Connection, job_ids: Sequence[uuid.UUID]) -> Tally:
     )
 
 
+@dataclass(frozen=True)
+class SendTally:
+    """Per-job outcome counts of a drain of a consumer whose NON_IDEMPOTENT_WRITE a provider counted per key."""
+
+    jobs: int
+    effects: int
+    dead_letters: int
+    sends: int  # requests the provider received for these jobs
+    sent_twice: list[uuid.UUID]  # a key the provider received twice or more
+    reconciliation: list[uuid.UUID]  # an execution RECONCILIATION_REQUIRED
+    lost: list[uuid.UUID]  # no effect, no dead letter, no reconciliation
+    lost_after_send: list[uuid.UUID]  # lost, and the provider had its request
+    doubled: list[uuid.UUID]  # more than one effect
+
+    def figures(self) -> dict[str, int]:
+        return {
+            "jobs": self.jobs,
+            "effects": self.effects,
+            "dead_letters": self.dead_letters,
+            "sends": self.sends,
+            "sent_twice": len(self.sent_twice),
+            "reconciliation": len(self.reconciliation),
+            "lost": len(self.lost),
+            "lost_after_send": len(self.lost_after_send),
+            "double": len(self.doubled),
+        }
+
+
+def tally_sends(
+    conn: psycopg.Connection, job_ids: Sequence[uuid.UUID], sends: Counter[uuid.UUID], consumer: str
+) -> SendTally:
+    """Count, per job of ``job_ids``, its effects, dead letters, ``sends`` (the provider's, per job) and whether its
+    execution by ``consumer`` waits for reconciliation."""
+    rows = conn.execute(TALLY, (list(job_ids),)).fetchall()
+    held = {
+        job
+        for (job,) in conn.execute(
+            "SELECT job_id FROM core.executions WHERE consumer = %s AND status = 'RECONCILIATION_REQUIRED'"
+            " AND job_id = ANY(%s)",
+            (consumer, list(job_ids)),
+        )
+    }
+    lost = [job for job, effects, letters in rows if not effects and not letters and job not in held]
+    return SendTally(
+        jobs=len(rows),
+        effects=sum(effects for _, effects, _ in rows),
+        dead_letters=sum(1 for _, _, letters in rows if letters),
+        sends=sum(sends[job] for job in job_ids),
+        sent_twice=[job for job in job_ids if sends[job] > 1],
+        reconciliation=sorted(held),
+        lost=lost,
+        lost_after_send=[job for job in lost if sends[job]],
+        doubled=[job for job, effects, _ in rows if effects > 1],
+    )
+
+
 def effects(conn: psycopg.Connection) -> int:
     """Rows of the effects table (every job's together): how far a drain has come."""
     return conn.execute("SELECT count(*) FROM public.failover_effects").fetchone()[0]
@@ -378,25 +438,43 @@ class SupervisedWorker:
         self._thread.join(timeout)
 
 
-def fail_over_mid_drain(rig: FailoverRig, *, failovers: int, jobs: int, timeout: float = 120) -> list[int]:
-    """Fail the primary over ``failovers`` times while a drain of ``jobs`` runs — the i-th once the effects reach
-    i/(failovers + 1) of ``jobs`` — each followed by a new standby. Returns the effects counted just before each
-    failover: each below ``jobs`` if it came mid-drain."""
+def ended(conn: psycopg.Connection) -> int:
+    """Effects, dead letters and executions held for reconciliation together: how many jobs a drain of a durable
+    consumer has ended (a job held for reconciliation has no effect, and never will without an operator)."""
+    return conn.execute(
+        "SELECT (SELECT count(*) FROM public.failover_effects) + (SELECT count(*) FROM core.dead_letters)"
+        " + (SELECT count(*) FROM core.executions WHERE status = 'RECONCILIATION_REQUIRED')"
+    ).fetchone()[0]
+
+
+def fail_over_mid_drain(
+    rig: FailoverRig,
+    *,
+    failovers: int,
+    jobs: int,
+    timeout: float = 120,
+    progress: Callable[[psycopg.Connection], int] = effects,
+) -> list[int]:
+    """Fail the primary over ``failovers`` times while a drain of ``jobs`` runs — the i-th once ``progress`` (the
+    effects; :func:`ended` for a durable consumer) reaches i/(failovers + 1) of ``jobs`` — each followed by a new
+    standby. Returns the progress counted just before each failover: each below ``jobs`` if it came mid-drain."""
     counted = []
     for i in range(1, failovers + 1):
         mark = i * jobs // (failovers + 1)
         counted.append(
-            wait_until(lambda mark=mark: _effects_at_least(rig, mark), timeout, f"{mark} effects before failover {i}")
+            wait_until(
+                lambda mark=mark: _progress_at_least(rig, mark, progress), timeout, f"{mark} jobs before failover {i}"
+            )
         )
         rig.failover()
         rig.rebuild_standby()
     return counted
 
 
-def _effects_at_least(rig: FailoverRig, mark: int) -> int:
-    """The effects so far when they are ``mark`` or more, else 0."""
+def _progress_at_least(rig: FailoverRig, mark: int, progress: Callable[[psycopg.Connection], int]) -> int:
+    """The progress so far when it is ``mark`` or more, else 0."""
     with psycopg.connect(rig.primary_url(), autocommit=True) as conn:
-        count = effects(conn)
+        count = progress(conn)
     return count if count >= mark else 0
 
 
