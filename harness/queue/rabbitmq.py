@@ -710,11 +710,14 @@ class RabbitQueue:
 
         A nack — the quorum queue could not take it: its leader died — is retried on the new leader, the same
         message (its ``message_id``: a copy the broker did keep is absorbed by the fence), with a backoff, for at
-        most :data:`PUBLISH_RETRY_WINDOW`; then :class:`pika.exceptions.NackError` is raised. Each retry goes on a
+        most :data:`PUBLISH_RETRY_WINDOW` and half the port's lease; then :class:`pika.exceptions.NackError` is raised. Each retry goes on a
         **new** channel: a channel that published while the queue had no leader keeps being nacked after a new
         one is elected (RabbitMQ 3.10), a new channel reaches the new leader. An unroutable message raises at once.
         """
-        deadline = time.monotonic() + PUBLISH_RETRY_WINDOW.total_seconds()
+        # Within half the lease too: what is being published (a relay's outbox rows, a delivery's retry copy) is held
+        # by a lease, and a confirm that came later than it would be acted on too late (the rows published again).
+        window = min(PUBLISH_RETRY_WINDOW, self.lease / 2)
+        deadline = time.monotonic() + window.total_seconds()
         for attempt in itertools.count():
             backoff = PUBLISH_RETRY_BACKOFF_S[min(attempt, len(PUBLISH_RETRY_BACKOFF_S) - 1)]
             try:
