@@ -102,7 +102,7 @@ def cmd_check_config(args: argparse.Namespace, settings: Settings) -> int:
     guard = settings.ttl_guard()
     out.write(f"\nTTL guard (J-B7): {guard.explain()}\n")
     out.write(f"\nQueue: {_queue_shown(settings)}\n")
-    references, label = _checked_consumers(args, settings)
+    references, label = harness_cli.consumer_references(args.consumers, settings)
     consumers_ok = _check_consumers(references, label, settings, out)
     durability_ok = True
     if args.tier:
@@ -126,7 +126,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
 
     guard = settings.ttl_guard()
     consumers: list[dict[str, Any]] = []
-    references, label = _checked_consumers(args, settings)
+    references, label = harness_cli.consumer_references(args.consumers, settings)
     for reference in references:
         consumer = load_consumer(reference, label)
         consumer_guard = consumer_ttl_guard(settings, consumer)
@@ -137,7 +137,7 @@ def _check_config_json(args: argparse.Namespace, settings: Settings) -> int:
                 "guard": {"ok": consumer_guard.ok, "explanation": consumer_guard.explain()},
             }
         )
-    durability = _durability_document(_checked_consumers(args, settings)[0], settings) if args.tier else None
+    durability = _durability_document(references, settings) if args.tier else None
     ok = guard.ok and all(c["guard"]["ok"] for c in consumers) and (durability is None or durability["ok"])
     effective = settings.effective()
     document = {
@@ -224,15 +224,6 @@ def _queue_shown(settings: Settings) -> str:
         else f"selected by the scheme {scheme}"
     )
     return f"{settings.queue_adapter()} ({why})"
-
-
-def _checked_consumers(args: argparse.Namespace, settings: Settings) -> tuple[list[str], str]:
-    """The consumers check-config checks and how they were given: every --consumer, else CORE_JOBS_WORKER_CONSUMERS."""
-    from maintenance.settings import ENV_PREFIX
-
-    if args.consumers:
-        return args.consumers, "--consumer"
-    return settings.worker_consumers, f"{ENV_PREFIX}WORKER_CONSUMERS"
 
 
 def _check_consumers(references: list[str], label: str, settings: Settings, out: Any) -> bool:

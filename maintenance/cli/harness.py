@@ -127,14 +127,23 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def consumer_references(given: list[str] | None, settings: Settings) -> tuple[list[str], str]:
+    """The consumer references a command runs or checks, and where they were given: every ``--consumer``, else
+    ``CORE_JOBS_WORKER_CONSUMERS`` (worker and check-config alike)."""
+    from maintenance.settings import ENV_PREFIX
+
+    if given:
+        return given, "--consumer"
+    return settings.worker_consumers, f"{ENV_PREFIX}WORKER_CONSUMERS"
+
+
 def worker_consumers(references: list[str] | None, settings: Settings) -> list[Any]:
     """The consumers ``core-jobs worker`` runs: every ``--consumer``, else ``CORE_JOBS_WORKER_CONSUMERS``; each
     loaded and its TTL guard checked, or ConfigError (exit 2) naming the one refused and where it was given."""
     from maintenance.consumers import consumer_ttl_guard, load_consumer
     from maintenance.settings import ENV_PREFIX, ConfigError
 
-    label = "--consumer" if references else f"{ENV_PREFIX}WORKER_CONSUMERS"
-    references = references or settings.worker_consumers
+    references, label = consumer_references(references, settings)
     if not references:
         raise ConfigError(
             f"--consumer is required (or {ENV_PREFIX}WORKER_CONSUMERS): the consumer(s) to run,"
