@@ -172,6 +172,26 @@ def test_every_exported_family_is_scraped_from_serve_the_api_and_the_worker(db, 
 
 
 @pytest.mark.pure
+def test_every_dashboard_query_is_scoped_by_the_cluster_namespace_and_job_variables():
+    """One Prometheus watching staging and production: every panel's query selects by the dashboard's cluster,
+    namespace and job variables, and a harness series by its queue or consumer too, so no environment's series
+    hides another's."""
+    dashboard = json.loads((MONITORING / "core-jobs-dashboard.json").read_text())
+    variables = {variable["name"] for variable in dashboard["templating"]["list"]}
+    assert {"cluster", "namespace", "job", "queue", "consumer"} <= variables
+    unscoped = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            wanted = [f'{label}=~"${label}"' for label in ("cluster", "namespace", "job")]
+            missing = [matcher for matcher in wanted if matcher not in expr]
+            if "harness_" in expr and 'queue=~"$queue"' not in expr and 'consumer=~"$consumer"' not in expr:
+                missing.append("queue or consumer")
+            if missing:
+                unscoped.append((panel["title"], missing))
+    assert dashboard["panels"] and unscoped == []
+
+
 def test_every_dashboard_panel_and_row_has_a_unique_id_kept_by_its_row():
     """Grafana keys links (``viewPanel=``), annotations and library state on panel ids: every panel and row of the
     committed JSON has one, unique, and a panel's id is its row's hundred plus its place, so adding a panel to one
