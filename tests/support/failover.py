@@ -53,6 +53,7 @@ import psycopg
 
 from support import ROOT, TESTS
 from support.private_cluster import BIN_DIRS, PrivateCluster, find_bin_dir, free_port
+from support.rigs import unavailable
 from support.waiting import wait_until
 
 STANDBY_NAME = "standby1"
@@ -144,6 +145,7 @@ class FailoverRig:
         self._generation = 0
         self.primary = self._node(0)
         self.standby: Node | None = None
+        self._held: int | None = None  # the primary's walsender stopped by hold_commits()
 
     @property
     def mode(self) -> str:
@@ -186,6 +188,9 @@ class FailoverRig:
         :meth:`rebuild_standby`. The dead primary's directory is removed: it is never restarted."""
         assert self.standby is not None, "no standby to promote: rebuild_standby() first"
         began = time.monotonic()
+        if self._held is not None:  # a stopped process ignores the postmaster's SIGQUIT: it dies first
+            os.kill(self._held, signal.SIGKILL)
+            self._held = None
         self.primary.crash()
         self.standby.promote()
         dead, self.primary, self.standby = self.primary, self.standby, None
@@ -227,6 +232,23 @@ class FailoverRig:
 
             wait_until(replayed, timeout, f"{STANDBY_NAME} replaying up to {target}")
 
+    def hold_commits(self) -> int:
+        """The primary's walsender stopped (SIGSTOP): what commits from now on stays on the primary, no standby gets
+        it — the window asynchronous replication always has, made as wide as a test needs. Until
+        :meth:`release_commits` or :meth:`failover` (which loses them). The walsender's pid."""
+        assert self._held is None, "the commits are held already"
+        with psycopg.connect(self.primary_url("postgres"), autocommit=True) as conn:
+            (pid,) = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
+        os.kill(pid, signal.SIGSTOP)
+        self._held = pid
+        return pid
+
+    def release_commits(self) -> None:
+        """The walsender :meth:`hold_commits` stopped goes on (SIGCONT): the standby receives what was held."""
+        assert self._held is not None, "no commits are held"
+        os.kill(self._held, signal.SIGCONT)
+        self._held = None
+
     def stop_standby(self) -> None:
         """The standby stopped (``pg_ctl stop -m fast``), its directory kept: in synchronous mode every commit now
         waits for it (``wait_event = 'SyncRep'``) until :meth:`start_standby`."""
@@ -248,23 +270,30 @@ class FailoverRig:
             return [pid for pid in waiting if conn.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0]]
 
     def stop(self) -> None:
+        if self._held is not None:
+            self.release_commits()
         for node in (self.standby, self.primary):
             if node is not None:
                 node.stop()
+
+
+def rig_bin_dir(found: Path | None) -> Path:
+    """The directory with initdb, pg_ctl and pg_basebackup, from :func:`find_bin_dir`'s answer ``found`` (PATH may hold
+    links: their target's directory has all three); when there is none, the test is skipped or, required, failed."""
+    bin_dir = (found / "initdb").resolve().parent if found else None
+    if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
+        unavailable(f"the failover rig needs initdb, pg_ctl and pg_basebackup (on PATH or in {', '.join(BIN_DIRS)})")
+    return bin_dir
 
 
 @contextmanager
 def failover_rig(*, synchronous: bool = False) -> Iterator[FailoverRig]:
     """A started rig (primary, standby, migrated database), stopped and removed afterwards.
 
-    Skips (saying why) when the PostgreSQL binaries are not there; needs root or the ``postgres`` OS user.
+    Skips (saying why) when the PostgreSQL binaries are not there — fails instead under ``CORE_JOBS_REQUIRE_CLUSTERS=1``
+    (CI, tests/support/rigs.py); needs root or the ``postgres`` OS user.
     """
-    found = find_bin_dir()
-    bin_dir = (found / "initdb").resolve().parent if found else None  # PATH may hold links: their directory has all
-    if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
-        import pytest
-
-        pytest.skip(f"the failover rig needs initdb, pg_ctl and pg_basebackup (on PATH or in {', '.join(BIN_DIRS)})")
+    bin_dir = rig_bin_dir(find_bin_dir())
     root = Path(tempfile.mkdtemp(prefix="core-jobs-failover-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
