@@ -8,7 +8,7 @@ promoted standby never received is lost whole, and the message is simply taken a
 replication modes must end with every job having exactly one effect or one dead letter.
 
 The worker is supervised (restarted when it exits, as Kubernetes would); it reconnects by itself
-after a lost connection, so the supervisor has nothing to do. A few
+after a lost connection, so the supervisor has nothing to do — the test asserts it never exited. A few
 failovers here; ``bench/failover.py`` runs twenty and more per mode and prints the figures.
 """
 
@@ -75,3 +75,4 @@ def test_failovers_mid_drain_lose_no_job_and_apply_none_twice(rig: FailoverRig, 
     assert all(count < JOBS for count in counted), f"a failover came after the drain: {counted} of {JOBS}"
     assert (outcome.lost, outcome.doubled, outcome.both) == ([], [], []), outcome.figures()
     assert outcome.effects + outcome.dead_letters == JOBS
+    assert worker.exits == []  # the worker rode out each failover by reconnecting: its supervisor never restarted it
