@@ -295,7 +295,7 @@ def test_a_worker_whose_database_stays_unreachable_for_the_reconnect_time_exits_
         finally:
             if worker.process.poll() is None:
                 worker.process.kill()
-    (lost,) = worker.events("harness.worker.connection_lost")
+    assert len(worker.events("harness.worker.connection_lost")) == 1, "".join(worker.output)
     assert worker.events("harness.worker.reconnect_failed"), "".join(worker.output)
     (error,) = worker.events("harness.worker.error")
     assert error["consumer"] == "points.credit"
