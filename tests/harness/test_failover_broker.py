@@ -16,7 +16,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
-from support.failover import failover_rig, tally
+from support.failover import tally
 from support.failover_consumers import QUEUE, effect
 from support.waiting import wait_until
 
@@ -32,9 +32,8 @@ TTL = timedelta(days=7)
 
 
 @pytest.fixture
-def rig():
-    with failover_rig(synchronous=False) as running:
-        yield running
+def rig(failover_rigs):
+    return failover_rigs.fresh(synchronous=False)
 
 
 def lose_the_primary(rig) -> None:

@@ -21,7 +21,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from support import failover_consumers
 from support.factories import publish
-from support.failover import FailoverRig, failover_rig, queue_empty, tally_sends
+from support.failover import FailoverRig, queue_empty, tally_sends
 from support.failover_consumers import SENDER_QUEUE, sender
 from support.harness_support import make_due
 from support.ledger_support import expire_execution
@@ -37,9 +37,8 @@ JOBS = 5  # one batch
 
 
 @pytest.fixture
-def rig():
-    with failover_rig(synchronous=False) as running:
-        yield running
+def rig(failover_rigs):
+    return failover_rigs.fresh(synchronous=False)
 
 
 def worker(rig: FailoverRig, *, await_standby: timedelta | None) -> Worker:
