@@ -41,7 +41,7 @@ TEST_URL_VARIABLE = "CORE_JOBS_TEST_DATABASE_URL"
 # Fixtures of their own modules: the fake Better Stack (fake_bs, bs_server), log capture (logs), the chart
 # (chart), the operations API's keys, JWKS server, tokens and running API (api_support), and the local
 # loyalty ledger of the durable-action tests (ledger_support), the RabbitMQ broker and a fresh queue on it
-# (rabbit_support), the 3-node RabbitMQ cluster of the session (rabbit_cluster), a third party's queue adapter registered as an entry point (queue_adapters), and the
+# (rabbit_support), the 3-node RabbitMQ cluster of the session (rabbit_cluster), the session's PostgreSQL failover rigs (failover_rigs), a third party's queue adapter registered as an entry point (queue_adapters), and the
 # relay's targets (relay_support).
 pytest_plugins = [
     "support.fake_betterstack",
@@ -52,6 +52,7 @@ pytest_plugins = [
     "support.tracing_support",
     "support.rabbit_support",
     "support.rabbit_cluster",
+    "support.failover",
     "support.queue_adapters",
     "support.relay_support",
     "support.purge_fixtures",

@@ -32,8 +32,8 @@ microsecond.
 
 An unknown ``CORE_JOBS_*`` variable is an error that names it and suggests the closest valid
 name, so a typo never silently falls back to a default (variables are read case-insensitively;
-``CORE_JOBS_TEST_DATABASE_URL``, ``CORE_JOBS_TEST_RABBITMQ_URL``, ``CORE_JOBS_REQUIRE_RABBITMQ`` and
-``CORE_JOBS_BENCH_DATABASE_URL`` belong to the tests and benchmarks). URL settings are parsed the way httpx and urllib will use them (host, IPv6 brackets,
+``CORE_JOBS_TEST_DATABASE_URL``, ``CORE_JOBS_TEST_RABBITMQ_URL``, ``CORE_JOBS_REQUIRE_RABBITMQ``,
+``CORE_JOBS_REQUIRE_CLUSTERS`` and ``CORE_JOBS_BENCH_DATABASE_URL`` belong to the tests and benchmarks). URL settings are parsed the way httpx and urllib will use them (host, IPv6 brackets,
 port 1-65535, no credentials), so a bad one fails at load, not after the jobs ran.
 
 Secrets (the database and queue URLs' passwords, the Better Stack token, the heartbeat URL) are

@@ -20,7 +20,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from support import failover_consumers
 from support.factories import publish
-from support.failover import FailoverRig, failover_rig, queue_empty, tally
+from support.failover import FailoverRig, queue_empty, tally
 from support.failover_consumers import QUEUE, SENDER_QUEUE, effect, sender
 from support.waiting import wait_until
 
@@ -35,10 +35,9 @@ JOBS = 5  # one batch
 
 
 @pytest.fixture
-def rig():
+def rig(failover_rigs):
     """Synchronous: a commit returns once the standby has it, or once its wait is cancelled."""
-    with failover_rig(synchronous=True) as running:
-        yield running
+    return failover_rigs.fresh(synchronous=True)
 
 
 def worker(rig: FailoverRig, consumer, queue_url: str | None = None) -> Worker:

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from prometheus_client import CollectorRegistry
 from support import ROOT, TESTS
-from support.failover import DATABASE, failover_rig
+from support.failover import DATABASE
 from support.failover_consumers import effect, sender
 from support.private_cluster import private_cluster
 
@@ -52,15 +52,13 @@ def test_synchronous_standby_names_read_as_postgresql_does(setting, parsed):
 
 
 @pytest.fixture(scope="module")
-def asynchronous():
-    with failover_rig(synchronous=False) as rig:
-        yield rig
+def asynchronous(failover_rigs):
+    return failover_rigs.fresh(synchronous=False)
 
 
 @pytest.fixture(scope="module")
-def synchronous():
-    with failover_rig(synchronous=True) as rig:
-        yield rig
+def synchronous(failover_rigs):
+    return failover_rigs.fresh(synchronous=True)
 
 
 def tier_of(url: str):

@@ -8,7 +8,7 @@ promoted standby never received is lost whole, and the message is simply taken a
 replication modes must end with every job having exactly one effect or one dead letter.
 
 The worker is supervised (restarted when it exits, as Kubernetes would); it reconnects by itself
-after a lost connection, so the supervisor has nothing to do. A few
+after a lost connection, so the supervisor has nothing to do — the test asserts it never exited. A few
 failovers here; ``bench/failover.py`` runs twenty and more per mode and prints the figures.
 """
 
@@ -22,7 +22,6 @@ from support.failover import (
     FailoverRig,
     SupervisedWorker,
     fail_over_mid_drain,
-    failover_rig,
     queue_empty,
     tally,
 )
@@ -37,9 +36,8 @@ WORK_MS = 10  # each job's work holds its transaction this long: the failovers f
 
 
 @pytest.fixture(params=["asynchronous", "synchronous"])
-def rig(request):
-    with failover_rig(synchronous=request.param == "synchronous") as running:
-        yield running
+def rig(request, failover_rigs):
+    return failover_rigs.fresh(synchronous=request.param == "synchronous")
 
 
 def test_rig_follows_the_primary_across_failovers(rig: FailoverRig) -> None:
@@ -65,7 +63,7 @@ def test_failovers_mid_drain_lose_no_job_and_apply_none_twice(rig: FailoverRig, 
     rig.wait_caught_up()  # every message on the standby: what a failover may lose is the drain's only
     worker = SupervisedWorker(rig.url(), "support.failover_consumers:effect", tmp_path / "worker.log").start()
     try:
-        counted = fail_over_mid_drain(rig, failovers=FAILOVERS, jobs=JOBS)
+        counted = fail_over_mid_drain(rig, failovers=FAILOVERS, jobs=JOBS, worker=worker)
         wait_until(lambda: queue_empty(rig, QUEUE), 120, f"every message of {QUEUE} acked")
     finally:
         worker.stop()
@@ -75,3 +73,4 @@ def test_failovers_mid_drain_lose_no_job_and_apply_none_twice(rig: FailoverRig, 
     assert all(count < JOBS for count in counted), f"a failover came after the drain: {counted} of {JOBS}"
     assert (outcome.lost, outcome.doubled, outcome.both) == ([], [], []), outcome.figures()
     assert outcome.effects + outcome.dead_letters == JOBS
+    assert worker.exits == []  # the worker rode out each failover by reconnecting: its supervisor never restarted it

@@ -14,7 +14,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 from support.factories import publish
-from support.failover import SupervisedWorker, ended, fail_over_mid_drain, failover_rig, queue_empty, tally_sends
+from support.failover import SupervisedWorker, ended, fail_over_mid_drain, queue_empty, tally_sends
 from support.failover_consumers import LEDGER_URL_VARIABLE, NOTIFIER_QUEUE, sends_per_job
 from support.waiting import wait_until
 
@@ -39,9 +39,10 @@ SELECT c.status, count(*) FROM core.execution_checkpoints c JOIN core.executions
     ids=["synchronous", "asynchronous-with-the-barrier"],
 )
 def test_failovers_mid_drain_send_no_non_idempotent_write_twice_and_hold_each_uncertain_one(
-    mode: str, guard: dict[str, str], tmp_path
+    mode: str, guard: dict[str, str], tmp_path, failover_rigs
 ) -> None:
-    with failover_rig(synchronous=mode == "synchronous") as rig, LoyaltyLedger() as ledger:
+    rig = failover_rigs.fresh(synchronous=mode == "synchronous")
+    with LoyaltyLedger() as ledger:
         with psycopg.connect(rig.primary_url(), autocommit=True) as conn:
             job_ids = [publish(conn, {"n": n, "work_ms": WORK_MS}, queue=NOTIFIER_QUEUE) for n in range(JOBS)]
         rig.wait_caught_up()
@@ -49,7 +50,9 @@ def test_failovers_mid_drain_send_no_non_idempotent_write_twice_and_hold_each_un
         worker = SupervisedWorker(rig.url(), "support.failover_consumers:notifier", tmp_path / "worker.log", env=env)
         worker.start()
         try:
-            counted = fail_over_mid_drain(rig, failovers=FAILOVERS, jobs=JOBS, timeout=180, progress=ended)
+            counted = fail_over_mid_drain(
+                rig, failovers=FAILOVERS, jobs=JOBS, timeout=180, progress=ended, worker=worker
+            )
             wait_until(lambda: queue_empty(rig, NOTIFIER_QUEUE), 180, f"every message of {NOTIFIER_QUEUE} acked")
         finally:
             worker.stop()

@@ -1,5 +1,5 @@
-"""A real worker process: killed hard mid-job (J-AC2, R-7), stopped gracefully on SIGTERM (issue 6, point 5), and one bad
-message in a batch (issue 9, items 4 and 12)."""
+"""A real worker process: killed hard mid-job (J-AC2, R-7), stopped gracefully on SIGTERM (issue 6, point 5), one bad
+message in a batch (issue 9, items 4 and 12), and its database gone for longer than it reconnects for (issue 27)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ from support.harness_support import (
     scalar,
     wait_for_advisory_waiter,
 )
+from support.tcp_proxy import proxy_of, through
+from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
@@ -273,3 +275,30 @@ def test_a_delivery_the_database_refuses_to_settle_is_retried_with_backoff_and_t
     (failed,) = worker.events("harness.worker.delivery_failed")
     assert failed["error"].startswith(refusal) and failed["attempt"] == 1 and failed["delay_s"] > 0
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+
+
+def test_a_worker_whose_database_stays_unreachable_for_the_reconnect_time_exits_1_saying_so(database_url, conn):
+    """docs/cli.md: the database gone (every connection cut, new ones refused: the TCP proxy) for
+    CORE_JOBS_WORKER_RECONNECT_FOR, the process gives up — harness.worker.error says why — and exits 1, for its
+    supervisor to restart it; until then it counted the lost connection and kept trying."""
+    publish(conn, {"member_id": "m-before", "points": 3})
+    with proxy_of(database_url) as proxy:
+        worker = WorkerProcess(
+            through(database_url, proxy),
+            consumer="harness.examples.points:consumer",
+            env={"CORE_JOBS_WORKER_RECONNECT_FOR": "PT1S", "CORE_JOBS_WORKER_POLL_INTERVAL": "PT0.05S"},
+        )
+        try:
+            wait_until(lambda: points(conn, "m-before") == 3, 60, "the worker in its loop, its first job credited")
+            proxy.cut()
+            assert worker.process.wait(60) == 1, "".join(worker.output)
+        finally:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    assert len(worker.events("harness.worker.connection_lost")) == 1, "".join(worker.output)
+    assert worker.events("harness.worker.reconnect_failed"), "".join(worker.output)
+    (error,) = worker.events("harness.worker.error")
+    assert error["consumer"] == "points.credit"
+    assert "could not be reached again" in error["error"], error
+    (stop,) = worker.events("harness.worker.stop")
+    assert (stop["ok"], stop["num_processed"], stop["num_connections_lost"]) == (False, 1, 1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from support.failover import EFFECTS_TABLE, failover_rig
+from support.failover import EFFECTS_TABLE
 from support.failover_consumers import QUEUE
 from support.rabbit_failover import drain_with_broker_faults
 
@@ -68,24 +68,24 @@ def test_a_drain_whose_queue_leader_is_killed_and_stopped_loses_no_job_and_appli
 
 @pytest.mark.failover
 def test_a_drain_that_loses_the_database_primary_and_the_queue_leader_at_once_loses_no_job_and_applies_none_twice(
-    rabbit_cluster,
+    rabbit_cluster, failover_rigs
 ):
     """The PostgreSQL primary killed and its synchronous standby promoted (tests/support/failover.py) right after the
     queue leader's node is SIGKILLed, in the same drain: every job has exactly one effect on the new primary."""
-    with failover_rig(synchronous=True) as rig:
+    rig = failover_rigs.fresh(synchronous=True)
 
-        def database_failover() -> None:
-            rig.failover()
-            rig.rebuild_standby()
+    def database_failover() -> None:
+        rig.failover()
+        rig.rebuild_standby()
 
-        figures = drain_with_broker_faults(
-            rabbit_cluster,
-            database_url=rig.primary_url,
-            worker_database_url=rig.url(),
-            jobs=200,
-            kills=1,
-            database_failover=database_failover,
-        )
+    figures = drain_with_broker_faults(
+        rabbit_cluster,
+        database_url=rig.primary_url,
+        worker_database_url=rig.url(),
+        jobs=200,
+        kills=1,
+        database_failover=database_failover,
+    )
     assert (figures["lost"], figures["double"], figures["effect_and_dead_letter"]) == (0, 0, 0), figures
     assert figures["effects"] == figures["jobs"] == 200, figures
     assert (figures["kills"], figures["database_failovers"]) == (1, 1), figures

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import psycopg
 import pytest
+from support.logcapture import events_in
 from support.tcp_proxy import TcpProxy, proxy_of, through
 from support.waiting import wait_until
 
@@ -61,12 +62,19 @@ def service(database_url, proxy) -> Iterator[Service]:
     service.jobs.stop()
 
 
-def test_a_run_while_the_database_is_unreachable_fails_the_service_stays_up_and_the_next_run_succeeds(service, proxy):
+def test_a_run_while_the_database_is_unreachable_fails_the_service_stays_up_and_the_next_run_succeeds(
+    service, proxy, logs
+):
+    """serve never gives up (docs/deployment.md): the failed run is logged and counted — what alerts — and the
+    scheduler and /healthz stay up for the next one."""
     assert service.run() is True
     proxy.cut()
     assert service.run() is False
     assert service.healthy()
     assert service.jobs.health()[1]["jobs"]["metrics"]["last_run"]["error"]
+    errors = [event for event in events_in(logs.text) if event["event"].endswith(".error")]
+    assert len(errors) == 1 and errors[0]["job"] == "metrics", errors
+    assert "OperationalError" in errors[0]["error"], errors  # the database's, said as such
     proxy.restore()
     assert service.run() is True
     assert (service.runs("success"), service.runs("failure")) == (2, 1)

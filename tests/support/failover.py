@@ -45,18 +45,21 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import pytest
 
 from support import ROOT, TESTS
 from support.private_cluster import BIN_DIRS, PrivateCluster, find_bin_dir, free_port
+from support.rigs import unavailable
 from support.waiting import wait_until
 
 STANDBY_NAME = "standby1"
 DATABASE = "failover"
+TEMPLATE = "failover_template"  # the database as migrated, with the effects table: what reset() copies back
 
 # What every node runs with (appended after the private cluster's crash settings, which it overrides).
 REPLICATION_SETTINGS = {
@@ -144,6 +147,8 @@ class FailoverRig:
         self._generation = 0
         self.primary = self._node(0)
         self.standby: Node | None = None
+        self._held: int | None = None  # the primary's walsender stopped by hold_commits()
+        self._standby_stopped = False  # by stop_standby()
 
     @property
     def mode(self) -> str:
@@ -161,6 +166,8 @@ class FailoverRig:
         self.primary.create_migrated_database(DATABASE)
         with psycopg.connect(self.primary_url(), autocommit=True) as conn:
             conn.execute(EFFECTS_TABLE)
+        with psycopg.connect(self.primary_url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{TEMPLATE}" TEMPLATE "{DATABASE}"')
         # Synchronous only once a standby streams: until then every commit (the migration's) would wait for it.
         synchronous, self.synchronous = self.synchronous, False
         self.rebuild_standby()
@@ -186,6 +193,9 @@ class FailoverRig:
         :meth:`rebuild_standby`. The dead primary's directory is removed: it is never restarted."""
         assert self.standby is not None, "no standby to promote: rebuild_standby() first"
         began = time.monotonic()
+        if self._held is not None:  # a stopped process ignores the postmaster's SIGQUIT: it dies first
+            os.kill(self._held, signal.SIGKILL)
+            self._held = None
         self.primary.crash()
         self.standby.promote()
         dead, self.primary, self.standby = self.primary, self.standby, None
@@ -227,17 +237,52 @@ class FailoverRig:
 
             wait_until(replayed, timeout, f"{STANDBY_NAME} replaying up to {target}")
 
+    def hold_commits(self) -> int:
+        """The primary's walsender stopped (SIGSTOP): what commits from now on stays on the primary, no standby gets
+        it — the window asynchronous replication always has, made as wide as a test needs. Until
+        :meth:`release_commits` or :meth:`failover` (which loses them). The walsender's pid."""
+        assert self._held is None, "the commits are held already"
+        with psycopg.connect(self.primary_url("postgres"), autocommit=True) as conn:
+            (pid,) = conn.execute("SELECT pid FROM pg_stat_replication").fetchone()
+        os.kill(pid, signal.SIGSTOP)
+        self._held = pid
+        return pid
+
+    def release_commits(self) -> None:
+        """The walsender :meth:`hold_commits` stopped goes on (SIGCONT): the standby receives what was held."""
+        assert self._held is not None, "no commits are held"
+        os.kill(self._held, signal.SIGCONT)
+        self._held = None
+
     def stop_standby(self) -> None:
         """The standby stopped (``pg_ctl stop -m fast``), its directory kept: in synchronous mode every commit now
         waits for it (``wait_event = 'SyncRep'``) until :meth:`start_standby`."""
         assert self.standby is not None, "the rig has no standby"
         self.standby.stop()
+        self._standby_stopped = True
 
     def start_standby(self) -> None:
         """The stopped standby started again and streaming (counted in the quorum again)."""
         assert self.standby is not None, "the rig has no standby"
         self.standby.start()
+        self._standby_stopped = False
         wait_until(self._streaming, 60, f"{STANDBY_NAME} streaming again from the primary on port {self.primary.port}")
+
+    def reset(self) -> None:
+        """Back to a rig as :meth:`start` left it, for the next test: no commit held, a standby streaming, the database
+        dropped (its connections with it: a worker a failed test left behind) and copied anew from the migrated
+        template, on the standby too; the failover count and timings from zero."""
+        if self._held is not None:
+            self.release_commits()
+        if self.standby is None:
+            self.rebuild_standby()
+        elif self._standby_stopped:
+            self.start_standby()
+        with psycopg.connect(self.primary_url("postgres"), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
+            conn.execute(f'CREATE DATABASE "{DATABASE}" TEMPLATE "{TEMPLATE}"')
+        self.wait_caught_up()
+        self.failovers, self.timings = 0, Timings()
 
     def cancel_replication_waits(self) -> list[int]:
         """``pg_cancel_backend`` of every backend of the primary waiting for a synchronous standby; their pids.
@@ -248,23 +293,30 @@ class FailoverRig:
             return [pid for pid in waiting if conn.execute("SELECT pg_cancel_backend(%s)", (pid,)).fetchone()[0]]
 
     def stop(self) -> None:
+        if self._held is not None:
+            self.release_commits()
         for node in (self.standby, self.primary):
             if node is not None:
                 node.stop()
+
+
+def rig_bin_dir(found: Path | None) -> Path:
+    """The directory with initdb, pg_ctl and pg_basebackup, from :func:`find_bin_dir`'s answer ``found`` (PATH may hold
+    links: their target's directory has all three); when there is none, the test is skipped or, required, failed."""
+    bin_dir = (found / "initdb").resolve().parent if found else None
+    if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
+        unavailable(f"the failover rig needs initdb, pg_ctl and pg_basebackup (on PATH or in {', '.join(BIN_DIRS)})")
+    return bin_dir
 
 
 @contextmanager
 def failover_rig(*, synchronous: bool = False) -> Iterator[FailoverRig]:
     """A started rig (primary, standby, migrated database), stopped and removed afterwards.
 
-    Skips (saying why) when the PostgreSQL binaries are not there; needs root or the ``postgres`` OS user.
+    Skips (saying why) when the PostgreSQL binaries are not there — fails instead under ``CORE_JOBS_REQUIRE_CLUSTERS=1``
+    (CI, tests/support/rigs.py); needs root or the ``postgres`` OS user.
     """
-    found = find_bin_dir()
-    bin_dir = (found / "initdb").resolve().parent if found else None  # PATH may hold links: their directory has all
-    if bin_dir is None or not (bin_dir / "pg_basebackup").exists():
-        import pytest
-
-        pytest.skip(f"the failover rig needs initdb, pg_ctl and pg_basebackup (on PATH or in {', '.join(BIN_DIRS)})")
+    bin_dir = rig_bin_dir(find_bin_dir())
     root = Path(tempfile.mkdtemp(prefix="core-jobs-failover-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
@@ -275,6 +327,47 @@ def failover_rig(*, synchronous: bool = False) -> Iterator[FailoverRig]:
     finally:
         rig.stop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+class FailoverRigs:
+    """The session's rigs, one per mode, started when first asked for and reset for each test after: a rig costs an
+    initdb, a migration and a base backup, a reset a database copied from a template (the ``failover_rigs``
+    fixture). A rig that cannot be reset (a test broke it beyond that) is stopped and a new one started."""
+
+    def __init__(self) -> None:
+        self._rigs: dict[bool, tuple[FailoverRig, ExitStack]] = {}
+        self.starts = 0  # rigs started this session
+
+    def fresh(self, *, synchronous: bool) -> FailoverRig:
+        """The session's rig of that mode, started or :meth:`FailoverRig.reset`."""
+        if synchronous in self._rigs:
+            rig, stack = self._rigs[synchronous]
+            try:
+                rig.reset()
+                return rig
+            except Exception:
+                del self._rigs[synchronous]
+                stack.close()
+        stack = ExitStack()
+        rig = stack.enter_context(failover_rig(synchronous=synchronous))
+        self._rigs[synchronous] = (rig, stack)
+        self.starts += 1
+        return rig
+
+    def close(self) -> None:
+        for _rig, stack in self._rigs.values():
+            stack.close()
+        self._rigs.clear()
+
+
+@pytest.fixture(scope="session")
+def failover_rigs() -> Iterator[FailoverRigs]:
+    """The session's failover rigs (:class:`FailoverRigs`): ``failover_rigs.fresh(synchronous=…)`` in a test's fixture."""
+    rigs = FailoverRigs()
+    try:
+        yield rigs
+    finally:
+        rigs.close()
 
 
 @dataclass(frozen=True)
@@ -423,6 +516,20 @@ class SupervisedWorker:
                 self.exits.append(code)
                 self._stopping.wait(0.1)  # a supervisor's restart delay, not a test waiting for time
 
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """The worker process stopped (SIGSTOP) for the block, then let go on (SIGCONT): its drain frozen where it is."""
+        with self._lock:
+            process = self._process
+        if process is None or process.poll() is not None:
+            yield
+            return
+        process.send_signal(signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            process.send_signal(signal.SIGCONT)
+
     def stop(self, timeout: float = 60) -> None:
         """SIGTERM (the worker finishes and settles what it holds), then no more restarts."""
         with self._lock:
@@ -454,10 +561,15 @@ def fail_over_mid_drain(
     jobs: int,
     timeout: float = 120,
     progress: Callable[[psycopg.Connection], int] = effects,
+    worker: SupervisedWorker | None = None,
 ) -> list[int]:
     """Fail the primary over ``failovers`` times while a drain of ``jobs`` runs — the i-th once ``progress`` (the
     effects; :func:`ended` for a durable consumer) reaches i/(failovers + 1) of ``jobs`` — each followed by a new
-    standby. Returns the progress counted just before each failover: each below ``jobs`` if it came mid-drain."""
+    standby. Returns the progress counted just before each failover: each below ``jobs`` if it came mid-drain.
+
+    ``worker``, the drain's, is paused while each new standby is built (:meth:`SupervisedWorker.paused`): on an
+    asynchronous rig it would otherwise drain on at full speed through the rebuild (a synchronous rig's commits wait
+    for the standby) and, on a loaded machine, end before the next failover."""
     counted = []
     for i in range(1, failovers + 1):
         mark = i * jobs // (failovers + 1)
@@ -467,7 +579,8 @@ def fail_over_mid_drain(
             )
         )
         rig.failover()
-        rig.rebuild_standby()
+        with worker.paused() if worker is not None else nullcontext():
+            rig.rebuild_standby()
     return counted
 
 

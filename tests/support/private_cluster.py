@@ -11,7 +11,8 @@ immediate stop kills the server without writing anything more: what was still in
 buffers — an asynchronous commit — is gone after the restart, while what was written to the
 operating system survives (this is a server crash, not a power cut).
 
-:func:`private_cluster` skips the test, with the reason, when ``initdb`` cannot be found.
+:func:`private_cluster` skips the test, with the reason, when ``initdb`` cannot be found — or fails it under
+``CORE_JOBS_REQUIRE_CLUSTERS=1`` (CI, tests/support/rigs.py).
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from maintenance.runtime import migrate
+from support.rigs import unavailable
 
 BIN_DIRS = ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin")
 
@@ -112,10 +113,10 @@ class PrivateCluster:
 
 @contextmanager
 def private_cluster() -> Iterator[PrivateCluster]:
-    """A started private cluster, stopped and removed afterwards; skips when initdb is unavailable."""
+    """A started private cluster, stopped and removed afterwards; skips (or, required, fails) when initdb is unavailable."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        pytest.skip(f"a private PostgreSQL cluster needs initdb and pg_ctl (not on PATH, nor in {', '.join(BIN_DIRS)})")
+        unavailable(f"a private PostgreSQL cluster needs initdb and pg_ctl (not on PATH, nor in {', '.join(BIN_DIRS)})")
     root = Path(tempfile.mkdtemp(prefix="core-jobs-cluster-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")

@@ -46,6 +46,8 @@ from pathlib import Path
 import pika
 import pytest
 
+from support.rabbit_support import REQUIRE_VARIABLE as REQUIRE_RABBITMQ
+from support.rigs import unavailable
 from support.waiting import wait_until
 
 NODE_NAMES = ("cj1@localhost", "cj2@localhost", "cj3@localhost")
@@ -353,9 +355,7 @@ def rabbit_cluster(request: pytest.FixtureRequest) -> RabbitCluster:
     """The session's cluster: started by the first process that asks (under a file lock), reused by the others."""
     reason = rabbitmq_available()
     if reason is not None:
-        if os.environ.get("CORE_JOBS_REQUIRE_RABBITMQ") == "1":
-            pytest.fail(reason, pytrace=False)
-        pytest.skip(reason)
+        unavailable(reason, REQUIRE_RABBITMQ)  # required in CI by either variable
     shared = _shared_dir(request.config)
     with _locked(shared / LOCK_FILE):
         state_file = shared / STATE_FILE
