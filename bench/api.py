@@ -101,8 +101,17 @@ API_PID: list[int] = []  # the API process, whose CPU time per request is report
 
 
 def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of the API process and of its children (CORE_JOBS_API_PROCESSES > 1: a pre-fork)."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            tail = stat.read_text().rsplit(")", 1)[1]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        fields = tail.split()
+        if stat.parent.name == str(pid) or fields[1] == str(pid):  # the process, or a child of it
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def _read_request_log(process: subprocess.Popen) -> None:

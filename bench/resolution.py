@@ -28,6 +28,9 @@
    own executions, and each scenario alternates between the two in ``--rounds`` rounds (the order
    reversed every other round): on a shared, noisy machine only figures taken side by side
    compare. The ratios printed are this tree's over the baseline's.
+5. ``--processes 1,2``: this tree's API once per count (``CORE_JOBS_API_PROCESSES``, its
+   pre-fork), each on its own executions, in the same interleaved rounds; the API CPU per
+   request is the parent's and its children's.
 """
 
 from __future__ import annotations
@@ -156,11 +159,15 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=bench_api.CLIENTS, help="concurrent operators (default 8)")
     parser.add_argument("--baseline", help="a git ref: its API measured too, in rounds interleaved with this tree's")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds per scenario (default 4)")
+    parser.add_argument(
+        "--processes", default="1", help="CORE_JOBS_API_PROCESSES of this tree's API, e.g. 1,2: one API per count"
+    )
     args = parser.parse_args()
     bench_api.CLIENTS = args.clients
     server = os.environ.get("API_BENCH_DATABASE_URL", bench_api.DEFAULT_SERVER)
     key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    n = (args.requests + 40) * (2 if args.baseline else 1)
+    args.processes = [int(p) for p in args.processes.split(",")]
+    n = (args.requests + 40) * (len(args.processes) + (1 if args.baseline else 0))
     with tempfile.TemporaryDirectory() as tmp, scratch_database(server, "core_jobs_bench_resolution") as url:
         if args.baseline:
             args.baseline_dir = baseline_source(args.baseline, str(Path(tmp)))
@@ -227,11 +234,13 @@ def merged(name: str, rounds: list[dict]) -> dict:
 
 def measure_all(url, login_url, key_file, token, admin, targets, args) -> int:
     """The scenarios against each API (this tree's, and the baseline's if asked), in interleaved rounds; the figures printed."""
-    sources = {"": None} | ({f" [{args.baseline}]": args.baseline_dir} if args.baseline else {})
+    many = len(args.processes) > 1
+    sources = {(f" [{p} process{'es' if p > 1 else ''}]" if many else ""): (None, p) for p in args.processes}
+    sources |= {f" [{args.baseline}]": (args.baseline_dir, 1)} if args.baseline else {}
     apis = {}
     try:
-        for label, source in sources.items():
-            env = dict(admin)
+        for label, (source, processes) in sources.items():
+            env = dict(admin) | {"CORE_JOBS_API_PROCESSES": str(processes)}
             if source is not None:  # the baseline's packages first on the path, before this tree's
                 env["PYTHONPATH"] = os.pathsep.join([source, admin["PYTHONPATH"]])
             apis[label] = bench_api.start_api(login_url, key_file, env, cwd=source)
@@ -291,7 +300,8 @@ def measure_all(url, login_url, key_file, token, admin, targets, args) -> int:
             )
         if len(group) == 2:
             print(
-                f"  {'':<58} p50 ratio {group[0]['p50'] / group[1]['p50']:.2f}, p95 ratio {group[0]['p95'] / group[1]['p95']:.2f} (this tree / baseline)"
+                f"  {'':<58} p50 ratio {group[0]['p50'] / group[1]['p50']:.2f}, p95 ratio {group[0]['p95'] / group[1]['p95']:.2f}"
+                f" ({'first / second' if len(args.processes) > 1 else 'this tree / baseline'})"
             )
     return 0
 

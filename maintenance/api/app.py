@@ -22,8 +22,9 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
 from prometheus_client.exposition import choose_encoder
+from prometheus_client.multiprocess import MultiProcessCollector
 from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -43,10 +44,21 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 class ApiMetrics:
-    """The API's own Prometheus metrics, on a registry it owns (never prometheus_client's global one)."""
+    """The API's own Prometheus metrics, on a registry it owns (never prometheus_client's global one).
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    ``multiprocess_directory``: the API serves in several processes (:mod:`maintenance.api.processes`), these
+    metrics are created inside its ``shared_metrics()`` and ``/metrics`` shows :attr:`exposed`, every process's
+    files there added up, instead of this process's own registry.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, *, multiprocess_directory: str | None = None) -> None:
+        if multiprocess_directory is not None and not values.ValueClass._multiprocess:
+            raise ValueError("ApiMetrics(multiprocess_directory=...) is created inside processes.shared_metrics()")
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.exposed = self.registry  # what /metrics encodes
+        if multiprocess_directory is not None:
+            self.exposed = CollectorRegistry()
+            MultiProcessCollector(self.exposed, path=multiprocess_directory)
         labels = ("method", "route", "status")
         self.requests = Counter(
             "core_jobs_api_requests_total",
@@ -64,9 +76,17 @@ class ApiMetrics:
 
         self.resolutions = Counter(
             "core_jobs_api_execution_resolutions_total",
-            "Resolutions of RECONCILIATION_REQUIRED executions applied by this process, by command (replays not counted).",
+            "Resolutions of RECONCILIATION_REQUIRED executions applied by this API server (all its processes), by command "
+            "(replays not counted).",
             ("command",),
             registry=self.registry,
+        )
+        self.processes = Gauge(
+            "core_jobs_api_processes",
+            "API processes serving (CORE_JOBS_API_PROCESSES): each counts itself while it lives, the processes of "
+            "one server added up.",
+            registry=self.registry,
+            multiprocess_mode="livesum",  # a replaced child's 1 leaves with it
         )
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
@@ -262,9 +282,12 @@ def create_app(
     """
     from contextlib import asynccontextmanager
 
+    metrics = metrics or ApiMetrics()
+
     @asynccontextmanager
     async def lifespan(_app: FastAPI):
         use_endpoint_threads(worker_threads)
+        metrics.processes.set(1)  # this process serves: in its own file with several (maintenance/api/processes.py)
         pool.open(wait=False)  # start even when the database is down: /readyz says so
         try:
             yield
@@ -289,7 +312,7 @@ def create_app(
     )
     app.state.pool, app.state.verifier, app.state.admin = pool, verifier, admin
     app.state.bulk_max = bulk_max  # CORE_JOBS_DEAD_LETTERS_BULK_MAX: a bulk action by filter touches at most this
-    app.state.metrics = metrics = metrics or ApiMetrics()
+    app.state.metrics = metrics
 
     app.add_exception_handler(Problem, lambda request, exc: exc.response())
     app.add_exception_handler(RequestValidationError, _validation_problem)  # type: ignore[arg-type]
@@ -328,10 +351,10 @@ def create_app(
         return {"status": "ready"}
 
     @app.get("/metrics", include_in_schema=False)
-    async def prometheus(request: Request) -> Response:  # in memory, no I/O: on the event loop
+    async def prometheus(request: Request) -> Response:  # in memory (several processes: small local files): on the loop
         # prometheus-client's own negotiation: OpenMetrics to a scraper that asks for it, else the text format.
         encode, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encode(metrics.registry), media_type=content_type)
+        return Response(encode(metrics.exposed), media_type=content_type)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:

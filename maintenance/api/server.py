@@ -21,6 +21,10 @@ connections, lets the requests in flight finish — each is one transaction, so 
 half — for up to ``CORE_JOBS_API_SHUTDOWN_GRACE``, closes the pool, logs
 ``maintenance.api.stopped`` and exits 0.
 
+Several processes (``CORE_JOBS_API_PROCESSES`` > 1): the parent does the above up to the bound
+socket, then forks that many children serving it, each with its own pool; ``/metrics`` adds up all
+of them; SIGTERM to the parent stops them all the same graceful way (:mod:`maintenance.api.processes`).
+
 Every byte a request holds outside its counted body, and the time to send it, is bounded by
 :mod:`maintenance.api.transport` (the HTTP hardening, apart from the server's assembly here).
 """
@@ -45,6 +49,7 @@ from harness.pg import pin_primary_session, set_role
 from maintenance.api.admin import load_admin
 from maintenance.api.app import ApiMetrics, create_app
 from maintenance.api.auth import JwksKeys, KeySource, PublicKeyFile, TokenVerifier
+from maintenance.api.processes import Supervisor, shared_metrics
 from maintenance.api.transport import BoundedHttpToolsProtocol
 from maintenance.runtime.db import read_stored_json
 from maintenance.runtime.logs import get_logger
@@ -150,6 +155,8 @@ def build_app(settings: Settings, conninfo: str | None = None, *, metrics: ApiMe
 class Server(uvicorn.Server):
     """uvicorn's server, whose SIGTERM/SIGINT stops gracefully and then returns (exit 0) instead of re-raising."""
 
+    announces_stop = True  # logs maintenance.api.stopping; not a child of several processes (its parent does)
+
     @contextmanager
     def capture_signals(self) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
@@ -157,7 +164,7 @@ class Server(uvicorn.Server):
             return
 
         def on_signal(signum: int, frame: Any) -> None:
-            if not self.should_exit:
+            if not self.should_exit and self.announces_stop:
                 get_logger().info("maintenance.api.stopping", signal=signal.Signals(signum).name)
             self.handle_exit(signum, frame)
 
@@ -220,22 +227,49 @@ def running(app: FastAPI, settings: Settings, host: str = "127.0.0.1", port: int
 
 
 def serve(settings: Settings, *, host: str | None = None, port: int | None = None) -> int:
-    """Run the API until SIGTERM; 0 after a graceful stop."""
-    app = build_app(settings)
+    """Run the API until SIGTERM; 0 after a graceful stop. Several processes when ``CORE_JOBS_API_PROCESSES`` > 1."""
+    if settings.api_processes > 1:
+        with shared_metrics() as directory:  # this served process only, for this run (maintenance/api/processes.py)
+            app = build_app(settings, metrics=ApiMetrics(multiprocess_directory=directory))
+            return _serve(app, settings, host, port, metrics_directory=directory)
+    return _serve(build_app(settings), settings, host, port)
+
+
+def _serve(app: FastAPI, settings: Settings, host: str | None, port: int | None, metrics_directory: str = "") -> int:
     sock = bind(host or settings.api_host, settings.api_port if port is None else port)
     bound_host, bound_port = sock.getsockname()[:2]
     log = get_logger()
+    processes = settings.api_processes
     log.info(
         "maintenance.api.started",
         host=bound_host,
         port=bound_port,
         pid=os.getpid(),
+        processes=processes,
+        metrics_directory=metrics_directory or None,  # several processes: their metrics' files, removed at exit
         key_source="jwks" if settings.api_jwks_url else "public_key_file",
         database_role=settings.api_database_role,
     )
+    code = 0
     try:
-        make_server(app, settings).run(sockets=[sock])
+        if processes == 1:
+            make_server(app, settings).run(sockets=[sock])
+        else:
+
+            def serve_child(slot: int) -> None:
+                get_logger().info("maintenance.api.process_started", pid=os.getpid(), slot=slot)
+                server = make_server(app, settings)
+                server.announces_stop = False
+                server.run(sockets=[sock])
+
+            code = Supervisor(
+                count=processes,
+                serve_child=serve_child,
+                grace_s=settings.api_shutdown_grace.total_seconds(),
+                metrics_directory=metrics_directory,
+                on_stopping=sock.close,  # the children keep theirs until each has stopped accepting
+            ).run()
     finally:
         sock.close()
     log.info("maintenance.api.stopped", host=bound_host, port=bound_port)
-    return 0
+    return code

@@ -125,8 +125,10 @@ def configure_logging(
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level)),
-        # structlog annotates TextIO but only calls write() and flush(), which _CurrentStdout has.
-        logger_factory=structlog.PrintLoggerFactory(sink),  # type: ignore[arg-type]
+        # structlog annotates TextIO but only calls write() and flush(), which _CurrentStdout has. One write per
+        # line, its newline included (print() writes that apart): processes sharing one stdout pipe — the API's
+        # children (maintenance/api/processes.py) — never cut into each other's lines, buffered or not.
+        logger_factory=structlog.WriteLoggerFactory(sink),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

@@ -41,6 +41,7 @@ DEFAULT_API_WORKER_THREADS = 4  # api_worker_threads: see its description
 DEFAULT_API_MAX_BODY_BYTES = 256 * 1024  # bytes
 DEFAULT_API_SHUTDOWN_GRACE = timedelta(seconds=20)  # in-flight requests on SIGTERM
 DEFAULT_API_READ_TIMEOUT = timedelta(seconds=10)  # to send one request whole
+DEFAULT_API_PROCESSES = 1  # api_processes: see its description
 
 
 class ApiSettings(BaseModel):
@@ -100,6 +101,16 @@ class ApiSettings(BaseModel):
         "resolutions a p95 of 51 ms, 4 gave 42 ms (docs/performance.md). A request waiting on the database "
         "holds its thread: raise it for many concurrent slow requests (bulk replays), within "
         "CORE_JOBS_API_POOL_MAX_SIZE. The probes, /metrics and token verification never wait for these threads.",
+    )
+    api_processes: int = Field(
+        default=DEFAULT_API_PROCESSES,
+        ge=1,
+        le=64,
+        description="API processes serving one listening socket (a pre-fork; Linux): the API's Python runs on one "
+        "core at a time, so more processes let it use more cores. Each has its own database pool "
+        "(API_POOL_MAX_SIZE each), worker threads and token cache; /metrics adds up all of them. Keep 1 where the "
+        "API shares its cores with PostgreSQL or other busy processes, or scale with replicas instead; raise it to "
+        "the cores the pod may use when the API itself is the bottleneck (docs/performance.md, docs/api.md).",
     )
     api_pool_timeout: _PositiveDuration = Field(
         default=timedelta(seconds=5),

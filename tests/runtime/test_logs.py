@@ -23,6 +23,29 @@ def test_json_lines_when_not_a_tty():
     assert event["level"] == "info"
 
 
+class Writes(io.StringIO):
+    """A stream that keeps each write apart, as an unbuffered stdout (PYTHONUNBUFFERED) passes each to the pipe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[str] = []
+
+    def write(self, text: str) -> int:
+        self.writes.append(text)
+        return super().write(text)
+
+
+def test_each_event_is_one_write_with_its_newline():
+    """One write per event, newline included: processes sharing one stdout pipe (the API's children) never
+    interleave a line — print()'s separate newline write let another process's line in between."""
+    stream = Writes()
+    configure_logging(fmt="json", stream=stream)
+    get_logger().info("maintenance.api.process_started", pid=1, slot=0)
+    get_logger().info("maintenance.api.process_started", pid=2, slot=1)
+    assert len(stream.writes) == 2
+    assert all(w.endswith("\n") and w.count("\n") == 1 and json.loads(w) for w in stream.writes)
+
+
 class TtyStream(io.StringIO):
     def isatty(self) -> bool:
         return True
