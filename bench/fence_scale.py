@@ -24,8 +24,10 @@ At each size, for each kind (kinds alternate, so drift on a shared machine hits 
   ``--batch`` — the path of bench/harness.py and bench/peers.py. A ``CHECKPOINT`` before each
   round, so each starts alike: the first touch of a page after a checkpoint writes it whole to the
   WAL (a full-page image), which is where random ids cost most. jobs/s is the median of the rounds;
-  **WAL per job** is ``pg_current_wal_lsn()`` across the drain over the jobs — server-wide, so on a
-  shared server it includes whatever else wrote meanwhile (the load average is printed with it).
+  **WAL per job** is the drain's own (:data:`OWN_WAL`, read with ``pg_walinspect``: the records
+  touching the scratch database's relations and their transactions' commits) over the jobs, with
+  its full-page images, beside the server-wide ``pg_current_wal_lsn()`` difference, which on a
+  shared server counts whatever else wrote meanwhile.
 - **the fence statement alone**: ``--fence-samples`` executions of the harness's own
   ``INSERT_FENCE`` (harness/fence.py), one transaction each, the statement timed (p50, p99), after
   a ``CHECKPOINT``; then a quarter as many again under ``EXPLAIN (ANALYZE, WAL)`` after another:
@@ -35,8 +37,8 @@ At each size, for each kind (kinds alternate, so drift on a shared machine hits 
   ``(job_id, consumer)`` is the one the id kind shapes).
 
 Prints one table per kind and the ratio of each size to the first (target of issue 29: jobs/s at
-100 M ≥ 0.8× the 1 M rate), the build rate, and, when a next size (10×) was not asked for, the
-projected time and size of building it. The 1-minute load average goes with every figure.
+100 M ≥ 0.8× the 1 M rate), the build rate, and the projected time and size of growing to 10× the
+largest size, at the last step's rate. The 1-minute load average goes with every figure.
 
 Server: ``HARNESS_BENCH_DATABASE_URL`` (or ``--server``), default the local test server.
 """
@@ -178,6 +180,21 @@ class Drain:
     load: float
 
 
+def hold_wal(conn: Any) -> str | None:
+    """A temporary physical replication slot: the server keeps the drain's WAL until :func:`own_wal` has read it.
+
+    Without it, a checkpoint of a busy server (anyone's, or one forced by max_wal_size) recycles the segments
+    first. Temporary: dropped when this session ends, whatever happens to the benchmark. None if none is free.
+    """
+    name = f"core_jobs_fence_{secrets.token_hex(4)}"
+    try:
+        conn.execute("SELECT pg_create_physical_replication_slot(%s, true, true)", (name,))
+    except psycopg.Error as e:
+        print(f"  (no replication slot to hold the WAL: {str(e).splitlines()[0]})", flush=True)
+        return None
+    return name
+
+
 def own_wal(conn: Any, start: str, end: str) -> tuple[float, float] | None:
     """Bytes of WAL and of full-page images this database wrote in [start, end), or None if already recycled."""
     oid = conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()").fetchone()[0]
@@ -199,6 +216,7 @@ def drain(url: str, kind: str, jobs: int, processes: int, batch_size: int) -> Dr
         )
         conn.execute("VACUUM (ANALYZE) core.queue_messages")
         conn.execute("CHECKPOINT")
+        slot = hold_wal(conn)
         ready = mp.Barrier(processes + 1)
         workers = [mp.Process(target=_drain, args=(url, batch_size, ready)) for _ in range(processes)]
         for w in workers:
@@ -217,6 +235,8 @@ def drain(url: str, kind: str, jobs: int, processes: int, batch_size: int) -> Dr
                 break
             time.sleep(0.01)
         own = own_wal(conn, str(lsn), str(end))
+        if slot:
+            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
         left = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0]  # type: ignore[index]
         after = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]  # type: ignore[index]
     assert left == 0 and after - before == jobs, f"{left} jobs left, {after - before} fences written of {jobs}"
