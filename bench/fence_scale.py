@@ -234,7 +234,10 @@ def drain(url: str, new_id: Callable[[], uuid.UUID], jobs: int, processes: int, 
             time.sleep(0.01)
         own = own_wal(conn, str(lsn), str(end))
         if slot:
-            conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+            # (an error in this session, own_wal's, has already dropped it: the server drops temporary slots so)
+            conn.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = %s", (slot,)
+            )
         left = conn.execute("SELECT count(*) FROM core.queue_messages").fetchone()[0]  # type: ignore[index]
         after = conn.execute("SELECT count(*) FROM core.processed_jobs").fetchone()[0]  # type: ignore[index]
     assert left == 0 and after - before == jobs, f"{left} jobs left, {after - before} fences written of {jobs}"
