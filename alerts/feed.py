@@ -27,8 +27,7 @@ from alerts.sql import (
     RECORD_INTENT,
 )
 from harness.pg import advisory_lock
-from maintenance.jobs.base import JobSpec, ResultMetric
-from maintenance.runtime.db import Database
+from maintenance.jobs.base import JobEnv, JobSpec, ResultMetric
 from maintenance.runtime.logs import get_logger
 from maintenance.runtime.progress import Progress, Report
 
@@ -515,16 +514,16 @@ def _resolved_open_alerts(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
     return sorted(rows, key=lambda row: row[0])
 
 
-def build(settings: Settings, db: Database, _stop: object = None) -> AlertFeed:  # one pass: no batch loop to stop
+def build(settings: Settings, env: JobEnv) -> AlertFeed:  # one pass: no batch loop to stop
     return AlertFeed(
         feed_config(settings),
-        connect=lambda: db.connect(autocommit=True),
+        connect=lambda: env.db.connect(autocommit=True),
         client=betterstack_client(settings),
         log=get_logger(job="alerts"),
     )
 
 
-SPEC = JobSpec(
+SPEC = JobSpec[Any](
     name="alerts",
     summary="Better Stack incidents for new dead letters and RECONCILIATION_REQUIRED executions, escalations, auto-resolve",
     build=build,

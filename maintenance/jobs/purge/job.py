@@ -18,7 +18,7 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import format_duration
-from maintenance.jobs.base import JobSpec, ResultMetric
+from maintenance.jobs.base import JobEnv, JobSpec, ResultMetric
 from maintenance.jobs.purge.config import (
     MIN_IDEMPOTENCY_KEY_RETENTION,
     STRATEGIES,
@@ -407,12 +407,12 @@ def _rounded(value: float | None, digits: int) -> float | None:
 
 
 # --- 4. scheduler entry point -------------------------------------------------------------------
-def build(settings: Settings, db: Database, stop: threading.Event) -> Purger:
+def build(settings: Settings, env: JobEnv) -> Purger:
     """The scheduler entry: the config from the settings, validated by the constructor; ``stop`` ends the batch loop."""
-    return Purger(PurgeConfig.from_settings(settings), db, stop=stop)
+    return Purger(PurgeConfig.from_settings(settings), env.db, stop=env.stop)
 
 
-SPEC = JobSpec(
+SPEC = JobSpec[Any](
     name="purge",
     summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
     build=build,
