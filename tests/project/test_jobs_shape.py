@@ -39,9 +39,12 @@ def test_each_job_package_has_its_manual_and_its_spec_module(spec):
 
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
-def test_each_job_is_built_from_its_settings_and_the_job_env(spec):
-    """``build(fields, env)``: the job's settings mixin is its configuration, the JobEnv what every job shares."""
+def test_each_job_is_built_from_its_settings_and_the_job_env_with_no_config_module(spec):
+    """``build(settings, env)``: the job's settings mixin is its configuration (no config.py copies it), the JobEnv
+    what every job shares."""
     assert list(inspect.signature(spec.build).parameters)[:2] == ["settings", "env"]
+    package = importlib.import_module(PACKAGES[spec.name])
+    assert not (ROOT / package.__name__.replace(".", "/") / "config.py").exists()
 
 
 def test_the_jobs_base_imports_nothing_of_the_settings():
