@@ -39,13 +39,16 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
 import structlog
 
 from harness.consumer.retry import RetryPolicy, compute_delay
+
+if TYPE_CHECKING:
+    from alerts.settings import AlertsFields
 
 INCIDENTS_PATH = "/api/v3/incidents"
 # The body parameters of POST /api/v3/incidents, as Better Stack's v3 documentation lists them
@@ -372,3 +375,27 @@ def _path_segment(value: str) -> str:
     if not value or "/" in value or value in (".", ".."):
         raise BetterStackError(f"invalid incident id {value!r}")
     return value
+
+
+def betterstack_client(settings: AlertsFields, *, retry_after_max: timedelta | None = None) -> BetterStackClient | None:
+    """The client of the settings (``BETTERSTACK_*``), or None (a dry run) when no token is configured.
+
+    ``retry_after_max``: the platform's bound on an honoured Retry-After (``CORE_JOBS_RETRY_AFTER_MAX``, the job
+    env's); None keeps :data:`DEFAULT_RETRY_POLICY`'s.
+    """
+    from maintenance.runtime.logs import get_logger
+
+    if settings.betterstack_api_token is None:
+        return None
+    policy = replace(DEFAULT_RETRY_POLICY, max_attempts=settings.betterstack_max_retries + 1)
+    if retry_after_max is not None:
+        policy = replace(policy, retry_after_cap=max(retry_after_max, timedelta(0)))
+    return BetterStackClient(
+        settings.betterstack_api_url,
+        settings.betterstack_api_token.get_secret_value(),
+        team_name=settings.betterstack_team_name,
+        timeout=settings.betterstack_timeout.total_seconds(),
+        retry_policy=policy,
+        max_requests_per_second=settings.betterstack_max_requests_per_second,
+        log=get_logger(job="alerts"),
+    )

@@ -7,13 +7,12 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import psycopg
 import structlog
 
-from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound
-from alerts.config import AlertFeedConfig, betterstack_client, feed_config
+from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound, betterstack_client
 from alerts.groups import PlannedIncident
 from alerts.identity import settle_identity
 from alerts.incidents import plan_incidents
@@ -27,15 +26,11 @@ from alerts.sql import (
     RECORD_INTENT,
 )
 from harness.pg import advisory_lock
-from maintenance.jobs.base import JobSpec, ResultMetric
-from maintenance.runtime.db import Database
+from maintenance.jobs.base import JobEnv, JobSpec, ResultMetric
 from maintenance.runtime.logs import get_logger
 from maintenance.runtime.progress import Progress, Report
 
-if TYPE_CHECKING:
-    from maintenance.settings import Settings
-
-__all__ = ["SPEC", "AlertFeed", "AlertFeedConfig", "AlertFeedResult"]
+__all__ = ["SPEC", "AlertFeed", "AlertFeedResult"]
 
 LOCK_NAME = "core_jobs.alerts"
 METADATA_KEY = "core_jobs_alert_key"
@@ -127,14 +122,14 @@ class AlertFeed:
 
     def __init__(
         self,
-        config: AlertFeedConfig,
+        settings: AlertsFields,
         connect: Callable[[], psycopg.Connection],
         client: BetterStackClient | None,
         *,
         log: Any = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config
+        self.settings = settings
         self.connect = connect
         self.client = client
         self.log = log or structlog.get_logger(job="alerts")
@@ -160,10 +155,10 @@ class AlertFeed:
     # --- the run ------------------------------------------------------------------------------
     def _run_locked(self, conn: psycopg.Connection, now: datetime) -> AlertFeedResult:
         result = AlertFeedResult(dry_run=int(self.dry_run))
-        installation = settle_identity(conn, now, self.log, self.config.environment)  # a copy refuses here
-        stale_cutoff = now - self.config.stale_after
+        installation = settle_identity(conn, now, self.log, self.settings.alerts_environment)  # a copy refuses here
+        stale_cutoff = now - self.settings.dead_letter_stale_after
         if self.dry_run:
-            self._dry_run(conn, plan_incidents(conn, now, self.config, installation), result)
+            self._dry_run(conn, plan_incidents(conn, now, self.settings, installation), result)
         else:
             # Earlier intents first: the items a cancelled one releases are planned again below.
             unsettled: set[int] | None
@@ -171,7 +166,7 @@ class AlertFeed:
                 unsettled = self._settle_earlier(conn, now, installation, stale_cutoff, result)
             except _Stop:
                 unsettled = None  # Better Stack is unreachable: record this run's intents, send nothing more
-            for incident in plan_incidents(conn, now, self.config, installation):
+            for incident in plan_incidents(conn, now, self.settings, installation):
                 self._record_intent(conn, incident, now)
             if unsettled is not None:
                 try:
@@ -427,7 +422,9 @@ class AlertFeed:
 
     def _progress(self, total: int) -> Progress:
         """Progress of posting or resolving ``total`` incidents, each a rate-limited, retried request."""
-        return Progress(total=total, interval_s=self.config.progress_interval.total_seconds(), monotonic=self.monotonic)
+        return Progress(
+            total=total, interval_s=self.settings.alerts_progress_interval.total_seconds(), monotonic=self.monotonic
+        )
 
     def _log_progress(self, step: str, report: Report | None) -> None:
         if report is not None:
@@ -451,7 +448,7 @@ class AlertFeed:
         assert self.client is not None
         try:
             resolved_now = self.client.resolve_incident(
-                incident_id, resolved_by=self.config.requester_email or "core-jobs"
+                incident_id, resolved_by=self.settings.betterstack_requester_email or "core-jobs"
             )
         except IncidentNotFound as exc:
             listed = self.client.find_incident(METADATA_KEY, alert_key, scope={INSTALLATION_METADATA_KEY: installation})
@@ -465,23 +462,25 @@ class AlertFeed:
 
     def incident_fields(self, intent: _Intent) -> dict[str, Any]:
         """The POST body of an intent (the client adds the key to ``metadata`` and ``team_name``)."""
-        config = self.config
+        settings = self.settings
         source = source_of(intent.kind)
         escalation = intent.kind == source.stale_kind
-        policy = (config.escalation_policy_id or config.policy_id) if escalation else config.policy_id
+        policy = settings.betterstack_policy_id
+        if escalation:
+            policy = settings.betterstack_escalation_policy_id or policy
         body: dict[str, Any] = {
             "name": intent.name,
             "summary": intent.summary,
             "description": intent.description,
-            **(config.escalation_channels if escalation else config.incident_channels).body(),
+            **settings.channels("escalation" if escalation else "incident"),
             "metadata": {
                 "core_jobs_kind": [source.metadata_stale if escalation else source.metadata_new],
                 source.key_name: [intent.key or "(several)"],
                 source.count_name: [str(intent.num_items)],
             },
         }
-        if config.requester_email:
-            body["requester_email"] = config.requester_email
+        if settings.betterstack_requester_email:
+            body["requester_email"] = settings.betterstack_requester_email
         if policy:
             body["policy_id"] = policy
         return body
@@ -515,20 +514,21 @@ def _resolved_open_alerts(conn: psycopg.Connection) -> list[tuple[Any, ...]]:
     return sorted(rows, key=lambda row: row[0])
 
 
-def build(settings: Settings, db: Database, _stop: object = None) -> AlertFeed:  # one pass: no batch loop to stop
+def build(settings: AlertsFields, env: JobEnv) -> AlertFeed:  # one pass: no batch loop to stop
     return AlertFeed(
-        feed_config(settings),
-        connect=lambda: db.connect(autocommit=True),
-        client=betterstack_client(settings),
+        settings,
+        connect=lambda: env.db.connect(autocommit=True),
+        client=betterstack_client(settings, retry_after_max=env.retry_after_max),
         log=get_logger(job="alerts"),
+        monotonic=env.monotonic,
     )
 
 
-SPEC = JobSpec(
+SPEC = JobSpec[AlertsFields](
     name="alerts",
     summary="Better Stack incidents for new dead letters and RECONCILIATION_REQUIRED executions, escalations, auto-resolve",
-    build=build,
     settings=AlertsFields,
+    build=build,
     zero_fields=AlertFeedResult.zero_fields,
     event_prefix="alerts.feed",
     result_metrics=(

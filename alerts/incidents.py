@@ -13,11 +13,13 @@ from typing import Any
 
 import psycopg
 
-from alerts.config import AlertFeedConfig
 from alerts.groups import AlertGroup, PlannedIncident, human, reason_and_sample_lines, when
+from alerts.settings import AlertsFields
 from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, AlertSource, source_of
 
 _ERROR_CHARS = 200  # of each reason's first line
+TOP_ERRORS = 3  # the most frequent reasons an incident lists
+SAMPLES = 3  # the items an incident names
 
 RESOLVE_HINT = (
     "Check each one at the provider, then resolve it: `core-jobs executions show ID` shows its checkpoints; "
@@ -28,24 +30,24 @@ RESOLVE_HINT = (
 
 # --- planning: scan, group, cap, compose --------------------------------------------------------
 def plan_incidents(
-    conn: psycopg.Connection, now: datetime, config: AlertFeedConfig, installation: str
+    conn: psycopg.Connection, now: datetime, settings: AlertsFields, installation: str
 ) -> list[PlannedIncident]:
     """The incidents this run would post, composed (name, summary, description), keyed for ``installation``."""
-    return [compose_incident(group, now, config, installation) for group in scan(conn, now, config)]
+    return [compose_incident(group, now, settings, installation) for group in scan(conn, now, settings)]
 
 
-def scan(conn: psycopg.Connection, now: datetime, config: AlertFeedConfig) -> list[AlertGroup]:
+def scan(conn: psycopg.Connection, now: datetime, settings: AlertsFields) -> list[AlertGroup]:
     """Every group due for an incident — dead letters new, then stale; then executions new, then
     stale — capped per kind and with details."""
-    cutoff = now - config.stale_after
+    cutoff = now - settings.dead_letter_stale_after
     groups: list[AlertGroup] = []
     for source in SOURCES:
         found_here: list[AlertGroup] = []
         for kind, query in ((source.new_kind, source.scan_new), (source.stale_kind, source.scan_stale)):
             rows = conn.execute(query, {"stale_cutoff": cutoff}).fetchall()
             found = [AlertGroup(kind, row[0], tuple(row[1]), row[2], row[3], episodes=_episodes(row)) for row in rows]
-            found_here += _cap(found, config.max_incidents_per_run)
-        groups += _with_details(conn, source, found_here, config)
+            found_here += _cap(found, settings.alerts_max_incidents_per_run)
+        groups += _with_details(conn, source, found_here)
     return groups
 
 
@@ -74,9 +76,7 @@ def _cap(groups: list[AlertGroup], limit: int) -> list[AlertGroup]:
     return [*keep, folded]
 
 
-def _with_details(
-    conn: psycopg.Connection, source: AlertSource, groups: list[AlertGroup], config: AlertFeedConfig
-) -> list[AlertGroup]:
+def _with_details(conn: psycopg.Connection, source: AlertSource, groups: list[AlertGroup]) -> list[AlertGroup]:
     """Add the top errors and the samples of each group.
 
     Samples: one query for all groups. Top errors: one query per group, by primary key; a
@@ -85,10 +85,10 @@ def _with_details(
     if not groups:
         return []
     detailed = []
-    sample_ids = [i for g in groups for i in g.items[: config.samples]]
+    sample_ids = [i for g in groups for i in g.items[:SAMPLES]]
     samples = {row[0]: (row[1], row[2]) for row in conn.execute(source.samples, {"ids": sample_ids})}
     for group in groups:
-        params = {"ids": list(group.items), "chars": _ERROR_CHARS, "top": config.top_errors}
+        params = {"ids": list(group.items), "chars": _ERROR_CHARS, "top": TOP_ERRORS}
         errors = [(error, n) for error, n in conn.execute(source.top_errors, params)]
         detailed.append(
             AlertGroup(
@@ -98,7 +98,7 @@ def _with_details(
                 group.first_at,
                 group.last_at,
                 errors=tuple(errors),
-                samples=tuple(samples[i] for i in group.items[: config.samples]),
+                samples=tuple(samples[i] for i in group.items[:SAMPLES]),
                 folded=group.folded,
                 episodes=group.episodes,
             )
@@ -107,18 +107,18 @@ def _with_details(
 
 
 # --- the text -----------------------------------------------------------------------------------
-def compose_incident(group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str) -> PlannedIncident:
+def compose_incident(group: AlertGroup, now: datetime, settings: AlertsFields, installation: str) -> PlannedIncident:
     """The incident of a group, in its source's words."""
     source = source_of(group.kind)
     escalation = group.kind == source.stale_kind
     if source is EXECUTIONS:
-        return compose_executions(group, now, config.stale_after, installation, escalation=escalation)
+        return compose_executions(group, now, settings.dead_letter_stale_after, installation, escalation=escalation)
     assert source is DEAD_LETTERS
-    return compose_dead_letters(group, now, config, installation, escalation=escalation)
+    return compose_dead_letters(group, now, settings, installation, escalation=escalation)
 
 
 def compose_dead_letters(
-    group: AlertGroup, now: datetime, config: AlertFeedConfig, installation: str, *, escalation: bool
+    group: AlertGroup, now: datetime, settings: AlertsFields, installation: str, *, escalation: bool
 ) -> PlannedIncident:
     """Name, one-line summary and description of one incident about dead letters pending review."""
     n = len(group.items)
@@ -133,7 +133,7 @@ def compose_dead_letters(
         opening = f"{n} new {letters} in {'queue ' + where if group.key else where}, pending review, written {span}."
         action = "Review them: replay once the cause is fixed, or discard with a reason."
     else:
-        age = human(config.stale_after)
+        age = human(settings.dead_letter_stale_after)
         name = f"{n} {letters} in {where} unreviewed for over {age}"
         summary = (
             f"{n} {letters} in {where} still pending review more than {age} after they were written; the oldest: "
@@ -148,11 +148,11 @@ def compose_dead_letters(
     if group.folded:
         lines.append("Queues:")
         for queue, count in group.folded:
-            link = config.ops_url(queue)
+            link = settings.ops_url(queue)
             lines.append(f"  {count} in {queue}" + (f": {link}" if link else ""))
         lines.append("")
-    elif group.key is not None and config.ops_url(group.key):
-        lines += [f"Dead letters of this queue: {config.ops_url(group.key)}", ""]
+    elif group.key is not None and settings.ops_url(group.key):
+        lines += [f"Dead letters of this queue: {settings.ops_url(group.key)}", ""]
     lines.append(action)
     lines.append(f"Dead letter ids {group.items[0]}–{group.items[-1]} ({n}); alert key {alert_key}.")
     return PlannedIncident(group.kind, group.key, alert_key, name, summary, "\n".join(lines), group.items)

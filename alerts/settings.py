@@ -3,7 +3,9 @@
 The Better Stack API, the heartbeat, incident routing and the stale-dead-letter escalation.
 :class:`maintenance.settings.Settings` composes this mixin from the job catalog; the option
 list of ``docs/alerts.md`` and ``docs/reference/settings.md`` are generated from it
-(``uv run python -m tools.reference``). Secrets: the API token and the heartbeat URL (its
+(``uv run python -m tools.reference``). It is the feed's configuration too: :class:`~alerts.feed.AlertFeed`
+takes it as it is (from the environment as part of ``Settings``, or built in code,
+``AlertsFields(betterstack_policy_id="P1")``), validated by pydantic either way. Secrets: the API token and the heartbeat URL (its
 path is a token) are ``SecretStr``; URLs are checked by
 :func:`~maintenance.fields.urls.check_http_url`. The heartbeat (``alerts/heartbeat.py``) and the
 client (``alerts/betterstack.py``) are this family's too.
@@ -12,18 +14,23 @@ client (``alerts/betterstack.py``) are this family's too.
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
-from urllib.parse import urlsplit
+from typing import Any, Literal
+from urllib.parse import quote, urlsplit
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from maintenance.fields.crontab import Crontab
 from maintenance.fields.durations import PositiveDuration
 from maintenance.fields.urls import check_http_url
 
+# An incident's alert channels, Better Stack's create parameters (https://betterstack.com/docs/uptime/api/create-a-new-incident/).
+CHANNELS = ("call", "sms", "email", "critical_alert")
+
 
 class AlertsFields(BaseModel):
     """Better Stack: API, routing, heartbeat, limits; the ops link; the stale-dead-letter escalation."""
+
+    model_config = ConfigDict(extra="forbid")  # built in code, a misspelt field is an error too
 
     schedule_alerts: Crontab = Field(default="*/5 * * * *", description="`serve`: crontab (UTC) of the alerts job.")
     alerts_environment: str | None = Field(
@@ -175,3 +182,13 @@ class AlertsFields(BaseModel):
         if "{queue}" not in value:
             raise ValueError("must contain the placeholder {queue}")
         return value
+
+    def channels(self, kind: Literal["incident", "escalation"]) -> dict[str, bool]:
+        """How Better Stack alerts the on-call person about one kind of incident (new ones, stale ones): the create
+        parameters ``call``, ``sms``, ``email`` and ``critical_alert`` (a push that ignores the mute switch and Do
+        Not Disturb), from ``BETTERSTACK_<KIND>_*``."""
+        return {name: getattr(self, f"betterstack_{kind}_{name}") for name in CHANNELS}
+
+    def ops_url(self, queue: str) -> str | None:
+        """The link to ``queue``'s dead letters in the incident text (OPS_URL_TEMPLATE), None when unset."""
+        return self.ops_url_template.format(queue=quote(queue, safe="")) if self.ops_url_template else None

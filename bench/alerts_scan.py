@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from alerts.config import AlertFeedConfig
 from alerts.feed import AlertFeed
 from alerts.incidents import scan
+from alerts.settings import AlertsFields
 from alerts.sql import COUNT_UNALERTED, HANDLED_OPEN_ALERTS, SCAN_NEW, SCAN_STALE
 from core_jobs_demo import scratch_database
 from harness.pg import connect, server_now
@@ -121,9 +121,9 @@ def run(url: str) -> None:
         ).fetchone()
         print(f"dead letters: {counts[0]:,} ({counts[1]:,} pending review)")
 
-        config = AlertFeedConfig()
+        config = AlertsFields()
         now = server_now(conn)
-        cutoff = now - config.stale_after
+        cutoff = now - config.dead_letter_stale_after
 
         baseline_ms, _ = median_ms(lambda: conn.execute("SELECT count(*) FROM core.dead_letters").fetchone())
         scan_ms, groups = median_ms(lambda: scan(conn, now, config))

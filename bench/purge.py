@@ -56,8 +56,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from core_jobs_demo import with_database
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
-from maintenance.jobs.purge.config import PurgeConfig
+from maintenance.jobs.base import JobEnv
 from maintenance.jobs.purge.job import Purger
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import configure_logging
@@ -274,8 +275,10 @@ def purge_action(batch_size: int, target: timedelta, strategy: str, chosen: list
         events = io.StringIO()
         configure_logging(fmt="json", level="INFO", stream=events)
         try:
-            config = PurgeConfig(guard=GUARD, batch_size=batch_size, target_batch_duration=target, strategy=strategy)
-            result = Purger(config, db).run_once(db.server_now())
+            fields = PurgeFields(
+                purge_batch_size=batch_size, purge_target_batch_duration=target, purge_strategy=strategy
+            )
+            result = Purger(fields, JobEnv(db, GUARD)).run_once(db.server_now())
         finally:
             configure_logging(fmt="console", level="WARNING", stream=sys.stderr)
         assert result.ok and not result.stopped_on_budget, result.fields()
@@ -330,12 +333,15 @@ def main(argv: list[str] | None = None) -> int:
         help="also load N replayed dead letters handled 30 days ago (default 0)",
     )
     parser.add_argument(
-        "--batch-size", type=int, default=PurgeConfig.batch_size, help="largest purge batch (default: the setting's)"
+        "--batch-size",
+        type=int,
+        default=PurgeFields().purge_batch_size,
+        help="largest purge batch (default: the setting's)",
     )
     parser.add_argument(
         "--target-batch-ms",
         type=float,
-        default=PurgeConfig.target_batch_duration.total_seconds() * 1000,
+        default=PurgeFields().purge_target_batch_duration.total_seconds() * 1000,
         help="purge target batch duration, ms (default: the setting's, 10)",
     )
     parser.add_argument("--writer-rate", type=float, default=500.0, help="writer inserts per second (default 500)")

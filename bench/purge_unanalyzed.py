@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.purge import DEFAULT_SERVER, admin
 from core_jobs_demo import with_database
 from harness.pg import connect
-from maintenance.jobs.purge.config import PurgeConfig
+from maintenance.jobs.base import JobEnv
 from maintenance.jobs.purge.job import Purger
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
 from maintenance.settings import TtlGuard
@@ -81,7 +82,7 @@ def run(server: str, template: str, copy: str, state: str) -> tuple[float, int, 
             found = reltuples.fetchone()[0]
             assert found == expected if expected is not None else found > 2000, (state, found)
         db = Database(url)
-        purger = Purger(PurgeConfig(guard=GUARD, max_runtime=timedelta(minutes=10)), db)
+        purger = Purger(PurgeFields(purge_max_runtime=timedelta(minutes=10)), JobEnv(db, GUARD))
         started = time.perf_counter()
         result = purger.run_once(db.server_now())
         return time.perf_counter() - started, result.num_batches, result.num_deleted, bool(result.used_sweep)

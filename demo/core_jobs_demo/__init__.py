@@ -28,7 +28,7 @@ from core_jobs_demo.harness import walk_through
 from harness.examples import points
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
-from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.runner import build_jobs, job_env, run_jobs
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
@@ -106,7 +106,7 @@ def run_demo(settings: Settings, *, keep: bool = False, out=None) -> int:
         before = table_counts(db)
         out.write("\nSeeded:\n" + "".join(f"  - {line}\n" for line in story))
         stop = threading.Event()  # the demo runs every job to its end: nothing sets it
-        built = build_jobs(demo_settings, db, stop=stop)
+        built = build_jobs(demo_settings, job_env(demo_settings, db, stop=stop))
         outcomes = run_jobs(built, db, Telemetry(), stop=stop)
         after = table_counts(db)
 

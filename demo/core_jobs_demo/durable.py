@@ -50,7 +50,7 @@ from harness.queue.port import Envelope
 from harness.worker import Worker, WorkerConfig
 from maintenance.operations.executions import ExecutionDetail, get_execution
 from maintenance.runtime.db import Database
-from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.runner import build_jobs, job_env, run_jobs
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ENV_PREFIX, Settings
 
@@ -260,7 +260,9 @@ def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
 def _incidents(settings: Settings, db: Database) -> list[str]:
     """The incidents about executions that the alert feed, run again, would post (a dry run: the demo has no token)."""
     stop = threading.Event()  # runs to its end: nothing sets it
-    (outcome,) = run_jobs(build_jobs(settings, db, ["alerts"], stop=stop), db, Telemetry(), stop=stop)
+    (outcome,) = run_jobs(
+        build_jobs(settings, job_env(settings, db, stop=stop), ["alerts"]), db, Telemetry(), stop=stop
+    )
     planned = [i for i in getattr(outcome.result, "planned", []) if str(i.kind).startswith(RECONCILIATION_KINDS)]
     lines = [f"the alert feed, run again (dry: no {ENV_PREFIX}BETTERSTACK_API_TOKEN), would post:"]
     for incident in planned:

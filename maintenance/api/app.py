@@ -35,9 +35,9 @@ from maintenance.api.auth import TokenVerifier
 from maintenance.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemModel
 from maintenance.api.resources import dead_letters, executions, resolutions
 from maintenance.api.threads import PROBING, run_on, use_endpoint_threads
-from maintenance.operations.dead_letters import DEFAULT_BULK_MAX
 from maintenance.runtime.logs import get_logger
 from maintenance.settings.api import DEFAULT_API_WORKER_THREADS
+from maintenance.settings.worker import DEFAULT_DEAD_LETTERS_BULK_MAX
 
 QUIET_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -272,7 +272,7 @@ def create_app(
     metrics: ApiMetrics | None = None,
     title: str = "core-jobs operations API",
     admin: AdminConfig | None = None,
-    bulk_max: int = DEFAULT_BULK_MAX,
+    bulk_max: int = DEFAULT_DEAD_LETTERS_BULK_MAX,
     worker_threads: int = DEFAULT_API_WORKER_THREADS,
 ) -> FastAPI:
     """The API, its dependencies given explicitly: the pool is opened and closed by the app's lifespan.

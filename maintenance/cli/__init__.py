@@ -281,12 +281,12 @@ def cmd_run_once(args: argparse.Namespace, settings: Settings) -> int:
     from maintenance.runtime.db import Database
     from maintenance.runtime.logs import get_logger
     from maintenance.runtime.signals import on_signals
-    from maintenance.service.runner import Runner, build_jobs
+    from maintenance.service.runner import Runner, build_jobs, job_env
     from maintenance.service.telemetry import Telemetry
 
     stop, telemetry = threading.Event(), Telemetry()
     db = Database(settings.conninfo())
-    built = build_jobs(settings, db, args.jobs, stop=stop)
+    built = build_jobs(settings, job_env(settings, db, stop=stop), args.jobs)
     runner = Runner(db, telemetry, after_run_hooks(settings, telemetry))
 
     def stopping(signal_name: str) -> None:

@@ -2,26 +2,19 @@
 
 Durations (``durations.py``), URLs and their secrets (``urls.py``), crontabs (``crontab.py``),
 the environment's rules and error messages (``environment.py``), per-queue retry overrides and
-the TTL guard (``retry.py``), the broker's redelivery horizon the guard adds (``horizon.py``). A job declares its settings with these beside its config
-(``maintenance/jobs/<job>/settings.py``); :class:`maintenance.settings.Settings` composes the
-declarations. This package imports neither the settings nor the jobs, so both can import it.
+the TTL guard (``retry.py``), the broker's redelivery horizon the guard adds (``horizon.py``).
+A job declares its settings, which are its configuration, with these (its ``settings.py``);
+:class:`maintenance.settings.Settings` composes the declarations. This package imports neither
+the settings nor the jobs, so both can import it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any
-
-from pydantic import BaseModel
 
 # A consumer as a setting names it: ``module:attribute`` (maintenance/consumers.py loads it).
 CONSUMER_REFERENCE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
-
-
-def default_of(fields: type[BaseModel], name: str) -> Any:
-    """The default a settings mixin declares for ``name``: the one place it is written."""
-    return fields.model_fields[name].get_default(call_default_factory=True)
 
 
 def listed(value: object) -> object:

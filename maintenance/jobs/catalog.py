@@ -27,10 +27,10 @@ from maintenance.jobs.purge.settings import PurgeFields
 if TYPE_CHECKING:
     from maintenance.jobs.base import JobSpec
 
-    JOBS: tuple[JobSpec, ...]  # made on first use by __getattr__ below
+    JOBS: tuple[JobSpec[Any], ...]  # made on first use by __getattr__ below
 
 # Each job, in run order: its name, the module whose SPEC runs it, and its settings mixin.
-CATALOG: tuple[tuple[str, str, type[BaseModel] | None], ...] = (
+CATALOG: tuple[tuple[str, str, type[BaseModel]], ...] = (
     ("purge", "maintenance.jobs.purge.job", PurgeFields),
     ("alerts", "alerts.feed", AlertsFields),
     ("metrics", "maintenance.jobs.metrics.job", MetricsFields),
@@ -38,18 +38,18 @@ CATALOG: tuple[tuple[str, str, type[BaseModel] | None], ...] = (
 
 NAMES: tuple[str, ...] = tuple(name for name, _, _ in CATALOG)
 
-# Each job's package (its settings.py, config.py and manual pointer), by name: the SPEC module's.
+# Each job's package (its settings.py and manual pointer), by name: the SPEC module's.
 PACKAGES: dict[str, str] = {name: module.rpartition(".")[0] for name, module, _ in CATALOG}
 
 # Each job's settings mixin, in run order (maintenance.settings.Settings composes them).
-JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(fields for _, _, fields in CATALOG if fields is not None)
+JOB_FIELDS: tuple[type[BaseModel], ...] = tuple(fields for _, _, fields in CATALOG)
 
 
-def _load_specs() -> tuple[JobSpec, ...]:
+def _load_specs() -> tuple[JobSpec[Any], ...]:
     """Each job's SPEC, imported from its job.py, checked against its line in CATALOG."""
     specs = []
     for name, module, fields in CATALOG:
-        spec: JobSpec = importlib.import_module(module).SPEC
+        spec: JobSpec[Any] = importlib.import_module(module).SPEC
         if spec.name != name or spec.settings is not fields:
             raise ImportError(
                 f"maintenance/jobs/catalog.py names the job {name!r} with the settings {fields!r}, but its SPEC "
@@ -59,11 +59,11 @@ def _load_specs() -> tuple[JobSpec, ...]:
     return tuple(specs)
 
 
-def _jobs() -> tuple[JobSpec, ...]:
+def _jobs() -> tuple[JobSpec[Any], ...]:
     """JOBS, made once (a plain module global from then on)."""
     if "JOBS" not in globals():
         globals()["JOBS"] = _load_specs()
-    jobs: tuple[JobSpec, ...] = globals()["JOBS"]
+    jobs: tuple[JobSpec[Any], ...] = globals()["JOBS"]
     return jobs
 
 
@@ -74,6 +74,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def by_name() -> dict[str, JobSpec]:
+def by_name() -> dict[str, JobSpec[Any]]:
     """Every job by name, in run order."""
     return {spec.name: spec for spec in _jobs()}

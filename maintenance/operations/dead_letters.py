@@ -24,8 +24,8 @@
   (``undecodable``), nothing changed: republished, it would only be dead-lettered again (and a
   dead letter's payload never changes). Discard it.
 - Replay and discard act on ``pending_review`` dead letters (by ids, or every pending one of a
-  queue — a **filter**, capped: one matching more than ``max_rows`` (:data:`DEFAULT_BULK_MAX`;
-  ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` for the CLI and the API) is refused with the count,
+  queue — a **filter**, capped: one matching more than ``max_rows`` (the caller's, required with a
+  filter: ``CORE_JOBS_DEAD_LETTERS_BULK_MAX`` for the CLI and the API) is refused with the count,
   nothing changed, so a slip of the queue name cannot republish a whole backlog in one
   transaction; act by ids, or raise the cap deliberately), release on outstanding replays; each acts on every id given or on none: an id that
   does not exist or is in the wrong state refuses the whole request (:class:`OperationRefused`,
@@ -64,10 +64,8 @@ from harness.enumerations import DEAD_LETTER_STATUSES
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Envelope, UndecodablePayload
 from maintenance.operations.keyset import fetch_page
-from maintenance.operations.limits import DEFAULT_BULK_MAX  # dead letters one bulk action by filter may touch
 
 __all__ = [
-    "DEFAULT_BULK_MAX",
     "Action",
     "DeadLetterDetail",
     "DeadLetterFilter",
@@ -258,9 +256,10 @@ def replay(
     queue: str | None = None,
     operator: str,
     reason: str | None = None,
-    max_rows: int = DEFAULT_BULK_MAX,
+    max_rows: int | None = None,
 ) -> list[DeadLetterRow]:
-    """Replay the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``); the rows replayed."""
+    """Replay the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``, required with it); the
+    rows replayed."""
     if bool(ids) == bool(queue):
         raise OperationRefused(["give dead-letter ids, or a queue to replay all its pending dead letters"])
     _check_operator(operator)
@@ -301,9 +300,10 @@ def discard(
     queue: str | None = None,
     operator: str,
     reason: str,
-    max_rows: int = DEFAULT_BULK_MAX,
+    max_rows: int | None = None,
 ) -> list[DeadLetterRow]:
-    """Discard the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``), with ``reason`` (J-AC7)."""
+    """Discard the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``, required with it), with
+    ``reason`` (J-AC7)."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
     if bool(ids) == bool(queue):
@@ -329,7 +329,7 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
         raise OperationRefused(["give the ids of the replayed dead letters to release"])
     _check_operator(operator)
     with conn.transaction():
-        rows = _lock(conn, ids, None, "released")
+        rows = _lock(conn, ids, None, "released", None)
         queued = [r[0] for r in conn.execute(STILL_QUEUED, {"ids": [r.id for r in rows]})]
         if queued:
             raise OperationRefused(
@@ -346,10 +346,12 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
 
 
 def _lock(
-    conn: psycopg.Connection, ids: Sequence[int], queue: str | None, action: str, max_rows: int = DEFAULT_BULK_MAX
+    conn: psycopg.Connection, ids: Sequence[int], queue: str | None, action: str, max_rows: int | None
 ) -> list[DeadLetterRow]:
     with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
         if queue is not None:
+            if max_rows is None:  # the caller's cap, CORE_JOBS_DEAD_LETTERS_BULK_MAX: no default here to drift from it
+                raise TypeError("a bulk action by filter needs max_rows (CORE_JOBS_DEAD_LETTERS_BULK_MAX)")
             rows = cur.execute(LOCK_PENDING_OF_QUEUE, {"queue": queue, "limit": max_rows + 1}).fetchall()
             if len(rows) > max_rows:
                 (matched,) = conn.execute(COUNT_PENDING_OF_QUEUE, {"queue": queue}).fetchone()  # type: ignore[misc]

@@ -9,8 +9,9 @@ records it in the process's :class:`~maintenance.service.telemetry.Telemetry`, t
 after-run hooks (the Pushgateway push, the Better Stack heartbeat), each built once by the
 composition root from its own two settings (:func:`maintenance.cli.after_run_hooks`). The
 caller owns the state: the ``stop`` event (set by a SIGTERM through
-:func:`maintenance.runtime.signals.on_signals`) is given to :func:`build_jobs` (batch loops
-check it) and to :meth:`Runner.run` (no further job starts once it is set).
+:func:`maintenance.runtime.signals.on_signals`) goes into the jobs' :class:`JobEnv`, made once
+by :func:`job_env` (batch loops check it), and to :meth:`Runner.run` (no further job starts
+once it is set).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 
 from harness import tracing
 from harness.errors import describe_error
-from maintenance.jobs.base import Job, JobSpec
+from maintenance.jobs.base import Job, JobEnv, JobSpec
 from maintenance.jobs.catalog import by_name as jobs
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger, redact
@@ -44,24 +45,29 @@ class JobOutcome:
     duration_s: float = 0.0
 
 
-def build_jobs(
-    settings: Settings, db: Database, names: Iterable[str] = (), *, stop: threading.Event | None = None
-) -> list[tuple[JobSpec, Job]]:
-    """Validate and build the named jobs (all when none is named); ConfigError on any problem.
+def job_env(settings: Settings, db: Database, *, stop: threading.Event | None = None) -> JobEnv:
+    """What every job runs with, read from the settings once: ``stop`` is what the jobs' batch loops check
+    (default: an event nobody sets)."""
+    return JobEnv(
+        db=db,
+        ttl_guard=settings.ttl_guard(),
+        stop=stop if stop is not None else threading.Event(),
+        retry_after_max=settings.retry_after_max,
+    )
 
-    ``stop`` is what the jobs' batch loops check (default: an event nobody sets).
-    """
+
+def build_jobs(settings: Settings, env: JobEnv, names: Iterable[str] = ()) -> list[tuple[JobSpec[Any], Job]]:
+    """Build the named jobs (all when none is named), each from its settings and ``env``; ConfigError on any problem."""
     registered = jobs()
     wanted = list(names) or list(registered)
     unknown = [n for n in wanted if n not in registered]
     if unknown:
         valid = ", ".join(registered) or "(none registered)"
         raise ConfigError(f"unknown job {', '.join(unknown)}; valid jobs: {valid}")
-    stop = stop if stop is not None else threading.Event()
-    return [(registered[n], registered[n].build(settings, db, stop)) for n in wanted]
+    return [(registered[n], registered[n].build(settings, env)) for n in wanted]
 
 
-def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry) -> JobOutcome:
+def run_job(spec: JobSpec[Any], job: Job, db: Database, telemetry: Telemetry) -> JobOutcome:
     """Run one job once; never raises (a failure becomes ok=False and an error event).
 
     The outcome is also recorded as Prometheus metrics in ``telemetry``.
@@ -71,7 +77,7 @@ def run_job(spec: JobSpec, job: Job, db: Database, telemetry: Telemetry) -> JobO
     return outcome
 
 
-def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
+def _run(spec: JobSpec[Any], job: Job, db: Database) -> JobOutcome:
     # One span per run, a new trace each (maintenance/runtime/tracing.py); its events carry its ids.
     with tracer().start_as_current_span(f"job {spec.name}", attributes={"core_jobs.job": spec.name}) as span:
         outcome = _run_traced(spec, job, db)
@@ -81,7 +87,7 @@ def _run(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
         return outcome
 
 
-def _run_traced(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
+def _run_traced(spec: JobSpec[Any], job: Job, db: Database) -> JobOutcome:
     log = get_logger(job=spec.name)
     started = time.monotonic()
     log.info(f"{spec.events}.start")
@@ -101,7 +107,7 @@ def _run_traced(spec: JobSpec, job: Job, db: Database) -> JobOutcome:
 
 
 def run_jobs(
-    built: list[tuple[JobSpec, Job]], db: Database, telemetry: Telemetry, *, stop: threading.Event
+    built: list[tuple[JobSpec[Any], Job]], db: Database, telemetry: Telemetry, *, stop: threading.Event
 ) -> list[JobOutcome]:
     """Run the jobs in order; once ``stop`` is set (SIGTERM), start no further job."""
     outcomes: list[JobOutcome] = []
@@ -126,13 +132,13 @@ class Runner:
         self.telemetry = telemetry
         self.after_run = tuple(after_run)
 
-    def run(self, built: list[tuple[JobSpec, Job]], *, stop: threading.Event, source: str) -> list[JobOutcome]:
+    def run(self, built: list[tuple[JobSpec[Any], Job]], *, stop: threading.Event, source: str) -> list[JobOutcome]:
         """Every job of ``built`` in order (none started once ``stop`` is set), then the hooks once, for them all."""
         outcomes = run_jobs(built, self.db, self.telemetry, stop=stop)
         self._after(outcomes, source)
         return outcomes
 
-    def run_one(self, spec: JobSpec, job: Job, *, source: str) -> JobOutcome:
+    def run_one(self, spec: JobSpec[Any], job: Job, *, source: str) -> JobOutcome:
         """One job, then the hooks for it."""
         outcome = run_job(spec, job, self.db, self.telemetry)
         self._after([outcome], source)

@@ -46,7 +46,7 @@ from maintenance.runtime.db import Database
 from maintenance.runtime.logs import SecretRedactor, get_logger
 from maintenance.runtime.signals import on_signals
 from maintenance.service.http import make_server, serve_in_background
-from maintenance.service.runner import AfterRun, Runner, build_jobs
+from maintenance.service.runner import AfterRun, Runner, build_jobs, job_env
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
@@ -58,7 +58,7 @@ class JobScheduler:
         self,
         settings: Settings,
         db: Database,
-        built: list[tuple[JobSpec, Job]],
+        built: list[tuple[JobSpec[Any], Job]],
         *,
         telemetry: Telemetry,
         scheduler: BaseScheduler | None = None,
@@ -88,7 +88,7 @@ class JobScheduler:
             )
         self.scheduler.add_listener(self._not_run, EVENT_JOB_MISSED | EVENT_JOB_MAX_INSTANCES)
 
-    def _run(self, spec: JobSpec, job: Job) -> None:
+    def _run(self, spec: JobSpec[Any], job: Job) -> None:
         self.runner.run_one(spec, job, source="core-jobs serve")
 
     def _not_run(self, event: JobEvent) -> None:
@@ -142,7 +142,9 @@ def serve(
     """
     log = get_logger()
     db = Database(settings.conninfo())
-    jobs = JobScheduler(settings, db, build_jobs(settings, db, stop=stop), telemetry=telemetry, after_run=after_run)
+    jobs = JobScheduler(
+        settings, db, build_jobs(settings, job_env(settings, db, stop=stop)), telemetry=telemetry, after_run=after_run
+    )
     server = make_server(settings.http_host, settings.http_port, health=jobs.health, registry=jobs.telemetry.registry)
     received: list[str] = []
     serving = False

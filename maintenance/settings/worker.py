@@ -26,7 +26,6 @@ from pydantic_settings import NoDecode
 from harness.queue.adapters import adapter_reference, url_scheme
 from maintenance.fields import CONSUMER_REFERENCE, listed
 from maintenance.fields.durations import PositiveDuration
-from maintenance.operations.limits import DEFAULT_BULK_MAX  # not from dead_letters: that loads psycopg
 
 DEFAULT_WORKER_LEASE = timedelta(seconds=30)  # claim held before another worker may take it
 DEFAULT_WORKER_BATCH_SIZE = 10  # messages per claim
@@ -34,7 +33,7 @@ DEFAULT_WORKER_POLL_INTERVAL = timedelta(seconds=1)  # idle wait
 DEFAULT_WORKER_CONCURRENCY = 1  # threads per process
 DEFAULT_WORKER_LISTEN = True  # idle: wake on the reference queue's NOTIFY, polling as the fallback
 DEFAULT_WORKER_RECONNECT_FOR = timedelta(minutes=2)  # reconnecting after a lost connection, before exit 1
-DEFAULT_DEAD_LETTERS_BULK_MAX = DEFAULT_BULK_MAX  # dead letters per bulk action by filter
+DEFAULT_DEAD_LETTERS_BULK_MAX = 1000  # dead letters per bulk action by filter
 DEFAULT_WORKER_DATABASE_ROLE = "core_jobs_worker"  # migration 0020
 DEFAULT_RELAY_DATABASE_ROLE = "core_jobs_relay"  # migration 0020
 

@@ -5,12 +5,11 @@ Real PostgreSQL and the stateful fake Better Stack (a real local HTTP server).""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from datetime import timedelta
 
 import psycopg
 import pytest
-from support.alerts_support import CONFIG, CRASH_EXIT, alert_rows, make_feed, run_crashing_feed
+from support.alerts_support import CRASH_EXIT, alert_rows, feed_settings, make_feed, run_crashing_feed
 from support.factories import add_dead_letters, add_execution, make_uncertain_again, resolve_execution
 from support.fake_betterstack import Fault, metadata_values
 
@@ -266,7 +265,7 @@ def test_execution_coverage_is_append_only(conn):
 def test_a_storm_of_consumers_is_folded_into_one_summary_paged_once(db, conn, fake_bs):
     """With one incident per run and kind, 2 + 1 executions of two consumers fold into one summary, paged once."""
     ids = uncertain(conn, "points.ledger", 2) + uncertain(conn, "payments.charge", 1)
-    feed = make_feed(db, fake_bs, replace(CONFIG, max_incidents_per_run=1))
+    feed = make_feed(db, fake_bs, feed_settings(alerts_max_incidents_per_run=1))
     result = feed.run_once(server_now(conn))
     assert (result.incidents_posted, result.executions_alerted) == (1, 3)
     [summary] = fake_bs.posts()

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from support.alerts_support import CONFIG, alert_rows, coverage, handle, make_feed
+from support.alerts_support import alert_rows, coverage, feed_settings, handle, make_feed
 from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault, body_errors, metadata_values
 
-from alerts.config import Channels
 from alerts.feed import METADATA_KEY, AlertFeedResult, read_installation
 from harness.pg import advisory_lock, server_now
 
@@ -187,7 +185,7 @@ def test_a_storm_is_capped_and_the_rest_folded_into_one_summary(db, conn, fake_b
     """Five failing queues with a cap of 3: the two largest get their own, three fold into one summary."""
     for n, queue in enumerate(["q.a", "q.b", "q.c", "q.d", "q.e"]):
         add_dead_letters(conn, queue, 10 - n)
-    feed = make_feed(db, fake_bs, replace(CONFIG, max_incidents_per_run=3))
+    feed = make_feed(db, fake_bs, feed_settings(alerts_max_incidents_per_run=3))
     result = feed.run_once(server_now(conn))
     names = [p.body["name"] for p in fake_bs.posts()]
     assert names == ["10 new dead letters in q.a", "9 new dead letters in q.b", "21 new dead letters in 3 queues"]
@@ -439,10 +437,11 @@ def test_every_incident_body_is_what_the_v3_documentation_defines_with_todays_ch
 
 def test_an_escalation_can_ask_for_a_phone_call_while_new_incidents_do_not(db, conn, fake_bs):
     """Channels are per kind: escalation call + critical alert, new incidents SMS without email."""
-    config = replace(
-        CONFIG,
-        incident_channels=Channels(call=False, sms=True, email=False, critical_alert=False),
-        escalation_channels=Channels(call=True, sms=False, email=True, critical_alert=True),
+    config = feed_settings(
+        betterstack_incident_sms=True,
+        betterstack_incident_email=False,
+        betterstack_escalation_call=True,
+        betterstack_escalation_critical_alert=True,
     )
     add_dead_letters(conn, "points.credit", 2)
     add_dead_letters(conn, "points.expire", 1, age="5 days")
@@ -460,7 +459,7 @@ def test_a_long_run_reports_progress_at_info_every_interval(db, conn, fake_bs, l
     for n in range(6):
         add_dead_letters(conn, f"queue.{n}", 1)
     ticks = iter(range(0, 1000, 2))
-    feed = make_feed(db, fake_bs, replace(CONFIG, progress_interval=timedelta(seconds=5)))
+    feed = make_feed(db, fake_bs, feed_settings(alerts_progress_interval=timedelta(seconds=5)))
     feed.monotonic = lambda: float(next(ticks))
     assert feed.run_once(server_now(conn)).incidents_posted == 6
     progress = logs.named("alerts.feed.progress")

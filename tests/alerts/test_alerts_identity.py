@@ -11,13 +11,12 @@ from __future__ import annotations
 import os
 import secrets
 from collections.abc import Callable, Iterator
-from dataclasses import replace
 from urllib.parse import urlsplit
 
 import psycopg
 import pytest
 from conftest import create_database, drop_database
-from support.alerts_support import CONFIG, alert_rows, handle, make_feed
+from support.alerts_support import alert_rows, feed_settings, handle, make_feed
 from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault, metadata_values
 from support.logcapture import events_in
@@ -277,8 +276,8 @@ def test_a_renewed_copy_cancels_the_origins_pending_intents_and_pages_their_dead
     assert not any(origin_key in str(r.args) or origin_key in str(r.body) for r in fake_bs.requests[sent_before:])
 
 
-PRODUCTION = replace(CONFIG, environment="production")
-STAGING = replace(CONFIG, environment="staging-eu")
+PRODUCTION = feed_settings(alerts_environment="production")
+STAGING = feed_settings(alerts_environment="staging-eu")
 
 
 def physical_copy(copy_database: Callable[[str], str], origin_url: str) -> str:

@@ -6,8 +6,10 @@ from datetime import timedelta
 
 import pytest
 
-from alerts.config import betterstack_client, feed_config
+from alerts.betterstack import betterstack_client
+from alerts.feed import SPEC
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.service.runner import job_env
 from maintenance.settings import load_settings
 
 
@@ -65,33 +67,36 @@ def test_check_config_redacts_the_token_and_the_heartbeat_url(clean_env, capsys)
     assert "tok-live-123456" not in out and "hb-998877" not in out
 
 
-def test_settings_map_onto_the_feed_config_and_client(clean_env):
-    """Durations, routing and client limits reach the feed; no token means no client (dry run)."""
+def test_settings_reach_the_feed_and_its_client(clean_env):
+    """Durations, routing and client limits reach the feed SPEC builds; no token means no client (dry run)."""
     clean_env.setenv("CORE_JOBS_DEAD_LETTER_STALE_AFTER", "P1DT12H")
     clean_env.setenv("CORE_JOBS_BETTERSTACK_POLICY_ID", "P-1")
     clean_env.setenv("CORE_JOBS_OPS_URL_TEMPLATE", "https://ops.example/dl?queue={queue}")
     settings = load_settings()
-    config = feed_config(settings)
-    assert config.stale_after == timedelta(days=1, hours=12) and config.policy_id == "P-1"
-    assert config.ops_url("points credit/x") == "https://ops.example/dl?queue=points%20credit%2Fx"
-    assert config.max_incidents_per_run == 20
-    assert betterstack_client(settings) is None
+    feed = SPEC.build(settings, job_env(settings, db=None))  # building connects nothing
+    assert feed.settings.dead_letter_stale_after == timedelta(days=1, hours=12)
+    assert feed.settings.betterstack_policy_id == "P-1"
+    assert feed.settings.ops_url("points credit/x") == "https://ops.example/dl?queue=points%20credit%2Fx"
+    assert feed.settings.alerts_max_incidents_per_run == 20
+    assert feed.client is None
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "tok-live-123456")
     clean_env.setenv("CORE_JOBS_BETTERSTACK_MAX_RETRIES", "5")
-    client = betterstack_client(load_settings())
+    clean_env.setenv("CORE_JOBS_RETRY_AFTER_MAX", "PT30S")
+    settings = load_settings()
+    client = SPEC.build(settings, job_env(settings, db=None)).client
     assert client is not None and client.retry_policy.max_attempts == 6 and client.timeout == 10.0
+    assert client.retry_policy.retry_after_cap == timedelta(seconds=30)
     assert "tok-live-123456" not in repr(client)
+    assert betterstack_client(settings).retry_policy.retry_after_cap == timedelta(seconds=120)  # the client's own
 
 
 def test_alert_channels_default_to_todays_values_and_are_set_per_kind(clean_env):
     """Unset: email only for both kinds; CORE_JOBS_BETTERSTACK_ESCALATION_CALL=true asks a call of escalations only."""
-    from alerts.config import Channels
-
-    today = Channels(call=False, sms=False, email=True, critical_alert=False)
-    config = feed_config(load_settings())
-    assert (config.incident_channels, config.escalation_channels) == (today, today)
+    today = {"call": False, "sms": False, "email": True, "critical_alert": False}
+    settings = load_settings()
+    assert (settings.channels("incident"), settings.channels("escalation")) == (today, today)
     clean_env.setenv("CORE_JOBS_BETTERSTACK_ESCALATION_CALL", "true")
     clean_env.setenv("CORE_JOBS_BETTERSTACK_INCIDENT_EMAIL", "false")
-    config = feed_config(load_settings())
-    assert config.escalation_channels == Channels(call=True, sms=False, email=True, critical_alert=False)
-    assert config.incident_channels == Channels(call=False, sms=False, email=False, critical_alert=False)
+    settings = load_settings()
+    assert settings.channels("escalation") == {"call": True, "sms": False, "email": True, "critical_alert": False}
+    assert settings.channels("incident") == {"call": False, "sms": False, "email": False, "critical_alert": False}

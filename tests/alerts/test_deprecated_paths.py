@@ -13,7 +13,6 @@ pytestmark = pytest.mark.pure
 MOVED = {
     "maintenance.jobs.alerts.job": "alerts.feed",
     "maintenance.jobs.alerts.settings": "alerts.settings",
-    "maintenance.jobs.alerts.config": "alerts.config",
     "maintenance.jobs.alerts.identity": "alerts.identity",
     "maintenance.jobs.alerts.incidents": "alerts.incidents",
     "maintenance.jobs.alerts.groups": "alerts.groups",

@@ -310,7 +310,7 @@ def test_the_api_role_replays_one_letter_or_a_whole_queue(as_api_role, conn):
     with as_api_role.transaction():
         operations.replay(as_api_role, [by_id], operator="ops:ana")
     with as_api_role.transaction():
-        operations.replay(as_api_role, queue=QUEUE, operator="ops:ana")
+        operations.replay(as_api_role, queue=QUEUE, operator="ops:ana", max_rows=10)
     assert [r[0] for r in conn.execute("SELECT replay_of FROM core.queue_messages ORDER BY replay_of")] == [
         by_id,
         *of_queue,

@@ -420,6 +420,20 @@ def test_a_blank_operator_is_refused_in_words_that_name_no_surface(conn):
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
 
 
+def test_a_bulk_action_by_filter_is_given_its_cap_by_the_caller(conn):
+    """replay and discard by queue take max_rows from the caller (CORE_JOBS_DEAD_LETTERS_BULK_MAX, the CLI's and the
+    API's setting): without it they refuse before touching anything, for there is no second default to drift."""
+    from maintenance.operations.dead_letters import discard, replay
+
+    letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
+    queue = scalar(conn, "SELECT queue FROM core.dead_letters WHERE id = %s", (letter_id,))
+    with pytest.raises(TypeError, match="max_rows"):
+        replay(conn, queue=queue, operator="ops")
+    with pytest.raises(TypeError, match="max_rows"):
+        discard(conn, queue=queue, operator="ops", reason="duplicate")
+    assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
+
+
 def test_cli_refuses_a_blank_operator_saying_which_option_to_pass(cli, conn, capsys):
     """`--operator ""` is refused with exit 2 and the CLI's own hint, `pass --operator NAME (or set $USER)`; nothing changed."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})

@@ -34,10 +34,10 @@ from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Duplicate
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.purge.config import PurgeConfig
-from maintenance.jobs.purge.job import Purger
+from maintenance.jobs.purge.job import SPEC
 from maintenance.operations.dead_letters import replay
 from maintenance.runtime import migrate
+from maintenance.service.runner import job_env
 from maintenance.settings import load_settings
 
 SECOND = timedelta(seconds=1)
@@ -53,7 +53,8 @@ def cli(clean_env, database_url):
 @pytest.fixture
 def default_purge(cli, db):
     """The purge with its default settings, run at a given time on PostgreSQL's clock."""
-    return Purger(PurgeConfig.from_settings(load_settings()), db)
+    settings = load_settings()
+    return SPEC.build(settings, job_env(settings, db))
 
 
 def already_credited(database_url, conn, member: str, amount: int):
@@ -92,7 +93,7 @@ def test_once_the_replayed_delivery_is_handled_its_fence_is_purged_after_the_win
     letter_id, job_id = replayed_in_a_backlog(database_url, conn)
     assert run_worker(database_url).duplicates == 1
     handled = scalar(conn, "SELECT replay_handled_at FROM core.dead_letters WHERE id = %s", (letter_id,))
-    window = default_purge.config.guard.required
+    window = default_purge.guard.required
     assert default_purge.run_once(handled + window - SECOND).num_deleted == 0
     assert fences(conn, job_id) == 1
     assert default_purge.run_once(handled + window + SECOND).num_deleted == 1

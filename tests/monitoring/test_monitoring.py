@@ -27,7 +27,7 @@ from support.monitoring_contract import PROMETHEUS_OWN, exported_families, expor
 
 from harness.metrics import HarnessMetrics
 from maintenance.service.http import make_server, serve_in_background
-from maintenance.service.runner import build_jobs, run_job
+from maintenance.service.runner import build_jobs, job_env, run_job
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
@@ -149,7 +149,7 @@ def test_every_exported_family_is_scraped_from_serve_the_api_and_the_worker(db, 
     """Every family the collectors declare is on serve's /metrics (after a run of each job), the API's or the worker's registry, with its type."""
     settings = Settings(database_url=database_url)
     telemetry = Telemetry()
-    for spec, job in build_jobs(settings, db, ["purge", "alerts", "metrics"]):
+    for spec, job in build_jobs(settings, job_env(settings, db), ["purge", "alerts", "metrics"]):
         run_job(spec, job, db, telemetry)
     server = make_server("127.0.0.1", 0, health=lambda: (True, {}), registry=telemetry.registry)
     serve_in_background(server)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import inspect
@@ -26,31 +27,33 @@ def test_jobs_run_in_the_documented_order():
     assert list(by_name()) == JOB_NAMES
 
 
-def settings_builders(module) -> list[str]:
-    """The functions and ``from_settings`` classmethods defined in ``module`` that take the settings."""
-    found = []
-    for name, obj in vars(module).items():
-        if getattr(obj, "__module__", None) != module.__name__:
-            continue
-        if inspect.isclass(obj):
-            name, obj = f"{name}.from_settings", getattr(obj, "from_settings", None)
-        if callable(obj) and "settings" in inspect.signature(obj).parameters:
-            found.append(name)
-    return found
-
-
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
-def test_each_job_package_has_its_manual_config_and_job_modules(spec):
-    """The job's package (maintenance/jobs/<job>/, or alerts/) has a docstring that points at its manual docs/<job>.md, and a config module with from_settings or builders."""
+def test_each_job_package_has_its_manual_and_its_spec_module(spec):
+    """The job's package (maintenance/jobs/<job>/, or alerts/) has a docstring that points at its manual docs/<job>.md, and its catalog line names the module of its SPEC inside it."""
     package = importlib.import_module(PACKAGES[spec.name])
     assert package.__doc__ and f"docs/{spec.name}.md" in package.__doc__, "the package docstring points at the manual"
     assert (ROOT / "docs" / f"{spec.name}.md").exists()
-    config = importlib.import_module(f"{PACKAGES[spec.name]}.config")
-    builders = settings_builders(config)
-    assert builders, f"{config.__name__} builds nothing from the settings"
     (module,) = [module for name, module, _ in CATALOG if name == spec.name]
     assert module.startswith(f"{package.__name__}.")
     assert importlib.import_module(module).SPEC is spec
+
+
+@pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)
+def test_each_job_is_built_from_its_settings_and_the_job_env_with_no_config_module(spec):
+    """``build(settings, env)``: the job's settings mixin is its configuration (no config.py copies it), the JobEnv
+    what every job shares."""
+    assert list(inspect.signature(spec.build).parameters)[:2] == ["settings", "env"]
+    package = importlib.import_module(PACKAGES[spec.name])
+    assert not (ROOT / package.__name__.replace(".", "/") / "config.py").exists()
+
+
+def test_the_jobs_base_imports_nothing_of_the_settings():
+    """maintenance/jobs/base.py names no maintenance.settings, not even for typing: the circle
+    base -> settings -> catalog -> base is gone, not hidden under TYPE_CHECKING."""
+    tree = ast.parse((ROOT / "maintenance" / "jobs" / "base.py").read_text())
+    imported = [node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    imported += [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    assert [name for name in imported if name and name.startswith("maintenance.settings")] == []
 
 
 @pytest.mark.parametrize("spec", JOBS, ids=JOB_NAMES)

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import threading
 
+from pydantic import BaseModel
+
 from maintenance.jobs.base import JobSpec
 from maintenance.runtime.signals import on_signals
-from maintenance.service.runner import build_jobs, run_jobs
+from maintenance.service.runner import build_jobs, job_env, run_jobs
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
 
@@ -34,8 +36,14 @@ class RecordingJob:
         return {"num_done": 1}
 
 
-def spec(name: str) -> JobSpec:
-    return JobSpec(name=name, summary=name, build=lambda s, d, _stop: None, zero_fields=lambda: {"num_done": 0})
+def spec(name: str) -> JobSpec[BaseModel]:
+    return JobSpec(
+        name=name,
+        summary=name,
+        settings=BaseModel,
+        build=lambda _fields, _env: None,
+        zero_fields=lambda: {"num_done": 0},
+    )
 
 
 def test_a_signal_inside_the_block_sets_the_given_event_instead_of_killing():
@@ -74,7 +82,7 @@ def test_the_built_purge_checks_the_stop_event_it_was_given(db, database_url):
     """build_jobs hands the command's stop event to the purge's batch loop: set, the purge starts no batch."""
     settings = Settings(database_url=database_url)
     stop = threading.Event()
-    ((_, purge),) = build_jobs(settings, db, ["purge"], stop=stop)
+    ((_, purge),) = build_jobs(settings, job_env(settings, db, stop=stop), ["purge"])
     stop.set()
     result = purge.run_once(db.server_now())
     assert (result.stopped_on_signal, result.num_batches) == (1, 0)

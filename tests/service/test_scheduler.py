@@ -21,13 +21,16 @@ from apscheduler.schedulers.base import BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 from freezegun import freeze_time
 from prometheus_client.parser import text_string_to_metric_families
+from pydantic import BaseModel
+from support.jobs import env
 from support.waiting import wait_until
 
 from maintenance.cli import EXIT_CONFIG, after_run_hooks, main
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import MetricsJob
+from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.service.http import make_server, serve_in_background
-from maintenance.service.runner import build_jobs, run_job
+from maintenance.service.runner import build_jobs, job_env, run_job
 from maintenance.service.scheduler import JobScheduler
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import ConfigError, Settings
@@ -70,10 +73,14 @@ class Recorder:
         return {"num_runs": len(self.ran_at)}
 
 
-def recorder_spec(name: str) -> tuple[JobSpec, Recorder]:
+def recorder_spec(name: str) -> tuple[JobSpec[BaseModel], Recorder]:
     job = Recorder()
     return JobSpec(
-        name=name, summary="records", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0}
+        name=name,
+        summary="records",
+        settings=BaseModel,
+        build=lambda _fields, _env: job,
+        zero_fields=lambda: {"num_runs": 0},
     ), job
 
 
@@ -95,7 +102,7 @@ def test_serve_runs_every_registered_job_on_its_own_schedule(db, database_url):
         schedule_alerts="*/5 * * * *",
     )
     telemetry = Telemetry()
-    built = build_jobs(settings, db)
+    built = build_jobs(settings, job_env(settings, db))
     end = START + timedelta(minutes=30)
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, built, scheduler=stepped(), telemetry=telemetry)
@@ -122,13 +129,13 @@ def test_each_job_keeps_its_own_cron_in_one_scheduler(db, database_url):
     """purge every 15 min, alerts every 5 and metrics every minute fire at their own instants, side by side."""
     settings = Settings(database_url=database_url)
     (purge, purged), (alerts, alerted) = recorder_spec("purge"), recorder_spec("alerts")
-    metrics = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {})
+    metrics = JobSpec(name="metrics", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {})
     telemetry = Telemetry()
     with freeze_time(START) as clock:
         jobs = JobScheduler(
             settings,
             db,
-            [(purge, purged), (alerts, alerted), (metrics, MetricsJob(db))],
+            [(purge, purged), (alerts, alerted), (metrics, MetricsJob(MetricsFields(), env(db)))],
             scheduler=stepped(),
             telemetry=telemetry,
         )
@@ -196,7 +203,13 @@ def test_a_run_due_while_the_previous_one_still_runs_is_skipped_and_logged(db, d
     """max_instances=1: the 12:02 run of a job still busy with its 12:01 run is skipped (maintenance.scheduler.skipped)."""
     settings = Settings(database_url=database_url)
     job = Blocking()
-    spec = JobSpec(name="metrics", summary="", build=lambda s, d, _stop: job, zero_fields=lambda: {"num_runs": 0})
+    spec = JobSpec(
+        name="metrics",
+        summary="",
+        settings=BaseModel,
+        build=lambda _fields, _env: job,
+        zero_fields=lambda: {"num_runs": 0},
+    )
     scheduler = SteppedScheduler(timezone=UTC, executors={"default": ThreadPoolExecutor(2)})
     with freeze_time(START) as clock:
         jobs = JobScheduler(settings, db, [(spec, job)], scheduler=scheduler, telemetry=Telemetry())
@@ -244,7 +257,9 @@ def test_healthz_and_metrics_answer_over_a_real_socket(db, database_url):
     """/healthz is 200 with each job's last run while the scheduler runs, 503 after; /metrics is Prometheus text."""
     settings = Settings(database_url=database_url)
     telemetry = Telemetry()
-    jobs = JobScheduler(settings, db, build_jobs(settings, db, ["metrics"]), scheduler=stepped(), telemetry=telemetry)
+    jobs = JobScheduler(
+        settings, db, build_jobs(settings, job_env(settings, db), ["metrics"]), scheduler=stepped(), telemetry=telemetry
+    )
     server = make_server("127.0.0.1", 0, health=jobs.health, registry=telemetry.registry)
     serve_in_background(server)
     base = f"http://127.0.0.1:{server.server_address[1]}"
@@ -289,7 +304,9 @@ def test_healthz_never_shows_a_secret_from_a_job_error(db, database_url):
     token, heartbeat = "bs-token-5e1f09c2", "https://uptime.example/api/v1/heartbeat/hb-token-77aa"
     password_url = database_url.replace("postgresql://postgres@", "postgresql://postgres:pw-9c1d3e@")
     settings = Settings(database_url=database_url, betterstack_api_token=token, betterstack_heartbeat_url=heartbeat)
-    spec = JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {})
+    spec = JobSpec(
+        name="alerts", summary="", settings=BaseModel, build=lambda _fields, _env: None, zero_fields=lambda: {}
+    )
     telemetry = Telemetry()
     with freeze_time(START) as clock:
         jobs = JobScheduler(
@@ -319,7 +336,9 @@ def test_serve_pings_the_heartbeat_after_each_run(db, database_url, fake_bs):
     )
     (metrics, _), alerts = (
         recorder_spec("metrics"),
-        JobSpec(name="alerts", summary="", build=lambda s, d, _stop: None, zero_fields=lambda: {}),
+        JobSpec(
+            name="alerts", summary="", settings=BaseModel, build=lambda _fields, _env: None, zero_fields=lambda: {}
+        ),
     )
     with freeze_time(START) as clock:
         telemetry = Telemetry()
@@ -350,7 +369,9 @@ def test_shutdown_lets_the_run_in_hand_finish(db, database_url, conn):
     """stop() stops scheduling at once but returns only after the running job has finished, successfully."""
     settings = Settings(database_url=database_url)
     telemetry = Telemetry()
-    jobs = JobScheduler(settings, db, build_jobs(settings, db, ["metrics"]), telemetry=telemetry)  # real threads
+    jobs = JobScheduler(
+        settings, db, build_jobs(settings, job_env(settings, db), ["metrics"]), telemetry=telemetry
+    )  # real threads
     with psycopg.connect(database_url) as blocker:
         blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")  # the run will wait on this row
         jobs.start()
@@ -426,7 +447,7 @@ def test_metrics_are_negotiated_text_or_openmetrics_and_pass_promtool(db, databa
 
     settings = Settings(database_url=database_url)
     telemetry = Telemetry()
-    built = build_jobs(settings, db, ["purge", "metrics"])
+    built = build_jobs(settings, job_env(settings, db), ["purge", "metrics"])
     for spec, job in built:
         run_job(spec, job, db, telemetry)
     server = make_server("127.0.0.1", 0, health=lambda: (True, {}), registry=telemetry.registry)

@@ -14,7 +14,7 @@ from support.tcp_proxy import TcpProxy, proxy_of, through
 from support.waiting import wait_until
 
 from maintenance.runtime.db import APPLICATION_NAME, Database
-from maintenance.service.runner import build_jobs
+from maintenance.service.runner import build_jobs, job_env
 from maintenance.service.scheduler import JobScheduler
 from maintenance.service.telemetry import Telemetry
 from maintenance.settings import Settings
@@ -33,7 +33,9 @@ class Service:
         settings = Settings(database_url=url)
         db = Database(settings.conninfo())
         self.telemetry = Telemetry()
-        self.jobs = JobScheduler(settings, db, build_jobs(settings, db, ["metrics"]), telemetry=self.telemetry)
+        self.jobs = JobScheduler(
+            settings, db, build_jobs(settings, job_env(settings, db), ["metrics"]), telemetry=self.telemetry
+        )
         self.jobs.start()
 
     def runs(self, outcome: str) -> float:

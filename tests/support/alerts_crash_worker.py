@@ -13,8 +13,8 @@ import psycopg
 
 from alerts import feed as feed_module
 from alerts.betterstack import BetterStackClient
-from alerts.config import AlertFeedConfig
 from alerts.feed import AlertFeed
+from alerts.settings import AlertsFields
 from harness.pg import server_now
 
 CRASH_EXIT = 77
@@ -27,7 +27,7 @@ def die_before_recording(*_args: object, **_kwargs: object) -> None:
 def main(database_url: str, api_url: str, token: str) -> None:
     feed_module.record_posted = die_before_recording
     feed = AlertFeed(
-        AlertFeedConfig(),
+        AlertsFields(),
         connect=lambda: psycopg.connect(database_url, autocommit=True),
         client=BetterStackClient(api_url, token, sleep=lambda _s: None),
     )

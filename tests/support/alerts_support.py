@@ -9,17 +9,26 @@ from typing import Any
 
 import psycopg
 
-from alerts.config import AlertFeedConfig
 from alerts.feed import AlertFeed
+from alerts.settings import AlertsFields
 from maintenance.runtime.db import Database
 from support.fake_betterstack import TOKEN, FakeBetterStack, make_client
 
-CONFIG = AlertFeedConfig(
-    policy_id="P-new",
-    escalation_policy_id="P-esc",
-    requester_email="oncall@example.com",
-    ops_url_template="https://ops.example/dead-letters?queue={queue}",
-)
+
+def feed_settings(**fields: Any) -> AlertsFields:
+    """The feed's settings of the tests (routing, requester and ops link set), with ``fields`` given."""
+    return AlertsFields(
+        **{
+            "betterstack_policy_id": "P-new",
+            "betterstack_escalation_policy_id": "P-esc",
+            "betterstack_requester_email": "oncall@example.com",
+            "ops_url_template": "https://ops.example/dead-letters?queue={queue}",
+        }
+        | fields
+    )
+
+
+CONFIG = feed_settings()
 
 
 def handle(conn: psycopg.Connection, ids: list[int]) -> None:
@@ -27,10 +36,10 @@ def handle(conn: psycopg.Connection, ids: list[int]) -> None:
     conn.execute("UPDATE core.dead_letters SET status = 'replayed' WHERE id = ANY(%s)", (ids,))
 
 
-def make_feed(db: Database, fake: FakeBetterStack | None, config: AlertFeedConfig = CONFIG, **client: Any) -> AlertFeed:
+def make_feed(db: Database, fake: FakeBetterStack | None, settings: AlertsFields = CONFIG, **client: Any) -> AlertFeed:
     """A feed on the test database; dry (no client) when ``fake`` is None."""
     return AlertFeed(
-        config,
+        settings,
         connect=lambda: db.connect(autocommit=True),
         client=make_client(fake, **client) if fake is not None else None,
     )

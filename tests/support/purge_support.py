@@ -10,21 +10,19 @@ from datetime import datetime, timedelta
 import psycopg
 import pytest
 
-from maintenance.jobs.purge.config import HASHED_PENDING_LIMIT, PurgeConfig
-from maintenance.jobs.purge.job import Purger, on_the_batch_clock
+from maintenance.jobs.purge.job import HASHED_PENDING_LIMIT, Purger, on_the_batch_clock
 from maintenance.jobs.purge.paths import fetch_limited
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.jobs.purge.sql import (
     SET_BATCH_LIMITS,
 )
-from maintenance.settings import TtlGuard
 from support.factories import CONSUMER, TENANT, add_dead_letter, add_fence
 from support.harness_support import backdate_replay
+from support.jobs import GUARD, env
 from support.logcapture import LoggedEvents
 
-WINDOW = timedelta(minutes=10)
-# TTL 7 days, margin 2 x a 10-minute retry window: fences processed in the last 20 minutes stay.
-GUARD = TtlGuard(ttl=timedelta(days=7), window=WINDOW, margin=2.0)
-PROTECTED = 2 * WINDOW
+WINDOW = GUARD.window
+PROTECTED = 2 * WINDOW  # the test guard's margin x window: fences processed in the last 20 minutes stay
 SECOND = timedelta(seconds=1)
 # A target batch duration no test batch reaches, so the batch size only grows (up to the largest)
 # and a loaded machine cannot change how many batches a test sees. Tests of the steering itself
@@ -53,9 +51,18 @@ def remaining(conn: psycopg.Connection) -> set[uuid.UUID]:
     return {r[0] for r in conn.execute("SELECT job_id FROM core.processed_jobs")}
 
 
-def purger(db, **overrides) -> Purger:
-    """A purge with the test guard; the index path unless ``strategy`` says otherwise; batches never too slow."""
-    return Purger(PurgeConfig(guard=GUARD, **{"strategy": "index", "target_batch_duration": UNHURRIED} | overrides), db)
+# What a test may give purger() besides the purge's settings: the JobEnv's parts, and Purger's own keywords.
+ENV_PARTS = ("guard", "stop", "monotonic", "sleep")
+PURGER_KEYWORDS = ("batch_clock", "timed_by", "slow_start_batch_size", "hashed_pending_limit")
+
+
+def purger(db, **given) -> Purger:
+    """A purge with the test guard (support.jobs.env); the index path unless ``purge_strategy`` says otherwise;
+    batches never too slow. ``given``: PurgeFields' fields, the env's parts and Purger's keywords, by name."""
+    parts = {name: given.pop(name) for name in ENV_PARTS if name in given}
+    keywords = {name: given.pop(name) for name in PURGER_KEYWORDS if name in given}
+    fields = PurgeFields(**{"purge_strategy": "index", "purge_target_batch_duration": UNHURRIED} | given)
+    return Purger(fields, env(db, **parts), **keywords)
 
 
 # The rules of what is deleted hold for both access paths.
@@ -73,12 +80,10 @@ def batch_clock(*durations_ms: float):
     return lambda: next(readings)
 
 
-def steered(db, clock, **overrides) -> Purger:
+def steered(db, clock, **given) -> Purger:
     """An index-path purge aiming at 20 ms per batch, timed by ``clock``."""
-    config = PurgeConfig(
-        guard=GUARD, **{"strategy": "index", "target_batch_duration": timedelta(milliseconds=20)} | overrides
-    )
-    return Purger(config, db, batch_clock=clock, timed_by=on_the_batch_clock)
+    target = {"purge_target_batch_duration": timedelta(milliseconds=20)}
+    return purger(db, **target | given, batch_clock=clock, timed_by=on_the_batch_clock)
 
 
 def batch_sizes(events: LoggedEvents) -> list[tuple[int, int]]:

@@ -12,5 +12,5 @@ every metric, the BRIN index, the options (generated from settings.py), the even
 failure modes — is docs/metrics.md, written once there.
 """
 
-# The parts, the same in every job: settings.py (its settings, declared once), config.py
-# (MetricsConfig), sql.py (the named SQL), job.py (the run, MetricsResult, and SPEC).
+# The parts, the same in every job: settings.py (its settings, declared once: the job's
+# configuration), sql.py (the named SQL), job.py (the run, MetricsResult, and SPEC).

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -13,9 +13,7 @@ from prometheus_client.metrics_core import Metric
 from psycopg.types.json import Jsonb
 
 from harness.enumerations import EXECUTION_STATUSES
-from maintenance.errors import ConfigError
-from maintenance.jobs.base import JobSpec
-from maintenance.jobs.metrics.config import MetricsConfig
+from maintenance.jobs.base import JobEnv, JobSpec
 from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.jobs.metrics.sql import (
     ADVANCE_WATERMARK,
@@ -28,11 +26,7 @@ from maintenance.jobs.metrics.sql import (
     RESOLUTION_FIGURES,
     SUCCESS_HORIZON,
 )
-from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-
-if TYPE_CHECKING:
-    pass
 
 WATERMARK = "success_volume"
 OTHER_TENANTS = "other"
@@ -255,16 +249,12 @@ def zero_fields() -> dict[str, Any]:
 
 # --- the job -----------------------------------------------------------------------------------
 class MetricsJob:
-    """Counts success volume since the watermark and reads the dead-letter figures."""
+    """Counts success volume since the watermark and reads the dead-letter figures; ``settings`` were validated by
+    pydantic (``MetricsFields(metrics_tenant_top_n=2)`` in code)."""
 
-    def __init__(self, db: Database, config: MetricsConfig | None = None) -> None:
-        config = config or MetricsConfig()
-        if config.max_transaction <= timedelta(0):
-            raise ConfigError("CORE_JOBS_METRICS_MAX_TRANSACTION: must be positive")
-        if not 1 <= config.tenant_top_n <= 100:
-            raise ConfigError("CORE_JOBS_METRICS_TENANT_TOP_N: must be between 1 and 100")
-        self.db = db
-        self.config = config
+    def __init__(self, settings: MetricsFields, env: JobEnv) -> None:
+        self.settings = settings
+        self.db = env.db
 
     def run_once(self, now: datetime) -> MetricsResult:
         """Count the successes since the watermark and read the dead-letter figures, as of ``now``.
@@ -300,20 +290,25 @@ class MetricsJob:
         assert horizon_row is not None  # aggregates: always one row
         oldest_open, hidden, prepared = horizon_row
         horizon, why = choose_horizon(
-            now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.config.max_transaction
+            now, oldest_open, hidden=hidden, prepared=prepared, max_transaction=self.settings.metrics_max_transaction
         )
         until = max(since, horizon)  # never backwards
         counts: dict[tuple[str, str | None], int] = {}
         if until > since:
-            count = COUNT_SUCCESSES_BY_TENANT if self.config.tenant_label else COUNT_SUCCESSES
+            count = COUNT_SUCCESSES_BY_TENANT if self.settings.metrics_tenant_label else COUNT_SUCCESSES
             rows = conn.execute(count, {"since": since, "until": until})
             counts = {(consumer, t): n for consumer, t, n in rows}
-        totals = add_counts(totals or {}, counts, tenant_label=self.config.tenant_label, top_n=self.config.tenant_top_n)
+        totals = add_counts(
+            totals or {},
+            counts,
+            tenant_label=self.settings.metrics_tenant_label,
+            top_n=self.settings.metrics_tenant_top_n,
+        )
         conn.execute(ADVANCE_WATERMARK, {"until": until, "totals": Jsonb(totals), "now": now, **params})
         successes: dict[str, int] = {}
         for (consumer, _tenant), n in counts.items():
             successes[consumer] = successes.get(consumer, 0) + n
-        return MetricsResult(since, until, why, now, successes, totals, tenant_label=self.config.tenant_label)
+        return MetricsResult(since, until, why, now, successes, totals, tenant_label=self.settings.metrics_tenant_label)
 
 
 def _age(now: datetime, oldest: datetime | None) -> float | None:
@@ -321,10 +316,10 @@ def _age(now: datetime, oldest: datetime | None) -> float | None:
 
 
 # --- registration ------------------------------------------------------------------------------
-SPEC = JobSpec(
+SPEC = JobSpec[MetricsFields](
     name="metrics",
     summary="success volume per consumer and dead-letter gauges, as Prometheus metrics and a log event",
-    build=lambda settings, db, _stop: MetricsJob(db, MetricsConfig.from_settings(settings)),
-    zero_fields=zero_fields,
     settings=MetricsFields,
+    build=MetricsJob,
+    zero_fields=zero_fields,
 )

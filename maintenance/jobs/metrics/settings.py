@@ -1,8 +1,10 @@
 """The metrics job's settings, declared once: each field's default, bounds, unit (its type) and description.
 
-:class:`maintenance.settings.Settings` composes this mixin from the job catalog; ``config.py``
-takes its defaults from here, and the option list of ``docs/metrics.md`` and
-``docs/reference/settings.md`` are generated from it (``uv run python -m tools.reference``).
+It is the job's configuration: :class:`~maintenance.jobs.metrics.job.MetricsJob` takes it as it is
+(read from the environment as part of :class:`maintenance.settings.Settings`, which composes this
+mixin from the job catalog, or built in code, ``MetricsFields(metrics_tenant_top_n=2)``), validated
+by pydantic either way. The option list of ``docs/metrics.md`` and ``docs/reference/settings.md``
+are generated from it (``uv run python -m tools.reference``).
 Where the metrics go (the Pushgateway) is the runtime's, not this job's:
 ``maintenance/settings/telemetry.py``.
 """
@@ -11,7 +13,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from maintenance.fields.crontab import Crontab
 from maintenance.fields.durations import PositiveDuration
@@ -19,6 +21,8 @@ from maintenance.fields.durations import PositiveDuration
 
 class MetricsFields(BaseModel):
     """Success counting and the tenant label's cardinality: each field is its setting ``CORE_JOBS_<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")  # built in code, a misspelt field is an error too
 
     schedule_metrics: Crontab = Field(default="* * * * *", description="`serve`: crontab (UTC) of the metrics job.")
     metrics_max_transaction: PositiveDuration = Field(

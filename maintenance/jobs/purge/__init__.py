@@ -14,6 +14,6 @@ the batch steering, the options (generated from settings.py), the events and the
 modes — is docs/purge.md, written once there.
 """
 
-# The parts, the same in every job: settings.py (its settings, declared once), config.py
-# (PurgeConfig), sql.py (the named SQL), paths.py (the two access paths), job.py
+# The parts, the same in every job: settings.py (its settings, declared once: the job's
+# configuration), sql.py (the named SQL), paths.py (the two access paths), job.py
 # (Purger.run_once -> PurgeResult, and SPEC).

@@ -1,16 +1,15 @@
-"""The purge job: :class:`Purger` (constructor that validates; ``run_once(now) -> PurgeResult``) and its SPEC.
+"""The purge job: :class:`Purger` (``Purger(PurgeFields(...), env)``; ``run_once(now) -> PurgeResult``) and its SPEC.
 
 The operator's manual is docs/purge.md.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import psycopg
 from psycopg import errors
@@ -18,12 +17,7 @@ from psycopg import errors
 from harness.pg import advisory_lock
 from maintenance.errors import ConfigError
 from maintenance.fields.durations import format_duration
-from maintenance.jobs.base import JobSpec, ResultMetric
-from maintenance.jobs.purge.config import (
-    MIN_IDEMPOTENCY_KEY_RETENTION,
-    STRATEGIES,
-    PurgeConfig,
-)
+from maintenance.jobs.base import JobEnv, JobSpec, ResultMetric
 from maintenance.jobs.purge.paths import (
     BlockSweep,
     IndexWalk,
@@ -38,16 +32,17 @@ from maintenance.jobs.purge.sql import (
     DELETE_FAILED_EXECUTIONS,
     SET_ROW_BATCH_LIMITS,
 )
-from maintenance.runtime.db import Database
 from maintenance.runtime.logs import get_logger
-
-if TYPE_CHECKING:
-    from maintenance.settings import Settings
 
 LOCK_NAME = "core_jobs.purge"
 EVENTS = "maintenance.purge"
 # rows_left is an exact count up to this many rows; at the cap it means "at least this many".
 ROWS_LEFT_CAP = 100_000
+# Slow start: each run's first batch is at most this many rows; the size then steers toward
+# the target batch duration (docs/purge.md).
+SLOW_START_BATCH_SIZE = 1_000  # rows
+# Up to this many dead letters holding a fence the replay guard is a hash (paths.py).
+HASHED_PENDING_LIMIT = 50_000  # dead letters
 
 
 # --- result ---------------------------------------------------------------------------------
@@ -117,63 +112,44 @@ def on_the_batch_clock(batch: dict[str, Any], wall_ms: float) -> float:
     return wall_ms
 
 
-# --- 2. constructor that validates; 3. run_once -------------------------------------------------
+# --- 2. constructor; 3. run_once -----------------------------------------------------------------
 class Purger:
     """Deletes expired fences in batches; see the module docstring."""
 
     def __init__(
         self,
-        config: PurgeConfig,
-        db: Database,
+        settings: PurgeFields,
+        env: JobEnv,
         *,
-        monotonic: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], None] = time.sleep,
-        stop: threading.Event | None = None,
         batch_clock: Callable[[], float] = time.perf_counter,
         timed_by: Callable[[dict[str, Any], float], float] = on_the_server,
+        slow_start_batch_size: int = SLOW_START_BATCH_SIZE,
+        hashed_pending_limit: int = HASHED_PENDING_LIMIT,
     ) -> None:
-        guard = config.guard
-        if not guard.ok:
-            raise ConfigError(f"purge refused, nothing deleted: {guard.explain()}")
-        # The settings enforce these too; a PurgeConfig built in code gets the same names.
-        checks = (
-            (config.batch_size >= 1, "CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"),
-            (config.min_batch_size >= 1, "CORE_JOBS_PURGE_MIN_BATCH_SIZE must be at least 1"),
-            (config.slow_start_batch_size >= 1, "the slow start batch size must be at least 1"),
-            (config.target_batch_duration > timedelta(0), "CORE_JOBS_PURGE_TARGET_BATCH_DURATION must be positive"),
-            (config.timeouts_before_shrink >= 1, "CORE_JOBS_PURGE_TIMEOUTS_BEFORE_SHRINK must be at least 1"),
-            (config.statement_timeout > timedelta(0), "CORE_JOBS_PURGE_STATEMENT_TIMEOUT must be positive"),
-            (config.batch_pause >= timedelta(0), "CORE_JOBS_PURGE_BATCH_PAUSE must not be negative"),
-            (config.max_runtime > timedelta(0), "CORE_JOBS_PURGE_MAX_RUNTIME must be positive"),
-            (config.progress_interval > timedelta(0), "CORE_JOBS_PURGE_PROGRESS_INTERVAL must be positive"),
-            (
-                config.idempotency_key_retention >= MIN_IDEMPOTENCY_KEY_RETENTION,
-                "CORE_JOBS_IDEMPOTENCY_KEY_RETENTION must be at least "
-                f"{format_duration(MIN_IDEMPOTENCY_KEY_RETENTION)}: a client retrying after its key was deleted "
-                "would run the action again",
-            ),
-            (config.strategy in STRATEGIES, f"CORE_JOBS_PURGE_STRATEGY must be one of {', '.join(STRATEGIES)}"),
-        )
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError("; ".join(problems))
-        self.config = config
-        self.db = db
-        self._monotonic = monotonic
-        self._sleep = sleep
-        self._stop = stop if stop is not None else threading.Event()  # the command's (SIGTERM)
+        """``settings`` were validated by pydantic (from the environment, or ``PurgeFields(purge_batch_size=10)``
+        in code); the one check left is the TTL guard's, which no single setting can make (J-B7)."""
+        if not env.ttl_guard.ok:
+            raise ConfigError(f"purge refused, nothing deleted: {env.ttl_guard.explain()}")
+        self.settings = settings
+        self.guard = env.ttl_guard  # TTL, margin and the max retry window (J-B7)
+        self.db = env.db
+        self._monotonic = env.monotonic
+        self._sleep = env.sleep
+        self._stop = env.stop  # the command's (SIGTERM)
         self._batch_clock = batch_clock
         self._timed_by = timed_by
+        self._slow_start_batch_size = slow_start_batch_size
+        self._hashed_pending_limit = hashed_pending_limit
         self._log = get_logger(job="purge")
 
     def run_once(self, now: datetime) -> PurgeResult:
         """Delete what may be deleted at ``now`` (PostgreSQL's clock), within the time budget."""
-        cfg = self.config
-        deadline = self._monotonic() + cfg.max_runtime.total_seconds()
+        cfg = self.settings
+        deadline = self._monotonic() + cfg.purge_max_runtime.total_seconds()
         result = PurgeResult(
-            batch_size=min(cfg.batch_size, max(cfg.min_batch_size, cfg.slow_start_batch_size)),
+            batch_size=min(cfg.purge_batch_size, max(cfg.purge_min_batch_size, self._slow_start_batch_size)),
             cutoff=now,
-            protected_from=now - cfg.guard.required,
+            protected_from=now - self.guard.required,
         )
         with self.db.connect(autocommit=True) as lock_conn, advisory_lock(lock_conn, LOCK_NAME) as acquired:
             if not acquired:
@@ -189,13 +165,12 @@ class Purger:
 
     def _statement_timeout(self) -> str:
         """Each batch's statement_timeout, in milliseconds (at least 1)."""
-        return f"{max(1, round(self.config.statement_timeout.total_seconds() * 1000))}ms"
+        return f"{max(1, round(self.settings.purge_statement_timeout.total_seconds() * 1000))}ms"
 
     def _delete_failed_executions(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         """Delete the FAILED executions nothing needs any more (sql.DELETE_FAILED_EXECUTIONS)."""
-        cfg = self.config
         assert result.cutoff is not None and result.protected_from is not None  # set by run_once
-        params = {"failed_before": result.cutoff - cfg.guard.ttl, "protected_from": result.protected_from}
+        params = {"failed_before": result.cutoff - self.guard.ttl, "protected_from": result.protected_from}
         result.executions_deleted = self._delete_all(
             conn, result, deadline, DELETE_FAILED_EXECUTIONS, params, "executions"
         )
@@ -205,7 +180,7 @@ class Purger:
     def _delete_expired_idempotency_keys(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
         """Delete the operations API's idempotency keys older than the retention (sql.DELETE_EXPIRED_IDEMPOTENCY_KEYS)."""
         assert result.cutoff is not None  # set by run_once: PostgreSQL's clock
-        params = {"kept_from": result.cutoff - self.config.idempotency_key_retention}
+        params = {"kept_from": result.cutoff - self.settings.idempotency_key_retention}
         result.idempotency_keys_deleted = self._delete_all(
             conn, result, deadline, DELETE_EXPIRED_IDEMPOTENCY_KEYS, params, "idempotency_keys"
         )
@@ -224,7 +199,7 @@ class Purger:
         Its rows are few (failures, operator actions), so the batch size is the configured one,
         without steering; a statement timeout ends this part of the run, and the next run carries on.
         """
-        batch_size = self.config.batch_size
+        batch_size = self.settings.purge_batch_size
         timeout = self._statement_timeout()
         total = 0
         while self._monotonic() < deadline and not self._stop.is_set():
@@ -242,19 +217,19 @@ class Purger:
         return total
 
     def _delete_batches(self, conn: psycopg.Connection, result: PurgeResult, deadline: float) -> None:
-        cfg = self.config
+        cfg = self.settings
         params: dict[str, Any] = {"cutoff": result.cutoff, "protected_from": result.protected_from}
         timeout = self._statement_timeout()
         walk, _reason = self._choose_walk(conn, params, timeout)  # the reason is logged (strategy_chosen)
         result.used_sweep = int(walk.name == "sweep")
         timeouts_in_a_row = 0
         # The largest batch of this run: CORE_JOBS_PURGE_BATCH_SIZE until timeouts shrink it.
-        ceiling = cfg.batch_size
+        ceiling = cfg.purge_batch_size
         # Progress on the budget's clock, read once per batch with the deadline (no extra reading).
-        began = last_progress = deadline - cfg.max_runtime.total_seconds()
+        began = last_progress = deadline - cfg.purge_max_runtime.total_seconds()
         while True:
             clock = self._monotonic()
-            if result.num_batches and clock - last_progress >= cfg.progress_interval.total_seconds():
+            if result.num_batches and clock - last_progress >= cfg.purge_progress_interval.total_seconds():
                 last_progress = clock
                 self._progress(walk, result, clock - began)
             if clock >= deadline:
@@ -263,7 +238,7 @@ class Purger:
                 self._log.warning(
                     f"{EVENTS}.stopped_on_budget",
                     rows_left=result.rows_left,
-                    max_runtime=format_duration(cfg.max_runtime),
+                    max_runtime=format_duration(cfg.purge_max_runtime),
                 )
                 return
             if self._stop.is_set():  # SIGTERM: the batch in hand is done, start no other
@@ -280,7 +255,7 @@ class Purger:
                 self._log.warning(
                     f"{EVENTS}.statement_timeout", batch_size=result.batch_size, timeouts_in_a_row=timeouts_in_a_row
                 )
-                if timeouts_in_a_row < cfg.timeouts_before_shrink:
+                if timeouts_in_a_row < cfg.purge_timeouts_before_shrink:
                     continue
                 if not self._shrink(result):
                     result.gave_up = 1
@@ -312,8 +287,8 @@ class Purger:
             result.batch_size = self._steer(result.batch_size, batch_ms, ceiling)
             if walk.done:
                 return
-            if cfg.batch_pause > timedelta(0):
-                self._sleep(cfg.batch_pause.total_seconds())
+            if cfg.purge_batch_pause > timedelta(0):
+                self._sleep(cfg.purge_batch_pause.total_seconds())
 
     def _progress(self, walk: IndexWalk | BlockSweep, result: PurgeResult, elapsed_s: float) -> None:
         """Log how far a long run is: rows deleted, their rate, and an estimate of what is left."""
@@ -336,20 +311,20 @@ class Purger:
     ) -> tuple[IndexWalk | BlockSweep, str]:
         """The access path of this run and why, decided once before the first batch, and logged."""
         pending, unfinished = fetch_limited(conn, timeout, COUNT_HOLDING, params)
-        guard = "hashed" if max(pending, unfinished) <= self.config.hashed_pending_limit else "probed"
+        guard = "hashed" if max(pending, unfinished) <= self._hashed_pending_limit else "probed"
         started = time.perf_counter()
         try:
-            estimates = read_estimates(conn, timeout, params, sample=self.config.strategy == "auto")
+            estimates = read_estimates(conn, timeout, params, sample=self.settings.purge_strategy == "auto")
         except errors.QueryCanceled:  # the table is locked: the batches will tell (timeouts, gave_up)
             self._log.warning(f"{EVENTS}.estimates_timeout", strategy="index")
             return IndexWalk(guard, None), "the table was locked while estimating"
-        strategy, reason = choose(self.config.strategy, estimates)
+        strategy, reason = choose(self.settings.purge_strategy, estimates)
         measured = estimates.expired_fraction is not None and estimates.correlation is not None
         index_s, sweep_s = estimates.seconds() if measured else (None, None)
         self._log.info(
             f"{EVENTS}.strategy_chosen",
             strategy=strategy,
-            setting=self.config.strategy,
+            setting=self.settings.purge_strategy,
             reason=reason,
             expired_fraction=_rounded(estimates.expired_fraction, 4),
             sampled_rows=estimates.sampled_rows,
@@ -371,8 +346,8 @@ class Purger:
         Slower than the target: shrink in proportion (the batch's time grows with its rows, or
         with its blocks for the sweep). Under half the target: double. In between: keep.
         """
-        target_ms = self.config.target_batch_duration.total_seconds() * 1000
-        floor = min(self.config.min_batch_size, ceiling)
+        target_ms = self.settings.purge_target_batch_duration.total_seconds() * 1000
+        floor = min(self.settings.purge_min_batch_size, ceiling)
         if batch_ms > target_ms:
             wanted = int(batch_size * target_ms / batch_ms)
         elif batch_ms < target_ms / 2:
@@ -383,7 +358,7 @@ class Purger:
 
     def _shrink(self, result: PurgeResult) -> bool:
         """Halve the batch size down to the floor; False when it is already there."""
-        floor = min(self.config.min_batch_size, self.config.batch_size)
+        floor = min(self.settings.purge_min_batch_size, self.settings.purge_batch_size)
         if result.batch_size <= floor:
             return False
         previous, result.batch_size = result.batch_size, max(floor, result.batch_size // 2)
@@ -406,17 +381,12 @@ def _rounded(value: float | None, digits: int) -> float | None:
     return None if value is None else round(value, digits)
 
 
-# --- 4. scheduler entry point -------------------------------------------------------------------
-def build(settings: Settings, db: Database, stop: threading.Event) -> Purger:
-    """The scheduler entry: the config from the settings, validated by the constructor; ``stop`` ends the batch loop."""
-    return Purger(PurgeConfig.from_settings(settings), db, stop=stop)
-
-
-SPEC = JobSpec(
+# --- 4. registration ---------------------------------------------------------------------------
+SPEC = JobSpec[PurgeFields](
     name="purge",
     summary="delete expired processed_jobs fences in short batches, behind the TTL-vs-retry-window guard",
-    build=build,
     settings=PurgeFields,
+    build=Purger,  # the scheduler entry; env.stop ends the batch loop
     zero_fields=zero_fields,
     event_prefix=EVENTS,
     result_metrics=(

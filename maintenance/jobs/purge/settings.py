@@ -1,9 +1,10 @@
 """The purge's settings, declared once: each field's default, bounds, unit (its type) and description.
 
-:class:`maintenance.settings.Settings` composes this mixin from the job catalog; ``config.py``
-takes its defaults from here (:func:`~maintenance.fields.default_of`), and the option list of
-``docs/purge.md`` and ``docs/reference/settings.md`` are generated from it
-(``uv run python -m tools.reference``).
+It is the job's configuration: :class:`~maintenance.jobs.purge.job.Purger` takes it as it is (read
+from the environment as part of :class:`maintenance.settings.Settings`, which composes this mixin
+from the job catalog, or built in code, ``PurgeFields(purge_batch_size=10)``), validated by
+pydantic either way. The option list of ``docs/purge.md`` and ``docs/reference/settings.md`` are
+generated from it (``uv run python -m tools.reference``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from maintenance.fields.crontab import Crontab
 from maintenance.fields.durations import NonNegativeDuration, PositiveDuration, PostgresTimeout, format_duration
@@ -23,6 +24,8 @@ MIN_IDEMPOTENCY_KEY_RETENTION = timedelta(days=1)
 
 class PurgeFields(BaseModel):
     """The purge of expired processed_jobs fences: each field is its setting ``CORE_JOBS_<FIELD>``."""
+
+    model_config = ConfigDict(extra="forbid")  # built in code, a misspelt field is an error too
 
     schedule_purge: Crontab = Field(default="*/15 * * * *", description="`serve`: crontab (UTC) of the purge job.")
     # 50 000, not lower: the steering sizes batches to the target; a ceiling under what the target

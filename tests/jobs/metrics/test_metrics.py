@@ -14,14 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from support.factories import add_dead_letter, add_execution, add_fences, resolve_execution
+from support.jobs import env
 from support.logcapture import events_in
 from support.waiting import wait_until
 from werkzeug import Request, Response
 
 from maintenance.cli import EXIT_OK, main
 from maintenance.jobs.base import JobSpec
-from maintenance.jobs.metrics.config import MetricsConfig
 from maintenance.jobs.metrics.job import SETTLE, MetricsJob, add_counts, choose_horizon
+from maintenance.jobs.metrics.settings import MetricsFields
 from maintenance.runtime.db import Database
 from maintenance.service.runner import run_job
 from maintenance.service.telemetry import Telemetry
@@ -103,9 +104,9 @@ def test_push_events_never_show_the_pushgateway_url_path(db, httpserver, logs):
     httpserver.expect_ordered_request("/gw-token-4d2c" + PUSH_PATH, method="PUT").respond_with_data("down", status=500)
     telemetry = Telemetry()
     spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+        name="metrics", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {"num_successes": 0}
     )
-    run_job(spec, MetricsJob(db), db, telemetry)
+    run_job(spec, MetricsJob(MetricsFields(), env(db)), db, telemetry)
 
     assert telemetry.push(gateway, "metrics") is True
     assert telemetry.push(gateway, "metrics") is False
@@ -135,15 +136,15 @@ def test_a_failed_run_keeps_the_last_success_timestamp_on_the_pushgateway(db, em
     """Run-once succeeds, then a later run-once (a new process) fails: last_success stays, the failure shows."""
     gateway = PushgatewayStandIn(httpserver)
     spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+        name="metrics", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {"num_successes": 0}
     )
     first, second = Telemetry(), Telemetry()  # two CronJob pods: each process starts from zero
 
-    run_job(spec, MetricsJob(db), db, first)
+    run_job(spec, MetricsJob(MetricsFields(), env(db)), db, first)
     assert first.push(httpserver.url_for("/"), "metrics")
     succeeded_at = gateway.families["core_jobs_job_last_success_timestamp_seconds"]
     broken = Database(empty_database_url)  # no schema: this run fails
-    run_job(spec, MetricsJob(broken), broken, second)
+    run_job(spec, MetricsJob(MetricsFields(), env(broken)), broken, second)
     assert second.push(httpserver.url_for("/"), "metrics")
 
     assert gateway.families["core_jobs_job_last_success_timestamp_seconds"] == succeeded_at
@@ -167,9 +168,9 @@ def test_no_created_series_are_served_or_pushed_whatever_the_library_switch(db, 
     gateway = PushgatewayStandIn(httpserver)
     telemetry = Telemetry()
     spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+        name="metrics", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {"num_successes": 0}
     )
-    run_job(spec, MetricsJob(db), db, telemetry)
+    run_job(spec, MetricsJob(MetricsFields(), env(db)), db, telemetry)
     assert telemetry.push(httpserver.url_for("/"), "metrics")
 
     served = generate_latest(telemetry.registry).decode()
@@ -189,7 +190,7 @@ def test_pushgateway_url_with_credentials_is_refused(clean_env, capsys):
 # --- the watermark -------------------------------------------------------------------------------
 def test_counts_back_dated_fences_once_on_each_side_of_the_watermark(db, conn):
     """Fences before a run's cutoff are counted by it; those after by the next run; none twice."""
-    job = MetricsJob(db)
+    job = MetricsJob(MetricsFields(), env(db))
     now = server_now(conn)
     add_fences(conn, "points.credit", 2, now - timedelta(hours=1))
     add_fences(conn, "points.credit", 1, now - SETTLE - timedelta(milliseconds=1))  # just inside
@@ -208,7 +209,7 @@ def test_counts_back_dated_fences_once_on_each_side_of_the_watermark(db, conn):
 
 def test_a_fence_committed_late_by_an_open_transaction_is_counted_once(db, database_url, conn):
     """A work transaction that started before newer committed fences holds the watermark back until it commits."""
-    job = MetricsJob(db)
+    job = MetricsJob(MetricsFields(), env(db))
     with psycopg.connect(database_url) as in_flight:  # a consumer's work transaction, still open
         add_fences(in_flight, "points.credit", 1)  # processed_at = its start
         started = server_now(in_flight)
@@ -238,7 +239,10 @@ def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_ur
     results = []
     with psycopg.connect(database_url) as blocker:
         blocker.execute("SELECT 1 FROM core.metrics_watermark FOR UPDATE")
-        runs = [threading.Thread(target=lambda: results.append(MetricsJob(db).run_once(now))) for _ in range(2)]
+        runs = [
+            threading.Thread(target=lambda: results.append(MetricsJob(MetricsFields(), env(db)).run_once(now)))
+            for _ in range(2)
+        ]
         for run in runs:
             run.start()
         wait_until(
@@ -258,7 +262,7 @@ def test_two_concurrent_runs_serialise_and_count_each_fence_once(db, database_ur
 
 def test_a_transaction_open_longer_than_max_transaction_stops_holding_the_count_back(db, database_url, conn):
     """An open transaction older than METRICS_MAX_TRANSACTION is not waited for: counting goes on to now - lag."""
-    job = MetricsJob(db, MetricsConfig(max_transaction=timedelta(minutes=5)))
+    job = MetricsJob(MetricsFields(metrics_max_transaction=timedelta(minutes=5)), env(db))
     with psycopg.connect(database_url) as forgotten:
         forgotten.execute("SELECT 1")  # an idle-in-transaction session
         now = server_now(conn) + timedelta(minutes=30)
@@ -288,7 +292,7 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
         add_fences(conn, "points.credit", 1, now - timedelta(minutes=2))
         as_role = Database(make_conninfo(database_url, user=role))
 
-        result = MetricsJob(as_role, MetricsConfig(max_transaction=timedelta(minutes=5))).run_once(now)
+        result = MetricsJob(MetricsFields(metrics_max_transaction=timedelta(minutes=5)), env(as_role)).run_once(now)
 
         assert result.horizon == "max_transaction"
         assert result.counted_until == now - timedelta(minutes=5)
@@ -300,7 +304,7 @@ def test_a_role_that_cannot_see_other_sessions_falls_back_to_the_safety_lag(data
 
 def test_the_watermark_never_moves_backwards(db, conn):
     """The database refuses to move counted_until back, and a run with an earlier clock counts nothing."""
-    job = MetricsJob(db)
+    job = MetricsJob(MetricsFields(), env(db))
     now = server_now(conn)
     add_fences(conn, "points.credit", 2, now - timedelta(minutes=3))
     job.run_once(now)
@@ -319,7 +323,7 @@ def test_writes_no_row_except_its_watermark(db, conn):
     before = core_row_counts(conn)
     watermark_before = conn.execute("SELECT counted_until, totals FROM core.metrics_watermark").fetchall()
 
-    MetricsJob(db).run_once(now)
+    MetricsJob(MetricsFields(), env(db)).run_once(now)
 
     assert core_row_counts(conn) == before
     assert before["metrics_watermark"] == 1
@@ -332,7 +336,7 @@ def test_a_deleted_watermark_row_restarts_the_counters(db, conn):
     """Deleting the watermark row (an operator's reset) makes the next run recount the fences still stored."""
     now = server_now(conn)
     add_fences(conn, "points.credit", 2, now - timedelta(minutes=3))
-    job = MetricsJob(db)
+    job = MetricsJob(MetricsFields(), env(db))
     job.run_once(now)
     conn.execute("DELETE FROM core.metrics_watermark")
     assert job.run_once(now).totals == {"points.credit": {"total": 2, "tenants": {}}}
@@ -348,7 +352,7 @@ def test_dead_letter_gauges_per_queue(db, conn):
     add_dead_letter(conn, queue="notifications.email", created_at=now - timedelta(days=3), status="discarded")
     add_dead_letter(conn, queue="notifications.email", created_at=now - timedelta(days=3), status="replayed")
 
-    result = MetricsJob(db).run_once(now)
+    result = MetricsJob(MetricsFields(), env(db)).run_once(now)
 
     figures = {q.queue: q for q in result.dead_letters}
     assert figures["points.credit"].pending == 2
@@ -363,7 +367,7 @@ def test_dead_letter_gauges_per_queue(db, conn):
 # --- tenants -------------------------------------------------------------------------------------
 def test_tenant_label_names_the_top_tenants_and_sums_the_rest_as_other(db, conn):
     """With the tenant label and TOP_N=2, the two largest tenants get a series and the others sum to 'other'."""
-    job = MetricsJob(db, MetricsConfig(tenant_label=True, tenant_top_n=2))
+    job = MetricsJob(MetricsFields(metrics_tenant_label=True, metrics_tenant_top_n=2), env(db))
     now = server_now(conn)
     for tenant, n in ((1, 5), (2, 3), (3, 2), (4, 1)):
         add_fences(conn, "points.credit", n, now - timedelta(minutes=10), tenant_id=TENANTS.format(tenant))
@@ -418,14 +422,14 @@ def test_every_job_outcome_is_recorded_as_run_metrics(db, empty_database_url):
     """A success sets runs_total{success}, duration and last success; a failure counts and times its run, sets no last success and no result gauge."""
     telemetry = Telemetry()
     spec = JobSpec(
-        name="metrics", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+        name="metrics", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {"num_successes": 0}
     )
-    run_job(spec, MetricsJob(db), db, telemetry)
+    run_job(spec, MetricsJob(MetricsFields(), env(db)), db, telemetry)
     broken = Database(empty_database_url)  # no schema: the job fails
     failing = JobSpec(
-        name="broken", summary="", build=lambda s, d, _stop: MetricsJob(d), zero_fields=lambda: {"num_successes": 0}
+        name="broken", summary="", settings=MetricsFields, build=MetricsJob, zero_fields=lambda: {"num_successes": 0}
     )
-    run_job(failing, MetricsJob(broken), broken, telemetry)
+    run_job(failing, MetricsJob(MetricsFields(), env(broken)), broken, telemetry)
 
     value = telemetry.registry.get_sample_value
     assert value("core_jobs_job_runs_total", {"job_name": "metrics", "outcome": "success"}) == 1
@@ -445,7 +449,7 @@ def test_execution_gauges_per_consumer_and_state_and_the_oldest_uncertain_age(db
     add_execution(conn, consumer="payments.charge", status="FAILED", age="2 days")
     now = server_now(conn)
 
-    result = MetricsJob(db).run_once(now)
+    result = MetricsJob(MetricsFields(), env(db)).run_once(now)
 
     figures = {c.consumer: c for c in result.executions}
     assert figures["points.ledger"].by_status == {
@@ -467,7 +471,7 @@ def test_a_resolved_execution_leaves_its_consumer_at_zero_uncertain_and_no_age(d
     """After the operator's resolution the consumer still shows RECONCILIATION_REQUIRED 0, and no oldest age."""
     uncertain = add_execution(conn, consumer="points.ledger", age="1 hour")
     resolve_execution(conn, uncertain)  # RESUME: PENDING
-    [figures] = MetricsJob(db).run_once(server_now(conn)).executions
+    [figures] = MetricsJob(MetricsFields(), env(db)).run_once(server_now(conn)).executions
     assert (figures.by_status["RECONCILIATION_REQUIRED"], figures.by_status["PENDING"]) == (0, 1)
     assert figures.oldest_reconciliation_age_seconds is None
 
@@ -493,15 +497,16 @@ def test_a_run_that_raised_leaves_the_result_gauges_of_the_last_result(db, empty
     spec = JobSpec(
         name="metrics",
         summary="",
-        build=lambda s, d, _stop: MetricsJob(d),
+        settings=MetricsFields,
+        build=MetricsJob,
         zero_fields=lambda: {"num_successes": 0},
         result_metrics=declared,
     )
     telemetry = Telemetry()
-    run_job(spec, MetricsJob(db), db, telemetry)
+    run_job(spec, MetricsJob(MetricsFields(), env(db)), db, telemetry)
     counted = telemetry.registry.get_sample_value("core_jobs_metrics_test_successes", {"job_name": "metrics"})
     broken = Database(empty_database_url)
-    run_job(spec, MetricsJob(broken), broken, telemetry)
+    run_job(spec, MetricsJob(MetricsFields(), env(broken)), broken, telemetry)
 
     assert counted is not None
     assert telemetry.registry.get_sample_value("core_jobs_metrics_test_successes", {"job_name": "metrics"}) == counted

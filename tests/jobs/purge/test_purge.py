@@ -14,12 +14,13 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from pydantic import ValidationError
 from support.factories import add_dead_letter, add_fence
 from support.harness_support import backdate_replay
+from support.jobs import env
 from support.logcapture import events_in
 from support.purge_support import (
     BOTH_PATHS,
-    GUARD,
     PROTECTED,
     REPLAY_GUARDS,
     SECOND,
@@ -37,27 +38,28 @@ from support.purge_support import (
 
 from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
-from maintenance.jobs.purge.config import PurgeConfig
-from maintenance.jobs.purge.job import LOCK_NAME, Purger, on_the_batch_clock
+from maintenance.jobs.purge.job import LOCK_NAME, SLOW_START_BATCH_SIZE, SPEC, Purger, on_the_batch_clock
+from maintenance.jobs.purge.settings import PurgeFields
+from maintenance.service.runner import job_env
 from maintenance.settings import ConfigError, TtlGuard, load_settings
 
 
 def test_defaults(clean_env):
-    """With nothing set: batches aiming at 10 ms from 1 000 up to 50 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget."""
-    config = PurgeConfig.from_settings(load_settings())
+    """With nothing set: batches aiming at 10 ms from 1 000 up to 50 000 rows (floor 100, halved after 2 timeouts), PT5S timeout, no pause, PT5M budget; the job is built with the settings' TTL guard."""
+    settings = load_settings()
     expected = {
-        "batch_size": 50_000,
-        "min_batch_size": 100,
-        "target_batch_duration": timedelta(milliseconds=10),
-        "slow_start_batch_size": 1000,
-        "timeouts_before_shrink": 2,
-        "statement_timeout": timedelta(seconds=5),
-        "batch_pause": timedelta(0),
-        "max_runtime": timedelta(minutes=5),
+        "purge_batch_size": 50_000,
+        "purge_min_batch_size": 100,
+        "purge_target_batch_duration": timedelta(milliseconds=10),
+        "purge_timeouts_before_shrink": 2,
+        "purge_statement_timeout": timedelta(seconds=5),
+        "purge_batch_pause": timedelta(0),
+        "purge_max_runtime": timedelta(minutes=5),
     }
-    assert {name: getattr(config, name) for name in expected} == expected
-    assert {name: getattr(PurgeConfig(guard=GUARD), name) for name in expected} == expected
-    assert config.guard == load_settings().ttl_guard()
+    assert {name: getattr(settings, name) for name in expected} == expected
+    assert {name: getattr(PurgeFields(), name) for name in expected} == expected
+    assert SLOW_START_BATCH_SIZE == 1000
+    assert SPEC.build(settings, job_env(settings, db=None)).guard == settings.ttl_guard()  # building connects nothing
 
 
 @BOTH_PATHS
@@ -66,7 +68,7 @@ def test_deletes_only_expired_fences(db, conn, now, strategy):
     old = now - timedelta(days=8)
     expired = add_fence(conn, processed_at=old, expires_at=now - SECOND)
     not_yet = add_fence(conn, processed_at=old, expires_at=now + SECOND)
-    result = purger(db, strategy=strategy).run_once(now)
+    result = purger(db, purge_strategy=strategy).run_once(now)
     assert remaining(conn) == {not_yet}
     assert expired not in remaining(conn)
     assert (result.num_deleted, result.rows_left, result.ok) == (1, 0, True)
@@ -79,7 +81,7 @@ def test_keeps_fences_inside_retry_window(db, conn, now, strategy):
     # Both written with a too-short TTL by a misconfigured consumer: expired a minute after processing.
     outside = add_fence(conn, processed_at=now - PROTECTED - SECOND, expires_at=now - PROTECTED + timedelta(minutes=1))
     inside = add_fence(conn, processed_at=now - PROTECTED + SECOND, expires_at=now - PROTECTED + timedelta(minutes=1))
-    result = purger(db, strategy=strategy).run_once(now)
+    result = purger(db, purge_strategy=strategy).run_once(now)
     assert remaining(conn) == {inside}
     assert outside not in remaining(conn)
     assert result.num_deleted == 1
@@ -98,7 +100,7 @@ def test_keeps_fences_with_a_pending_dead_letter_and_deletes_handled_ones(
     add_dead_letter(conn, job_id=replayed_then_pending, status="replayed", handled="dead_lettered")
     add_dead_letter(conn, job_id=replayed_then_pending)  # failed again after the replay: pending once more
     later = handled_at(conn, replayed_then_pending) + PROTECTED + SECOND  # the replayed deliveries are long over
-    result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(later)
+    result = purger(db, hashed_pending_limit=hashed_pending_limit, purge_strategy=strategy).run_once(later)
     assert remaining(conn) == {pending, replayed_then_pending}
     assert result.num_deleted == 3
     assert alone not in remaining(conn)
@@ -113,7 +115,7 @@ def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_
     (fence,) = add_old_expired_fences(conn, now, 1)
     letter = add_dead_letter(conn, job_id=fence, status="replayed")
     backdate_replay(conn, fence, now - timedelta(days=30))  # replayed a month ago; its message still waits
-    run = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy)
+    run = purger(db, hashed_pending_limit=hashed_pending_limit, purge_strategy=strategy)
     assert run.run_once(now + timedelta(days=30)).num_deleted == 0
     assert remaining(conn) == {fence}
     assert mark_replay_handled(conn, letter, "duplicate")  # the harness handled the replayed delivery
@@ -128,7 +130,7 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
     """Index path, batch size 10 and 11 deletable rows: a full batch, then a short one of 1 that ends the run; longest_batch_ms is the longer one."""
     add_old_expired_fences(conn, now, 11)
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
-    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    purge = purger(db, purge_batch_size=10, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
     result = purge.run_once(now)
     assert (result.num_deleted, result.num_batches, result.stopped_on_budget) == (11, 2, 0)
     assert [e["num_deleted"] for e in events.named("maintenance.purge.batch_deleted")] == [10, 1]
@@ -139,15 +141,13 @@ def test_deletes_in_batches_and_a_short_batch_ends_the_run(db, conn, now, events
 def test_steers_on_the_transaction_time_the_server_measured_not_the_round_trip(db, conn, now, events):
     """Batches whose round trips take 5 s (a starved client) but whose transactions take well under half the 2 s target still double; longest_batch_ms is the server's figure."""
     load_fences(conn, now, 1500, 1.0, shuffled=False)
-    config = PurgeConfig(
-        guard=GUARD,
-        strategy="index",
-        target_batch_duration=timedelta(seconds=2),
-        batch_size=400,
-        min_batch_size=10,
-        slow_start_batch_size=50,
+    config = PurgeFields(
+        purge_strategy="index",
+        purge_target_batch_duration=timedelta(seconds=2),
+        purge_batch_size=400,
+        purge_min_batch_size=10,
     )
-    result = Purger(config, db, batch_clock=batch_clock(5000)).run_once(now)
+    result = Purger(config, env(db), batch_clock=batch_clock(5000), slow_start_batch_size=50).run_once(now)
     assert batch_sizes(events) == [(50, 50), (100, 100), (200, 200), (400, 400), (400, 400), (400, 350)]
     logged = [e["transaction_ms"] for e in events.named("maintenance.purge.batch_deleted")]
     assert result.longest_batch_ms == max(logged) < 1000
@@ -156,7 +156,9 @@ def test_steers_on_the_transaction_time_the_server_measured_not_the_round_trip(d
 def test_starts_slow_and_doubles_up_to_the_largest_batch_while_batches_are_fast(db, conn, now, events):
     """Batches well under the target double from the slow start up to CORE_JOBS_PURGE_BATCH_SIZE, and stay there."""
     load_fences(conn, now, 1500, 1.0, shuffled=False)
-    result = steered(db, batch_clock(1), batch_size=400, min_batch_size=10, slow_start_batch_size=50).run_once(now)
+    result = steered(
+        db, batch_clock(1), purge_batch_size=400, purge_min_batch_size=10, slow_start_batch_size=50
+    ).run_once(now)
     assert batch_sizes(events) == [(50, 50), (100, 100), (200, 200), (400, 400), (400, 400), (400, 350)]
     assert (result.num_deleted, result.batch_size, result.rows_left) == (1500, 400, 0)
     assert remaining(conn) == set()
@@ -166,7 +168,7 @@ def test_a_slow_batch_shrinks_the_next_in_proportion(db, conn, now, events):
     """A batch 4x over the target makes the next 4x smaller; one just under the target keeps its size."""
     load_fences(conn, now, 1500, 1.0, shuffled=False)
     # 1 000 rows in 80 ms -> 250; 250 in 40 ms -> 125; then 15 ms, between half the target and the target: kept.
-    result = steered(db, batch_clock(80, 40, 15), batch_size=1000).run_once(now)
+    result = steered(db, batch_clock(80, 40, 15), purge_batch_size=1000).run_once(now)
     # 250 and 125 are full batches for their own limits, though shorter than the largest: the run goes on,
     # and ends with the batch whose range reaches the cutoff (1 500 = 1 000 + 250 + 125 + 125: no empty batch after).
     assert batch_sizes(events) == [(1000, 1000), (250, 250), (125, 125), (125, 125)]
@@ -178,7 +180,7 @@ def test_the_batch_size_stays_between_the_minimum_and_the_largest(db, conn, now,
     """A very slow batch shrinks the next only to CORE_JOBS_PURGE_MIN_BATCH_SIZE; fast ones grow it only to the largest."""
     load_fences(conn, now, 1200, 1.0, shuffled=False)
     # 300 rows in 1 s would ask for 6 rows: the floor is 100; then fast: 200, then 400 capped at 300.
-    result = steered(db, batch_clock(1000, 1), batch_size=300, min_batch_size=100).run_once(now)
+    result = steered(db, batch_clock(1000, 1), purge_batch_size=300, purge_min_batch_size=100).run_once(now)
     assert batch_sizes(events) == [(300, 300), (100, 100), (200, 200), (300, 300), (300, 300)]
     assert result.num_deleted == 1200
 
@@ -190,7 +192,7 @@ def test_a_slow_sweep_batch_narrows_the_block_range(db, conn, now, events):
         "SELECT reltuples, relpages FROM pg_class WHERE oid = 'core.processed_jobs'::regclass"
     ).fetchone()
     rows_per_page = reltuples / relpages
-    result = steered(db, batch_clock(40, 15), strategy="sweep", batch_size=800).run_once(now)
+    result = steered(db, batch_clock(40, 15), purge_strategy="sweep", purge_batch_size=800).run_once(now)
     deleted = events.named("maintenance.purge.batch_deleted")
     assert [e["batch_size"] for e in deleted[:3]] == [800, 400, 400]  # 40 ms: halved; then 15 ms: kept
     widths = [e["to_block"] - e["from_block"] for e in deleted[:3]]
@@ -205,7 +207,9 @@ def test_guarded_rows_do_not_end_the_run_early(db, conn, now, hashed_pending_lim
     held = ids[::3]  # every third fence has a pending dead letter
     for job_id in held:
         add_dead_letter(conn, job_id=job_id)
-    result = purger(db, batch_size=5, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
+    result = purger(db, purge_batch_size=5, purge_min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(
+        now
+    )
     assert remaining(conn) == set(held)
     # each batch's range holds 5 fences, held ones included: 30 fences are 6 ranges, however many each deletes
     assert (result.num_deleted, result.num_batches) == (20, 30 // 5)
@@ -223,7 +227,7 @@ def test_deletes_a_tie_larger_than_the_batch_in_batches_and_walks_past_it(db, co
         add_fence(conn, processed_at=now - timedelta(days=8), expires_at=instant + i * SECOND) for i in range(1, 8)
     ]
     kept = add_fence(conn, processed_at=now - timedelta(days=1), expires_at=now + timedelta(days=6))
-    run = purger(db, batch_size=10, min_batch_size=1, hashed_pending_limit=hashed_pending_limit)
+    run = purger(db, purge_batch_size=10, purge_min_batch_size=1, hashed_pending_limit=hashed_pending_limit)
     result = run.run_once(now)
     assert remaining(conn) == {*tied[:3], kept}
     assert result.num_deleted == len(before) + 22 + len(after)
@@ -244,7 +248,9 @@ def test_walks_past_a_tie_whose_held_fences_outnumber_the_batch(db, conn, now, e
     after = [
         add_fence(conn, processed_at=now - timedelta(days=8), expires_at=instant + i * SECOND) for i in range(1, 4)
     ]
-    result = purger(db, batch_size=10, min_batch_size=1, hashed_pending_limit=hashed_pending_limit).run_once(now)
+    result = purger(
+        db, purge_batch_size=10, purge_min_batch_size=1, hashed_pending_limit=hashed_pending_limit
+    ).run_once(now)
     assert remaining(conn) == set(tied[:15])
     assert result.num_deleted == 10 + len(after)
     # up to the instant: none; inside the tie: 10, then none (only held ones left at the instant: past it); the 3 after
@@ -256,7 +262,7 @@ def test_a_held_tie_just_before_the_cutoff_ends_the_walk(db, conn, now, events):
     instant = now - timedelta(microseconds=1)
     held = {add_fence(conn, processed_at=now - timedelta(minutes=1), expires_at=instant) for _ in range(3)}
     ticks = itertools.count()  # the budget's clock: one second per reading, so a walk that never ends stops at 300
-    run = Purger(purger(db, batch_size=2, min_batch_size=1).config, db, monotonic=lambda: float(next(ticks)))
+    run = purger(db, purge_batch_size=2, purge_min_batch_size=1, monotonic=lambda: float(next(ticks)))
     result = run.run_once(now)
     assert remaining(conn) == held
     assert (result.num_deleted, result.stopped_on_budget, result.num_batches) == (0, 0, 2)
@@ -266,14 +272,13 @@ def test_pauses_between_batches(db, now, conn):
     """CORE_JOBS_PURGE_BATCH_PAUSE is waited between batches, not after the last."""
     add_old_expired_fences(conn, now, 25)
     pauses: list[float] = []
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=10,
-        batch_pause=timedelta(milliseconds=250),
-        strategy="index",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=10,
+        purge_batch_pause=timedelta(milliseconds=250),
+        purge_strategy="index",
     )
-    result = Purger(config, db, sleep=pauses.append).run_once(now)
+    result = Purger(config, env(db, sleep=pauses.append)).run_once(now)
     assert result.num_batches == 3
     assert pauses == [0.25, 0.25]
 
@@ -282,18 +287,17 @@ def test_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now):
     """Index path: past its budget no batch starts; the run reports rows_left, and the next run deletes them."""
     add_old_expired_fences(conn, now, 25)
     ticks = itertools.count()  # a clock that advances one second per reading
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=10,
-        max_runtime=timedelta(seconds=2),
-        strategy="index",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=10,
+        purge_max_runtime=timedelta(seconds=2),
+        purge_strategy="index",
     )
     # Readings: 0 sets the deadline at 2; 1 lets the first batch start; 2 is the budget's end.
-    first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
+    first = Purger(config, env(db, monotonic=lambda: float(next(ticks)))).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_budget, first.rows_left) == (10, 1, 1, 15)
     assert len(remaining(conn)) == 15
-    second = Purger(config, db).run_once(now)
+    second = Purger(config, env(db)).run_once(now)
     assert (second.num_deleted, second.stopped_on_budget, second.rows_left) == (15, 0, 0)
     assert remaining(conn) == set()
 
@@ -309,11 +313,11 @@ def test_a_stop_request_ends_the_run_after_the_batch_in_hand(db, conn, now):
             stop.set()
         return 0.0
 
-    config = PurgeConfig(guard=GUARD, target_batch_duration=UNHURRIED, batch_size=10, strategy="index")
-    first = Purger(config, db, stop=stop, batch_clock=batch_clock).run_once(now)
+    config = PurgeFields(purge_target_batch_duration=UNHURRIED, purge_batch_size=10, purge_strategy="index")
+    first = Purger(config, env(db, stop=stop), batch_clock=batch_clock).run_once(now)
     assert (first.num_deleted, first.num_batches, first.stopped_on_signal, first.rows_left) == (10, 1, 1, 15)
     assert first.ok
-    second = Purger(config, db).run_once(now)
+    second = Purger(config, env(db)).run_once(now)
     assert (second.num_deleted, second.stopped_on_signal, second.rows_left) == (15, 0, 0)
 
 
@@ -334,7 +338,7 @@ def test_guard_refusal_deletes_nothing(db, conn, now):
     add_old_expired_fences(conn, now, 3)
     short = TtlGuard(ttl=timedelta(minutes=15), window=WINDOW, margin=2.0)
     with pytest.raises(ConfigError) as refused:
-        Purger(PurgeConfig(guard=short), db)
+        Purger(PurgeFields(), env(db, guard=short))
     message = str(refused.value)
     assert "CORE_JOBS_PROCESSED_JOBS_TTL=PT15M" in message and "PT10M" in message and "TOO SHORT" in message
     assert len(remaining(conn)) == 3
@@ -371,18 +375,17 @@ def test_run_once_purge_command_emits_the_fixed_result_fields(clean_env, databas
 def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events):
     """Index path: repeated statement timeouts halve the batch, which never grows back that run; at the floor they stop it with ok=false."""
     ids = add_old_expired_fences(conn, now, 10)
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=10,
-        min_batch_size=2,
-        timeouts_before_shrink=2,
-        statement_timeout=timedelta(milliseconds=50),
-        strategy="index",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=10,
+        purge_min_batch_size=2,
+        purge_timeouts_before_shrink=2,
+        purge_statement_timeout=timedelta(milliseconds=50),
+        purge_strategy="index",
     )
     with psycopg.connect(database_url) as other:  # holds a row lock on the 8th fence in expiry order
         other.execute("SELECT 1 FROM core.processed_jobs WHERE job_id = %s FOR UPDATE", (ids[7],))
-        result = Purger(config, db).run_once(now)
+        result = Purger(config, env(db)).run_once(now)
         other.rollback()
     # 10 -> 2 timeouts -> 5: fences 1-5 go; 6-10 time out twice -> 2: 6-7 go; 8-9 time out at the floor.
     assert (result.num_deleted, result.num_timeouts, result.batch_size, result.gave_up, result.ok) == (
@@ -396,24 +399,23 @@ def test_statement_timeout_shrinks_the_batch(db, conn, now, database_url, events
     assert remaining(conn) == set(ids[7:])
     assert [e["batch_size"] for e in events.named("maintenance.purge.batch_shrunk")] == [5, 2]
     assert len(events.named("maintenance.purge.gave_up")) == 1
-    after = Purger(config, db).run_once(now)  # the lock is gone: the next run starts afresh and finishes
+    after = Purger(config, env(db)).run_once(now)  # the lock is gone: the next run starts afresh and finishes
     assert (after.num_deleted, after.batch_size, after.ok) == (3, 10, True)
 
 
 def test_rows_left_is_minus_one_when_even_counting_times_out(db, conn, now, database_url, events):
     """With the table locked by another session, auto cannot estimate, and the run gives up unable to count."""
     add_old_expired_fences(conn, now, 3)
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=10,
-        min_batch_size=10,
-        statement_timeout=timedelta(milliseconds=50),
-        strategy="auto",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=10,
+        purge_min_batch_size=10,
+        purge_statement_timeout=timedelta(milliseconds=50),
+        purge_strategy="auto",
     )
     with psycopg.connect(database_url) as other:
         other.execute("LOCK TABLE core.processed_jobs IN ACCESS EXCLUSIVE MODE")
-        result = Purger(config, db).run_once(now)
+        result = Purger(config, env(db)).run_once(now)
         other.rollback()
     assert (result.num_deleted, result.num_timeouts, result.gave_up, result.rows_left) == (0, 2, 1, -1)
     assert len(remaining(conn)) == 3
@@ -425,9 +427,9 @@ def test_can_run_repeatedly(db, conn, now, strategy):
     """A second run over the same state deletes nothing and still succeeds; the kept rows stay."""
     add_old_expired_fences(conn, now, 5)
     fresh = add_fence(conn, processed_at=now - SECOND, expires_at=now + timedelta(days=7))
-    first = purger(db, strategy=strategy).run_once(now)
-    second = purger(db, strategy=strategy).run_once(now)
-    third = purger(db, strategy=strategy).run_once(db.server_now())
+    first = purger(db, purge_strategy=strategy).run_once(now)
+    second = purger(db, purge_strategy=strategy).run_once(now)
+    third = purger(db, purge_strategy=strategy).run_once(db.server_now())
     assert (first.num_deleted, second.num_deleted, third.num_deleted) == (5, 0, 0)
     assert second.ok and third.ok and second.num_batches == 1
     assert remaining(conn) == {fresh}
@@ -461,7 +463,9 @@ def test_bad_purge_settings_are_named(clean_env, name, value, problem):
         load_settings()
 
 
-def test_config_built_in_code_is_validated_too(db):
-    """A PurgeConfig with a zero batch size is refused with the setting's name."""
-    with pytest.raises(ConfigError, match="CORE_JOBS_PURGE_BATCH_SIZE must be at least 1"):
-        Purger(PurgeConfig(guard=GUARD, batch_size=0), db)
+def test_settings_built_in_code_are_validated_too():
+    """PurgeFields built in code with a zero batch size or an unknown strategy is refused, naming the field and the bound."""
+    with pytest.raises(ValidationError, match=r"purge_batch_size\n.*greater than or equal to 1"):
+        PurgeFields(purge_batch_size=0)
+    with pytest.raises(ValidationError, match=r"purge_strategy\n.*'auto', 'index' or 'sweep'"):
+        PurgeFields(purge_strategy="seqscan")

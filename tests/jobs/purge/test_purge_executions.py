@@ -39,7 +39,7 @@ def test_keeps_a_fence_while_its_job_and_consumer_has_an_execution_not_failed(
     add_execution(conn, job_id=uncertain, consumer=CONSUMER)
     add_execution(conn, job_id=failed, consumer=CONSUMER, status="FAILED")
     add_execution(conn, job_id=elsewhere, consumer="points.other")  # same job, another consumer's execution
-    result = purger(db, hashed_pending_limit=hashed_pending_limit, strategy=strategy).run_once(now)
+    result = purger(db, hashed_pending_limit=hashed_pending_limit, purge_strategy=strategy).run_once(now)
     assert remaining(conn) == {pending, running, waiting, uncertain}
     assert (result.num_deleted, result.rows_left) == (2, 0)
 
@@ -78,7 +78,7 @@ def test_failed_executions_are_deleted_in_batches(db, conn, now):
     """Batch size 2 and 5 deletable FAILED executions: three statements, all deleted."""
     for _ in range(5):
         add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days")
-    result = purger(db, batch_size=2, min_batch_size=1).run_once(now)
+    result = purger(db, purge_batch_size=2, purge_min_batch_size=1).run_once(now)
     assert result.executions_deleted == 5 and executions(conn) == {}
 
 

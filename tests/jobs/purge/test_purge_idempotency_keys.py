@@ -11,10 +11,10 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 from support.factories import add_execution
 from support.purge_support import (
     ADD_IDEMPOTENCY_KEY,
-    GUARD,
     RESOLUTION_400_DAYS_AGO,
     SECOND,
     add_old_expired_fences,
@@ -23,8 +23,8 @@ from support.purge_support import (
     purger,
 )
 
-from maintenance.jobs.purge.config import PurgeConfig
-from maintenance.jobs.purge.job import Purger, on_the_batch_clock
+from maintenance.jobs.purge.job import on_the_batch_clock
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.settings import ConfigError, load_settings
 
 
@@ -36,7 +36,7 @@ def test_deletes_idempotency_keys_older_than_the_retention_in_batches(db, conn, 
     conn.execute(ADD_IDEMPOTENCY_KEY, {"key": "young", "created_at": now - retention + SECOND})
     uncertain = add_execution(conn, age="40 days")
     conn.execute(RESOLUTION_400_DAYS_AGO, {"id": uncertain})  # in the append-only ledger: never expires
-    result = purger(db, batch_size=2, min_batch_size=1, idempotency_key_retention=retention).run_once(now)
+    result = purger(db, purge_batch_size=2, purge_min_batch_size=1, idempotency_key_retention=retention).run_once(now)
     assert (idempotency_keys(conn), result.idempotency_keys_deleted) == ({"young"}, 5)
     assert conn.execute("SELECT idempotency_key FROM core.execution_resolutions").fetchall() == [("resolution-key",)]
 
@@ -46,8 +46,8 @@ def test_refuses_an_idempotency_key_retention_shorter_than_a_day(clean_env):
     clean_env.setenv("CORE_JOBS_IDEMPOTENCY_KEY_RETENTION", "PT12H")
     with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
         load_settings()
-    with pytest.raises(ConfigError, match="CORE_JOBS_IDEMPOTENCY_KEY_RETENTION"):
-        Purger(PurgeConfig(guard=GUARD, idempotency_key_retention=timedelta(hours=12)), None)
+    with pytest.raises(ValidationError, match=r"idempotency_key_retention\n.*must be at least P1D"):
+        PurgeFields(idempotency_key_retention=timedelta(hours=12))
 
 
 def test_a_purge_run_exports_one_metric_per_quantity_in_base_units(db, conn, now):
@@ -58,7 +58,7 @@ def test_a_purge_run_exports_one_metric_per_quantity_in_base_units(db, conn, now
 
     add_old_expired_fences(conn, now, 11)
     telemetry = Telemetry()
-    purge = Purger(purger(db, batch_size=10).config, db, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
+    purge = purger(db, purge_batch_size=10, batch_clock=batch_clock(7, 3), timed_by=on_the_batch_clock)
     run_job(SPEC, purge, db, telemetry)
 
     value = telemetry.registry.get_sample_value

@@ -14,8 +14,8 @@ from datetime import timedelta
 import psycopg
 import pytest
 from psycopg.pq import TransactionStatus
+from support.jobs import env
 from support.purge_support import (
-    GUARD,
     LOAD_FENCES,
     PROTECTED,
     REPLAY_GUARDS,
@@ -29,9 +29,9 @@ from support.purge_support import (
 )
 from support.round_trips import protocol_trace
 
-from maintenance.jobs.purge.config import PurgeConfig
 from maintenance.jobs.purge.job import Purger
 from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, sample_percent
+from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.settings import ConfigError, load_settings
 
 
@@ -77,7 +77,9 @@ def test_sweep_deletes_exactly_what_the_index_walk_deletes(db, conn, now, hashed
     for strategy in ("index", "sweep"):
         conn.execute("TRUNCATE core.processed_jobs")
         conn.execute("INSERT INTO core.processed_jobs SELECT * FROM core.fences_before ORDER BY random()")
-        result = purger(db, strategy=strategy, batch_size=100, hashed_pending_limit=hashed_pending_limit).run_once(now)
+        result = purger(
+            db, purge_strategy=strategy, purge_batch_size=100, hashed_pending_limit=hashed_pending_limit
+        ).run_once(now)
         kept[strategy] = remaining(conn)
         assert result.num_deleted == total - len(expected)
     conn.execute("DROP TABLE core.fences_before")
@@ -95,7 +97,7 @@ def test_sweep_batches_end_when_the_block_cursor_passes_the_end(db, conn, now, e
         "SELECT reltuples, relpages FROM pg_class WHERE oid = 'core.processed_jobs'::regclass"
     ).fetchone()
     per_batch = round(200 / (reltuples / relpages))  # blocks of about 200 rows
-    result = purger(db, strategy="sweep", batch_size=200).run_once(now)
+    result = purger(db, purge_strategy="sweep", purge_batch_size=200).run_once(now)
     ranges = [(e["from_block"], e["to_block"]) for e in events.named("maintenance.purge.batch_deleted")]
     starts = list(range(0, blocks, per_batch))
     assert ranges == [(start, start + per_batch) for start in starts]
@@ -108,18 +110,17 @@ def test_sweep_stops_on_the_time_budget_and_a_second_run_finishes(db, conn, now)
     """Sweep: past its budget no batch starts; rows_left counts the blocks not swept; the next run deletes them."""
     load_fences(conn, now, 1000, 1.0, shuffled=True)
     ticks = itertools.count()  # one second per reading: the deadline at 2, one batch, then the budget's end
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=200,
-        max_runtime=timedelta(seconds=2),
-        strategy="sweep",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=200,
+        purge_max_runtime=timedelta(seconds=2),
+        purge_strategy="sweep",
     )
-    first = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
+    first = Purger(config, env(db, monotonic=lambda: float(next(ticks)))).run_once(now)
     assert (first.num_batches, first.stopped_on_budget, first.used_sweep) == (1, 1, 1)
     assert 0 < first.num_deleted < 1000
     assert first.rows_left == 1000 - first.num_deleted == len(remaining(conn))
-    second = Purger(config, db).run_once(now)
+    second = Purger(config, env(db)).run_once(now)
     assert (second.num_deleted, second.stopped_on_budget, second.rows_left) == (1000 - first.num_deleted, 0, 0)
     assert remaining(conn) == set()
 
@@ -128,21 +129,20 @@ def test_sweep_statement_timeouts_shrink_the_block_range(db, conn, now, database
     """Sweep: timeouts halve the batch and with it the blocks per batch, down to one block, then it gives up."""
     load_fences(conn, now, 1000, 1.0, shuffled=False)
     locked_block = 3
-    config = PurgeConfig(
-        guard=GUARD,
-        target_batch_duration=UNHURRIED,
-        batch_size=400,
-        min_batch_size=50,
-        timeouts_before_shrink=1,
-        statement_timeout=timedelta(milliseconds=50),
-        strategy="sweep",
+    config = PurgeFields(
+        purge_target_batch_duration=UNHURRIED,
+        purge_batch_size=400,
+        purge_min_batch_size=50,
+        purge_timeouts_before_shrink=1,
+        purge_statement_timeout=timedelta(milliseconds=50),
+        purge_strategy="sweep",
     )
     with psycopg.connect(database_url) as other:  # a row lock in block 3
         other.execute(
             "SELECT 1 FROM core.processed_jobs WHERE ctid >= %s::tid AND ctid < %s::tid LIMIT 1 FOR UPDATE",
             (f"({locked_block},0)", f"({locked_block + 1},0)"),
         )
-        result = Purger(config, db).run_once(now)
+        result = Purger(config, env(db)).run_once(now)
         other.rollback()
     ranges = [(e["from_block"], e["to_block"]) for e in events.named("maintenance.purge.batch_deleted")]
     # 400 rows ~ 5 blocks [0, 5) holds block 3: 200 ~ 2 blocks [0, 2) goes, [2, 4) times out; 100 ~ 1: [2, 3)
@@ -157,7 +157,7 @@ def test_sweep_statement_timeouts_shrink_the_block_range(db, conn, now, database
 def test_auto_sweeps_a_shuffled_mostly_expired_table(db, conn, now, events):
     """Auto: with most rows expired and expires_at uncorrelated with the physical order, it sweeps."""
     load_fences(conn, now, 3000, 0.7, shuffled=True)
-    result = purger(db, strategy="auto").run_once(now)
+    result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], chosen["setting"], result.used_sweep) == ("sweep", "auto", 1)
     assert abs(chosen["correlation"]) < 0.1
@@ -170,7 +170,7 @@ def test_auto_sweeps_a_shuffled_mostly_expired_table(db, conn, now, events):
 def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now, events, expired_share, shuffled):
     """Auto: rows in expiry order (30 % expired), or few rows expired (1 %, shuffled), take the index walk."""
     load_fences(conn, now, 3000, expired_share, shuffled=shuffled)
-    result = purger(db, strategy="auto").run_once(now)
+    result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], result.used_sweep) == ("index", 0)
     assert chosen["reason"].startswith("index estimated cheaper")
@@ -180,7 +180,7 @@ def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now,
 
 def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, events):
     """Auto: never analyzed and empty, the sample has no correlation to give: it takes the index walk and deletes nothing."""
-    result = purger(db, strategy="auto").run_once(now)
+    result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 0)
     assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
@@ -199,7 +199,7 @@ def test_auto_chooses_from_the_sample_on_a_table_never_analyzed(
     conn.execute("ALTER TABLE core.processed_jobs SET (autovacuum_enabled = false)")
     layout = "random()" if shuffled else "t.processed_at"
     conn.execute(LOAD_FENCES.format(layout=layout), {"rows": 3000, "expired_share": expired_share, "now": now})
-    result = purger(db, strategy="auto").run_once(now)
+    result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
     assert abs(chosen["correlation"]) < 0.1 if shuffled else chosen["correlation"] > 0.9
@@ -239,9 +239,9 @@ def test_auto_samples_one_percent_of_the_pages_within_bounds(table_blocks, sampl
 
 def test_strategy_setting(clean_env):
     """CORE_JOBS_PURGE_STRATEGY defaults to auto, takes index or sweep, and names itself when wrong."""
-    assert PurgeConfig.from_settings(load_settings()).strategy == "auto"
+    assert load_settings().purge_strategy == "auto"
     clean_env.setenv("CORE_JOBS_PURGE_STRATEGY", "sweep")
-    assert PurgeConfig.from_settings(load_settings()).strategy == "sweep"
+    assert load_settings().purge_strategy == "sweep"
     clean_env.setenv("CORE_JOBS_PURGE_STRATEGY", "seqscan")
     with pytest.raises(ConfigError, match="CORE_JOBS_PURGE_STRATEGY"):
         load_settings()

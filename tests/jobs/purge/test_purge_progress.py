@@ -14,8 +14,6 @@ from datetime import timedelta
 import pytest
 from support.purge_support import add_old_expired_fences, load_fences, purger
 
-from maintenance.jobs.purge.job import Purger
-
 
 # --- progress of a long run ----------------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["auto", "sweep"])
@@ -23,9 +21,9 @@ def test_a_long_run_reports_progress_at_info_every_interval(db, conn, now, logs,
     """A clock ticking 1 s per reading and a 3 s interval: progress at info with rows deleted, rate and estimate left, not after every batch."""
     load_fences(conn, now, 1000, 0.5, shuffled=False)
     ticks = itertools.count()
-    overrides = {"batch_size": 50, "min_batch_size": 50, "progress_interval": timedelta(seconds=3)}
-    config = purger(db, strategy=strategy, **overrides).config
-    result = Purger(config, db, monotonic=lambda: float(next(ticks))).run_once(now)
+    overrides = {"purge_batch_size": 50, "purge_min_batch_size": 50, "purge_progress_interval": timedelta(seconds=3)}
+    run = purger(db, purge_strategy=strategy, **overrides, monotonic=lambda: float(next(ticks)))
+    result = run.run_once(now)
     progress = logs.named("maintenance.purge.progress")
     assert 2 <= len(progress) < result.num_batches and result.num_deleted == 500
     assert {e["level"] for e in progress} == {"info"}
@@ -40,5 +38,5 @@ def test_a_long_run_reports_progress_at_info_every_interval(db, conn, now, logs,
 def test_a_short_run_reports_no_progress(db, conn, now, logs):
     """A run that ends within the progress interval logs no progress event (its stop event says it all)."""
     add_old_expired_fences(conn, now, 30)
-    purger(db, batch_size=10, min_batch_size=10).run_once(now)
+    purger(db, purge_batch_size=10, purge_min_batch_size=10).run_once(now)
     assert logs.named("maintenance.purge.progress") == []

@@ -138,7 +138,7 @@ def test_auto_chooses_from_the_sample_when_the_statistics_are_stale(
         " AND attname = 'expires_at'"
     ).fetchone()[0]
     assert abs(stale) < 0.1 if analyzed_shuffled else stale > 0.9
-    result = purger(db, strategy="auto").run_once(now)
+    result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], result.num_deleted) == (strategy, round(3000 * expired_share))
     assert chosen["correlation"] > 0.9 if analyzed_shuffled else abs(chosen["correlation"]) < 0.1
