@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from harness.consumer.consumer import Consumer, ConsumerError, JobContext
     from harness.consumer.retry import RetryPolicy, RetryPolicyError
     from harness.errors import NotSent, PermanentError, PoisonMessage, TransientError
+    from harness.fence import Runtime
     from harness.handling import handle
     from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
     from harness.pg import SchemaNotMigrated, require_schema
@@ -63,7 +64,9 @@ if TYPE_CHECKING:
     )
     from harness.worker import Worker, WorkerConfig, WorkerGroup, WorkerGroupError, WorkerStats
 
-# Each public name → the module that defines it.
+# Each public name → the module that defines it, loaded on the name's first use. The names are listed again in the
+# TYPE_CHECKING imports and __all__ because type checkers read only those (a literal __all__ is how a consumer's
+# `mypy --strict` sees them exported); tests/harness/test_harness_facade.py keeps the three equal.
 _HOMES = {
     "Action": "harness.consumer.actions",
     "ActionContext": "harness.consumer.actions",
@@ -73,6 +76,7 @@ _HOMES = {
     "PermanentError": "harness.errors",
     "PoisonMessage": "harness.errors",
     "TransientError": "harness.errors",
+    "Runtime": "harness.fence",
     "handle": "harness.handling",
     "PgQueue": "harness.queue.pgqueue",
     "SchemaNotMigrated": "harness.pg",
@@ -145,6 +149,7 @@ __all__ = [
     "RetryAfter",
     "RetryPolicy",
     "RetryPolicyError",
+    "Runtime",
     "SchemaNotMigrated",
     "Stale",
     "TransientError",

@@ -10,7 +10,9 @@ together, or none of it. A fence already there is a duplicate: no handler, the r
 
 :class:`Runtime` holds what every delivery a worker handles shares — the queue's retry policy,
 the fence's TTL, the lease, the metrics and the random source of the retry jitter — as one
-object from :func:`harness.handling.handle` down to each phase of a durable execution.
+object, made once by the worker and passed from :func:`harness.handling.handle` down to each phase
+of a durable execution. :func:`run_handler` is the handler block of both fence paths: the handler,
+a ``psycopg.Rollback`` it raised refused, the transaction's health checked.
 
 :func:`harness.handling.handle_together` does the same work for a batch of jobs in one shared
 transaction; a handler that ends that transaction itself (COMMIT, ROLLBACK) is
@@ -43,6 +45,7 @@ __all__ = [
     "Runtime",
     "TransactionEnded",
     "check_work_transaction",
+    "run_handler",
     "work_under_fence",
 ]
 
@@ -56,6 +59,19 @@ VALUES (%(job_id)s, %(consumer)s, %(tenant_id)s, now() + %(ttl)s)
 ON CONFLICT DO NOTHING
 RETURNING 1
 """
+
+
+# What the harness records when a handler did something to its transaction that it may not.
+HANDLER_ROLLED_BACK = (
+    "the handler raised psycopg.Rollback: its work and the fence were rolled back, so nothing was committed"
+)
+TRANSACTION_ABORTED = (
+    "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
+)
+TRANSACTION_ENDED = (
+    "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes escaped the fence, so the job"
+    " is not retried; fix the handler, then review the job"
+)
 
 
 @dataclass(frozen=True)
@@ -103,14 +119,7 @@ def work_under_fence(
         if not fenced(cursor):
             duplicate = True  # done before: no handler
         else:
-            try:
-                consumer.handler(conn, payload, context)
-            except psycopg.Rollback as exc:  # it would end the block quietly: nothing committed, yet acked
-                raise TransientError(
-                    "the handler raised psycopg.Rollback: its work and the fence were rolled"
-                    " back, so nothing was committed"
-                ) from exc
-            check_work_transaction(conn)
+            run_handler(conn, consumer, payload, context)
         if replay_of is not None:
             mark_replay_handled(conn, replay_of, "duplicate" if duplicate else "processed")
     if duplicate:
@@ -131,30 +140,49 @@ def _begun(conn: psycopg.Connection, first: Statement, *, pipelined: bool) -> It
             yield conn.execute(*first)
 
 
-def check_work_transaction(conn: psycopg.Connection) -> None:
+def _open(conn: psycopg.Connection) -> bool:
+    """A transaction alone is the handler's until the harness commits it: open unless the handler ended it."""
+    return conn.info.transaction_status != TransactionStatus.IDLE
+
+
+def run_handler(
+    conn: psycopg.Connection,
+    consumer: Consumer[Any],
+    payload: Any,
+    context: JobContext,
+    *,
+    still_open: Callable[[psycopg.Connection], bool] = _open,
+) -> None:
+    """The handler on the fence's transaction, then that transaction checked (:func:`check_work_transaction`): the one
+    handler block of a job alone (:func:`work_under_fence`) and of a job in a shared transaction
+    (harness/handling.py, whose ``still_open`` tells its own transaction from one the handler began)."""
+    try:
+        consumer.handler(conn, payload, context)
+    except psycopg.Rollback as exc:  # it would end the block quietly: nothing committed, yet acked
+        raise TransientError(HANDLER_ROLLED_BACK) from exc
+    check_work_transaction(conn, still_open=still_open)
+
+
+def check_work_transaction(
+    conn: psycopg.Connection,
+    *,
+    still_open: Callable[[psycopg.Connection], bool] = _open,
+) -> None:
     """Refuse to commit unless the handler left the fence's transaction open and healthy.
 
     A swallowed database error leaves it aborted: psycopg's COMMIT would then silently roll
     back, and the job would be acked with nothing done. A COMMIT or ROLLBACK run by the handler
-    ends it early: writes after that escape the fence, so a retry could apply them twice.
+    ends it early (``still_open`` false): writes after that escape the fence, so a retry could
+    apply them twice.
     """
-    status = conn.info.transaction_status
-    if status == TransactionStatus.INERROR:
-        raise TransientError(
-            "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
-        )
-    if status == TransactionStatus.IDLE:
-        raise PermanentError(
-            "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
-            " escaped the fence, so the job is not retried; fix the handler, then review the job"
-        )
+    if conn.info.transaction_status == TransactionStatus.INERROR:
+        raise TransientError(TRANSACTION_ABORTED)
+    if not still_open(conn):
+        raise PermanentError(TRANSACTION_ENDED)
 
 
 class TransactionEnded(PermanentError):
     """The handler ended the transaction it shared with other jobs (COMMIT or ROLLBACK): its writes escaped the fence."""
 
     def __init__(self) -> None:
-        super().__init__(
-            "the handler ended the work transaction itself (COMMIT or ROLLBACK): its writes"
-            " escaped the fence, so the job is not retried; fix the handler, then review the job"
-        )
+        super().__init__(TRANSACTION_ENDED)

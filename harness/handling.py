@@ -1,103 +1,12 @@
 """Handling one delivery: the fence and the work in one transaction, then an outcome.
 
-0. A delivery the broker marks ``redelivered`` (it may have been handled before without being
-   settled: the adapter committed the outcome in PostgreSQL, then crashed before acking) is first
-   probed, in one statement (:data:`ALREADY_DEAD_LETTERED`): if its job already has a
-   ``pending_review`` dead letter of this consumer — and, for a replay, its replay is already
-   handled (``replay_outcome`` set) — that failure is recorded: ``Duplicate(already_dead_lettered=True)``,
-   acked without running the handler (the worker logs ``harness.job.already_dead_lettered``). A
-   success needs no probe: the fence absorbs it. Other deliveries skip the probe: the reference
-   queue settles atomically with the database. With the dead-letter writer's ``ON CONFLICT DO
-   NOTHING`` (harness/dead_letters.py) this is one dead letter per failure, whatever the broker.
-1. The payload is validated against the consumer's schema. A payload it rejects is poison: a
-   dead letter at once, zero retries (J-B5, J-AC4). So is one whose validation fails in any
-   other way — a validator raising ``TypeError``, or anything else: validation depends on the
-   payload alone, so it would fail the same way every time (validators must not do I/O).
-2. One transaction on the caller's connection (J-B1)::
-
-       INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
-       VALUES (…, now() + fence_ttl) ON CONFLICT DO NOTHING RETURNING 1
-
-   No row back: the job was already done — no handler, nothing written, outcome ``Duplicate``
-   (an ack and a metric, no error, no row; J-B2). A row back: run the handler on the same
-   connection and commit. That transaction is :func:`harness.fence.work_under_fence`, the one
-   a durable consumer's success commits in too. A parallel delivery of the same job blocks on the fence's primary key until this
-   transaction ends, then sees the conflict (J-AC1). A crash before the commit leaves neither
-   the work nor the fence (J-AC2). Before the commit the transaction must still be open and
-   healthy: a handler that swallowed a database error (transaction aborted, nothing would
-   commit) or raised ``psycopg.Rollback`` fails transiently; one that ran COMMIT or ROLLBACK
-   itself fails permanently, since its later writes escaped the fence and a retry could repeat them.
-3. A failure rolls everything back, then:
-   ``PermanentError`` → dead letter now; ``TransientError`` or any unclassified exception →
-   ``RetryAfter(delay)`` on the policy (honouring the error's ``retry_after``), or a dead letter
-   once ``max_attempts`` deliveries have failed (J-AC3). "Any" includes ``BaseException``
-   subclasses such as ``SystemExit`` (a library calling ``sys.exit()`` in the handler): a
-   handler does not own the process, so that is this job's failure, not the worker's exit. The
-   one exception is ``KeyboardInterrupt``: the caller's stop, it propagates after the rollback.
-   The error is recorded as ``"Type: message"`` by :func:`harness.errors.describe_error`,
-   which renders any exception, even one that cannot be printed, and its stack trace beside it
-   by :func:`harness.errors.describe_traceback` (the retry's span, the dead letter's ``traceback``).
-4. A delivery numbered beyond ``max_attempts`` means the earlier ones never settled: their
-   workers died mid-job or lost their leases. It is not run again (a message that kills its
-   worker would crash-loop forever): a ``Duplicate`` if the fence exists, else a dead letter
-   (``exhausted``) at once.
-5. A replayed delivery (``envelope.replay_of``) marks its replay handled with its final outcome,
-   in that outcome's transaction (harness/dead_letters.py): ``processed`` in the work
-   transaction, ``duplicate`` in the fence probe's (committed instead of rolled back),
-   ``dead_lettered`` with the new letter. A retry is not final: the replay stays outstanding, so
-   the purge keeps the job's fences through every retry of a fence processed long ago.
-
-6. A consumer that declares actions runs as a durable execution instead of steps 2-5:
-   after step 1, :func:`harness.durable.executor.run_execution` takes over (docs/durable-actions.md).
-
-**A batch in one transaction** (:func:`handle_together`, what the worker does with a claimed
-batch of a plain consumer): step 2's transaction is shared by up to
-:data:`JOBS_PER_TRANSACTION` deliveries and committed once — one synchronous commit for the lot
-instead of one per job — in as few round trips as the guarantees allow: ``BEGIN``, the batch's
-row in ``core.open_work_batches`` (migration 0027), its mark (:data:`MARK_BATCH`) and **every
-job's fence in one statement** (:data:`BATCH_FENCES`) travel together; then each new job's
-handler runs, with no savepoint around it (its replay mark after it); then the row is deleted
-and ``COMMIT`` sent, again together. The guarantees are step 2's, per job:
-
-- the commit is all or none: a crash before it leaves no job's work and no job's fence (each
-  comes back when its lease expires and runs once); after it, every job's work and fence;
-- a failing job (an error, a swallowed database error, ``psycopg.Rollback``) rolls the shared
-  transaction back — its fence and writes undone, and its batch-mates' — and is decided by step
-  3 alone, on its error, settled on its own; its batch-mates did nothing wrong and run again, in
-  the next shared transaction (the failing job is not run again: its outcome is decided);
-- poison (step 1) never enters the transaction (its dead letter writes nothing there); a
-  delivery beyond ``max_attempts`` (step 4) or ``redelivered`` (step 0) is handled alone,
-  between shared transactions;
-- a handler cannot commit the batch: the batch's row makes the database refuse any COMMIT
-  but the worker's (which deletes the row first), rolling everything back — so no fence of a
-  job not yet run can ever commit. A handler that ends the transaction (its refused COMMIT, a
-  ROLLBACK — and perhaps begins one of its own) is found as soon as it returns or raises, with
-  no round trip: the mark is ``SET LOCAL``, reverts however the transaction ends, and
-  PostgreSQL reports it to the client as it changes. That handler is dead-lettered as in step
-  2, whatever it began is rolled back, and its batch-mates run again; a second handler that
-  tries the same in the next transaction meets the same refusal;
-- a commit that fails (a deferred constraint, a serialization failure) commits nothing: each
-  of its jobs runs again alone, through :func:`handle`, within the same call, so one job's fault
-  stays its own — the refused job retried with its attempt counted, or dead-lettered;
-- the worker stopping between two jobs commits the jobs run so far, once the fences of those
-  not run are deleted (``core.unfence_unrun``: only fences the transaction itself wrote); the
-  rest are given back unstarted;
-- every way a shared transaction can fail ends with each of its jobs settled — committed alone,
-  retried counted, or dead-lettered — never released uncounted: what the worker's stop or a lost
-  connection keeps from running again alone, and the jobs before a handler that lost the
-  connection, are in ``BatchProgress.rolled_back``, which the worker retries with the attempt
-  counted. A handler raising ``KeyboardInterrupt`` (the caller's stop) rolls back its transaction
-  (the job in hand has no savepoint to undo it alone); the jobs before it run and commit again,
-  in a transaction of their own, before the interrupt goes on.
-
-A consumer whose handler must not share its transaction says ``shares_transactions=False``
-(harness/consumer/consumer.py); a durable consumer never shares (its executions commit their own
-phases). What was decided is in a :class:`BatchProgress` the caller reads, even when the
-handling raised (the caller's stop, a lost connection).
-
-Success writes nothing but the fence: it is counted in the caller's ``metrics`` (:mod:`harness.metrics`;
-the default counts nothing) (J-B9, J-AC8).
-The outcome is returned, not applied: the queue adapter settles it (harness/queue/port.py).
+Why apart from the worker: the outcome is decided here and returned, not applied — the queue
+adapter settles it (harness/queue/port.py) — so a test, the conformance kit or a service can handle
+one delivery on its own connection. :func:`handle` takes the worker's one
+:class:`~harness.fence.Runtime`; :func:`handle_together` runs a batch of a plain consumer in shared
+transactions. The steps (the redelivery probe, validation, the fence, failures, the attempt
+budget, replays, durable consumers) and what a shared transaction keeps true, job by job, are
+docs/harness.md, "Handling one delivery".
 """
 
 from __future__ import annotations
@@ -108,7 +17,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, overload
 from uuid import UUID
 
 import psycopg
@@ -127,7 +36,7 @@ from harness.errors import (
     describe_traceback,
     validation_problems,
 )
-from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, work_under_fence
+from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, run_handler, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
@@ -164,6 +73,11 @@ class DeliveriesExhausted(Exception):
     """Every attempt was used by deliveries that never settled: the job is dead-lettered unrun."""
 
 
+@overload
+def handle(conn: psycopg.Connection, consumer: Consumer[Any], delivery: Delivery, runtime: Runtime) -> Outcome: ...
+
+
+@overload
 def handle(
     conn: psycopg.Connection,
     consumer: Consumer[Any],
@@ -174,14 +88,35 @@ def handle(
     metrics: Metrics = NO_METRICS,
     random: Callable[[], float] = _random.random,
     lease: timedelta = DEFAULT_LEASE,
-) -> Outcome:
-    """Handle one delivery on ``conn`` (autocommit mode, no transaction open); see the module docstring.
+) -> Outcome: ...
 
-    The keywords are the run-wide values (:class:`harness.fence.Runtime`), which travel on as one
-    object. ``lease`` is the worker's lease, which a durable consumer's execution takes
-    (harness/durable/executor.py).
+
+def handle(
+    conn: psycopg.Connection,
+    consumer: Consumer[Any],
+    delivery: Delivery,
+    runtime: Runtime | None = None,
+    *,
+    policy: RetryPolicy | None = None,
+    fence_ttl: timedelta | None = None,
+    metrics: Metrics = NO_METRICS,
+    random: Callable[[], float] = _random.random,
+    lease: timedelta = DEFAULT_LEASE,
+) -> Outcome:
+    """Handle one delivery on ``conn`` (autocommit mode, no transaction open); docs/harness.md, "Handling one
+    delivery".
+
+    ``runtime`` is the run-wide values (:class:`harness.fence.Runtime`), as the worker passes the one it made;
+    or, for a caller of one delivery, its fields as keywords (``policy=`` and ``fence_ttl=`` at least), which
+    make it. ``lease`` is the worker's, which a durable consumer's execution takes (harness/durable/executor.py).
     """
-    runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
+    if runtime is None:
+        if policy is None or fence_ttl is None:
+            raise TypeError("handle() takes a Runtime, or policy= and fence_ttl= (and optionally metrics=, lease=)")
+        runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
+    elif (policy, fence_ttl, metrics, random, lease) != (None, None, NO_METRICS, _random.random, DEFAULT_LEASE):
+        raise TypeError("handle() takes a Runtime or its fields as keywords, not both")
+    metrics = runtime.metrics
     envelope = delivery.envelope
     if delivery.redelivered and _already_dead_lettered(conn, consumer, delivery):
         metrics.duplicate(consumer.name)
@@ -202,8 +137,8 @@ def handle(
     if consumer.durable:
         return run_execution(conn, consumer, delivery, payload, runtime)
 
-    context, fence = _context_and_fence(consumer, delivery, fence_ttl)
-    if delivery.attempt > policy.max_attempts:
+    context, fence = _context_and_fence(consumer, delivery, runtime.fence_ttl)
+    if delivery.attempt > runtime.policy.max_attempts:
         return _past_the_budget(conn, consumer, delivery, fence, runtime)
     try:
         # BEGIN alone, then the fence: the plain path's round trips as they have always been.
@@ -313,26 +248,22 @@ def handle_together(
     conn: psycopg.Connection,
     consumer: Consumer[Any],
     deliveries: Sequence[Delivery],
-    *,
-    policy: RetryPolicy,
-    fence_ttl: timedelta,
+    runtime: Runtime,
     progress: BatchProgress,
-    metrics: Metrics = NO_METRICS,
-    random: Callable[[], float] = _random.random,
-    lease: timedelta = DEFAULT_LEASE,
+    *,
     each: Callable[[Delivery], AbstractContextManager[Any]] = lambda _delivery: nullcontext(),
     stopping: Callable[[], bool] = lambda: False,
 ) -> None:
     """Handle a batch of a plain consumer on ``conn`` (autocommit, idle), its jobs' work in shared transactions.
 
-    See the module docstring ("A batch in one transaction"). ``each(delivery)`` is entered around
-    each delivery's handling (the worker's span and timing); ``stopping()`` is asked before each
-    delivery: once it is true, the rest are not started. Outcomes go to ``progress``, in the
-    order they become final: a shared transaction's successes when it commits.
+    See docs/harness.md ("A batch in one transaction"). ``runtime`` is the run-wide values, as for
+    :func:`handle`. ``each(delivery)`` is entered around each delivery's handling (the worker's span
+    and timing); ``stopping()`` is asked before each delivery: once it is true, the rest are not
+    started. Outcomes go to ``progress``, in the order they become final: a shared transaction's
+    successes when it commits.
     """
     if consumer.durable:
         raise ValueError(f"consumer {consumer.name} is durable: its executions do not share transactions")
-    runtime = Runtime(policy=policy, fence_ttl=fence_ttl, lease=lease, metrics=metrics, random=random)
     todo: deque[tuple[Delivery, bool]] = deque((delivery, False) for delivery in deliveries)  # (delivery, alone)
     batch = _SharedBatch(conn, consumer, runtime, progress, todo, each, stopping)
     while todo and not stopping():
@@ -385,7 +316,7 @@ def _alone(
 ) -> None:
     """``delivery`` through :func:`handle`, its outcome (or the unexpected error of its handling) settled in ``progress``."""
     try:
-        progress.settled.append((delivery, handle(conn, consumer, delivery, **_keywords(runtime))))
+        progress.settled.append((delivery, handle(conn, consumer, delivery, runtime)))
     except KeyboardInterrupt:
         _rolled_back_alone(todo, progress)
         raise
@@ -401,7 +332,8 @@ Admitted = tuple[Any, JobContext, dict[str, Any]]
 
 
 class _SharedBatch:
-    """Runs chunks of admitted deliveries, each chunk one shared transaction (see the module docstring)."""
+    """Runs chunks of admitted deliveries, each chunk one shared transaction (docs/harness.md, "A batch in one
+    transaction")."""
 
     def __init__(
         self,
@@ -447,9 +379,7 @@ class _SharedBatch:
             progress.in_hand = delivery
             with self.each(delivery):
                 if admitted is None:  # poison: its dead letter, no SQL (it never enters the transaction)
-                    progress.settled.append(
-                        (delivery, handle(conn, self.consumer, delivery, **_keywords(self.runtime)))
-                    )
+                    progress.settled.append((delivery, handle(conn, self.consumer, delivery, self.runtime)))
                     continue
                 payload, context, _fence = admitted
                 fenced = new.get(delivery.envelope.job_id) is delivery  # a job twice in a chunk: its first runs
@@ -504,14 +434,7 @@ class _SharedBatch:
         conn = self.conn
         try:
             if fenced:
-                try:
-                    self.consumer.handler(conn, payload, context)
-                except psycopg.Rollback as exc:
-                    raise TransientError(
-                        "the handler raised psycopg.Rollback: its work and the fence were rolled"
-                        " back, so nothing was committed"
-                    ) from exc
-                _check_batch_transaction(conn)
+                run_handler(conn, self.consumer, payload, context, still_open=_in_batch_transaction)
             if delivery.envelope.replay_of is not None:
                 mark_replay_handled(conn, delivery.envelope.replay_of, "processed" if fenced else "duplicate")
         except BaseException as exc:
@@ -554,20 +477,9 @@ class _SharedBatch:
         self.todo.extendleft(reversed([(delivery, alone) for delivery, _a in deliveries]))
 
 
-def _check_batch_transaction(conn: psycopg.Connection) -> None:
-    """After a handler: the shared transaction must still be the worker's, open and healthy (:data:`MARK_BATCH`)."""
-    status = conn.info.transaction_status
-    if status == TransactionStatus.INERROR:
-        raise TransientError(
-            "the handler caught a database error and carried on: its transaction was aborted, so nothing was committed"
-        )
-    if not _in_batch_transaction(conn):
-        # Its COMMIT was refused (migration 0027) or it rolled back, and perhaps began a transaction of its own.
-        raise TransactionEnded()
-
-
 def _in_batch_transaction(conn: psycopg.Connection) -> bool:
-    """Whether ``conn`` is still in the shared transaction the worker opened (its mark, :data:`MARK_BATCH`)."""
+    """Whether ``conn`` is still in the shared transaction the worker opened (its mark, :data:`MARK_BATCH`): not if
+    the handler's COMMIT was refused (migration 0027) or it rolled back, and perhaps began a transaction of its own."""
     status = conn.info.transaction_status
     if status == TransactionStatus.INERROR:  # aborted: nothing of it can commit (an abort reports the mark reverted)
         return True
@@ -577,16 +489,6 @@ def _in_batch_transaction(conn: psycopg.Connection) -> bool:
 def _rolled_back_alone(todo: deque[tuple[Delivery, bool]], progress: BatchProgress) -> None:
     """The jobs of a failed shared transaction still waiting to run alone (``alone``) go to ``rolled_back``."""
     progress.rolled_back.extend(delivery for delivery, alone in todo if alone)
-
-
-def _keywords(runtime: Runtime) -> dict[str, Any]:
-    return {
-        "policy": runtime.policy,
-        "fence_ttl": runtime.fence_ttl,
-        "metrics": runtime.metrics,
-        "random": runtime.random,
-        "lease": runtime.lease,
-    }
 
 
 def _may_share(delivery: Delivery, runtime: Runtime) -> bool:

@@ -2,105 +2,13 @@
 
 :class:`WorkerGroup` runs several consumers in one process, one :class:`Worker` each, stopped together.
 
-The queue is the adapter ``queue_url`` selects (harness/queue/adapters.py: unset or
-``postgresql://`` is the reference queue in the worker's own database, ``amqp://`` RabbitMQ, any
-other scheme a third party's entry point); a URL no adapter can open is refused when the
-:class:`Worker` is made, before any thread starts. The worker speaks to it only through the port
-(harness/queue/port.py): each thread opens its own port on its own connection and closes it when
-the thread ends.
-
-Each of ``concurrency`` threads holds its own connection (``harness.pg.connect``: DateStyle
-ISO, IntervalStyle postgres, TimeZone UTC — the session a handler's SQL runs in; with
-``database_role``, switched to it by ``SET ROLE``: ``core-jobs worker`` uses ``core_jobs_worker``,
-whose grants are the harness's tables only, so a handler's own tables are granted to it by the
-deployer, docs/harness.md) and repeats:
-claim a batch (up to ``batch_size`` ready messages), handle each (harness/handling.py), settle
-retries and dead letters, and ack the batch's successes and duplicates in one statement
-at its end (an ack lost to a crash only means a redelivery, which the fence absorbs). An empty
-claim waits ``poll_interval`` — or, with ``once``, ends the thread. On the reference queue the wait
-ends early when a message of the queue is announced ready (``listen``, on by default): the process
-holds one more connection, which LISTENs for the NOTIFY of migration 0024 (harness/queue/wakeup.py);
-polling stays the fallback, and a lost listening connection only means polling until it is back.
-
-A plain consumer's batch shares its work transactions (``handle_together``: one commit for up to
-50 jobs, their fences written in one statement, no savepoint per job; harness/handling.py and
-docs/harness.md say what stays true): its successes are acked after that commit, its failures settled one by one after it, each
-delivery with its own span, timing and events. A message whose work was rolled back with a
-shared transaction that failed and was not run again alone (the worker stopping or losing its
-connection) is retried with its attempt counted — never released uncounted, which would let
-whichever job broke the transaction share the next one again, forever. A **redelivered** message
-(its earlier delivery never settled: its worker may have died of it) runs last and alone, after
-the rest of its batch is settled and acked, so a job that kills its worker takes only itself. ``Consumer(shares_transactions=False)``, a durable consumer, and
-a batch of one are handled one transaction per job, each failure settled at once.
-
-On a broker (an adapter other than the reference queue on the worker's own connection), the worker
-also relays its queue's **outbox** — the replays and RESUMEs published in ``core.queue_messages``
-(harness/queue/relay.py) — between batches, at most every ``relay_interval`` (1 s by default) and
-one thread at a time; a relay failure is logged ``harness.relay.error`` and the worker goes on.
-On the reference queue the table is the queue itself and there is nothing to relay.
-
-Stopping (:meth:`Worker.stop`, or setting the ``stop`` event passed in — ``core-jobs worker``
-passes the one its SIGTERM/SIGINT handlers set) is graceful: the message in hand is finished and
-settled, the batch's successes are acked, and the claimed messages not yet started are
-released at once without using an attempt.
-
-One bad message never stops the others: whatever its handler raises — an error that cannot be
-printed, ``SystemExit`` — or its payload's validation, is that message's retry or dead letter
-(harness/handling.py), recorded with its type name. Nor does any other error while one delivery
-is handled or settled — the database refusing a write of the harness itself (a constraint, a
-trigger: a bug, or a stored state today's code cannot settle), an error in the harness: on a
-connection that is still usable it ends that delivery only — retried after the policy's backoff
-(its attempt counted, the error its ``last_error``; if even that is refused, its lease's expiry
-redelivers it), logged ``harness.worker.delivery_failed`` with the error, counted ``num_failed``
-— and the batch goes on. A delivery that fails so every time runs out of attempts like any
-other (a dead letter; a durable execution's crash-loop bound).
-
-A **lost database connection** (a failover, a restart, a terminated backend) does not stop the
-worker either: the batch's successes are acked, its unstarted messages released and its
-rolled-back ones retried — on a fresh connection if the worker's own is gone, through a port
-opened anew on it, or, if none can be had yet (``harness.worker.give_back_failed``), on the
-thread's next connection — while the message in hand keeps its lease and its counted attempt (if
-it is what breaks the connection, the attempt budget ends it as a dead letter instead of a crash
-loop). The thread logs ``harness.worker.connection_lost``, counts it
-(``harness_worker_connections_lost_total``), and reconnects with a growing, capped backoff
-(``harness.worker.reconnect_failed`` per failed try, ``harness.worker.reconnected``); after
-``WorkerConfig.reconnect_for`` (2 min) without a connection it gives up with
-:class:`DatabaseUnavailable`. The worker itself stops only then, when it was unreachable from the
-start, or when a handler raised ``KeyboardInterrupt``; :meth:`Worker.run` then raises that error,
-after every thread has stopped.
-
-``core-jobs worker`` exits **0** when it stopped as asked (``--once`` found nothing ready,
-SIGTERM/SIGINT), **1** when the worker failed as above (``harness.worker.error`` says why) or
-the database was unreachable (from the start, or for ``CORE_JOBS_WORKER_RECONNECT_FOR``), **2** on a configuration or usage error; no other code, whatever a
-handler raises (a handler's ``SystemExit(3)`` is a retry of that job, not exit 3).
-
-**The durability tier.** :meth:`Worker.run` first reads the database's durability tier from the primary
-(harness/durability.py: single node, asynchronous standbys, synchronous k of n) and logs it
-(``harness.worker.durability_tier``, with what the consumer needs). Asynchronous standbys under a broker queue or a
-``NON_IDEMPOTENT_WRITE`` with no replication barrier (``await_standby``) refuse the start
-(:class:`~harness.durability.DurabilityTierTooLow`; ``core-jobs worker`` exits 2) unless
-``accept_asynchronous_replication``. Every connection of the worker is refused on a server in recovery
-(:class:`~harness.pg.ServerInRecovery`): its decisions are read from the primary only.
-
-The lease must cover a whole batch: a batch that outlives it is not lost — its messages are
-redelivered and the fence absorbs the work already done — but it is wasted effort.
-
-A durable consumer's delivery (harness/durable/executor.py) takes its execution under the worker's
-``lease`` too. ``Held`` (the execution is RECONCILIATION_REQUIRED) is acked with the batch's
-successes and logged ``harness.execution.held``; ``Stale`` (another worker took the execution)
-settles nothing and is logged ``harness.execution.stale``: counted ``num_held`` / ``num_stale``.
-
-Events: ``harness.worker.start`` / ``harness.worker.stop`` (counts, ``num_released`` among them),
-``harness.worker.durability_tier``, ``harness.worker.commit_uncertain``, ``harness.worker.not_replicated``,
-``harness.job.retry_scheduled``, ``harness.job.dead_lettered``, ``harness.job.already_dead_lettered`` (a
-redelivered message whose failure is already a pending dead letter: acked unrun, harness/handling.py),
-``harness.job.lease_lost``,
-``harness.worker.delivery_failed``, ``harness.worker.give_back_failed``, ``harness.worker.connection_lost``,
-``harness.worker.reconnect_failed``, ``harness.worker.reconnected``, ``harness.worker.figures_failed`` (the
-queue's depth and age could not be read — a statement timeout over a large backlog: the gauges keep their last
-values and the worker goes on; only a lost connection stops it); successes are metrics only, counted in the ``metrics`` passed
-(default: none; harness/metrics.py). (``core-jobs worker`` passes Prometheus counters of its own, and adds
-``harness.worker.stopping`` when a signal asks it to stop, ``harness.worker.error`` when it fails.)
+Why a loop of its own: each thread claims a batch, has each delivery handled under its fence
+(harness/handling.py, with the one :class:`~harness.fence.Runtime` the worker makes), settles the
+outcomes through the port (harness/queue/port.py) and acks the batch's successes — so that no bad
+message, lost connection or stop loses a job or runs it twice, and one bad message never stops the
+others. Its manual — threads and connections, shared transactions, the outbox relay, stopping,
+failures and reconnection, the durability tier, exit codes and events — is docs/harness.md,
+"The worker loop".
 """
 
 from __future__ import annotations
@@ -110,7 +18,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -124,6 +32,7 @@ from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.durability import DurabilityTier, DurabilityTierTooLow, needs_of, read_tier
 from harness.errors import describe_error, describe_traceback
+from harness.fence import Runtime
 from harness.handling import BatchProgress, handle, handle_together
 from harness.metrics import NO_METRICS, WorkerMetrics
 from harness.pg import connect, prepare, require_schema
@@ -268,7 +177,6 @@ class Worker:
         self.conninfo = conninfo
         self.database_role = database_role  # each connection's SET ROLE (core_jobs_worker): None, none
         self.consumer = consumer
-        self.policy = consumer.policy(policy)
         window = worker_window(consumer, policy, config.lease, self._adapter, queue_url)
         guard = TtlGuard(ttl=config.fence_ttl, window=window, margin=config.ttl_margin)
         if not guard.ok:  # a late retry or redelivery would find no fence and apply the job again
@@ -280,6 +188,10 @@ class Worker:
             )
         self.config = config
         self.metrics = metrics
+        # What every delivery is handled with, made once and passed down to the fence (harness/fence.py).
+        self.runtime = Runtime(
+            policy=consumer.policy(policy), fence_ttl=config.fence_ttl, lease=config.lease, metrics=metrics
+        )
         self.application_name = application_name
         self.stats = WorkerStats()
         self._stopping = stop if stop is not None else threading.Event()  # set: finish the message in hand, stop
@@ -579,7 +491,7 @@ class Worker:
         """
         for delivery in deliveries:
             fields = _fields(delivery, self.consumer.name)
-            delay = compute_delay(self.policy, delivery.attempt)
+            delay = compute_delay(self.runtime.policy, delivery.attempt)
             if queue.retry(delivery, delay, ROLLED_BACK):
                 self.stats.add("retried")
                 self.metrics.retry(self.consumer.name)
@@ -644,38 +556,17 @@ class Worker:
         spans: dict[int, tracing.Span] = {}
         since = replication.uncertain_commits(conn)  # a commit of this batch that comes back uncertain: no ack
 
-        @contextmanager
-        def each(delivery: Delivery) -> Iterator[None]:
+        def each(delivery: Delivery) -> AbstractContextManager[None]:
             span = spans.get(id(delivery))
             if span is None:
-                span = spans[id(delivery)] = tracing.open_delivery_span(
-                    delivery.queue,
-                    delivery.envelope.traceparent,
-                    delivery.envelope.tracestate,
-                    _attributes(delivery, self.consumer.name, queue),
-                )
-            self.metrics.handling(self.consumer.name)
-            started = time.perf_counter()
-            try:
-                with tracing.within(span):
-                    yield
-            finally:
-                self.metrics.handled(self.consumer.name, time.perf_counter() - started)
+                span = spans[id(delivery)] = self._open_span(delivery, queue)
+            return self._handling(span)
 
         done: list[Delivery] = []
         failure: BaseException | None = None
         try:
             handle_together(
-                conn,
-                self.consumer,
-                batch,
-                policy=self.policy,
-                fence_ttl=self.config.fence_ttl,
-                progress=progress,
-                metrics=self.metrics,
-                lease=self.config.lease,
-                each=each,
-                stopping=self._stopping.is_set,
+                conn, self.consumer, batch, self.runtime, progress, each=each, stopping=self._stopping.is_set
             )
         except BaseException as exc:
             failure = exc
@@ -729,43 +620,38 @@ class Worker:
 
     def _run_one(self, conn: psycopg.Connection, queue: QueuePort, delivery: Delivery, done: list[Delivery]) -> None:
         fields = _fields(delivery, self.consumer.name)
-        envelope = delivery.envelope
-        # Every attempt is a child of the message's context: the job's publish, or the replayed letter's.
-        with tracing.start_delivery_span(
-            delivery.queue, envelope.traceparent, envelope.tracestate, _attributes(delivery, self.consumer.name, queue)
-        ) as span:
-            try:
-                self._handle_and_settle(conn, queue, delivery, done, fields, span)
-            except Exception as exc:
-                if not _usable(conn):
-                    raise  # the worker itself is broken (its connection is lost): it stops, as designed
-                tracing.set_error(span, describe_error(exc), describe_traceback(exc))
-                self._delivery_failed(conn, queue, delivery, exc, fields)
+        span = self._open_span(delivery, queue)
+        try:
+            with tracing.within(span):
+                try:
+                    with self._handling(span):
+                        outcome = handle(conn, self.consumer, delivery, self.runtime)
+                    self._settle(queue, delivery, outcome, done, fields, span)
+                except Exception as exc:
+                    if not _usable(conn):
+                        raise  # the worker itself is broken (its connection is lost): it stops, as designed
+                    tracing.set_error(span, describe_error(exc), describe_traceback(exc))
+                    self._delivery_failed(conn, queue, delivery, exc, fields)
+        finally:
+            span.end()
 
-    def _handle_and_settle(
-        self,
-        conn: psycopg.Connection,
-        queue: QueuePort,
-        delivery: Delivery,
-        done: list[Delivery],
-        fields: dict[str, Any],
-        span: tracing.Span,
-    ) -> None:
+    def _open_span(self, delivery: Delivery, queue: QueuePort) -> tracing.Span:
+        """The delivery's ``<queue> process`` span, started, not current: every attempt is a child of the message's
+        context (the job's publish, or the replayed letter's)."""
+        envelope = delivery.envelope
+        attributes = _attributes(delivery, self.consumer.name, queue)
+        return tracing.open_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes)
+
+    @contextmanager
+    def _handling(self, span: tracing.Span) -> Iterator[None]:
+        """One delivery's handling, alone or in a shared transaction: current in its span, counted and timed."""
         self.metrics.handling(self.consumer.name)
         started = time.perf_counter()
         try:
-            outcome = handle(
-                conn,
-                self.consumer,
-                delivery,
-                policy=self.policy,
-                fence_ttl=self.config.fence_ttl,
-                metrics=self.metrics,
-                lease=self.config.lease,
-            )
+            with tracing.within(span):
+                yield
         finally:
             self.metrics.handled(self.consumer.name, time.perf_counter() - started)
-        self._settle(queue, delivery, outcome, done, fields, span)
 
     def _settle(
         self,
@@ -835,7 +721,7 @@ class Worker:
         detail = describe_error(error)
         delay = self.config.lease  # if not even the retry can be recorded, the lease's expiry redelivers it
         try:
-            delay = compute_delay(self.policy, delivery.attempt)
+            delay = compute_delay(self.runtime.policy, delivery.attempt)
             if queue.retry(delivery, delay, detail):
                 self.metrics.retry(self.consumer.name)
             else:

@@ -3,8 +3,10 @@
 Each resource (``maintenance/api/resources/``: dead letters, executions, resolutions) is thin
 HTTP over ``maintenance/operations/``, and takes from here, never from a sibling:
 
-- **the pool** (:func:`pool_of`): the application's connection pool, made at startup
+- **the pool** (:data:`PoolDep`): the application's connection pool, made at startup
   (``maintenance/api/server.py``; each connection as the least-privileged API role);
+- **the caller** (:data:`Reader`, :data:`Replayer`, :data:`Discarder`, :data:`ExecutionsReader`):
+  the token's principal, when it grants the route's one permission (:func:`maintenance.api.auth.require`);
 - **ids and text**: ``MAX_ID`` (a ``bigint``: a larger id is a 422, not a database error),
   :data:`Text` and :data:`Timestamp`, which refuse what PostgreSQL cannot store (NUL, lone
   surrogates) or would misread (a number as a Unix time) before it reaches the database;
@@ -27,13 +29,13 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 import psycopg
-from fastapi import Header, Request
+from fastapi import Depends, Header, Request
 from fastapi.responses import JSONResponse, Response
 from psycopg_pool import ConnectionPool
 from pydantic import AfterValidator, AwareDatetime, BaseModel, BeforeValidator, Field, StringConstraints
 
 from maintenance.api import idempotency, pages
-from maintenance.api.auth import Principal
+from maintenance.api.auth import DISCARD, EXECUTIONS_READ, READ, REPLAY, Principal, require
 from maintenance.operations.stored import UndecodablePayload
 
 __all__ = [
@@ -42,10 +44,14 @@ __all__ = [
     "DEFAULT_LIMIT",
     "MAX_ID",
     "MAX_LIMIT",
+    "Discarder",
+    "ExecutionsReader",
     "IdempotencyKey",
+    "PoolDep",
+    "Reader",
+    "Replayer",
     "Text",
     "Timestamp",
-    "pool_of",
     "run_idempotent",
     "storable",
 ]
@@ -58,8 +64,20 @@ AUTH_ERRORS = (400, 401, 403, 503)
 ACTION_ERRORS = (*AUTH_ERRORS, 404, 409, 413, 415, 422)
 
 
-def pool_of(request: Request) -> ConnectionPool:
+async def app_pool(request: Request) -> ConnectionPool:
+    """The application's connection pool (``app.state.pool``, opened by the app's lifespan).
+
+    Async, so FastAPI runs it on the event loop: a sync dependency would cost every request a thread
+    handoff for an attribute read (see :func:`maintenance.api.auth.authenticate`)."""
     return request.app.state.pool
+
+
+# What a route declares, as the FastAPI template's SessionDep and CurrentUser: one name per dependency.
+PoolDep = Annotated[ConnectionPool, Depends(app_pool)]
+Reader = Annotated[Principal, Depends(require(READ))]
+Replayer = Annotated[Principal, Depends(require(REPLAY))]
+Discarder = Annotated[Principal, Depends(require(DISCARD))]
+ExecutionsReader = Annotated[Principal, Depends(require(EXECUTIONS_READ))]
 
 
 def storable(text: str) -> str:
@@ -91,6 +109,7 @@ IdempotencyKey = Annotated[
 
 def run_idempotent(
     request: Request,
+    pool: ConnectionPool,
     principal: Principal,
     key: str | None,
     body: BaseModel | None,
@@ -101,7 +120,7 @@ def run_idempotent(
     route = request.scope["route"].path_format  # the template, e.g. /v1/core/dead-letters/{id}/replay
     canonical = body.model_dump(mode="json") if body is not None else None
     fingerprint = idempotency.fingerprint(request.method, route, dict(request.path_params), canonical)
-    with pool_of(request).connection() as conn:
+    with pool.connection() as conn:
         outcome = idempotency.run(
             conn,
             key=key,

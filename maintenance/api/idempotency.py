@@ -13,9 +13,10 @@ canonical form (validated, keys sorted) — and the response: status and body.
   idempotency-key-reused``; nothing runs.
 - Two requests with one key at once take turns on a transaction-scoped advisory lock on the
   key: the second waits for the first to commit, then answers from the ledger.
-- What is recorded is the answer of the action itself: success, ``404 dead-letter-not-found``
-  and ``409 not-pending-review`` (a refused action is rolled back to a savepoint; its answer is
-  still recorded). Answers that come before the action — 400, 401, 403, 413, 422 — are not
+- What is recorded is the answer of the action itself: success, and the problems the action
+  raises as its own answer (``Problem(..., recorded=True)``: for the dead letters ``404
+  dead-letter-not-found`` and ``409 not-pending-review``; a refused action is rolled back to a
+  savepoint, its answer is still recorded). Answers that come before the action — 400, 401, 403, 413, 422 — are not
   recorded (the request can be fixed and sent again with the same key), nor is a failure of the
   database (nothing was committed; retry with the same key).
 
@@ -55,9 +56,6 @@ INSERT INTO core.api_idempotency_keys
        (idempotency_key, operator, method, route, request_fingerprint, response_status, response_body)
 VALUES (%(key)s, %(operator)s, %(method)s, %(route)s, %(fingerprint)s, %(status)s, %(body)s)
 """
-
-# The action's own answers, recorded like a success; anything else is not.
-RECORDED_PROBLEMS = frozenset({"dead-letter-not-found", "not-pending-review"})
 
 
 @dataclass(frozen=True)
@@ -119,7 +117,7 @@ def run(
             with conn.transaction():  # a savepoint: a refused action leaves nothing behind but its answer
                 status, body = action(conn)
         except Problem as problem:
-            if problem.slug not in RECORDED_PROBLEMS:
+            if not problem.recorded:  # the action's own answer is recorded like a success; nothing else is
                 raise
             status, body = problem.status, problem.body()
         conn.execute(

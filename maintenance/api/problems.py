@@ -81,15 +81,28 @@ TITLES = {
 
 
 class Problem(Exception):
-    """Raise anywhere in a request to answer with this problem."""
+    """Raise anywhere in a request to answer with this problem.
+
+    ``recorded``: the problem is an idempotent action's own answer (the action ran and refused), which the
+    ``Idempotency-Key`` ledger keeps like a success (:mod:`maintenance.api.idempotency`); every other problem
+    comes before the action or is a failure, and is not recorded: the request may be sent again with its key.
+    """
 
     def __init__(
-        self, status: int, slug: str, detail: str, *, headers: dict[str, str] | None = None, **extra: Any
+        self,
+        status: int,
+        slug: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+        recorded: bool = False,
+        **extra: Any,
     ) -> None:
         if slug not in TITLES:
             raise ValueError(f"unknown problem type {slug!r}")
         super().__init__(detail)
         self.status, self.slug, self.detail, self.headers, self.extra = status, slug, detail, headers or {}, extra
+        self.recorded = recorded
 
     def body(self) -> dict[str, Any]:
         return {

@@ -188,11 +188,23 @@ COUNT_PENDING_OF_QUEUE = "SELECT count(*) FROM core.dead_letters WHERE queue = %
 SET_ACTOR = (
     "SELECT set_config('core_jobs.operator', %(operator)s, true), set_config('core_jobs.reason', %(reason)s, true)"
 )
-MARK_REPLAYED = "UPDATE core.dead_letters SET status = 'replayed' WHERE id = ANY(%(ids)s)"
-MARK_DISCARDED = (
-    "UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)"
+# Each action answers the rows as it left them, the triggers' stamps (status_changed_at, replay_handled_at)
+# included, in id order as they were locked: no caller reads them a second time.
+MARK_REPLAYED = f"""
+WITH changed AS (UPDATE core.dead_letters SET status = 'replayed' WHERE id = ANY(%(ids)s) RETURNING {_COLUMNS})
+SELECT * FROM changed ORDER BY id
+"""
+MARK_DISCARDED = f"""
+WITH changed AS (
+    UPDATE core.dead_letters SET status = 'discarded', discard_reason = %(reason)s WHERE id = ANY(%(ids)s)
+    RETURNING {_COLUMNS}
 )
-MARK_RELEASED = "UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = ANY(%(ids)s)"
+SELECT * FROM changed ORDER BY id
+"""
+MARK_RELEASED = f"""
+WITH changed AS (UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = ANY(%(ids)s) RETURNING {_COLUMNS})
+SELECT * FROM changed ORDER BY id
+"""
 # Replays whose republished message still waits in core.queue_messages: the reference queue, or the outbox of
 # a queue on a broker before the relay published it (harness/queue/relay.py). Either way it will be delivered
 # and handled. (Once relayed, the message is on the broker, where this read cannot see it.)
@@ -259,7 +271,7 @@ def replay(
     max_rows: int | None = None,
 ) -> list[DeadLetterRow]:
     """Replay the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``, required with it); the
-    rows replayed."""
+    rows, replayed."""
     if bool(ids) == bool(queue):
         raise OperationRefused(["give dead-letter ids, or a queue to replay all its pending dead letters"])
     _check_operator(operator)
@@ -270,7 +282,7 @@ def replay(
             _set_actor(conn, operator, reason)
             # Marked first: the API role may publish only the replay of a letter whose audit row
             # this transaction wrote (migration 0014's guard of core.queue_messages).
-            conn.execute(MARK_REPLAYED, {"ids": [r.id for r in rows]})
+            rows = _mark(conn, MARK_REPLAYED, {"ids": [r.id for r in rows]})
             PgQueue(conn).publish_many(  # one statement for the lot, not one per message
                 [
                     (
@@ -303,7 +315,7 @@ def discard(
     max_rows: int | None = None,
 ) -> list[DeadLetterRow]:
     """Discard the given ids, or every pending dead letter of ``queue`` (at most ``max_rows``, required with it), with
-    ``reason`` (J-AC7)."""
+    ``reason`` (J-AC7); the rows, discarded."""
     if not (reason or "").strip():
         raise OperationRefused(["a discard needs a non-blank --reason (J-AC7); nothing was discarded"])
     if bool(ids) == bool(queue):
@@ -314,12 +326,11 @@ def discard(
     with conn.transaction():
         rows = _lock(conn, ids, queue, "discarded", max_rows)
         _set_actor(conn, operator, reason.strip())
-        conn.execute(MARK_DISCARDED, {"ids": [r.id for r in rows], "reason": reason.strip()})
-    return rows
+        return _mark(conn, MARK_DISCARDED, {"ids": [r.id for r in rows], "reason": reason.strip()})
 
 
 def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reason: str) -> list[DeadLetterRow]:
-    """Release the outstanding replays ``ids`` with ``reason`` (required); return the rows released.
+    """Release the outstanding replays ``ids`` with ``reason`` (required); the rows, released.
 
     Only for a replay whose message will never be delivered: see the module docstring.
     """
@@ -341,8 +352,7 @@ def release(conn: psycopg.Connection, ids: Sequence[int], *, operator: str, reas
                 + ["nothing was changed"]
             )
         _set_actor(conn, operator, reason.strip())
-        conn.execute(MARK_RELEASED, {"ids": [r.id for r in rows]})
-    return rows
+        return _mark(conn, MARK_RELEASED, {"ids": [r.id for r in rows]})
 
 
 def _lock(
@@ -391,6 +401,12 @@ def _lock(
     if problems:
         raise OperationRefused([*problems, "nothing was changed"], missing=missing, not_pending=not_pending)
     return rows
+
+
+def _mark(conn: psycopg.Connection, statement: str, params: dict[str, Any]) -> list[DeadLetterRow]:
+    """Run one of the MARK_* statements; the rows as it changed them."""
+    with conn.cursor(row_factory=class_row(DeadLetterRow)) as cur:
+        return cur.execute(statement, params).fetchall()
 
 
 def _refuse_undecodable(rows: Sequence[DeadLetterRow]) -> None:

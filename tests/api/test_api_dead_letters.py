@@ -5,7 +5,8 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 import uuid
-from datetime import timedelta
+from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 import pytest
 from support.api_support import api_settings, assert_problem, running_api
@@ -176,6 +177,50 @@ def test_replay_republishes_the_same_job_and_audits_the_token_subject(api, conn)
         (job_id, {"member_id": "m-1", "points": 1})
     ]
     assert ledger(conn) == [(letter, "replayed", "ops:ana@example.com", "ledger is back, INC-88")]
+
+
+class _OneConnection:
+    """A pool of one connection, the test's own (``app_pool`` overridden), so that it sees what a request sends."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    @contextmanager
+    def connection(self):
+        yield self.conn
+
+
+@pytest.mark.parametrize(("action", "status"), [("replay", "replayed"), ("discard", "discarded")])
+def test_an_action_answers_the_row_it_changed_without_reading_it_again(api, conn, database_url, action, status):
+    """The answer is the UPDATE's RETURNING, the trigger's stamp included: core.dead_letters is read once, to lock
+    the row, then changed; no statement reads it back."""
+    import psycopg
+
+    from maintenance.api.dependencies import app_pool
+
+    sent: list[str] = []
+
+    class Recording(psycopg.Cursor):
+        def execute(self, query, params=None, **kwargs):
+            sent.append(query if isinstance(query, str) else query.as_string(self.connection))
+            return super().execute(query, params, **kwargs)
+
+    letter = add_dead_letters(conn, QUEUE, 1)[0]
+    with psycopg.connect(database_url, autocommit=True, cursor_factory=Recording) as recorded:
+        recorded.execute("SET ROLE core_jobs_api")  # as every API connection runs
+        sent.clear()
+        api.app.dependency_overrides[app_pool] = lambda: _OneConnection(recorded)
+        try:
+            response = api.post(f"{BASE}/{letter}/{action}", json={"reason": "INC-9"})
+        finally:
+            api.app.dependency_overrides.clear()
+    body = response.json()
+    changed_at = scalar(conn, "SELECT status_changed_at FROM core.dead_letters WHERE id = %s", (letter,))
+    assert response.status_code == 200 and body["status"] == status
+    assert datetime.fromisoformat(body["status_changed_at"]) == changed_at
+    on_dead_letters = [q for q in sent if "core.dead_letters" in q]
+    assert [q.split()[0] for q in on_dead_letters] == ["SELECT", "WITH"]  # the lock, then the change
+    assert "FOR UPDATE" in on_dead_letters[0] and "RETURNING" in on_dead_letters[1]
 
 
 def test_the_operator_cannot_be_chosen_by_the_client(api, conn):

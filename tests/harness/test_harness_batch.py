@@ -23,6 +23,7 @@ from support.harness_support import (
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
+from harness.fence import Runtime
 from harness.handling import BatchProgress, handle_together
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
@@ -194,7 +195,7 @@ def test_a_redelivered_job_in_a_batch_is_reported_acked_only_once_its_work_is_co
     batch = [delivery("m-1"), delivery("m-2", redelivered=True), delivery("m-disconnect")]
     progress = BatchProgress()
     with connect(database_url, autocommit=True) as worker_conn, pytest.raises(psycopg.OperationalError):
-        handle_together(worker_conn, fragile, batch, policy=RetryPolicy(), fence_ttl=TTL, progress=progress)
+        handle_together(worker_conn, fragile, batch, Runtime(policy=RetryPolicy(), fence_ttl=TTL), progress)
     acked = [d for d, outcome in progress.settled if isinstance(outcome, Acked)]
     assert [fences(conn, d.envelope.job_id) for d in acked] == [1] * len(acked)
     assert [points(conn, d.envelope.payload["member_id"]) for d in acked] == [1] * len(acked)

@@ -20,6 +20,7 @@ from support.harness_support import TTL, expire_leases, fences, points, scalar
 
 from harness.consumer.retry import RetryPolicy
 from harness.examples.points import consumer as points_consumer
+from harness.fence import Runtime
 from harness.handling import BatchProgress, handle_together
 from harness.metrics import HarnessMetrics
 from harness.pg import connect
@@ -43,6 +44,7 @@ CREATE CONSTRAINT TRIGGER refuse_m_refused AFTER INSERT OR UPDATE ON example.loy
 """
 
 MEMBERS = ["m-1", "m-2", "m-refused", "m-4", "m-5"]
+RUNTIME = Runtime(policy=RetryPolicy(), fence_ttl=TTL)  # the run-wide values, as a worker makes them once
 
 
 @dataclass
@@ -146,7 +148,7 @@ def test_a_failed_shared_commit_settles_every_job_of_the_batch(database_url, con
     batch = [delivery(member) for member in MEMBERS]
     progress = BatchProgress()
     with connect(database_url, autocommit=True) as worker_conn:
-        handle_together(worker_conn, points_consumer, batch, policy=RetryPolicy(), fence_ttl=TTL, progress=progress)
+        handle_together(worker_conn, points_consumer, batch, RUNTIME, progress)
     outcomes = {d.envelope.payload["member_id"]: type(o).__name__ for d, o in progress.settled}
     assert outcomes == {"m-1": "Acked", "m-2": "Acked", "m-refused": "RetryAfter", "m-4": "Acked", "m-5": "Acked"}
     assert not progress.rolled_back
@@ -170,16 +172,7 @@ def test_a_failed_shared_commit_while_stopping_hands_its_jobs_back_to_be_retried
         return nullcontext()
 
     with connect(database_url, autocommit=True) as worker_conn:
-        handle_together(
-            worker_conn,
-            points_consumer,
-            batch,
-            policy=RetryPolicy(),
-            fence_ttl=TTL,
-            progress=progress,
-            each=each,
-            stopping=stopping,
-        )
+        handle_together(worker_conn, points_consumer, batch, RUNTIME, progress, each=each, stopping=stopping)
     assert progress.settled == []
     assert [d.envelope.payload["member_id"] for d in progress.rolled_back] == MEMBERS
 
@@ -200,9 +193,7 @@ def test_a_lost_connection_at_the_shared_commit_hands_its_jobs_back_to_be_retrie
         return nullcontext()
 
     with pytest.raises(psycopg.OperationalError):
-        handle_together(
-            worker_conn, points_consumer, batch, policy=RetryPolicy(), fence_ttl=TTL, progress=progress, each=each
-        )
+        handle_together(worker_conn, points_consumer, batch, RUNTIME, progress, each=each)
     worker_conn.close()
     assert not [o for _d, o in progress.settled if isinstance(o, Acked)]
     assert [d.envelope.payload["member_id"] for d in progress.rolled_back] == ["m-1", "m-2"]

@@ -26,6 +26,20 @@ def test_every_public_name_is_the_object_its_home_module_defines():
     assert set(harness._HOMES) == set(harness.__all__)
 
 
+def test_the_type_checkers_view_of_the_facade_names_the_same_homes():
+    """The TYPE_CHECKING imports of harness/__init__.py (what mypy and an editor read) import each public name from
+    its home in ``_HOMES`` (what runs), and nothing else."""
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(harness))
+    (block,) = [n for n in tree.body if isinstance(n, ast.If) and getattr(n.test, "id", None) == "TYPE_CHECKING"]
+    imported = {
+        alias.name: node.module for node in block.body if isinstance(node, ast.ImportFrom) for alias in node.names
+    }
+    assert imported == harness._HOMES
+
+
 def test_the_facade_exports_the_consumer_runtime_the_queue_durable_actions_and_the_errors():
     """The façade names what the examples and docs/harness.md use: the declaration, the worker, the queue and its
     choice from a URL, actions, errors."""

@@ -18,11 +18,13 @@ from harness import (
     MemoryBroker,
     PermanentError,
     RetryPolicy,
+    Runtime,
     TransientError,
     Worker,
     WorkerConfig,
     WorkerGroup,
     WorkerStats,
+    handle,
     memory_broker,
     publish_in_transaction,
 )
@@ -50,6 +52,12 @@ assert_type(consumer.payload_schema, type[Credit])
 
 policy = RetryPolicy(max_attempts=3, base_delay=timedelta(seconds=1))
 assert_type(policy.max_attempts, int)
+
+
+def handle_one(conn: psycopg.Connection[Any], delivery: harness.Delivery) -> harness.Outcome:
+    runtime = Runtime(policy=policy, fence_ttl=timedelta(days=7))
+    assert_type(handle(conn, consumer, delivery, runtime), harness.Outcome)
+    return handle(conn, consumer, delivery, policy=policy, fence_ttl=timedelta(days=7))  # the keywords make one
 
 
 def run_a_worker(url: str) -> WorkerStats:

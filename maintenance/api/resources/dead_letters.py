@@ -3,36 +3,41 @@
 Each route authenticates (its one permission), validates the request, calls the operations
 layer that the CLI's ``dead-letters`` commands call too, and turns its answer (or its
 :class:`~maintenance.operations.dead_letters.OperationRefused`) into JSON or a problem
-(:func:`_refusal`: 404, 409 or 422). Actions run through the idempotency ledger
-(:func:`maintenance.api.dependencies.run_idempotent`); the operator is the token's ``sub``.
+(:func:`_refusal`: 404, 409 or 422). The four actions take one path (:func:`_act`) through the
+idempotency ledger (:func:`maintenance.api.dependencies.run_idempotent`) and answer the rows as the
+action left them; the operator is the token's ``sub``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 import psycopg
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
+from psycopg_pool import ConnectionPool
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from harness.enumerations import DeadLetterAction, DeadLetterStatus, ReplayOutcome
 from maintenance.api import pages
-from maintenance.api.auth import DISCARD, READ, REPLAY, Principal, require
+from maintenance.api.auth import Principal
 from maintenance.api.dependencies import (
     ACTION_ERRORS,
     AUTH_ERRORS,
     DEFAULT_LIMIT,
     MAX_ID,
     MAX_LIMIT,
+    Discarder,
     IdempotencyKey,
+    PoolDep,
+    Reader,
+    Replayer,
     Text,
     Timestamp,
     UndecodableOut,
-    pool_of,
     run_idempotent,
     storable,
 )
@@ -229,6 +234,7 @@ def _refusal(exc: OperationRefused) -> Problem:
             404,
             "dead-letter-not-found",
             f"no dead letter with id {', '.join(map(str, exc.missing))}; nothing was changed",
+            recorded=True,  # the action's own answer: the idempotency ledger keeps it like a success
             missing_ids=exc.missing,
         )
     if exc.not_pending:
@@ -238,6 +244,7 @@ def _refusal(exc: OperationRefused) -> Problem:
                 409,
                 "not-pending-review",
                 f"dead letter {dead_letter_id} is {status}, not pending_review; nothing was changed",
+                recorded=True,
                 id=dead_letter_id,
                 current_status=status,
             )
@@ -245,15 +252,10 @@ def _refusal(exc: OperationRefused) -> Problem:
             409,
             "not-pending-review",
             f"{len(exc.not_pending)} dead letters are not pending_review; nothing was changed",
+            recorded=True,
             not_pending=[{"id": i, "current_status": s} for i, s in exc.not_pending.items()],
         )
     return Problem(422, "invalid-request", "; ".join(exc.problems))
-
-
-def _current(conn: psycopg.Connection, dead_letter_id: int) -> dict[str, Any]:
-    row = operations.get_row(conn, dead_letter_id)
-    assert row is not None  # it was just locked and changed in this transaction
-    return DeadLetterOut.of(row).model_dump(mode="json")
 
 
 _json = pages.as_json
@@ -270,7 +272,8 @@ router = APIRouter(prefix="/v1/core/dead-letters", tags=["dead letters"])
 )
 def list_dead_letters(
     request: Request,
-    principal: Annotated[Principal, Depends(require(READ))],
+    principal: Reader,
+    pool: PoolDep,
     status: Annotated[Status, Query()] = DEFAULT_STATUS,
     queue: Annotated[Text | None, Query()] = None,
     consumer: Annotated[Text | None, Query()] = None,
@@ -294,7 +297,7 @@ def list_dead_letters(
         created_before=created_before,
     )
     after = decode_cursor(cursor, where) if cursor is not None else None
-    with pool_of(request).connection() as conn:
+    with pool.connection() as conn:
         page = operations.list_page(conn, where, after=after, limit=limit)
     return _json(
         PageOut(
@@ -313,13 +316,14 @@ def list_dead_letters(
 )
 def list_error_groups(
     request: Request,
-    principal: Annotated[Principal, Depends(require(READ))],
+    principal: Reader,
+    pool: PoolDep,
     status: Annotated[Status, Query()] = DEFAULT_STATUS,
     queue: Annotated[Text | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = DEFAULT_LIMIT,
 ) -> Response:
     pages.refuse_unknown_parameters(request, ERROR_GROUP_PARAMETERS)
-    with pool_of(request).connection() as conn:
+    with pool.connection() as conn:
         groups = operations.error_groups(conn, status=status, queue=queue, limit=limit)
     return _json(
         ErrorGroupsOut(items=[ErrorGroupOut.model_validate(g, from_attributes=True) for g in groups], limit=limit)
@@ -332,10 +336,8 @@ def list_error_groups(
     responses=problem_responses(*AUTH_ERRORS, 404),
     summary="One dead letter with its payload and audit history",
 )
-def get_dead_letter(
-    request: Request, principal: Annotated[Principal, Depends(require(READ))], id: Annotated[int, Path(ge=1, le=MAX_ID)]
-) -> Response:
-    with pool_of(request).connection() as conn:
+def get_dead_letter(principal: Reader, pool: PoolDep, id: Annotated[int, Path(ge=1, le=MAX_ID)]) -> Response:
+    with pool.connection() as conn:
         detail = operations.get_dead_letter(conn, id)
     if detail is None:
         raise Problem(404, "dead-letter-not-found", f"no dead letter with id {id}", missing_ids=[id])
@@ -349,31 +351,45 @@ def get_dead_letter(
     )
 
 
-def _bulk(
+def _act(
     request: Request,
+    pool: ConnectionPool,
     principal: Principal,
-    idempotency_key: str | None,
-    body: BulkReplayIn | BulkDiscardIn,
+    key: str | None,
+    body: ReplayIn | DiscardIn | BulkReplayIn | BulkDiscardIn,
     operation: Callable[..., list[DeadLetterRow]],
-    verb: Literal["replayed", "discarded"],
+    ids: Sequence[int],
+    answer: Callable[[list[DeadLetterRow]], dict[str, Any]],
+    *,
+    queue: str | None = None,
 ) -> Response:
-    """A bulk replay or discard (ids or a queue filter, all or nothing), idempotent per key."""
+    """Every action: ``operation`` (replay or discard) on ``ids`` or every pending letter of ``queue``, all or
+    nothing, idempotent per key; ``answer`` makes the body of the rows as the operation left them."""
 
     def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
         try:
             rows = operation(
                 conn,
-                body.ids or (),
-                queue=body.filter.queue if body.filter else None,
+                ids,
+                queue=queue,
                 operator=principal.subject,
                 reason=body.reason,
                 max_rows=request.app.state.bulk_max,
             )
         except OperationRefused as exc:
             raise _refusal(exc) from None
-        return 200, BulkOut(action=verb, count=len(rows), ids=[r.id for r in rows]).model_dump()
+        return 200, answer(rows)
 
-    return run_idempotent(request, principal, idempotency_key, body, action)
+    return run_idempotent(request, pool, principal, key, body, action)
+
+
+def _one(rows: list[DeadLetterRow]) -> dict[str, Any]:
+    (row,) = rows
+    return DeadLetterOut.of(row).model_dump(mode="json")
+
+
+def _bulk(verb: DeadLetterAction) -> Callable[[list[DeadLetterRow]], dict[str, Any]]:
+    return lambda rows: BulkOut(action=verb, count=len(rows), ids=[r.id for r in rows]).model_dump()
 
 
 @router.post(
@@ -383,12 +399,20 @@ def _bulk(
     summary="Replay up to 1 000 dead letters, or every pending one of a queue: all or nothing",
 )
 def replay_many(
-    request: Request,
-    principal: Annotated[Principal, Depends(require(REPLAY))],
-    body: BulkReplayIn,
-    idempotency_key: IdempotencyKey = None,
+    request: Request, principal: Replayer, pool: PoolDep, body: BulkReplayIn, idempotency_key: IdempotencyKey = None
 ) -> Response:
-    return _bulk(request, principal, idempotency_key, body, operations.replay, "replayed")
+    queue = body.filter.queue if body.filter else None
+    return _act(
+        request,
+        pool,
+        principal,
+        idempotency_key,
+        body,
+        operations.replay,
+        body.ids or (),
+        _bulk("replayed"),
+        queue=queue,
+    )
 
 
 @router.post(
@@ -398,12 +422,20 @@ def replay_many(
     summary="Discard up to 1 000 dead letters, or every pending one of a queue, with a reason: all or nothing",
 )
 def discard_many(
-    request: Request,
-    principal: Annotated[Principal, Depends(require(DISCARD))],
-    body: BulkDiscardIn,
-    idempotency_key: IdempotencyKey = None,
+    request: Request, principal: Discarder, pool: PoolDep, body: BulkDiscardIn, idempotency_key: IdempotencyKey = None
 ) -> Response:
-    return _bulk(request, principal, idempotency_key, body, operations.discard, "discarded")
+    queue = body.filter.queue if body.filter else None
+    return _act(
+        request,
+        pool,
+        principal,
+        idempotency_key,
+        body,
+        operations.discard,
+        body.ids or (),
+        _bulk("discarded"),
+        queue=queue,
+    )
 
 
 @router.post(
@@ -414,21 +446,13 @@ def discard_many(
 )
 def replay_one(
     request: Request,
-    principal: Annotated[Principal, Depends(require(REPLAY))],
+    principal: Replayer,
+    pool: PoolDep,
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: ReplayIn | None = None,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    body = body or ReplayIn()
-
-    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
-        try:
-            operations.replay(conn, [id], operator=principal.subject, reason=body.reason)
-        except OperationRefused as exc:
-            raise _refusal(exc) from None
-        return 200, _current(conn, id)
-
-    return run_idempotent(request, principal, idempotency_key, body, action)
+    return _act(request, pool, principal, idempotency_key, body or ReplayIn(), operations.replay, [id], _one)
 
 
 @router.post(
@@ -439,16 +463,10 @@ def replay_one(
 )
 def discard_one(
     request: Request,
-    principal: Annotated[Principal, Depends(require(DISCARD))],
+    principal: Discarder,
+    pool: PoolDep,
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: DiscardIn,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    def action(conn: psycopg.Connection) -> tuple[int, dict[str, Any]]:
-        try:
-            operations.discard(conn, [id], operator=principal.subject, reason=body.reason)
-        except OperationRefused as exc:
-            raise _refusal(exc) from None
-        return 200, _current(conn, id)
-
-    return run_idempotent(request, principal, idempotency_key, body, action)
+    return _act(request, pool, principal, idempotency_key, body, operations.discard, [id], _one)

@@ -31,21 +31,21 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, Field
 
 from harness.enumerations import CheckpointStatus, EffectName, EventKind, ExecutionStatus
 from maintenance.api import pages
-from maintenance.api.auth import EXECUTIONS_READ, Principal, require
 from maintenance.api.dependencies import (
     AUTH_ERRORS,
     DEFAULT_LIMIT,
     MAX_ID,
     MAX_LIMIT,
+    ExecutionsReader,
+    PoolDep,
     Text,
     UndecodableOut,
-    pool_of,
 )
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import executions as views
@@ -149,7 +149,8 @@ router = APIRouter(prefix="/v1/core/executions", tags=["executions"])
 )
 def list_executions(
     request: Request,
-    principal: Annotated[Principal, Depends(require(EXECUTIONS_READ))],
+    principal: ExecutionsReader,
+    pool: PoolDep,
     status: Annotated[ExecutionStatus, Query()] = "RECONCILIATION_REQUIRED",
     consumer: Annotated[Text | None, Query()] = None,
     job_id: Annotated[UUID | None, Query()] = None,
@@ -160,7 +161,7 @@ def list_executions(
     pages.refuse_unknown_parameters(request, LIST_PARAMETERS)
     where = views.ExecutionFilter(status=status, consumer=consumer, job_id=job_id, business_scope=business_scope)
     after = views.ExecutionPosition(*pages.decode_position(cursor, where)) if cursor is not None else None
-    with pool_of(request).connection() as conn:
+    with pool.connection() as conn:
         page = views.list_executions(conn, where, after, limit, scopes=principal.business_scopes)
     next_cursor = pages.encode_position(page.next.status_changed_at, page.next.id, where) if page.next else None
     return pages.as_json(
@@ -175,11 +176,11 @@ def list_executions(
     summary="One execution with its payload, its checkpoints and its history",
 )
 def get_execution(
-    request: Request,
-    principal: Annotated[Principal, Depends(require(EXECUTIONS_READ))],
+    principal: ExecutionsReader,
+    pool: PoolDep,
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
 ) -> Response:
-    with pool_of(request).connection() as conn:
+    with pool.connection() as conn:
         detail = views.get_execution(conn, id, scopes=principal.business_scopes)
     if detail is None:
         raise Problem(

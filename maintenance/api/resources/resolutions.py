@@ -39,7 +39,7 @@ from harness.enumerations import EvidenceKind, ResolutionCommand, ResolvedStatus
 from maintenance.api import idempotency
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import Principal, authenticate
-from maintenance.api.dependencies import MAX_ID, IdempotencyKey, pool_of, recorded_response
+from maintenance.api.dependencies import MAX_ID, IdempotencyKey, PoolDep, recorded_response
 from maintenance.api.problems import Problem, problem_responses
 from maintenance.operations import resolution
 from maintenance.operations.resolution import MAX_REASON_CHARS, MAX_REFERENCE_CHARS, ResolutionRefused
@@ -174,6 +174,7 @@ router = APIRouter(prefix="/v1/core/executions", tags=["executions"])
 def resolve_execution(
     request: Request,
     principal: Annotated[Principal, Depends(operator_of)],
+    pool: PoolDep,
     id: Annotated[int, Path(ge=1, le=MAX_ID)],
     body: ReconciliationCommand,
     idempotency_key: IdempotencyKey = None,
@@ -185,7 +186,7 @@ def resolve_execution(
     admin: AdminConfig = request.app.state.admin
     log = get_logger()
     try:
-        with pool_of(request).connection() as conn:
+        with pool.connection() as conn:
             outcome = resolution.resolve(
                 conn,
                 execution_id=id,
