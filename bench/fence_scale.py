@@ -77,6 +77,7 @@ from harness.consumer.retry import RetryPolicy
 from harness.fence import INSERT_FENCE
 from harness.metrics import HarnessMetrics
 from harness.pg import connect
+from harness.queue.ids import new_job_id
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
 from harness.worker import Worker, WorkerConfig
@@ -132,14 +133,6 @@ WITH r AS MATERIALIZED (
 SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0), count(*)
   FROM r
  WHERE block_ref LIKE %(pattern)s OR xid::text IN (SELECT xid FROM own)"""
-
-
-def uuid7(now_ns: Callable[[], int] = time.time_ns) -> uuid.UUID:
-    """A version 7 UUID of now (RFC 9562): 48 bits of Unix ms, version 7, 74 random bits, variant 10."""
-    ms = now_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64 | 0b10 << 62 | rand & (1 << 62) - 1
-    return uuid.UUID(int=value)
 
 
 KINDS = ("v4", "v7")
@@ -352,7 +345,7 @@ class Scratch:
         if self.kind == "v4":
             return uuid.uuid4()
         self.frontier += self.step
-        return uuid7(lambda: int(self.frontier.timestamp() * 1000) * 1_000_000)
+        return new_job_id(lambda: int(self.frontier.timestamp() * 1000) * 1_000_000)
 
 
 def grow(scratch: Scratch, size: int) -> tuple[float, float]:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from harness.metrics import NO_METRICS, HarnessMetrics, Metrics, WorkerMetrics
     from harness.pg import SchemaNotMigrated, require_schema
     from harness.queue.adapters import QueueUrlError, open_queue
+    from harness.queue.ids import new_job_id
     from harness.queue.memory import MemoryBroker, MemoryQueue, memory_broker
     from harness.queue.outbox import NoTransaction, publish_in_transaction
     from harness.queue.pgqueue import PgQueue
@@ -85,6 +86,7 @@ _HOMES = {
     "publish_in_transaction": "harness.queue.outbox",
     "QueueUrlError": "harness.queue.adapters",
     "open_queue": "harness.queue.adapters",
+    "new_job_id": "harness.queue.ids",
     "NO_TENANT": "harness.queue.port",
     "Acked": "harness.queue.port",
     "DeadLettered": "harness.queue.port",
@@ -161,6 +163,7 @@ __all__ = [
     "WorkerStats",
     "handle",
     "memory_broker",
+    "new_job_id",
     "open_queue",
     "publish_in_transaction",
     "require_schema",

@@ -26,11 +26,12 @@ from __future__ import annotations
 from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 from typing import Any
-from uuid import UUID, uuid4
+from uuid import UUID
 
 import psycopg
 from psycopg.pq import TransactionStatus
 
+from harness.queue.ids import new_job_id
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import NO_TENANT, Envelope
 
@@ -63,7 +64,7 @@ def publish_in_transaction(
     Published (by the relay, on a broker) only once the caller commits; never if it rolls back.
     ``job_id``: the job's identity, which every delivery of it carries and the consumer's fence
     keys on — give your own (derived from what the job is about) to make a producer's retry of
-    the same transaction one job; a new one otherwise. ``delay``: deliverable that much after the
+    the same transaction one job; a new time-ordered one (:func:`~harness.queue.ids.new_job_id`) otherwise. ``delay``: deliverable that much after the
     commit's transaction began (on PostgreSQL's clock). A payload jsonb cannot store raises
     :class:`~harness.queue.port.InvalidPayload`, another field the table refuses
     :class:`~harness.queue.port.InvalidEnvelope`, before any write; :class:`NoTransaction` when
@@ -82,7 +83,7 @@ def publish_in_transaction(
     if status not in (TransactionStatus.IDLE, TransactionStatus.INTRANS):
         raise NoTransaction(f"the connection is busy ({status.name}): publish from an idle or open transaction")
     envelope = Envelope(
-        job_id=uuid4() if job_id is None else job_id,
+        job_id=new_job_id() if job_id is None else job_id,
         payload=payload,
         tenant_id=tenant_id,
         correlation_id=correlation_id,

@@ -131,3 +131,16 @@ def test_a_payload_the_outbox_cannot_store_is_refused_before_any_write(database_
             harness.publish_in_transaction(producer, QUEUE, {"bad": "\ud800"})
         producer.commit()
     assert (outbox(conn), scalar(conn, "SELECT count(*) FROM public.orders")) == (0, 1)
+
+
+def test_a_publish_given_no_job_id_mints_a_time_ordered_one(database_url, conn):
+    """With no ``job_id`` the outbox row gets a UUID version 7 (harness.new_job_id), later publishes sorting after."""
+    with psycopg.connect(database_url) as producer:
+        first = harness.publish_in_transaction(producer, QUEUE, {"member_id": "m-7", "points": 1})
+        producer.commit()
+    with psycopg.connect(database_url) as producer:
+        second = harness.publish_in_transaction(producer, QUEUE, {"member_id": "m-7", "points": 1})
+        producer.commit()
+    assert (first.version, second.version) == (7, 7)
+    assert first.bytes[:6] <= second.bytes[:6]  # the millisecond leads
+    assert scalar(conn, "SELECT count(*) FROM core.queue_messages WHERE job_id IN (%s, %s)", (first, second)) == 2
