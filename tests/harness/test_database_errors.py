@@ -23,6 +23,7 @@ from harness.errors import PermanentError, TransientError, describe_error, descr
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import DeadLettered, Envelope, RetryAfter, settle
+from maintenance.runtime.logs import get_logger
 
 SECRET = "s3cr3t-member-card-4111"
 TABLE = """
@@ -146,9 +147,7 @@ def test_a_database_error_settling_a_delivery_leaves_no_row_data_in_delivery_fai
     """The dead letter's own INSERT refused (its row holds the payload, quoted whole in psycopg's DETAIL): the
     delivery_failed log line and the span's exception event show the constraint, never the row."""
     conn.execute(TABLE)
-    conn.execute(
-        "ALTER TABLE core.dead_letters ADD CONSTRAINT no_card_letters CHECK (NOT payload ? 'card') NOT VALID"
-    )
+    conn.execute("ALTER TABLE core.dead_letters ADD CONSTRAINT no_card_letters CHECK (NOT payload ? 'card') NOT VALID")
     queue = PgQueue(conn, worker="w")
     job_id = uuid.uuid4()
     queue.publish("cards", Envelope(job_id=job_id, payload={"id": 7, "card": SECRET}, tenant_id=TENANT))
@@ -162,3 +161,20 @@ def test_a_database_error_settling_a_delivery_leaves_no_row_data_in_delivery_fai
     assert "cards_card_short" in handlers and "no_card_letters" in settles
     assert SECRET not in handlers and SECRET not in settles
     assert SECRET not in logs.text
+
+
+def test_a_database_error_logged_as_a_field_or_with_its_traceback_leaves_no_row_data(conn, logs):
+    """An event given the error itself (``error=exc``) or its stack trace (``log.exception``): the log's processors
+    describe it as the harness does, never by psycopg's text."""
+    check, _unique = violations(conn)
+    log = get_logger()
+    log.error("tests.database_errors.as_a_field", error=check)
+    try:
+        raise check
+    except psycopg.Error:
+        log.exception("tests.database_errors.with_its_traceback")
+    (field,) = logs.named("tests.database_errors.as_a_field")
+    (traced,) = logs.named("tests.database_errors.with_its_traceback")
+    assert field["error"] == describe_error(check)
+    assert "cards_card_short" in traced["exception"]
+    assert SECRET not in logs.text and "Failing row" not in logs.text
