@@ -27,6 +27,7 @@ from support.harness_support import (
 )
 
 from harness.consumer.retry import RetryPolicy
+from harness.examples.points import OutageLedger, make_consumer
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
 from harness.worker import ROLLED_BACK, Worker, WorkerConfig
@@ -273,3 +274,25 @@ def test_a_delivery_the_database_refuses_to_settle_is_retried_with_backoff_and_t
     (failed,) = worker.events("harness.worker.delivery_failed")
     assert failed["error"].startswith(refusal) and failed["attempt"] == 1 and failed["delay_s"] > 0
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+
+
+def test_a_retry_delay_that_cannot_be_computed_fails_its_delivery_alone_which_waits_out_its_lease(
+    database_url, conn, logs
+):
+    """The policy's delay computation raises (a deploy's bug) for a failing job: its retry cannot be recorded, so
+    ``harness.worker.delivery_failed`` says so with the lease as its delay, the message keeps its lease (its expiry
+    redelivers it), and the worker goes on to credit the next job."""
+    policy = RetryPolicy(max_attempts=3)
+    for member in ("m-fail", "m-ok"):
+        publish(conn, {"member_id": member, "points": 5})
+    consumer = make_consumer(OutageLedger(timeouts={"m-fail": 3}))
+    config = WorkerConfig(fence_ttl=TTL, batch_size=1)
+    worker = Worker(database_url, consumer, policy=policy, config=config, metrics=HarnessMetrics(CollectorRegistry()))
+    object.__setattr__(policy, "jitter", "unreadable")  # validated, then broken: compute_delay raises TypeError
+    stats = worker.run(once=True)
+    assert (stats.failed, stats.processed) == (1, 1)
+    assert points(conn, "m-ok") == 5 and points(conn, "m-fail") == 0
+    (failed,) = logs.named("harness.worker.delivery_failed")
+    assert failed["delay_s"] == config.lease.total_seconds()
+    assert failed["error"].startswith("TypeError: ") and "its retry was refused too: TypeError: " in failed["error"]
+    assert messages(conn) == {"m-fail": (1, True, None)}  # still leased: its lease's expiry redelivers it
