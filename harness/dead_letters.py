@@ -65,10 +65,14 @@ class DeadLetter:
 
 
 # A replay's final outcome, once: the database stamps replay_handled_at and refuses a second one.
+# A replay is the replay of a letter of its own job and consumer (or of a letter naming no consumer, as the seed's
+# schema writes them): a message naming another's letter (a foreign producer's x-core-jobs-replay-of,
+# docs/rabbitmq.md) marks nothing.
 MARK_REPLAY_HANDLED = """
 UPDATE core.dead_letters
    SET replay_outcome = %(outcome)s
- WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
+ WHERE id = %(replay_of)s AND job_id = %(job_id)s AND coalesce(consumer, %(consumer)s) = %(consumer)s
+   AND status = 'replayed' AND replay_outcome IS NULL
 """
 
 # The letter, unless this consumer already has a pending letter of the job (one dead letter per
@@ -76,13 +80,14 @@ UPDATE core.dead_letters
 # and — for a replayed delivery failing again — its replay marked dead_lettered, in one statement:
 # atomic whatever the caller's transaction. The replay is marked whether the INSERT wrote or found
 # the pending letter already there: either way a pending letter of the job now holds its fences, and
-# the replay's delivery is over. No replay: the UPDATE matches nothing. The SELECT always returns one
-# row: the new letter's id, NULL when the INSERT was a no-op.
+# the replay's delivery is over. No replay, or a replay_of naming a letter of another job or consumer: the
+# UPDATE matches nothing. The SELECT always returns one row: the new letter's id, NULL when the INSERT was a no-op.
 INSERT_DEAD_LETTER = """
 WITH replay_handled AS (
     UPDATE core.dead_letters
        SET replay_outcome = 'dead_lettered'
-     WHERE id = %(replay_of)s AND status = 'replayed' AND replay_outcome IS NULL
+     WHERE id = %(replay_of)s AND job_id = %(job_id)s AND coalesce(consumer, %(consumer)s) = %(consumer)s
+       AND status = 'replayed' AND replay_outcome IS NULL
 ),
 written AS (
     INSERT INTO core.dead_letters
@@ -107,10 +112,12 @@ class UndecodablePayload:
     reason: str
 
 
-def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str) -> bool:
-    """Record the final ``outcome`` of the replay of dead letter ``replay_of``, in the caller's
-    transaction; False when one was already recorded (a redelivery, or an operator's release)."""
-    return conn.execute(MARK_REPLAY_HANDLED, {"replay_of": replay_of, "outcome": outcome}).rowcount == 1
+def mark_replay_handled(conn: psycopg.Connection, replay_of: int, outcome: str, *, job_id: UUID, consumer: str) -> bool:
+    """Record the final ``outcome`` of the replay of dead letter ``replay_of`` by ``consumer``'s delivery of
+    ``job_id``, in the caller's transaction; False when one was already recorded (a redelivery, or an operator's
+    release), or when ``replay_of`` is not a letter of that job and consumer (:data:`MARK_REPLAY_HANDLED`)."""
+    params = {"replay_of": replay_of, "outcome": outcome, "job_id": job_id, "consumer": consumer}
+    return conn.execute(MARK_REPLAY_HANDLED, params).rowcount == 1
 
 
 def write_dead_letter(conn: psycopg.Connection, letter: DeadLetter) -> int | None:

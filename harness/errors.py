@@ -103,7 +103,9 @@ def describe_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -
 
     What it shows is the frames' file, line, function and source line, and each exception's text —
     never a frame's locals, so a payload value is there only if an exception's own text quotes it
-    (as ``last_error`` would). Credentials are masked by the process's redactor
+    (as ``last_error`` would). A database error in the chain (the one raised, a cause, a context) is
+    shown by the text :func:`describe_error` gives it, its primary message and hint, never psycopg's
+    DETAIL or CONTEXT that quote the row. Credentials are masked by the process's redactor
     (:func:`harness.tracing.redact`: the bundle's credential detector,
     maintenance/runtime/credentials.py) before the cut, so a cut never leaves part of a secret.
     A longer text keeps its first ``_HEAD_CHARS`` and its end, where the innermost frames and the
@@ -113,7 +115,9 @@ def describe_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -
     if error.__traceback__ is None and error.__cause__ is None and error.__context__ is None:
         return None
     try:
-        text = "".join(traceback.format_exception(error))
+        rendering = traceback.TracebackException.from_exception(error)
+        _database_errors_by_their_message(rendering, error)
+        text = "".join(rendering.format())
     except Exception:
         return None
     text = tracing.redact(_storable(text))
@@ -123,6 +127,31 @@ def describe_traceback(error: BaseException, limit: int = MAX_TRACEBACK_CHARS) -
     tail = limit - head - len(f"\n  …[{len(text)} characters cut]…\n")  # the marker at its longest
     marker = f"\n  …[{len(text) - head - tail} characters cut]…\n"
     return text[:head] + marker + text[len(text) - tail :]
+
+
+def _database_errors_by_their_message(rendering: traceback.TracebackException, error: BaseException) -> None:
+    """Each database error of ``rendering`` — ``error``, its causes, its contexts, a group's members — shown by
+    :func:`_message`'s text (its primary message and hint), as :func:`describe_error` shows it: psycopg's own text
+    carries the DETAIL and CONTEXT that quote row data.
+
+    The rendering keeps an exception's text in ``_str`` (CPython's ``format_exception_only`` writes it;
+    tests/harness/test_database_errors.py fails if a Python version stops reading it).
+    """
+    pending: list[tuple[traceback.TracebackException, BaseException]] = [(rendering, error)]
+    seen: set[int] = set()
+    while pending:
+        shown, raised = pending.pop()
+        if id(shown) in seen:
+            continue
+        seen.add(id(shown))
+        if isinstance(raised, psycopg.Error):
+            shown._str = _message(raised)  # type: ignore[attr-defined]
+        if shown.__cause__ is not None and raised.__cause__ is not None:
+            pending.append((shown.__cause__, raised.__cause__))
+        if shown.__context__ is not None and raised.__context__ is not None:
+            pending.append((shown.__context__, raised.__context__))
+        if shown.exceptions and isinstance(raised, BaseExceptionGroup):
+            pending.extend(zip(shown.exceptions, raised.exceptions, strict=False))
 
 
 def _storable(text: str) -> str:

@@ -121,7 +121,8 @@ def work_under_fence(
         else:
             run_handler(conn, consumer, payload, context)
         if replay_of is not None:
-            mark_replay_handled(conn, replay_of, "duplicate" if duplicate else "processed")
+            outcome = "duplicate" if duplicate else "processed"
+            mark_replay_handled(conn, replay_of, outcome, job_id=context.job_id, consumer=consumer.name)
     if duplicate:
         runtime.metrics.duplicate(consumer.name)
         return Duplicate()

@@ -61,11 +61,14 @@ JOBS_PER_TRANSACTION = 50
 # The probe of a redelivered delivery (step 0): its failure is already a pending dead letter of this
 # consumer (migration 0018's unique index answers it) and, for a replay, the replay was already handled.
 # A replay still outstanding runs even when another letter of its job is pending: its outcome is not recorded.
+# replay_of names a letter of this job and consumer, as the mark does (harness/dead_letters.py).
 ALREADY_DEAD_LETTERED = """
 SELECT EXISTS (SELECT 1 FROM core.dead_letters
                 WHERE consumer = %(consumer)s AND job_id = %(job_id)s AND status = 'pending_review')
        AND (%(replay_of)s::bigint IS NULL
-            OR EXISTS (SELECT 1 FROM core.dead_letters WHERE id = %(replay_of)s AND replay_outcome IS NOT NULL))
+            OR EXISTS (SELECT 1 FROM core.dead_letters
+                        WHERE id = %(replay_of)s AND job_id = %(job_id)s AND coalesce(consumer, %(consumer)s) = %(consumer)s
+                          AND replay_outcome IS NOT NULL))
 """
 
 
@@ -198,7 +201,8 @@ def _past_the_budget(
         done = conn.execute(INSERT_FENCE, fence).fetchone() is None
         if not done or replay_of is None:
             raise psycopg.Rollback()  # this delivery writes no fence
-        mark_replay_handled(conn, replay_of, "duplicate")  # the probe inserted nothing: commit the mark alone
+        # The probe inserted nothing: commit the mark alone.
+        mark_replay_handled(conn, replay_of, "duplicate", job_id=delivery.envelope.job_id, consumer=consumer.name)
     if done:
         runtime.metrics.duplicate(consumer.name)
         return Duplicate()
@@ -436,7 +440,13 @@ class _SharedBatch:
             if fenced:
                 run_handler(conn, self.consumer, payload, context, still_open=_in_batch_transaction)
             if delivery.envelope.replay_of is not None:
-                mark_replay_handled(conn, delivery.envelope.replay_of, "processed" if fenced else "duplicate")
+                mark_replay_handled(
+                    conn,
+                    delivery.envelope.replay_of,
+                    "processed" if fenced else "duplicate",
+                    job_id=delivery.envelope.job_id,
+                    consumer=self.consumer.name,
+                )
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) and not (conn.closed or conn.broken):
                 # The caller's stop: nothing of this transaction can commit (the job in hand has no savepoint to

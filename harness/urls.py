@@ -10,7 +10,9 @@ either, replacing each by :data:`MASK`:
   parser takes for the host, the port, the path, the query or the fragment — and then finds no
   password to hide, or an error of its own quotes it. The user part is everything up to the first
   ``:`` (so it may hold a raw ``@``: ``svc@team``), the password everything up to the last ``@``
-  that a host follows (:data:`USERINFO_PASSWORD`); when in doubt more is hidden, never less;
+  that a host follows, spaces and all; with no such ``@`` (a URL without a host,
+  ``amqp://u:PW/vh``), whatever follows ``user:`` up to the path unless it is a numeric port
+  (:data:`USERINFO_PASSWORD`); when in doubt more is hidden, never less;
 - a query parameter whose name names a secret (``password``, ``sslpassword``, ``…token``,
   :func:`is_secret_parameter`), and a secret inside a query value that is itself a mapping
   (pika's ``ssl_options={'password': …}``, percent-encoded or not);
@@ -31,10 +33,21 @@ __all__ = ["MASK", "QUERY_PARAMETER", "USERINFO_PASSWORD", "is_secret_parameter"
 
 MASK = "***"
 
-# scheme://user:password@ — the user up to the first ":" (no "/", no "[": an IPv6 host), the password up to the
-# last "@" that a host (no "@", "/", "?", "#" or space) follows. Bounded, so a long text costs linear time.
+# scheme://user:password — the user up to the first ":" (no "/", no "[": an IPv6 host); what follows it is the
+# password unless it is a port (digits, then the authority's end), in this order:
+# - up to the first "@" that a host (no "@", "/", "?", "#" or space) follows, no space in it;
+# - not a port: up to the first such "@" across spaces (a password with a space) but no "/", "?", "#";
+# - not a port: up to the last such "@" of its non-space run before another "://" (a password over 1024
+#   characters; never past the next URL, so each start scans at most to it);
+# - not a port and no "@" a host follows (a URL without a host: amqp://u:PW/vh): up to the authority's end ("/",
+#   "?", "#" or the line's end), unless that is a mask already (masking twice changes nothing).
+# The lazy ones are bounded, and a match is consumed whole, so a long text costs linear time.
+_HOST_FOLLOWS = r"(?=@[^@\s/?#]*(?:[/?#\s]|$))"
 USERINFO_PASSWORD = re.compile(
-    r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^:/\s\[\]]{0,256}:(?P<secret>\S{0,1024}?)@(?=[^@\s/?#]*(?:[/?#\s]|$))",
+    r"(?<![a-z0-9+.-])[a-z][a-z0-9+.-]*://[^:/\s\[\]]{0,256}:"
+    rf"(?P<secret>\S{{0,1024}}?{_HOST_FOLLOWS}"
+    rf"|(?!\d{{1,5}}(?:[/?#,\s]|$))(?:[^/?#\n]{{0,1024}}?{_HOST_FOLLOWS}|(?:(?!://)\S)*{_HOST_FOLLOWS}"
+    r"|(?!\*\*\*(?:[/?#\s]|$))[^/?#\n]+))",
     re.I,
 )
 # ?name=value or &name=value: a query parameter (its value is the secret when its name names one).

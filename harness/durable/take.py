@@ -111,6 +111,8 @@ def _duplicate(ex: Execution) -> Duplicate:
     replay_of = ex.delivery.envelope.replay_of
     if replay_of is not None:
         with ex.conn.transaction():
-            mark_replay_handled(ex.conn, replay_of, "duplicate")
+            mark_replay_handled(
+                ex.conn, replay_of, "duplicate", job_id=ex.delivery.envelope.job_id, consumer=ex.consumer.name
+            )
     ex.runtime.metrics.duplicate(ex.consumer.name)
     return Duplicate()

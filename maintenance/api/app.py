@@ -29,6 +29,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from harness.errors import describe_error
 from maintenance.api import bodies
 from maintenance.api.admin import AdminConfig
 from maintenance.api.auth import TokenVerifier
@@ -162,7 +163,7 @@ class Guard:
                 "maintenance.api.internal_error",
                 method=scope["method"],
                 path=scope["path"],
-                error=f"{type(exc).__name__}: {exc}",
+                error=describe_error(exc),
             )
             if not state["started"]:
                 await answer(Problem(500, "internal-error", "the request failed; the API's log says why"))
@@ -260,7 +261,7 @@ def _http_problem(request: Request, exc: StarletteHTTPException) -> JSONResponse
 
 
 def _database_problem(request: Request, exc: Exception) -> JSONResponse:
-    get_logger().warning("maintenance.api.database_unavailable", error=f"{type(exc).__name__}: {exc}")
+    get_logger().warning("maintenance.api.database_unavailable", error=describe_error(exc))
     return Problem(503, "database-unavailable", "the database cannot be reached or is busy; try again").response()
 
 

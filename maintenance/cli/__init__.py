@@ -452,6 +452,7 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
     """
     import psycopg
 
+    from harness.errors import describe_error
     from harness.pg import SchemaNotMigrated
 
     if isinstance(exc, SchemaNotMigrated):  # an unmigrated database: what is missing, and what to run
@@ -466,7 +467,7 @@ def _known_failure(exc: Exception, args: argparse.Namespace, settings: Settings)
     if isinstance(exc, database_errors):
         # The database could not be reached or refused the command: one line, not a traceback.
         error = getattr(exc, "orig", None) or exc  # SQLAlchemy wraps psycopg's error
-        _report(f"database error: {type(error).__name__}: {error}", settings)
+        _report(f"database error: {describe_error(error)}", settings)  # its message, not the row its DETAIL quotes
         return EXIT_JOB_FAILED
     broker = harness_cli.broker_failure(exc, settings)
     if broker is not None:  # the queue's broker could not be reached or refused: one line naming host:port

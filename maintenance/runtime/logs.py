@@ -2,7 +2,8 @@
 
 Output is JSON lines on stdout when stdout is not a TTY (Kubernetes, Better Stack's log
 collector), a readable console on a TTY; ``CORE_JOBS_LOG_FORMAT`` forces either. Every string
-in every event — including formatted exceptions — passes through :class:`SecretRedactor`, which
+in every event — including formatted exceptions, rendered as the harness renders a failure
+(:func:`harness.errors.describe_traceback`: a database error by its message, not the row it quotes) — passes through :class:`SecretRedactor`, which
 masks every configured secret value and every credential the one detector recognises
 (``maintenance/runtime/credentials.py``: passwords in URLs, ``Authorization`` credentials, JWTs, PEM blocks,
 provider keys, ``password=``/``token=`` pairs — the shapes a resolution's evidence is refused
@@ -25,7 +26,7 @@ from maintenance.runtime.credentials import MASK, mask_credentials
 from maintenance.runtime.imports import import_without
 
 # structlog imports rich when it is installed, for pretty tracebacks our events never use
-# (format_exc_info renders exceptions as plain text; the console renderer is given
+# (_stack_trace renders exceptions as plain text; the console renderer is given
 # plain_traceback): a third of a second per process (maintenance/runtime/imports.py).
 import_without("structlog", hidden=("rich",))
 
@@ -70,8 +71,10 @@ class SecretRedactor:
             return {k: self._walk(v) for k, v in value.items()}
         if isinstance(value, list | tuple):
             return type(value)(self._walk(v) for v in value)
-        if isinstance(value, BaseException):
-            return self.redact(f"{type(value).__name__}: {value}")
+        if isinstance(value, BaseException):  # a database error by its message, never the row its DETAIL quotes
+            from harness.errors import describe_error  # here: it imports psycopg, which check-config never loads
+
+            return self.redact(describe_error(value))
         return value
 
     def __call__(self, logger: Any, method: str, event_dict: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -79,6 +82,17 @@ class SecretRedactor:
 
 
 _REDACTOR = SecretRedactor()  # configure_logging's, with the configured secrets
+
+
+def _stack_trace(exc_info: Any) -> str:
+    """An event's ``exc_info`` as the harness renders a failure (:func:`harness.errors.describe_traceback`): bounded,
+    and each database error by its message, never psycopg's DETAIL quoting a row."""
+    from harness.errors import describe_error, describe_traceback  # here: it imports psycopg (check-config does not)
+
+    error = exc_info[1]
+    if error is None:
+        return ""
+    return describe_traceback(error) or describe_error(error)
 
 
 def redact(text: str) -> str:
@@ -116,7 +130,7 @@ def configure_logging(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.format_exc_info,
+            structlog.processors.ExceptionRenderer(_stack_trace),
             _REDACTOR,
             # After the redactor: values made here (the time, a span's hex ids), never a secret, and
             # new on every event — masking them cost most of a request log line.

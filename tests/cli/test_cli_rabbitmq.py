@@ -174,11 +174,18 @@ def _delete_queues(url: str, queue: str) -> None:
         connection.close()
 
 
-# A queue URL nothing can read (its host part), and one only pika refuses (its query): the password is "Parse-pw-9".
+# A queue URL nothing can read (its host part), and one only pika refuses (its query): the password is "Parse-pw-9"
+# (or holds it: with a space, over 1024 characters).
 UNREADABLE_URLS = {
     "a port that is no number": ("amqp://app:Parse-pw-9@127.0.0.1:notaport/%2F", "port"),
     "a port out of range": ("amqp://app:Parse-pw-9@127.0.0.1:99999/%2F", "port"),
     "an unclosed [": ("amqp://svc@team:Parse-pw-9@[::1/%2F", "IPv6"),
+    "no host (what follows user: is no port)": ("amqp://app:Parse-pw-9/%2F", "port"),
+    "a space in the password, a port that is no number": ("amqp://app:Parse-pw-9 Parse-pw-9@127.0.0.1:x/%2F", "port"),
+    "a password over 1024 characters, a port that is no number": (
+        f"amqp://app:{'Parse-pw-9' * 110}@127.0.0.1:x/%2F",
+        "port",
+    ),
 }
 PIKA_REFUSES = {
     "an option value pika cannot read": (
@@ -212,7 +219,7 @@ def test_a_queue_url_that_does_not_parse_exits_2_in_one_line_naming_the_setting_
     the setting and the problem, the URL's host shown, its password masked, no traceback; nothing enqueued."""
     clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
     assert cli(QUEUE_COMMANDS.get(command, [command])) == EXIT_CONFIG
-    assert "***@" in _one_config_line(capsys, problem)
+    assert ":***" in _one_config_line(capsys, problem)  # the user shown, the password masked
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 

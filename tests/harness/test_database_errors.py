@@ -2,7 +2,9 @@
 
 ``describe_error`` is the one way the harness turns an exception into text — a dead letter's or a
 retry's ``last_error``, RabbitMQ's ``x-core-jobs-last-error`` header, the log's ``error``, a span's
-status — so a real constraint violation is raised here and each of those places is read.
+status — and ``describe_traceback`` renders each database error of a stack trace (the raised one, its
+cause, its context) by the same text: the dead letter's ``traceback``, the log's ``traceback``, the
+span's exception event. So a real constraint violation is raised here and each of those places is read.
 """
 
 from __future__ import annotations
@@ -13,14 +15,15 @@ import psycopg
 import pytest
 from pydantic import BaseModel
 from support.factories import TENANT
-from support.harness_support import TTL, scalar
+from support.harness_support import TTL, run_worker, scalar
 
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
-from harness.errors import describe_error
+from harness.errors import PermanentError, TransientError, describe_error, describe_traceback
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import DeadLettered, Envelope, RetryAfter, settle
+from maintenance.runtime.logs import get_logger
 
 SECRET = "s3cr3t-member-card-4111"
 TABLE = """
@@ -87,3 +90,91 @@ def test_a_database_error_of_a_handler_leaves_no_row_data_in_the_retry_nor_the_d
     last_error = scalar(conn, "SELECT last_error FROM core.dead_letters WHERE job_id = %s", (job_id,))
     assert last_error.startswith("CheckViolation: ") and "cards_card_short" in last_error
     assert SECRET not in last_error and "Failing row" not in last_error
+
+
+def refused_card(conn: psycopg.Connection, payload: Card, ctx) -> None:
+    """The handler's INSERT violates the CHECK with the payload's card: psycopg's text quotes the row."""
+    store(conn, payload, ctx)
+
+
+def refused_card_as_cause(conn: psycopg.Connection, payload: Card, ctx) -> None:
+    try:
+        store(conn, payload, ctx)
+    except psycopg.Error as exc:
+        raise PermanentError("the card was refused") from exc
+
+
+def refused_card_as_context(conn: psycopg.Connection, payload: Card, ctx) -> None:
+    try:
+        store(conn, payload, ctx)
+    except psycopg.Error:
+        raise TransientError("the card was refused")  # noqa: B904  (chained as its context, not its cause)
+
+
+def test_a_database_errors_traceback_shows_its_message_without_the_row(conn):
+    check, _unique = violations(conn)
+    text = describe_traceback(check)
+    assert text is not None and SECRET not in text and "Failing row" not in text
+    assert text.rstrip().endswith(
+        'psycopg.errors.CheckViolation: new row for relation "cards" violates check constraint "cards_card_short"'
+    )
+
+
+@pytest.mark.parametrize("handler", [refused_card, refused_card_as_cause, refused_card_as_context])
+def test_a_database_error_in_a_failures_chain_leaves_no_row_data_in_the_dead_letters_traceback_nor_its_span(
+    spans, database_url, conn, logs, handler
+):
+    """The refused INSERT raised, or the cause or the context of what the handler raised: the dead letter's
+    traceback, the span's exception event and the log line show the database error by its message alone."""
+    conn.execute(TABLE)
+    queue = PgQueue(conn, worker="w")
+    job_id = uuid.uuid4()
+    queue.publish("cards", Envelope(job_id=job_id, payload={"id": 7, "card": SECRET}, tenant_id=TENANT))
+    consumer = Consumer(name="cards", queue="cards", payload_schema=Card, handler=handler)
+    assert run_worker(database_url, consumer, RetryPolicy(max_attempts=1)).dead_lettered == 1
+    traceback = scalar(conn, "SELECT traceback FROM core.dead_letters WHERE job_id = %s", (job_id,))
+    assert 'violates check constraint "cards_card_short"' in traceback  # the database error is there, by its message
+    assert SECRET not in traceback and "Failing row" not in traceback
+    (event,) = [e for e in spans.one("cards process").events if e.name == "exception"]
+    assert SECRET not in event.attributes["exception.stacktrace"]
+    assert "cards_card_short" in event.attributes["exception.stacktrace"]
+    assert SECRET not in logs.text
+
+
+def test_a_database_error_settling_a_delivery_leaves_no_row_data_in_delivery_failed_nor_the_span(
+    spans, database_url, conn, logs
+):
+    """The dead letter's own INSERT refused (its row holds the payload, quoted whole in psycopg's DETAIL): the
+    delivery_failed log line and the span's exception event show the constraint, never the row."""
+    conn.execute(TABLE)
+    conn.execute("ALTER TABLE core.dead_letters ADD CONSTRAINT no_card_letters CHECK (NOT payload ? 'card') NOT VALID")
+    queue = PgQueue(conn, worker="w")
+    job_id = uuid.uuid4()
+    queue.publish("cards", Envelope(job_id=job_id, payload={"id": 7, "card": SECRET}, tenant_id=TENANT))
+    consumer = Consumer(name="cards", queue="cards", payload_schema=Card, handler=refused_card_as_cause)
+    assert run_worker(database_url, consumer, RetryPolicy(max_attempts=1)).failed == 1
+    (failed,) = logs.named("harness.worker.delivery_failed")
+    assert "no_card_letters" in failed["error"] and "no_card_letters" in failed["traceback"]
+    assert SECRET not in failed["traceback"] and "Failing row" not in failed["traceback"]
+    # The handler's failure (the dead letter it meant to write), then the settle's.
+    handlers, settles = [e.attributes["exception.stacktrace"] for e in spans.one("cards process").events]
+    assert "cards_card_short" in handlers and "no_card_letters" in settles
+    assert SECRET not in handlers and SECRET not in settles
+    assert SECRET not in logs.text
+
+
+def test_a_database_error_logged_as_a_field_or_with_its_traceback_leaves_no_row_data(conn, logs):
+    """An event given the error itself (``error=exc``) or its stack trace (``log.exception``): the log's processors
+    describe it as the harness does, never by psycopg's text."""
+    check, _unique = violations(conn)
+    log = get_logger()
+    log.error("tests.database_errors.as_a_field", error=check)
+    try:
+        raise check
+    except psycopg.Error:
+        log.exception("tests.database_errors.with_its_traceback")
+    (field,) = logs.named("tests.database_errors.as_a_field")
+    (traced,) = logs.named("tests.database_errors.with_its_traceback")
+    assert field["error"] == describe_error(check)
+    assert "cards_card_short" in traced["exception"]
+    assert SECRET not in logs.text and "Failing row" not in logs.text

@@ -29,6 +29,7 @@ from support.tcp_proxy import proxy_of, through
 from support.waiting import wait_until
 
 from harness.consumer.retry import RetryPolicy
+from harness.examples.points import OutageLedger, make_consumer
 from harness.examples.points import consumer as points_consumer
 from harness.metrics import HarnessMetrics
 from harness.worker import ROLLED_BACK, Worker, WorkerConfig
@@ -302,3 +303,25 @@ def test_a_worker_whose_database_stays_unreachable_for_the_reconnect_time_exits_
     assert "could not be reached again" in error["error"], error
     (stop,) = worker.events("harness.worker.stop")
     assert (stop["ok"], stop["num_processed"], stop["num_connections_lost"]) == (False, 1, 1)
+
+
+def test_a_retry_delay_that_cannot_be_computed_fails_its_delivery_alone_which_waits_out_its_lease(
+    database_url, conn, logs
+):
+    """The policy's delay computation raises (a deploy's bug) for a failing job: its retry cannot be recorded, so
+    ``harness.worker.delivery_failed`` says so with the lease as its delay, the message keeps its lease (its expiry
+    redelivers it), and the worker goes on to credit the next job."""
+    policy = RetryPolicy(max_attempts=3)
+    for member in ("m-fail", "m-ok"):
+        publish(conn, {"member_id": member, "points": 5})
+    consumer = make_consumer(OutageLedger(timeouts={"m-fail": 3}))
+    config = WorkerConfig(fence_ttl=TTL, batch_size=1)
+    worker = Worker(database_url, consumer, policy=policy, config=config, metrics=HarnessMetrics(CollectorRegistry()))
+    object.__setattr__(policy, "jitter", "unreadable")  # validated, then broken: compute_delay raises TypeError
+    stats = worker.run(once=True)
+    assert (stats.failed, stats.processed) == (1, 1)
+    assert points(conn, "m-ok") == 5 and points(conn, "m-fail") == 0
+    (failed,) = logs.named("harness.worker.delivery_failed")
+    assert failed["delay_s"] == config.lease.total_seconds()
+    assert failed["error"].startswith("TypeError: ") and "its retry was refused too: TypeError: " in failed["error"]
+    assert messages(conn) == {"m-fail": (1, True, None)}  # still leased: its lease's expiry redelivers it

@@ -17,7 +17,7 @@ import uuid
 
 import pika
 import pytest
-from support.factories import QUEUE, TENANT
+from support.factories import QUEUE, TENANT, add_dead_letter
 from support.harness_support import points, scalar
 from support.rabbit_support import BrokerChannel
 from support.relay_support import RabbitTarget
@@ -104,3 +104,28 @@ def test_an_attempt_header_above_the_delivery_limit_is_ignored_and_the_job_runs(
     assert (stats.processed, stats.dead_lettered, stats.failed) == (1, 0, 0)
     assert points(conn, "m-1") == 5
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters") == 0
+
+
+@pytest.mark.parametrize(("member", "handled"), [("m-1", "processed"), (REFUSED, "dead_lettered")])
+def test_a_replay_of_header_naming_another_jobs_letter_leaves_that_letter_untouched(
+    rabbit_target, database_url, conn, member, handled
+):
+    """``x-core-jobs-replay-of`` claims a replay only of a letter of the message's own job (and consumer): naming
+    another job's outstanding replay, the job runs (or fails) as its own and that replay stays outstanding."""
+    other_letter = add_dead_letter(conn, status="replayed", job_id=uuid.uuid4())
+    job_id = uuid.uuid4()
+    publish_raw(rabbit_target, member, {"x-core-jobs-replay-of": other_letter}, message_id=str(job_id))
+    stats = rabbit_target.run_worker(OutageLedger(unknown=frozenset({REFUSED})))
+    assert (stats.processed, stats.dead_lettered, stats.failed) == ((1, 0, 0) if handled == "processed" else (0, 1, 0))
+    assert scalar(conn, "SELECT replay_outcome FROM core.dead_letters WHERE id = %s", (other_letter,)) is None
+    if handled == "dead_lettered":  # its own letter, pending
+        assert scalar(conn, "SELECT status FROM core.dead_letters WHERE job_id = %s", (job_id,)) == "pending_review"
+
+
+def test_a_replay_of_header_naming_the_jobs_own_letter_marks_its_replay(rabbit_target, database_url, conn):
+    """The same header naming a letter of the message's own job is the replay it says: marked processed."""
+    job_id = uuid.uuid4()
+    own_letter = add_dead_letter(conn, status="replayed", job_id=job_id)
+    publish_raw(rabbit_target, "m-1", {"x-core-jobs-replay-of": own_letter}, message_id=str(job_id))
+    assert rabbit_target.run_worker(OutageLedger()).processed == 1
+    assert scalar(conn, "SELECT replay_outcome FROM core.dead_letters WHERE id = %s", (own_letter,)) == "processed"

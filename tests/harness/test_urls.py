@@ -78,6 +78,17 @@ CORPUS = {
     "a port out of range": ("postgresql://u:S3cret-pw@h:99999/db", "postgresql://u:***@h:99999/db"),
     "an unbalanced [": ("amqp://app:S3cret-pw@[::1/vh", "amqp://app:***@[::1/vh"),
     "an unbalanced [ and a raw @ in the user": ("amqp://a@b:S3cret-pw@[::1:5672/vh", "amqp://a@b:***@[::1:5672/vh"),
+    "no host: what follows user: is no port": ("amqp://u:S3cret-pw/vh", "amqp://u:***/vh"),
+    "no host nor path": ("amqp://u:S3cret-pw", "amqp://u:***"),
+    "no host, a query": ("amqp://u:S3cret-pw?heartbeat=30", "amqp://u:***?heartbeat=30"),
+    "a space in the password": ("amqp://app:pa ss-S3cret@rabbit/vh", "amqp://app:***@rabbit/vh"),
+    "spaces in the password, no host": ("amqp://app:pa S3cret/vh", "amqp://app:***/vh"),
+    "a password over 1024 characters": (f"amqp://app:{'S3cret' * 200}@rabbit:5672/vh", "amqp://app:***@rabbit:5672/vh"),
+    "a password over 1024 characters, a raw @ in it": (
+        f"amqp://app:{'S3cret' * 100}@{'S3cret' * 100}@rabbit/vh",
+        "amqp://app:***@rabbit/vh",
+    ),
+    "a password of digits": ("amqp://app:12345-S3cret@rabbit/vh", "amqp://app:***@rabbit/vh"),
 }
 
 
@@ -109,3 +120,11 @@ def test_masks_each_url_in_a_text_up_to_its_own_host():
     """In a text with two URLs, each is masked on its own: the mask never runs on into the next one."""
     text = "from amqp://a@x:S3cret-1@h1/vh to postgresql://b:S3cret@2@h2/db (user x@y)"
     assert redact_url(text) == "from amqp://a@x:***@h1/vh to postgresql://b:***@h2/db (user x@y)"
+
+
+def test_a_url_without_a_host_is_masked_to_its_path_in_a_text_and_a_port_is_never_masked():
+    """What follows ``user:`` is a password unless it is a numeric port: masked up to the path even with no host
+    (the error about that URL shows it so), and masking the text again changes nothing."""
+    text = "the port is not a number: amqp://u:S3cret-pw/vh (a node amqp://rabbit:5672/vh, mail ops@example.com)"
+    shown = "the port is not a number: amqp://u:***/vh (a node amqp://rabbit:5672/vh, mail ops@example.com)"
+    assert redact_url(text) == shown and redact_url(shown) == shown

@@ -155,8 +155,16 @@ def add_dead_letter(
             SET_DEAD_LETTER_STATUS, (status, "duplicate, ticket OPS-1" if status == "discarded" else None, letter_id)
         )
     if handled is not None:
-        assert mark_replay_handled(conn, letter_id, handled)
+        assert mark_handled(conn, letter_id, handled)
     return letter_id
+
+
+def mark_handled(conn: psycopg.Connection, letter_id: int, outcome: str) -> bool:
+    """What the harness does when the replay of ``letter_id`` ends: its job's delivery, by its consumer, marks it."""
+    job_id, consumer = conn.execute(
+        "SELECT job_id, consumer FROM core.dead_letters WHERE id = %s", (letter_id,)
+    ).fetchone()
+    return mark_replay_handled(conn, letter_id, outcome, job_id=job_id, consumer=consumer or CONSUMER)
 
 
 def publish(

@@ -15,7 +15,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 from pydantic import ValidationError
-from support.factories import add_dead_letter, add_fence
+from support.factories import add_dead_letter, add_fence, mark_handled
 from support.harness_support import backdate_replay
 from support.jobs import env
 from support.logcapture import events_in
@@ -36,7 +36,6 @@ from support.purge_support import (
     steered,
 )
 
-from harness.dead_letters import mark_replay_handled
 from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
 from maintenance.jobs.purge.job import LOCK_NAME, SLOW_START_BATCH_SIZE, SPEC, Purger, on_the_batch_clock
 from maintenance.jobs.purge.settings import PurgeFields
@@ -118,7 +117,7 @@ def test_keeps_a_fence_while_its_replay_is_outstanding_and_a_window_after_it_is_
     run = purger(db, hashed_pending_limit=hashed_pending_limit, purge_strategy=strategy)
     assert run.run_once(now + timedelta(days=30)).num_deleted == 0
     assert remaining(conn) == {fence}
-    assert mark_replay_handled(conn, letter, "duplicate")  # the harness handled the replayed delivery
+    assert mark_handled(conn, letter, "duplicate")  # the harness handled the replayed delivery
     handled = handled_at(conn, fence)
     assert run.run_once(handled + PROTECTED - SECOND).num_deleted == 0  # a lost ack may still bring it back
     assert remaining(conn) == {fence}

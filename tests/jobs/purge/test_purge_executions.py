@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from support.factories import CONSUMER, add_dead_letter, add_dead_letters, add_execution
+from support.factories import CONSUMER, add_dead_letter, add_dead_letters, add_execution, mark_handled
 from support.purge_support import (
     BOTH_PATHS,
     PROTECTED,
@@ -23,8 +23,6 @@ from support.purge_support import (
     purger,
     remaining,
 )
-
-from harness.dead_letters import mark_replay_handled
 
 
 @BOTH_PATHS
@@ -94,7 +92,7 @@ def test_a_failed_execution_is_kept_a_window_after_its_replay_was_handled(db, co
     failed = add_execution(conn, status="FAILED", age=f"{TTL.days + 1} days", consumer=CONSUMER)
     (job_id,) = conn.execute("SELECT job_id FROM core.executions WHERE id = %s", (failed,)).fetchone()
     letter = add_dead_letter(conn, job_id=job_id, status="replayed")
-    assert mark_replay_handled(conn, letter, "dead_lettered")
+    assert mark_handled(conn, letter, "dead_lettered")
     handled = handled_at(conn, job_id)
     assert purger(db).run_once(handled + PROTECTED - SECOND).executions_deleted == 0
     assert purger(db).run_once(handled + PROTECTED + SECOND).executions_deleted == 1
