@@ -478,8 +478,11 @@ def test_a_failure_mid_transaction_applies_nothing(admin_api, conn, fault, comma
 
 def test_resolutions_are_counted_by_command(admin_api, conn, db):
     """The API's counter and the metrics job's (from the ledger) count applied resolutions by command; a replay is not counted."""
+    from support.jobs import env
+
     from harness.pg import server_now
     from maintenance.jobs.metrics.job import MetricsJob
+    from maintenance.jobs.metrics.settings import MetricsFields
 
     resumed = add_execution(conn, checkpoints=UNCERTAIN_NOTIFY)
     closed = add_execution(conn, checkpoints=UNCERTAIN_CREDIT, reason_action="credit")
@@ -489,7 +492,7 @@ def test_resolutions_are_counted_by_command(admin_api, conn, db):
     metrics = admin_api.get("/metrics").text
     assert 'core_jobs_api_execution_resolutions_total{command="RESUME"} 1.0' in metrics
     assert 'core_jobs_api_execution_resolutions_total{command="CLOSE_WITHOUT_TRANSITION"} 1.0' in metrics
-    result = MetricsJob(db).run_once(server_now(conn))
+    result = MetricsJob(MetricsFields(), env(db)).run_once(server_now(conn))
     assert result.resolutions == {("points.ledger", "CLOSE_WITHOUT_TRANSITION"): 1, ("points.ledger", "RESUME"): 1}
     [family] = [f for f in result.metric_families() if f.name == "core_jobs_execution_resolutions"]
     assert sorted((s.labels["command"], s.value) for s in family.samples if s.name.endswith("_total")) == [
