@@ -168,12 +168,22 @@ def validation_problems(exc: ValidationError, whole: str) -> list[str]:
     ]
 
 
+# What a refused privilege most often means for a consumer: `core-jobs worker` switched its session to its
+# least-privilege role (migration 0020), which has no grant on the service's own tables until the service gives one.
+PRIVILEGE_HINT = (
+    "the session's role lacks it: `core-jobs worker` runs handlers as core_jobs_worker (CORE_JOBS_WORKER_DATABASE_ROLE);"
+    " GRANT that role what the handler needs on the consumer's own tables"
+)
+
+
 def _message(error: BaseException) -> str:
     """``str(error)`` stripped — a database error's primary message and hint alone —; when that fails, what went
     wrong (its type, and its message if that one prints)."""
     try:
         if isinstance(error, psycopg.Error) and (primary := error.diag.message_primary):
             hint = error.diag.message_hint
+            if hint is None and isinstance(error, psycopg.errors.InsufficientPrivilege):
+                hint = PRIVILEGE_HINT
             return f"{primary.strip()} (HINT: {hint.strip()})" if hint else primary.strip()
         return str(error).strip()
     except Exception as failure:

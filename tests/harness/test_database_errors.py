@@ -178,3 +178,20 @@ def test_a_database_error_logged_as_a_field_or_with_its_traceback_leaves_no_row_
     assert field["error"] == describe_error(check)
     assert "cards_card_short" in traced["exception"]
     assert SECRET not in logs.text and "Failing row" not in logs.text
+
+
+def test_a_permission_the_workers_role_lacks_is_described_with_the_grant_it_needs(conn):
+    """`core-jobs worker` runs its handlers as core_jobs_worker (migration 0020): a consumer's own table without a
+    grant is ``permission denied``, retried at info until the attempts run out. Its text says which role and what to
+    grant, so the first retry's log line, the retry's ``last_error`` and the dead letter tell an adopter the fix."""
+    conn.execute("CREATE TABLE public.unshared (n int)")
+    conn.execute("SET ROLE core_jobs_worker")
+    try:
+        with pytest.raises(psycopg.errors.InsufficientPrivilege) as refused:
+            conn.execute("INSERT INTO public.unshared VALUES (1)")
+    finally:
+        conn.rollback()
+        conn.execute("RESET ROLE")
+    text = describe_error(refused.value)
+    assert text.startswith("InsufficientPrivilege: permission denied for table unshared"), text
+    assert "core_jobs_worker" in text and "GRANT" in text, text
