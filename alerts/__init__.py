@@ -18,9 +18,9 @@ incident texts, the heartbeat, the options (generated from settings.py), the res
 and the failure modes — is docs/alerts.md, written once there.
 """
 
-# The parts: settings.py (its settings, declared once: the feed's configuration), sql.py and
-# execution_sql.py (the named SQL of each source), sources.py (what differs between the two),
-# groups.py and incidents.py (scan, group, cap, compose the text),
+# The parts: settings.py (its settings, declared once: the feed's configuration), sql.py (the
+# named SQL, one section per source), sources.py (what differs between the two sources),
+# incidents.py (scan, group, cap, compose the text),
 # identity.py (the installation's identity), feed.py (the run, AlertFeedResult, and SPEC),
 # betterstack.py (the Better Stack client), heartbeat.py (the dead-man's switch every run pings)
 # and cli.py (`core-jobs alerts ...`). A module's path is its event namespace: alerts.feed.*,

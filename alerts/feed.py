@@ -13,9 +13,8 @@ import psycopg
 import structlog
 
 from alerts.betterstack import BetterStackClient, BetterStackError, IncidentNotFound, betterstack_client
-from alerts.groups import PlannedIncident
 from alerts.identity import settle_identity
-from alerts.incidents import plan_incidents
+from alerts.incidents import PlannedIncident, plan_incidents
 from alerts.settings import AlertsFields
 from alerts.sources import DEAD_LETTERS, EXECUTIONS, SOURCES, cancel_intent, source_of
 from alerts.sql import (

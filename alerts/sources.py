@@ -5,10 +5,10 @@ source         an item                                     its key    alert kind
 =============  ==========================================  =========  =============================
 dead letters   a dead letter ``pending_review``            queue      ``new``, ``stale``
 executions     one episode of an execution left            consumer   ``reconciliation``,
-               RECONCILIATION_REQUIRED (execution_sql.py)             ``reconciliation_stale``
+               RECONCILIATION_REQUIRED (sql.py)                       ``reconciliation_stale``
 =============  ==========================================  =========  =============================
 
-Both go through the same machinery (job.py: intents, keys with the installation id, lookup
+Both go through the same machinery (feed.py: intents, keys with the installation id, lookup
 before posting, cancel and release, escalation, auto-resolve); an :class:`AlertSource` is what
 differs — its alert kinds, its named SQL, and the words of its incidents' metadata.
 """
@@ -20,8 +20,7 @@ from datetime import datetime
 
 import psycopg
 
-from alerts import execution_sql as ex
-from alerts import sql as dl
+from alerts import sql
 
 
 @dataclass(frozen=True)
@@ -58,17 +57,17 @@ DEAD_LETTERS = AlertSource(
     name="dead_letters",
     new_kind="new",
     stale_kind="stale",
-    scan_new=dl.SCAN_NEW,
-    scan_stale=dl.SCAN_STALE,
-    top_errors=dl.TOP_ERRORS,
-    samples=dl.SAMPLES,
-    count_unalerted=dl.COUNT_UNALERTED,
-    record_coverage=dl.RECORD_COVERAGE,
-    record_new_coverage_of_escalation=dl.RECORD_NEW_COVERAGE_OF_ESCALATION,
-    intent_standing=dl.INTENT_STANDING,
-    release_coverage=dl.RELEASE_COVERAGE,
-    cover_released_by_escalation=dl.COVER_RELEASED_BY_ESCALATION,
-    resolved_open_alerts=dl.HANDLED_OPEN_ALERTS,
+    scan_new=sql.SCAN_NEW,
+    scan_stale=sql.SCAN_STALE,
+    top_errors=sql.TOP_ERRORS,
+    samples=sql.SAMPLES,
+    count_unalerted=sql.COUNT_UNALERTED,
+    record_coverage=sql.RECORD_COVERAGE,
+    record_new_coverage_of_escalation=sql.RECORD_NEW_COVERAGE_OF_ESCALATION,
+    intent_standing=sql.INTENT_STANDING,
+    release_coverage=sql.RELEASE_COVERAGE,
+    cover_released_by_escalation=sql.COVER_RELEASED_BY_ESCALATION,
+    resolved_open_alerts=sql.HANDLED_OPEN_ALERTS,
     metadata_new="new_dead_letters",
     metadata_stale="escalation",
     key_name="queue",
@@ -79,17 +78,17 @@ EXECUTIONS = AlertSource(
     name="executions",
     new_kind="reconciliation",
     stale_kind="reconciliation_stale",
-    scan_new=ex.SCAN_NEW_EXECUTIONS,
-    scan_stale=ex.SCAN_STALE_EXECUTIONS,
-    top_errors=ex.TOP_EXECUTION_REASONS,
-    samples=ex.EXECUTION_SAMPLES,
-    count_unalerted=ex.COUNT_UNALERTED_EXECUTIONS,
-    record_coverage=ex.RECORD_EXECUTION_COVERAGE,
-    record_new_coverage_of_escalation=ex.RECORD_NEW_EXECUTION_COVERAGE_OF_ESCALATION,
-    intent_standing=ex.EXECUTION_INTENT_STANDING,
-    release_coverage=ex.RELEASE_EXECUTION_COVERAGE,
-    cover_released_by_escalation=ex.COVER_RELEASED_EXECUTIONS_BY_ESCALATION,
-    resolved_open_alerts=ex.RESOLVED_OPEN_EXECUTION_ALERTS,
+    scan_new=sql.SCAN_NEW_EXECUTIONS,
+    scan_stale=sql.SCAN_STALE_EXECUTIONS,
+    top_errors=sql.TOP_EXECUTION_REASONS,
+    samples=sql.EXECUTION_SAMPLES,
+    count_unalerted=sql.COUNT_UNALERTED_EXECUTIONS,
+    record_coverage=sql.RECORD_EXECUTION_COVERAGE,
+    record_new_coverage_of_escalation=sql.RECORD_NEW_EXECUTION_COVERAGE_OF_ESCALATION,
+    intent_standing=sql.EXECUTION_INTENT_STANDING,
+    release_coverage=sql.RELEASE_EXECUTION_COVERAGE,
+    cover_released_by_escalation=sql.COVER_RELEASED_EXECUTIONS_BY_ESCALATION,
+    resolved_open_alerts=sql.RESOLVED_OPEN_EXECUTION_ALERTS,
     metadata_new="reconciliation_required",
     metadata_stale="reconciliation_escalation",
     key_name="consumer",
@@ -113,7 +112,7 @@ def cancel_intent(conn: psycopg.Connection, alert_id: int, kind: str, reason: st
     covers are covered by it as new. Returns the released items' ids."""
     source = source_of(kind)
     with conn.transaction():
-        conn.execute(dl.CANCEL_INTENT, {"id": alert_id, "reason": reason, "now": now})
+        conn.execute(sql.CANCEL_INTENT, {"id": alert_id, "reason": reason, "now": now})
         released = [row[0] for row in conn.execute(source.release_coverage, {"id": alert_id})]
         conn.execute(source.cover_released_by_escalation, {"ids": released})
     return released

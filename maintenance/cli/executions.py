@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from harness.enumerations import EXECUTION_STATUSES
-from maintenance.cli.harness import EXIT_OK, EXIT_USAGE, _bounded_int, _one_line, add_limit_option
+from maintenance.cli.common import add_limit_option, bounded_int, one_line
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 
 if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser stays light
     from maintenance.operations.executions import ExecutionDetail
@@ -55,7 +56,7 @@ def cmd_executions_list(args: argparse.Namespace, settings: Settings) -> int:
     for r in page.rows:
         print(
             f"{r.id:>6}  {r.status:<23}  {r.consumer:<22}  {_utc(r.status_changed_at)}  "
-            f"{r.job_id}  {_one_line(r.reason or '', 80)}"
+            f"{r.job_id}  {one_line(r.reason or '', 80)}"
         )
     if page.next is not None:
         print(f"(more match: the first {args.limit} are shown; raise --limit)")
@@ -103,14 +104,14 @@ def cmd_executions_show(args: argparse.Namespace, settings: Settings) -> int:
         if c.result is not None:
             print(f"     result: {_stored(c.result, 200)}")
         if c.last_error:
-            print(f"     last error: {_one_line(c.last_error, 200)}")
+            print(f"     last error: {one_line(c.last_error, 200)}")
     print("\nhistory:" if detail.events else "\nhistory: none")
     for v in detail.events:
         where = f" {v.action}" if v.action else ""
         attempt = f" attempt {v.attempt}" if v.attempt is not None else ""
         run_at = f", runs at {_utc(v.run_at)}" if v.run_at else ""
         print(
-            f"  {_utc(v.at)}  {v.kind}{where}{attempt}{run_at}" + (f": {_one_line(v.detail, 160)}" if v.detail else "")
+            f"  {_utc(v.at)}  {v.kind}{where}{attempt}{run_at}" + (f": {one_line(v.detail, 160)}" if v.detail else "")
         )
     return EXIT_OK
 
@@ -135,7 +136,7 @@ def _stored(value: Any, width: int | None = None) -> str:
     from maintenance.operations.stored import UndecodablePayload
 
     text = f"(undecodable: {value.reason}) {value.text}" if isinstance(value, UndecodablePayload) else json.dumps(value)
-    return _one_line(text, width) if width is not None else text
+    return one_line(text, width) if width is not None else text
 
 
 def _utc(moment: datetime | None) -> str:
@@ -166,6 +167,6 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_executions_list)
 
     p = ex_sub.add_parser("show", help="one execution with its payload, checkpoints and history")
-    p.add_argument("id", type=_bounded_int(1, 2**63 - 1), metavar="ID")
+    p.add_argument("id", type=bounded_int(1, 2**63 - 1), metavar="ID")
     p.add_argument("--json", action="store_true", help="the execution as JSON")
     p.set_defaults(handler=cmd_executions_show)

@@ -47,7 +47,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-from maintenance.cli.harness import _bounded_int
+from maintenance.cli.common import bounded_int
 from maintenance.errors import EXIT_FAILED, EXIT_OK, ConfigError
 
 if TYPE_CHECKING:  # the parser stays light: each command imports what it needs when it runs
@@ -201,14 +201,14 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--batch-size",
-        type=_bounded_int(1, 1000),
+        type=bounded_int(1, 1000),
         default=100,
         metavar="N",
         help="rows per publish, 1-1000 (default 100)",
     )
     p.add_argument(
         "--metrics-port",
-        type=_bounded_int(1, 65535),
+        type=bounded_int(1, 65535),
         metavar="PORT",
         help="serve the relay's counters (harness_relay_*_total) for Prometheus on this port (default: not served)",
     )

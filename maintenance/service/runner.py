@@ -7,7 +7,7 @@ and error also ``duration_s``. The clock is PostgreSQL's, read once per job run 
 One pipeline for ``core-jobs run-once`` and ``core-jobs serve``: a :class:`Runner` runs a job,
 records it in the process's :class:`~maintenance.service.telemetry.Telemetry`, then calls its
 after-run hooks (the Pushgateway push, the Better Stack heartbeat), each built once by the
-composition root from its own two settings (:func:`maintenance.cli.after_run_hooks`). The
+composition root from its own two settings (:func:`maintenance.cli.jobs.after_run_hooks`). The
 caller owns the state: the ``stop`` event (set by a SIGTERM through
 :func:`maintenance.runtime.signals.on_signals`) goes into the jobs' :class:`JobEnv`, made once
 by :func:`job_env` (batch loops check it), and to :meth:`Runner.run` (no further job starts

@@ -138,7 +138,7 @@ def serve(
     """Run the scheduler and the HTTP server until SIGTERM/SIGINT (or ``stop``); 0 on a clean stop.
 
     ``stop`` is the command's stop event: the signals set it, and the jobs' batch loops check it. ``after_run``:
-    the hooks after each run (the composition root's :func:`maintenance.cli.after_run_hooks`).
+    the hooks after each run (the composition root's :func:`maintenance.cli.jobs.after_run_hooks`).
     """
     log = get_logger()
     db = Database(settings.conninfo())

@@ -8,7 +8,8 @@ import pytest
 
 from alerts.betterstack import betterstack_client
 from alerts.feed import SPEC
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 from maintenance.service.runner import job_env
 from maintenance.settings import load_settings
 
@@ -28,7 +29,7 @@ from maintenance.settings import load_settings
 def test_bad_alert_setting_exits_2_naming_it(clean_env, capsys, name, value, problem):
     """A bad alert setting is a configuration error (exit 2) that names the variable and the problem."""
     clean_env.setenv(name, value)
-    assert main(["check-config"]) == EXIT_CONFIG
+    assert main(["check-config"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert name in err and problem in err
 
@@ -37,7 +38,7 @@ def test_heartbeat_url_httpx_cannot_use_exits_2_before_any_job_runs(clean_env, d
     """An unclosed IPv6 bracket in the heartbeat URL exits 2 at load, with one line, no job run and no token shown."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     clean_env.setenv("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", "http://[::1/api/v1/heartbeat/hb-554433")
-    assert main(["run-once"]) == EXIT_CONFIG
+    assert main(["run-once"]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert captured.out == ""  # no job started
     assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_BETTERSTACK_HEARTBEAT_URL: ")
@@ -51,7 +52,7 @@ def test_api_token_an_http_header_cannot_carry_exits_2_at_load_without_showing_i
     """A token with a line break (a secret file's last newline), a non-ASCII character or a space exits 2 at load
     naming the variable, instead of failing every alerts run at its first request; the token is not shown."""
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", token)
-    assert main(["check-config"]) == EXIT_CONFIG
+    assert main(["check-config"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "CORE_JOBS_BETTERSTACK_API_TOKEN" in err and "visible ASCII" in err
     assert "tok-live" not in err and "123456" not in err

@@ -8,7 +8,8 @@ from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault
 
 from alerts.heartbeat import send_heartbeat
-from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_FAILED, EXIT_OK
 
 HEARTBEAT_TOKEN = "hb-secret-0123456789"
 
@@ -62,7 +63,7 @@ def test_run_once_pings_fail_when_the_feed_cannot_post(clean_env, database_url, 
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_URL", fake_bs.url)
     clean_env.setenv("CORE_JOBS_BETTERSTACK_API_TOKEN", "wrong-token-abcdef")
     clean_env.setenv("CORE_JOBS_BETTERSTACK_HEARTBEAT_URL", fake_bs.heartbeat_url())
-    assert main(["run-once", "alerts"]) == EXIT_JOB_FAILED
+    assert main(["run-once", "alerts"]) == EXIT_FAILED
     [ping] = fake_bs.heartbeats
     assert ping.path.endswith("/fail") and ping.body == "core-jobs run-once: 1 of 1 jobs failed: alerts"
     out = capsys.readouterr().out

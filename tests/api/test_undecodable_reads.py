@@ -15,7 +15,8 @@ from support.api_support import assert_problem
 from support.factories import QUEUE, add_dead_letters, add_execution
 from support.harness_support import scalar
 
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 
 DEEP = "(repeat('[', 3000) || repeat(']', 3000))::jsonb"  # deeper than Python's recursion limit
 HUGE = "repeat('9', 5000)::jsonb"  # an integer over Python's 4 300 digits
@@ -80,7 +81,7 @@ def test_refuses_to_replay_a_dead_letter_whose_payload_cannot_be_decoded(cli, co
     """`dead-letters replay` of it exits 2 naming the problem; the letter stays pending and nothing is queued."""
     letter, _ = undecodable_letter(conn, stored)
     other = add_dead_letters(conn, QUEUE, 1)[0]
-    assert cli(["dead-letters", "replay", str(other), str(letter), "--operator", "ana"]) == EXIT_CONFIG
+    assert cli(["dead-letters", "replay", str(other), str(letter), "--operator", "ana"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"dead letter {letter}: its payload cannot be decoded" in err and "cannot read" in err
     assert scalar(conn, "SELECT count(*) FROM core.dead_letters WHERE status = 'pending_review'") == 2
@@ -92,7 +93,7 @@ def test_refuses_to_replay_a_queue_holding_an_undecodable_dead_letter(cli, conn,
     undecodable_letter(conn, stored)
     add_dead_letters(conn, QUEUE, 1)
     argv = ["dead-letters", "replay", "--queue", QUEUE, "--all-pending", "--operator", "ana"]
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     assert "cannot be decoded" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 

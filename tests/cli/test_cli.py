@@ -13,7 +13,8 @@ import psycopg
 import pytest
 from support.factories import QUEUE, add_dead_letters
 
-from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 
 def test_migrate_twice_succeeds_on_an_empty_database(clean_env, empty_database_url, capsys):
@@ -56,7 +57,7 @@ def test_bad_setting_exits_2_naming_it_before_touching_data(clean_env, empty_dat
     """A bad setting exits 2 with a message naming it, and migrate has not run."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
     clean_env.setenv(name, value)
-    assert main(["migrate"]) == EXIT_CONFIG
+    assert main(["migrate"]) == EXIT_USAGE
     assert name in capsys.readouterr().err
     with psycopg.connect(empty_database_url) as conn:
         assert conn.execute("SELECT to_regnamespace('core')").fetchone()[0] is None
@@ -64,14 +65,14 @@ def test_bad_setting_exits_2_naming_it_before_touching_data(clean_env, empty_dat
 
 def test_missing_database_url_exits_2(clean_env, capsys):
     """Commands that need the database exit 2 and say which setting is missing."""
-    assert main(["run-once"]) == EXIT_CONFIG
+    assert main(["run-once"]) == EXIT_USAGE
     assert "CORE_JOBS_DATABASE_URL is not set" in capsys.readouterr().err
 
 
 def test_unknown_job_exits_2(clean_env, database_url, capsys):
     """run-once with a job name that is not registered exits 2 and lists the valid ones."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
-    assert main(["run-once", "no-such-job"]) == EXIT_CONFIG
+    assert main(["run-once", "no-such-job"]) == EXIT_USAGE
     assert "unknown job no-such-job" in capsys.readouterr().err
 
 
@@ -79,7 +80,7 @@ def test_unknown_job_exits_2(clean_env, database_url, capsys):
 def test_unreachable_database_is_one_clear_line_and_exit_1(clean_env, capsys, argv):
     """A database that cannot be reached gives exit 1 and a one-line error (no traceback), the password masked."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-unreachable-9@127.0.0.1:1/core")
-    assert main(argv) == EXIT_JOB_FAILED
+    assert main(argv) == EXIT_FAILED
     captured = capsys.readouterr()
     assert "pw-unreachable-9" not in captured.out + captured.err
     if argv[0] != "run-once":  # run-once reports each job's failure in its .error event instead
@@ -91,14 +92,14 @@ def test_unreachable_database_is_one_clear_line_and_exit_1(clean_env, capsys, ar
 def test_unknown_revision_is_a_usage_error(clean_env, empty_database_url, capsys, argv):
     """migrate/downgrade to a revision that does not exist exits 2 with a one-line message naming it."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
-    assert main(argv) == EXIT_CONFIG
+    assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith(f"core-jobs: usage error: {argv[0]}: ") and "no_such_rev" in err and err.count("\n") == 1
 
 
 def test_usage_error_exits_2(clean_env):
     """An unknown command is a usage error: exit 2."""
-    assert main(["frobnicate"]) == EXIT_CONFIG
+    assert main(["frobnicate"]) == EXIT_USAGE
 
 
 def test_check_config_shows_redacted_settings_and_the_guard(clean_env, capsys):
@@ -114,14 +115,14 @@ def test_check_config_shows_redacted_settings_and_the_guard(clean_env, capsys):
 def test_check_config_exits_2_when_the_ttl_guard_fails(clean_env, capsys):
     """check-config exits 2 when the TTL is shorter than margin x retry window."""
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
-    assert main(["check-config"]) == EXIT_CONFIG
+    assert main(["check-config"]) == EXIT_USAGE
     assert "TOO SHORT" in capsys.readouterr().out
 
 
 def test_check_config_with_an_absurd_margin_fails_the_guard_instead_of_crashing(clean_env, capsys):
     """A margin so large that margin x window overflows a timedelta fails the guard (exit 2), not with a traceback."""
     clean_env.setenv("CORE_JOBS_TTL_MARGIN", "1e12")
-    assert main(["check-config"]) == EXIT_CONFIG
+    assert main(["check-config"]) == EXIT_USAGE
     assert "TOO SHORT" in capsys.readouterr().out
 
 
@@ -167,7 +168,7 @@ def test_database_url_libpq_would_misread_exits_2_in_every_spelling_without_any_
     """Every accepted scheme gets the same URL check: a raw @ or a bad %-escape in the password exits 2 at load, printing no fragment of it."""
     secret, fragments = MISREAD_PASSWORDS[password]
     clean_env.setenv("CORE_JOBS_DATABASE_URL", f"{scheme}://app:{secret}@127.0.0.1:1/core")
-    assert main(DATABASE_COMMANDS[command]) == EXIT_CONFIG
+    assert main(DATABASE_COMMANDS[command]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert captured.err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ")
     assert not [f for f in fragments if f in captured.out + captured.err]
@@ -192,7 +193,7 @@ def test_database_url_parameters_libpq_or_the_server_would_refuse_exit_2_naming_
 ):
     """A libpq parameter with a value libpq or the server would refuse at the first connection exits 2 at load, naming the parameter and never the password."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", f"postgresql://app:s3cr3t-pw@127.0.0.1:1/core?{query}")
-    assert main(["migrate"]) == EXIT_CONFIG
+    assert main(["migrate"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("core-jobs: configuration error: CORE_JOBS_DATABASE_URL: ") and parameter in err, err
     assert "s3cr3t" not in err
@@ -201,7 +202,7 @@ def test_database_url_parameters_libpq_or_the_server_would_refuse_exit_2_naming_
 def test_a_port_out_of_range_in_the_url_host_part_exits_2(clean_env, capsys):
     """A port beyond 65535 written after the host exits 2 at load, naming the port."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:s3cr3t-pw@127.0.0.1:99999/core")
-    assert main(["migrate"]) == EXIT_CONFIG
+    assert main(["migrate"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "port" in err and "s3cr3t" not in err, err
 
@@ -269,7 +270,7 @@ def test_a_reader_that_goes_away_ends_the_command_quietly_as_unix_tools_do(clean
 def test_demo_without_the_demo_distribution_exits_2_saying_how_to_get_it(clean_env, monkeypatch, capsys):
     """With core-jobs-demo not installed (a production install), `core-jobs demo` exits 2 with one line naming `uv sync`."""
     monkeypatch.setitem(sys.modules, "core_jobs_demo", None)  # None in sys.modules: the import fails as if absent
-    assert main(["demo"]) == EXIT_CONFIG
+    assert main(["demo"]) == EXIT_USAGE
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert "core-jobs-demo" in err[0] and "uv sync" in err[0]
@@ -294,7 +295,7 @@ def test_check_config_json_exits_2_with_the_failed_guard_in_the_document(clean_e
     import json
 
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
-    assert main(["check-config", "--json"]) == EXIT_CONFIG
+    assert main(["check-config", "--json"]) == EXIT_USAGE
     document = json.loads(capsys.readouterr().out)
     assert (document["ok"], document["guard"]["ok"]) == (False, False)
 
@@ -328,7 +329,7 @@ def test_run_once_json_masks_credentials_in_a_failed_jobs_error(clean_env, datab
     leaky = dataclasses.replace(spec("leaky"), build=lambda *_: LeakyJob())
     monkeypatch.setattr(runner, "jobs", lambda: {"leaky": leaky})
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
-    assert main(["run-once", "--json"]) == EXIT_JOB_FAILED
+    assert main(["run-once", "--json"]) == EXIT_FAILED
     captured = capsys.readouterr()
     assert "pw-9876" not in captured.out + captured.err
     assert json.loads(captured.out)["jobs"][0]["error"] == "RuntimeError: refused at postgresql://app:***@db/core"
@@ -354,7 +355,7 @@ def test_check_config_json_reports_a_configuration_error_as_a_document_too(clean
     """check-config --json with a bad setting exits 2 with {"ok": false, "error": ...} on stdout naming it, and the stderr line."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://app:pw-cfg-77@db/core")
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "a week")
-    assert main(["check-config", "--json"]) == EXIT_CONFIG
+    assert main(["check-config", "--json"]) == EXIT_USAGE
     captured = capsys.readouterr()
     document = json.loads(captured.out)
     assert document["ok"] is False and "CORE_JOBS_PROCESSED_JOBS_TTL" in document["error"]

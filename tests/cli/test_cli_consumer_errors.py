@@ -13,7 +13,8 @@ import pytest
 from support import ROOT
 from support.api_support import AUDIENCE, ISSUER
 
-from maintenance.cli import EXIT_CONFIG, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_USAGE
 
 UNREACHABLE = "postgresql://app:pw-never-used-7@127.0.0.1:1/core"  # a mistake is reported before any connection
 
@@ -143,7 +144,7 @@ def test_a_worker_given_a_mistaken_consumer_exits_2_with_one_line_naming_it(tmp_
         text=True,
         timeout=60,
     )
-    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert done.returncode == EXIT_USAGE, done.stderr
     assert_one_clear_line(done.stderr, "--consumer", reference, kind)
 
 
@@ -152,7 +153,7 @@ def test_check_config_given_a_mistaken_consumer_exits_2_with_one_line_naming_it(
     """`core-jobs check-config --consumer` with each kind of mistake: exit 2 and the same one line on stderr."""
     reference = write_module(tmp_path, kind)
     clean_env.syspath_prepend(str(tmp_path))
-    assert main(["check-config", "--consumer", reference]) == EXIT_CONFIG
+    assert main(["check-config", "--consumer", reference]) == EXIT_USAGE
     assert_one_clear_line(capsys.readouterr().err, "--consumer", reference, kind)
 
 
@@ -176,9 +177,9 @@ def test_the_api_given_a_mistaken_published_definition_exits_2_with_one_line_nam
     code = main(["api", "--port", "0"])
     err = capsys.readouterr().err
     if kind == "not-module-colon-object":  # refused when the settings load, naming the variable
-        assert code == EXIT_CONFIG and "CORE_JOBS_ADMIN_CONSUMERS" in err and "Traceback" not in err
+        assert code == EXIT_USAGE and "CORE_JOBS_ADMIN_CONSUMERS" in err and "Traceback" not in err
         return
-    assert code == EXIT_CONFIG, err
+    assert code == EXIT_USAGE, err
     assert_one_clear_line(err, "CORE_JOBS_ADMIN_CONSUMERS entry", reference, kind)
 
 
@@ -199,7 +200,7 @@ def test_a_mistaken_setting_exits_2_naming_it_for_every_command(clean_env, capsy
     """A setting the user got wrong (a negative lease) is exit 2 and one line naming the variable, whatever the command."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", UNREACHABLE)
     clean_env.setenv("CORE_JOBS_WORKER_LEASE", "-PT30S")
-    assert main(argv) == EXIT_CONFIG
+    assert main(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("core-jobs: configuration error: CORE_JOBS_WORKER_LEASE: ") and err.count("\n") == 1, err
 
@@ -209,6 +210,6 @@ def test_a_mistaken_consumer_s_message_masks_the_secrets_it_quotes(tmp_path, cle
     (tmp_path / "mistaken.py").write_text("raise ValueError('cannot log in with pw-never-used-7')\n")
     clean_env.syspath_prepend(str(tmp_path))
     clean_env.setenv("CORE_JOBS_DATABASE_URL", UNREACHABLE)
-    assert main(["check-config", "--consumer", "mistaken:consumer"]) == EXIT_CONFIG
+    assert main(["check-config", "--consumer", "mistaken:consumer"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "ValueError: cannot log in with" in err and "pw-never-used-7" not in err, err

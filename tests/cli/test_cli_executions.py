@@ -8,7 +8,8 @@ import uuid
 import pytest
 from support.factories import add_execution
 
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 
 CHECKPOINTS = (
     ("lookup", "READ_ONLY", "SUCCEEDED", {"member": "m-1"}),
@@ -131,7 +132,7 @@ def test_show_json_has_the_payload_checkpoints_and_events(cli, conn, capsys):
 
 def test_show_of_an_unknown_id_exits_2_naming_it(cli, conn, capsys):
     """An id that is no execution is a usage error (exit 2), as an unknown dead-letter id is, naming the id."""
-    assert cli(["executions", "show", "4242"]) == EXIT_CONFIG
+    assert cli(["executions", "show", "4242"]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert captured.err.startswith("core-jobs: execution 4242 does not exist") and captured.out == ""
 
@@ -147,7 +148,7 @@ def test_show_of_an_unknown_id_exits_2_naming_it(cli, conn, capsys):
 )
 def test_bad_arguments_exit_2_naming_the_problem(cli, conn, capsys, argv, named):
     """An unknown status, a limit below 1, a job id that is no UUID, an id that is no number: exit 2, named."""
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     assert named in capsys.readouterr().err
 
 

@@ -17,7 +17,8 @@ from support.factories import QUEUE
 from support.harness_support import scalar
 
 from harness.queue.rabbitmq import exhausted_queue_name
-from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 URL = "amqp://jobs:Horizon-pw-2@rabbit:5672/%2F"
@@ -61,7 +62,7 @@ def test_check_config_fails_the_guard_a_rabbitmq_horizon_makes_too_short(clean_e
     """A fence TTL of one day passes on the reference queue but fails (exit 2) once RabbitMQ's horizon counts."""
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "P1D")
     clean_env.setenv("CORE_JOBS_QUEUE_URL", URL)
-    assert main(["check-config"]) == EXIT_CONFIG
+    assert main(["check-config"]) == EXIT_USAGE
     assert "max retry window PT13H14M21S = P1DT2H28M42S: TOO SHORT" in capsys.readouterr().out
 
 
@@ -78,7 +79,7 @@ def test_worker_refuses_a_delivery_limit_its_consumers_own_policy_would_outlast(
     """A consumer whose retry_policy (fixed in code) has more attempts than the URL's delivery_limit exits 2 naming
     CORE_JOBS_QUEUE_URL, delivery_limit and the consumer, before any broker connection."""
     clean_env.setenv("CORE_JOBS_QUEUE_URL", "amqp://guest:Limit-pw-1@127.0.0.1:1/%2F?delivery_limit=20")
-    assert cli(["worker", "--consumer", "support.harness_consumers:patient", "--once"]) == EXIT_CONFIG
+    assert cli(["worker", "--consumer", "support.harness_consumers:patient", "--once"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "CORE_JOBS_QUEUE_URL: delivery_limit=20 is not above max_attempts=200" in err
     assert "consumer points.credit's retry_policy" in err and "Limit-pw-1" not in err
@@ -97,7 +98,7 @@ def test_an_unreachable_broker_is_one_line_naming_its_host_and_port_and_exit_1(
     """enqueue and worker against a RabbitMQ port that refuses connections exit 1 with one `broker error` line on
     stderr naming host:port and the cause — no traceback, no password; nothing is enqueued."""
     clean_env.setenv("CORE_JOBS_QUEUE_URL", f"amqp://guest:Closed-pw-1@127.0.0.1:{closed_port}/%2F")
-    assert cli(argv) == EXIT_JOB_FAILED
+    assert cli(argv) == EXIT_FAILED
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1, captured.err
@@ -218,7 +219,7 @@ def test_a_queue_url_that_does_not_parse_exits_2_in_one_line_naming_the_setting_
     """An unparsable CORE_JOBS_QUEUE_URL is a configuration error at load for every command: exit 2, one line naming
     the setting and the problem, the URL's host shown, its password masked, no traceback; nothing enqueued."""
     clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
-    assert cli(QUEUE_COMMANDS.get(command, [command])) == EXIT_CONFIG
+    assert cli(QUEUE_COMMANDS.get(command, [command])) == EXIT_USAGE
     assert ":***" in _one_config_line(capsys, problem)  # the user shown, the password masked
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
@@ -231,6 +232,6 @@ def test_a_queue_url_pika_refuses_exits_2_in_one_line_before_any_connection(
     """A URL whose query pika refuses (checked when the adapter opens it) exits 2 too, one line naming the setting
     and the option, the password masked — not a traceback and exit 1."""
     clean_env.setenv("CORE_JOBS_QUEUE_URL", url)
-    assert cli(QUEUE_COMMANDS[command]) == EXIT_CONFIG
+    assert cli(QUEUE_COMMANDS[command]) == EXIT_USAGE
     _one_config_line(capsys, problem)
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0

@@ -14,7 +14,8 @@ import pytest
 from support.factories import QUEUE, TENANT, add_dead_letters, dead_letter, publish
 from support.harness_support import fences, points, run_worker, scalar
 
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 from maintenance.operations.dead_letters import MAX_BULK_IDS
 
 
@@ -68,7 +69,7 @@ def test_enqueue_then_worker_once_credits_the_points(cli, conn, capsys):
 )
 def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, capsys, argv, message):
     """Unparseable payloads and unloadable consumers exit 2 with a message, and nothing is enqueued."""
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     assert message in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
@@ -91,7 +92,7 @@ def test_bad_worker_or_enqueue_arguments_exit_2_naming_the_problem(cli, conn, ca
 )
 def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn, capsys, payload, where):
     """NaN, Infinity, a number beyond a float or too long, \\u0000, a lone surrogate or nesting too deep in --payload exits 2 naming where, and nothing is queued."""
-    assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_CONFIG
+    assert cli(["enqueue", QUEUE, "--payload", payload]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith(f"core-jobs: --payload cannot be published: {where}") and err.count("\n") == 1
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
@@ -100,7 +101,7 @@ def test_enqueue_refuses_a_payload_jsonb_cannot_store_as_a_usage_error(cli, conn
 def test_enqueue_refuses_a_correlation_id_the_tables_cannot_hold_as_a_usage_error(cli, conn, capsys):
     """A --correlation-id over 1 024 bytes exits 2 naming the field (never the value), and nothing is queued."""
     payload = '{"member_id": "m-1", "points": 1}'
-    assert cli(["enqueue", QUEUE, "--payload", payload, "--correlation-id", "c" * 1025]) == EXIT_CONFIG
+    assert cli(["enqueue", QUEUE, "--payload", payload, "--correlation-id", "c" * 1025]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert err.startswith("core-jobs: the message cannot be published: correlation_id: is longer than 1024 bytes")
     assert "ccc" not in err and scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
@@ -116,7 +117,7 @@ def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, cap
     """J-B7: with CORE_JOBS_PROCESSED_JOBS_TTL below the guard, the worker exits 2 before processing anything."""
     publish(conn, {"member_id": "m-1", "points": 1})
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
-    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_CONFIG
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_USAGE
     assert "TOO SHORT" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
 
@@ -124,7 +125,7 @@ def test_worker_refuses_a_fence_ttl_shorter_than_the_retry_window(cli, conn, cap
 def test_worker_refuses_a_consumer_whose_own_retry_policy_outlasts_the_fence_ttl(cli, conn, capsys, clean_env):
     """J-B7: a retry_policy fixed in the consumer's code counts in the TTL guard; too long a window exits 2, nothing processed."""
     publish(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["worker", "--consumer", "support.harness_consumers:patient", "--once"]) == EXIT_CONFIG
+    assert cli(["worker", "--consumer", "support.harness_consumers:patient", "--once"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "TOO SHORT" in err and "support.harness_consumers:patient" in err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
@@ -183,7 +184,7 @@ def test_replay_needs_ids_or_a_queue_with_all_pending(cli, conn, argv):
     """Neither ids nor --queue --all-pending, both, or ids with a --queue that would be ignored: exit 2, nothing replayed."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     assert letter_id == 1
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = 1") == "pending_review"
 
 
@@ -195,7 +196,7 @@ def test_replaying_a_letter_that_is_not_pending_is_refused_and_changes_nothing(c
         cli(["dead-letters", "discard", str(handled), "--reason", "duplicate of OPS-1", "--operator", "ana"]) == EXIT_OK
     )
     capsys.readouterr()
-    assert cli(["dead-letters", "replay", str(pending), str(handled), "999", "--operator", "ana"]) == EXIT_CONFIG
+    assert cli(["dead-letters", "replay", str(pending), str(handled), "999", "--operator", "ana"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert f"dead letter {handled} is discarded, not pending_review" in err
     assert "dead letter 999 does not exist" in err and "nothing was changed" in err
@@ -225,7 +226,7 @@ def test_discard_with_a_reason_marks_discarded_and_audits(cli, conn):
 def test_discard_without_a_reason_exits_2_and_changes_nothing(cli, conn, reason):
     """J-AC7 (CLI): a missing or blank reason exits 2; the letter stays pending and nothing is audited."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["dead-letters", "discard", str(letter_id), *reason]) == EXIT_CONFIG
+    assert cli(["dead-letters", "discard", str(letter_id), *reason]) == EXIT_USAGE
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
     assert ledger(conn) == []
 
@@ -239,7 +240,7 @@ def test_an_action_on_more_ids_than_the_apis_cap_exits_2_and_changes_nothing(cli
     """replay, discard and release by id refuse more than MAX_BULK_IDS ids (the API's cap too) with exit 2 naming the cap, and change nothing."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
     ids = [str(letter_id), *(str(letter_id + n) for n in range(1, MAX_BULK_IDS + 1))]
-    assert cli(["dead-letters", action[0], *ids, *action[1:]]) == EXIT_CONFIG
+    assert cli(["dead-letters", action[0], *ids, *action[1:]]) == EXIT_USAGE
     assert f"at most {MAX_BULK_IDS}" in capsys.readouterr().err
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
     assert ledger(conn) == []
@@ -297,7 +298,7 @@ def test_replaying_a_job_that_never_succeeded_applies_it_once(cli, database_url,
     assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana"]) == EXIT_OK
     assert run_worker(database_url).processed == 1
     assert points(conn, "m-1") == 30 and fences(conn, job_id) == 1
-    assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana"]) == EXIT_CONFIG  # not pending any more
+    assert cli(["dead-letters", "replay", str(letter_id), "--operator", "ana"]) == EXIT_USAGE  # not pending any more
     assert run_worker(database_url).processed == 0
     assert points(conn, "m-1") == 30
 
@@ -335,7 +336,7 @@ def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
         port = taken.getsockname()[1]
         assert (
             cli(["worker", "--consumer", "harness.examples.points:consumer", "--once", "--metrics-port", str(port)])
-            == EXIT_CONFIG
+            == EXIT_USAGE
         )
     assert f"--metrics-port {port}" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 1
@@ -344,7 +345,7 @@ def test_worker_refuses_a_metrics_port_already_in_use(cli, conn, capsys):
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--batch-size", "1001"], ["--batch-size", "ten"]])
 def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
     """--concurrency and --batch-size outside their ranges are usage errors (exit 2) naming the bound."""
-    assert cli(["worker", "--consumer", "harness.examples.points:consumer", *argv]) == EXIT_CONFIG
+    assert cli(["worker", "--consumer", "harness.examples.points:consumer", *argv]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "is not between" in err or "is not a whole number" in err
 
@@ -352,7 +353,7 @@ def test_worker_refuses_out_of_range_numbers(cli, capsys, argv):
 @pytest.mark.parametrize("queue", [" ", " points.credit", "points credit"])
 def test_enqueue_refuses_a_queue_name_no_consumer_can_have(cli, conn, capsys, queue):
     """A blank queue name, or one with spaces no consumer could declare, exits 2 and enqueues nothing."""
-    assert cli(["enqueue", queue, "--payload", "{}"]) == EXIT_CONFIG
+    assert cli(["enqueue", queue, "--payload", "{}"]) == EXIT_USAGE
     assert "QUEUE" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
@@ -360,7 +361,7 @@ def test_enqueue_refuses_a_queue_name_no_consumer_can_have(cli, conn, capsys, qu
 @pytest.mark.parametrize("limit", ["-1", "0", "many"])
 def test_list_refuses_a_limit_that_is_not_a_positive_number(cli, conn, capsys, limit):
     """`dead-letters list --limit` below 1 or not a number is a usage error (exit 2) with a message, not a traceback."""
-    assert cli(["dead-letters", "list", "--limit", limit]) == EXIT_CONFIG
+    assert cli(["dead-letters", "list", "--limit", limit]) == EXIT_USAGE
     assert "--limit" in capsys.readouterr().err
 
 
@@ -404,7 +405,7 @@ def test_replay_of_all_pending_beyond_the_bulk_cap_is_refused_with_the_count(cli
     if pending == 3:
         assert code == EXIT_OK and statuses == {"replayed"}
         return
-    assert code == EXIT_CONFIG and statuses == {"pending_review"}
+    assert code == EXIT_USAGE and statuses == {"pending_review"}
     assert "4 pending dead letters match" in capsys.readouterr().err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0 and ledger(conn) == []
 
@@ -437,7 +438,7 @@ def test_a_bulk_action_by_filter_is_given_its_cap_by_the_caller(conn):
 def test_cli_refuses_a_blank_operator_saying_which_option_to_pass(cli, conn, capsys):
     """`--operator ""` is refused with exit 2 and the CLI's own hint, `pass --operator NAME (or set $USER)`; nothing changed."""
     letter_id, _ = dead_letter(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["dead-letters", "replay", str(letter_id), "--operator", ""]) == EXIT_CONFIG
+    assert cli(["dead-letters", "replay", str(letter_id), "--operator", ""]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "core-jobs: refused: the operator is unknown: pass --operator NAME (or set $USER)" in err
     assert scalar(conn, "SELECT status FROM core.dead_letters WHERE id = %s", (letter_id,)) == "pending_review"
@@ -466,7 +467,7 @@ def test_enqueue_and_worker_exit_2_when_the_queue_urls_adapter_cannot_be_importe
     to install, not the password; nothing is enqueued."""
     clean_env.setitem(sys.modules, "harness.queue.rabbitmq", None)
     clean_env.setenv("CORE_JOBS_QUEUE_URL", "amqp://jobs:Rabbit-pw-2@127.0.0.1:5672/%2F")
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "CORE_JOBS_QUEUE_URL" in err and "core-jobs-harness[rabbitmq]" in err and "Rabbit-pw-2" not in err
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
@@ -524,7 +525,7 @@ def test_show_prints_the_error_its_traceback_the_payload_and_the_audit_history(c
 
 
 def test_show_of_an_unknown_id_is_a_usage_error(cli, capsys):
-    assert cli(["dead-letters", "show", "424242"]) == EXIT_CONFIG
+    assert cli(["dead-letters", "show", "424242"]) == EXIT_USAGE
     assert "dead letter 424242 does not exist" in capsys.readouterr().err
 
 

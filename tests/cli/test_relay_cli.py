@@ -14,8 +14,9 @@ from support.harness_support import expire_leases, scalar
 from support.logcapture import events_in
 
 from harness.queue.pgqueue import PgQueue
-from maintenance.cli import EXIT_CONFIG, EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.cli import main
 from maintenance.cli import relay as relay_cli
+from maintenance.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
 OTHER_QUEUE = "points.other"
 SECRET = "s3cr3t-pw"
@@ -80,7 +81,7 @@ def test_relay_exits_1_when_the_broker_fails_and_gives_the_batch_back(cli, conn,
     """A publish that fails: exit 1, harness.relay.error names it, and the message is in the outbox, unleased, its attempt not counted."""
     monkeypatch.setattr(relay_cli, "open_target", lambda url, conn, **_: Refusing())
     publish(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["relay", "--queue", QUEUE, "--once", "--queue-url", "amqp://guest@127.0.0.1:5672/"]) == EXIT_JOB_FAILED
+    assert cli(["relay", "--queue", QUEUE, "--once", "--queue-url", "amqp://guest@127.0.0.1:5672/"]) == EXIT_FAILED
     (error,) = events_in(capsys.readouterr().out, "harness.relay.error")
     assert error["queue"] == QUEUE and "broker unreachable" in error["error"]
     assert conn.execute("SELECT attempts, lease_token FROM core.queue_messages").fetchall() == [(0, None)]
@@ -90,7 +91,7 @@ def test_relay_exits_1_when_the_broker_fails_and_gives_the_batch_back(cli, conn,
 def test_relay_refuses_the_reference_queue_as_its_broker(cli, conn, capsys, url):
     """With no broker URL, or one naming PostgreSQL, the command exits 2 saying there is nothing to relay, the password never printed."""
     publish(conn, {"member_id": "m-1", "points": 1})
-    assert cli(["relay", "--queue", QUEUE, "--once", *(["--queue-url", url] if url else [])]) == EXIT_CONFIG
+    assert cli(["relay", "--queue", QUEUE, "--once", *(["--queue-url", url] if url else [])]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert "nothing to relay" in captured.err and SECRET not in captured.err + captured.out
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages WHERE lease_token IS NULL") == 1
@@ -99,7 +100,7 @@ def test_relay_refuses_the_reference_queue_as_its_broker(cli, conn, capsys, url)
 def test_relay_refuses_an_unknown_broker_scheme_without_printing_its_password(cli, conn, capsys):
     """A URL of a scheme no adapter serves exits 2 naming the scheme, never the URL's password."""
     url = f"nosuchbroker://relay:{SECRET}@broker.internal/"
-    assert cli(["relay", "--queue", QUEUE, "--once", "--queue-url", url]) == EXIT_CONFIG
+    assert cli(["relay", "--queue", QUEUE, "--once", "--queue-url", url]) == EXIT_USAGE
     captured = capsys.readouterr()
     assert "nosuchbroker" in captured.err and SECRET not in captured.err + captured.out
 
@@ -114,5 +115,5 @@ def test_relay_refuses_an_unknown_broker_scheme_without_printing_its_password(cl
 )
 def test_bad_relay_arguments_exit_2_naming_the_option(cli, capsys, argv, message):
     """A missing --queue, a zero interval or batch size: usage error 2 naming the option."""
-    assert cli(argv) == EXIT_CONFIG
+    assert cli(argv) == EXIT_USAGE
     assert message in capsys.readouterr().err

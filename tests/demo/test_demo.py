@@ -8,7 +8,8 @@ from urllib.parse import urlsplit
 import psycopg
 
 import core_jobs_demo
-from maintenance.cli import EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK
 
 
 def test_demo_on_a_configured_server_uses_a_scratch_database(clean_env, pg_server_url, capsys):

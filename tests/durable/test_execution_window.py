@@ -12,7 +12,8 @@ from harness.consumer.actions import ACTION_RETRY_POLICY
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.durable.window import max_execution_window, max_takes
 from harness.examples.points import consumer as points
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 
 QUEUE_POLICY = RetryPolicy()  # J-B3's defaults: 5 attempts, window 11 min 12 s
 LEASE = timedelta(seconds=30)
@@ -77,7 +78,7 @@ def test_check_config_fails_a_durable_consumer_whose_window_outlasts_the_ttl(cle
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT1H")
     code = main(["check-config", "--consumer", "support.harness_consumers:durable_ledger"])
     out = capsys.readouterr().out
-    assert code == EXIT_CONFIG
+    assert code == EXIT_USAGE
     assert "max retry window PT11M12S = PT22M24S: ok" in out  # the settings' own guard
     assert "at most 14 takes x lease PT30S; execution window PT30M12S" in out
     assert "max retry window PT30M12S = PT1H24S: TOO SHORT" in out
@@ -103,5 +104,5 @@ def test_check_config_passes_each_consumer_whose_window_fits_the_ttl(clean_env, 
 
 def test_check_config_with_a_consumer_that_does_not_exist_is_a_configuration_error(clean_env, capsys):
     """An unknown module:object is exit 2 with a message naming it."""
-    assert main(["check-config", "--consumer", "support.harness_consumers:nobody"]) == EXIT_CONFIG
+    assert main(["check-config", "--consumer", "support.harness_consumers:nobody"]) == EXIT_USAGE
     assert "support.harness_consumers has no nobody" in capsys.readouterr().err

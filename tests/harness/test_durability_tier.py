@@ -28,7 +28,8 @@ from harness.durability import DurabilityTierTooLow, parse_standby_names, read_t
 from harness.metrics import HarnessMetrics
 from harness.pg import ServerInRecovery
 from harness.worker import Worker, WorkerConfig
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 
 SENDER = "support.failover_consumers:sender"
 EFFECT = "support.failover_consumers:effect"
@@ -154,7 +155,7 @@ def test_a_broker_queue_and_a_non_idempotent_write_start_over_synchronous_standb
 
 def test_core_jobs_worker_refused_by_its_tier_exits_2_with_one_line(asynchronous):
     done = core_jobs(asynchronous.url(), "worker", "--consumer", SENDER, "--once")
-    assert done.returncode == EXIT_CONFIG, done.stderr
+    assert done.returncode == EXIT_USAGE, done.stderr
     refusal = [line for line in done.stderr.splitlines() if line.startswith("core-jobs: ")]
     assert len(refusal) == 1 and "asynchronous standbys (1)" in refusal[0], done.stderr
     tier_event = next(json.loads(line) for line in done.stdout.splitlines() if "durability_tier" in line)
@@ -174,7 +175,7 @@ def test_a_worker_whose_url_reaches_a_standby_is_refused(asynchronous):
     with pytest.raises(ServerInRecovery, match="target_session_attrs=read-write"):
         worker(standby, effect).run(once=True)
     done = core_jobs(standby, "worker", "--consumer", EFFECT, "--once")
-    assert done.returncode == EXIT_CONFIG and "in recovery" in done.stderr, done.stderr
+    assert done.returncode == EXIT_USAGE and "in recovery" in done.stderr, done.stderr
 
 
 def test_the_relay_and_the_api_pool_refuse_a_standby_too(asynchronous):
@@ -187,7 +188,7 @@ def test_the_relay_and_the_api_pool_refuse_a_standby_too(asynchronous):
     standby = asynchronous.standby.url(DATABASE)
     broker = "amqp://guest:guest@127.0.0.1:5672/%2F"  # never reached: the database connection is refused first
     done = core_jobs(standby, "relay", "--once", "--queue", "points", "--queue-url", broker)
-    assert done.returncode == EXIT_CONFIG and "in recovery" in done.stderr, done.stderr
+    assert done.returncode == EXIT_USAGE and "in recovery" in done.stderr, done.stderr
     configure = session_setup(Settings(database_url=standby, api_database_role=None))
     with psycopg.connect(standby, autocommit=True) as conn, pytest.raises(ServerInRecovery, match="read-write"):
         configure(conn)
@@ -195,7 +196,7 @@ def test_the_relay_and_the_api_pool_refuse_a_standby_too(asynchronous):
 
 def test_check_config_shows_the_tier_and_each_consumers_verdict(asynchronous, clean_env, capsys):
     clean_env.setenv("CORE_JOBS_DATABASE_URL", asynchronous.url())
-    assert main(["check-config", "--tier", "--consumer", SENDER, "--consumer", EFFECT]) == EXIT_CONFIG
+    assert main(["check-config", "--tier", "--consumer", SENDER, "--consumer", EFFECT]) == EXIT_USAGE
     out = capsys.readouterr().out
     assert "Durability tier (read from the primary): asynchronous standbys (1)" in out
     assert f"{SENDER}: needs NON_IDEMPOTENT_WRITE send" in out and "REFUSED" in out

@@ -33,7 +33,8 @@ from harness.examples.points import CreditPoints, OutageLedger, create_table, ma
 from harness.handling import handle
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Duplicate
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 from maintenance.jobs.purge.job import SPEC
 from maintenance.operations.dead_letters import replay
 from maintenance.runtime import migrate
@@ -262,7 +263,7 @@ def test_release_ends_an_outstanding_replay_whose_message_is_gone_and_audits_it(
 def test_release_is_refused_while_the_replayed_message_still_waits_in_the_queue(database_url, conn, cli, capsys):
     """A replay whose message is still queued will be handled: releasing it is refused, exit 2, nothing changed."""
     letter_id, _ = replayed_in_a_backlog(database_url, conn)
-    assert cli(["dead-letters", "release", str(letter_id), "--reason", "stuck?", "--operator", "ana"]) == EXIT_CONFIG
+    assert cli(["dead-letters", "release", str(letter_id), "--reason", "stuck?", "--operator", "ana"]) == EXIT_USAGE
     assert f"dead letter {letter_id}: its replayed message still waits in the queue" in capsys.readouterr().err
     assert replay_state(conn, letter_id) == (None, False)
     assert [row[1] for row in ledger(conn)] == ["replayed"]
@@ -275,7 +276,7 @@ def test_release_refuses_what_is_not_an_outstanding_replay(database_url, conn, c
     run_worker(database_url)
     assert (
         cli(["dead-letters", "release", str(pending), str(handled), "999", "--reason", "x", "--operator", "ana"])
-        == EXIT_CONFIG
+        == EXIT_USAGE
     )
     err = capsys.readouterr().err
     assert f"dead letter {pending} is pending_review, not replayed" in err
@@ -288,7 +289,7 @@ def test_a_release_without_a_reason_is_refused_by_the_cli_and_by_the_database(da
     """A blank --reason exits 2; a release by hand in SQL without core_jobs.reason fails; the replay stays outstanding."""
     letter_id, _ = replayed_in_a_backlog(database_url, conn)
     conn.execute("DELETE FROM core.queue_messages")
-    assert cli(["dead-letters", "release", str(letter_id), "--reason", "  ", "--operator", "ana"]) == EXIT_CONFIG
+    assert cli(["dead-letters", "release", str(letter_id), "--reason", "  ", "--operator", "ana"]) == EXIT_USAGE
     with pytest.raises(psycopg.errors.CheckViolation, match="requires a reason"):
         conn.execute("UPDATE core.dead_letters SET replay_outcome = 'released' WHERE id = %s", (letter_id,))
     assert replay_state(conn, letter_id) == (None, False)

@@ -26,8 +26,9 @@ from harness.pg import connect
 from harness.queue.pgqueue import PgQueue
 from harness.queue.relay import Relay
 from harness.reconnect import DatabaseUnavailable
-from maintenance.cli import EXIT_JOB_FAILED, EXIT_OK, main
+from maintenance.cli import main
 from maintenance.cli import relay as relay_cli
+from maintenance.errors import EXIT_FAILED, EXIT_OK
 
 APPLICATION = "test-relay-reconnect"
 RELAY_NAME = "test-relay"
@@ -216,7 +217,7 @@ def test_core_jobs_relay_exits_1_after_the_reconnect_time_without_its_database(c
         proxy.cut()
 
     helper = in_background(cut_once_relaying)
-    assert cli(["relay", "--queue", QUEUE, "--interval", "0.05"]) == EXIT_JOB_FAILED
+    assert cli(["relay", "--queue", QUEUE, "--interval", "0.05"]) == EXIT_FAILED
     helper.join(30)
     (error,) = events_in(capsys.readouterr().out, "harness.relay.error")
     assert "could not be reached again" in error["error"]

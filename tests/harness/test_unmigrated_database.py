@@ -20,7 +20,8 @@ from harness.metrics import HarnessMetrics
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
 from harness.worker import Worker, WorkerConfig
-from maintenance.cli import EXIT_CONFIG, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_USAGE
 
 MISSING = "core.dead_letters, core.processed_jobs, core.queue_messages"
 
@@ -64,7 +65,7 @@ def test_the_worker_command_on_an_unmigrated_database_prints_one_line_and_exits_
 ):
     """`core-jobs worker` says, on one stderr line and with exit 2, which tables are missing and what to run."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
-    assert main(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_CONFIG
+    assert main(["worker", "--consumer", "harness.examples.points:consumer", "--once"]) == EXIT_USAGE
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and err[0].startswith("core-jobs: schema error: ") and "core-jobs migrate" in err[0]
 
@@ -73,6 +74,6 @@ def test_the_relay_command_on_an_unmigrated_database_prints_one_line_and_exits_2
     """`core-jobs relay` checks the schema before it opens the broker: one line, exit 2."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", empty_database_url)
     argv = ["relay", "--queue", QUEUE, "--once", "--queue-url", "amqp://guest:guest@127.0.0.1:1/%2F"]
-    assert main(argv) == EXIT_CONFIG
+    assert main(argv) == EXIT_USAGE
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert len(err) == 1 and "core.queue_messages" in err[0] and "core-jobs migrate" in err[0]

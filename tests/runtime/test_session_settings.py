@@ -18,7 +18,8 @@ from support.harness_support import points, scalar
 from support.logcapture import events_in
 
 import harness.pg
-from maintenance.cli import EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK
 from maintenance.runtime.db import Database
 
 

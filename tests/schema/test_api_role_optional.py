@@ -23,7 +23,8 @@ from support.factories import QUEUE
 
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
-from maintenance.cli import EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK
 from maintenance.runtime import migrate
 
 API_ROLE = "core_jobs_api"

@@ -13,7 +13,8 @@ import sqlalchemy.exc
 from alembic.script import ScriptDirectory
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from maintenance.cli import EXIT_JOB_FAILED, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_FAILED
 from maintenance.runtime import migrate
 
 
@@ -110,7 +111,7 @@ def test_migrate_command_blocked_on_a_lock_exits_1_with_one_line(clean_env, empt
     clean_env.setenv("CORE_JOBS_MIGRATE_LOCK_TIMEOUT", "0.05")
     clean_env.setenv("CORE_JOBS_MIGRATE_LOCK_ATTEMPTS", "1")
     with version_table_locked(empty_database_url):
-        assert main(["migrate"]) == EXIT_JOB_FAILED
+        assert main(["migrate"]) == EXIT_FAILED
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "CORE_JOBS_MIGRATE_LOCK_TIMEOUT" in err and "nothing was applied" in err
 

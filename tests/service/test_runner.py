@@ -109,7 +109,7 @@ def test_the_composition_root_builds_only_the_hooks_whose_url_is_set_and_none_ho
     """No URL: no hook. Both URLs: a Pushgateway and a Heartbeat, each holding its two values, never Settings;
     the heartbeat's repr does not show its URL (the path is a token)."""
     from alerts.heartbeat import Heartbeat
-    from maintenance.cli import after_run_hooks
+    from maintenance.cli.jobs import after_run_hooks
     from maintenance.service.telemetry import Pushgateway
     from maintenance.settings import load_settings
 

@@ -25,7 +25,9 @@ from pydantic import BaseModel
 from support.jobs import env
 from support.waiting import wait_until
 
-from maintenance.cli import EXIT_CONFIG, after_run_hooks, main
+from maintenance.cli import main
+from maintenance.cli.jobs import after_run_hooks
+from maintenance.errors import EXIT_USAGE
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import MetricsJob
 from maintenance.jobs.metrics.settings import MetricsFields
@@ -243,7 +245,7 @@ def test_invalid_cron_exits_2_naming_the_setting(clean_env, database_url, capsys
     """`core-jobs serve` with a bad crontab (or grace, or port) exits 2 at start and names the setting."""
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     clean_env.setenv(name, value)
-    assert main(["serve"]) == EXIT_CONFIG
+    assert main(["serve"]) == EXIT_USAGE
     assert name in capsys.readouterr().err
 
 

@@ -1,5 +1,5 @@
-"""Deprecated: ``maintenance.jobs.alerts.execution_sql`` moved to ``alerts.execution_sql``; this shim goes in the next minor version."""
+"""Deprecated: ``maintenance.jobs.alerts.execution_sql`` moved to ``alerts.sql``; this shim goes in the next minor version."""
 
 from maintenance.runtime.imports import moved_module
 
-moved_module(__name__, "alerts.execution_sql")
+moved_module(__name__, "alerts.sql")

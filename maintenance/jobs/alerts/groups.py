@@ -1,5 +1,5 @@
-"""Deprecated: ``maintenance.jobs.alerts.groups`` moved to ``alerts.groups``; this shim goes in the next minor version."""
+"""Deprecated: ``maintenance.jobs.alerts.groups`` moved to ``alerts.incidents``; this shim goes in the next minor version."""
 
 from maintenance.runtime.imports import moved_module
 
-moved_module(__name__, "alerts.groups")
+moved_module(__name__, "alerts.incidents")

@@ -19,7 +19,8 @@ from support.logcapture import events_in
 from support.waiting import wait_until
 from werkzeug import Request, Response
 
-from maintenance.cli import EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK
 from maintenance.jobs.base import JobSpec
 from maintenance.jobs.metrics.job import SETTLE, MetricsJob, add_counts, choose_horizon
 from maintenance.jobs.metrics.settings import MetricsFields

@@ -36,7 +36,8 @@ from support.purge_support import (
     steered,
 )
 
-from maintenance.cli import EXIT_CONFIG, EXIT_OK, main
+from maintenance.cli import main
+from maintenance.errors import EXIT_OK, EXIT_USAGE
 from maintenance.jobs.purge.job import LOCK_NAME, SLOW_START_BATCH_SIZE, SPEC, Purger, on_the_batch_clock
 from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.service.runner import job_env
@@ -348,7 +349,7 @@ def test_run_once_purge_exits_2_and_deletes_nothing_when_the_guard_fails(clean_e
     add_old_expired_fences(conn, now, 3)
     clean_env.setenv("CORE_JOBS_DATABASE_URL", database_url)
     clean_env.setenv("CORE_JOBS_PROCESSED_JOBS_TTL", "PT10M")
-    assert main(["run-once", "purge"]) == EXIT_CONFIG
+    assert main(["run-once", "purge"]) == EXIT_USAGE
     err = capsys.readouterr().err
     assert "CORE_JOBS_PROCESSED_JOBS_TTL=PT10M" in err and "raise CORE_JOBS_PROCESSED_JOBS_TTL" in err
     assert len(remaining(conn)) == 3
