@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # each command imports what it needs when it runs: the parser
 def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
     from harness.consumer.consumer import valid_name
     from harness.queue.adapters import QueueUrlError, adapter_class, open_queue
+    from harness.queue.ids import new_job_id
     from harness.queue.port import (
         NO_TENANT,
         Envelope,
@@ -55,7 +56,7 @@ def cmd_enqueue(args: argparse.Namespace, settings: Settings) -> int:
         print(f"core-jobs: --payload cannot be published: {exc}", file=sys.stderr)
         return EXIT_USAGE
     envelope = Envelope(
-        job_id=args.job_id or uuid.uuid4(),
+        job_id=args.job_id or new_job_id(),
         payload=payload,
         tenant_id=args.tenant_id or NO_TENANT,
         correlation_id=args.correlation_id,
@@ -89,7 +90,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("queue", metavar="QUEUE")
     p.add_argument("--payload", required=True, metavar="JSON")
-    p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new random one")
+    p.add_argument("--job-id", type=uuid.UUID, metavar="UUID", help="default: a new time-ordered one (UUID version 7)")
     p.add_argument(
         "--tenant-id",
         type=uuid.UUID,

@@ -57,6 +57,14 @@ def test_enqueue_then_worker_once_credits_the_points(cli, conn, capsys):
     assert scalar(conn, "SELECT count(*) FROM core.queue_messages") == 0
 
 
+def test_enqueue_without_a_job_id_mints_a_time_ordered_one(cli, conn, capsys):
+    """With no --job-id the job gets a UUID version 7 (harness.new_job_id): the fence's index takes it at its edge."""
+    assert cli(["enqueue", QUEUE, "--payload", '{"member_id": "m-8", "points": 8}']) == 0
+    (job_id,) = conn.execute("SELECT job_id FROM core.queue_messages").fetchone()
+    assert job_id.version == 7
+    assert str(job_id) in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
