@@ -15,7 +15,6 @@ from urllib.parse import urlsplit
 
 import psycopg
 import pytest
-from conftest import create_database, drop_database
 from support.alerts_support import alert_rows, feed_settings, handle, make_feed
 from support.factories import add_dead_letters
 from support.fake_betterstack import TOKEN, Fault, metadata_values
@@ -27,6 +26,7 @@ from harness.pg import server_now
 from maintenance.cli import main as cli_main
 from maintenance.runtime import migrate
 from maintenance.runtime.db import Database
+from tests.conftest import create_database, drop_database
 
 
 @pytest.fixture

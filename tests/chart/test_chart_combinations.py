@@ -13,7 +13,8 @@ from typing import Any
 
 import helm_python
 import pytest
-from test_helm_chart import API_ON, of_kind, render_objects, with_secret
+
+from tests.chart.test_helm_chart import API_ON, of_kind, render_objects, with_secret
 
 PUSHGATEWAY = {"CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091"}
 

@@ -21,15 +21,6 @@ from typing import Any
 import helm_python
 import pytest
 from support.helm_support import CHART_DIR
-from test_helm_chart import (
-    API_ON,
-    ENVIRONMENT,
-    RELAY_ON,
-    SECRET_SETTINGS,
-    pod_templates,
-    render_objects,
-    with_secret,
-)
 
 from maintenance.cli import build_parser
 from maintenance.jobs.catalog import by_name as jobs
@@ -38,6 +29,15 @@ from maintenance.settings import (
     FOREIGN_VARIABLES,
     known_variables,
     load_settings,
+)
+from tests.chart.test_helm_chart import (
+    API_ON,
+    ENVIRONMENT,
+    RELAY_ON,
+    SECRET_SETTINGS,
+    pod_templates,
+    render_objects,
+    with_secret,
 )
 
 # Several real, non-secret settings with values the application accepts.

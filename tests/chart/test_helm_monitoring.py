@@ -21,7 +21,8 @@ import kubernetes_validate
 import pytest
 import yaml
 from support.helm_support import CHART_DIR
-from test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, render_objects, with_secret
+
+from tests.chart.test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, render_objects, with_secret
 
 MONITORING = CHART_DIR / "monitoring"
 PUSHGATEWAY = {"CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091"}

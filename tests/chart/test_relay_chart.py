@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import helm_python
 import pytest
-from test_helm_chart import RELAY_ON, SECRET, of_kind, render_objects, with_secret
+
+from tests.chart.test_helm_chart import RELAY_ON, SECRET, of_kind, render_objects, with_secret
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,8 @@ import copy
 
 import helm_python
 import pytest
-from test_helm_chart import SECRET, WORKERS, of_kind, render_objects, with_secret
+
+from tests.chart.test_helm_chart import SECRET, WORKERS, of_kind, render_objects, with_secret
 
 
 @pytest.fixture(scope="module")

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from conftest import create_database, drop_database
 
 from core_jobs_demo.durable import DurableStory, walk_through
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings
+from tests.conftest import create_database, drop_database
 
 
 @dataclass

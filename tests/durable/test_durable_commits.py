@@ -24,7 +24,6 @@ from support.ledger_support import PAYLOAD, checkpoints, execution
 from support.private_cluster import PrivateCluster, private_cluster
 from support.resolutions import UNCERTAIN_NOTIFY, close
 from support.waiting import wait_until
-from test_execution_crash import crash_worker, recover_leases
 
 import harness.pg
 from harness.pg import server_now
@@ -32,6 +31,7 @@ from harness.queue.pgqueue import ASYNC_COMMIT
 from maintenance.api.server import session_setup
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings
+from tests.durable.test_execution_crash import crash_worker, recover_leases
 
 # The relations whose commits guarantees rest on: a checkpoint (STARTED: the proof nothing was sent),
 # the history, the fence with the work, a dead letter and its audit, a resolution, an alert intent

@@ -1,6 +1,6 @@
 """The purge tests' fixtures, a plugin of the suite (tests/conftest.py): ``now``, PostgreSQL's clock read once, and
-``events``, the test's log events at debug (the purge logs each batch at debug). Not a conftest.py in the purge
-folder: that would shadow the suite's own, which support modules import as ``conftest``."""
+``events``, the test's log events at debug (the purge logs each batch at debug), in support/ with
+the suite's other fixtures (a folder's conftest.py applies to its folder only)."""
 
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ class RabbitTarget:
 @pytest.fixture
 def broker_database_url(pg_server_url: str, template_database: str) -> Iterator[str]:
     """A second fresh migrated database of this test: the broker's stand-in, never the outbox's."""
-    from conftest import create_database, drop_database
+    from tests.conftest import create_database, drop_database
 
     name = f"core_jobs_b_{os.getpid()}_{secrets.token_hex(4)}"
     url = create_database(pg_server_url, name, template=template_database)

@@ -3,7 +3,7 @@
 Every test runs against a real PostgreSQL. Rows are placed at explicit times on both sides of
 each cutoff, relative to PostgreSQL's ``now()`` read once and passed to ``run_once``. No test
 sleeps: the time budget uses an injected clock, the statement timeout a row lock. The shared
-rows and constants are tests/support/purge_support.py's, the fixtures this folder's conftest.py.
+rows and constants are tests/support/purge_support.py's, the fixtures tests/support/purge_fixtures.py's.
 """
 
 from __future__ import annotations
