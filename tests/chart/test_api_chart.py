@@ -1,7 +1,7 @@
 """The chart's optional operations-API Deployment and Service (issue 11).
 
 Every-minor validation and pod hardening run on the API's value sets in tests/chart/test_helm_chart.py
-(``api``, ``scheduler-api``); the settings contract in tests/chart/test_chart_settings_contract.py.
+(``api``, ``scheduler-api``); the settings contract in tests/chart/test_settings_contract.py.
 """
 
 from __future__ import annotations

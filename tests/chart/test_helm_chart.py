@@ -655,7 +655,7 @@ def test_a_monitor_toggle_scrapes_the_scheduler_and_the_api_by_their_own_labels(
 
 def test_no_monitor_by_default(cronjob_mode):
     """The monitors are off by default (with nothing to scrape, turning one on refuses to render:
-    tests/chart/test_chart_combinations.py)."""
+    tests/chart/test_combinations.py)."""
     assert not [o for o in cronjob_mode if o["apiVersion"] == "monitoring.coreos.com/v1"]
 
 

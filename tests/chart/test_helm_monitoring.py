@@ -26,7 +26,7 @@ from tests.chart.test_helm_chart import SUPPORTED_KUBE_VERSIONS, of_kind, only, 
 
 MONITORING = CHART_DIR / "monitoring"
 PUSHGATEWAY = {"CORE_JOBS_METRICS_PUSHGATEWAY_URL": "http://pushgateway.monitoring:9091"}
-# In mode cronjob the rules need a Pushgateway (tests/chart/test_chart_combinations.py).
+# In mode cronjob the rules need a Pushgateway (tests/chart/test_combinations.py).
 ON = {"prometheusRule": {"enabled": True}, "grafanaDashboard": {"enabled": True}, "settings": PUSHGATEWAY}
 VALUE_SETS = {
     "cronjob-monitoring": ON,

@@ -1,7 +1,7 @@
 """The chart's optional outbox relay Deployment (``core-jobs relay``, docs/outbox.md).
 
 Every-minor validation and pod hardening run on the ``relay`` value set in tests/chart/test_helm_chart.py;
-the settings contract (tests/chart/test_chart_settings_contract.py) joins it once ``CORE_JOBS_QUEUE_URL`` is a setting.
+the settings contract (tests/chart/test_settings_contract.py) joins it once ``CORE_JOBS_QUEUE_URL`` is a setting.
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ BOLD_ITEM_ENTRY = re.compile(rf"^[ \t]*[-*][ \t]+\*\*{_ENTRY_ID}\*\*")
 # Keyed by file, so the same string cited as an identifier anywhere else is still checked.
 NOT_IDENTIFIERS = {
     ("helm/core-jobs/values.schema.json", "A-Z0"): "the character class [A-Z0-9_] of the CORE_JOBS_* name pattern",
-    ("tests/alerts/test_alerts_settings.py", "P-1"): "a Better Stack escalation policy id, a test value",
+    ("tests/alerts/test_settings.py", "P-1"): "a Better Stack escalation policy id, a test value",
     ("tests/alerts/test_heartbeat.py", "P-7"): "a Better Stack escalation policy id, a test value",
-    ("tests/chart/test_chart_settings_contract.py", "P-123"): "a Better Stack escalation policy id, a test value",
+    ("tests/chart/test_settings_contract.py", "P-123"): "a Better Stack escalation policy id, a test value",
 }
 
 # The identifiers of the English digest of seeds 000 and 002: each needs an entry even if nothing cites it.

@@ -1,5 +1,5 @@
 """What a resolution is made of in the tests that post one: an execution's checkpoints up to an uncertain
-notify, the evidence, a CLOSE_WITHOUT_TRANSITION body (tests/api/test_api_resolution.py, tests/durable/test_durable_commits.py)."""
+notify, the evidence, a CLOSE_WITHOUT_TRANSITION body (tests/maintenance/api/test_resolution.py, tests/harness/durable/test_commits.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Durable executions against the real PostgreSQL and the real local loyalty ledger (issue 12, R-1..R-4, R-7).
 
 Each delivery is handed straight to ``harness.handling.handle`` (the queue is the worker's
-business; tests/durable/test_execution_worker.py runs one). Times are PostgreSQL's: leases and retry
+business; tests/harness/durable/test_execution_worker.py runs one). Times are PostgreSQL's: leases and retry
 schedules are back-dated, never waited for.
 """
 

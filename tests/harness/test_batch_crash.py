@@ -22,7 +22,7 @@ from support.waiting import wait_until
 
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Envelope
-from tests.harness.test_harness_worker_process import WorkerProcess
+from tests.harness.test_worker_process import WorkerProcess
 
 JOBS = 400
 ROUNDS = 6

@@ -27,7 +27,7 @@ from harness.fence import Runtime
 from harness.handling import BatchProgress, handle_together
 from harness.pg import connect
 from harness.queue.port import Acked, Delivery, Envelope
-from tests.harness.test_harness_worker_process import WorkerProcess, held_lock  # noqa: F401 (a fixture)
+from tests.harness.test_worker_process import WorkerProcess, held_lock  # noqa: F401 (a fixture)
 
 
 def transactions_of_fences(conn) -> int:

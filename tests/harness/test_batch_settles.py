@@ -27,7 +27,7 @@ from harness.pg import connect
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Acked, Delivery, Envelope, QueuePort
 from harness.worker import Worker, WorkerConfig, WorkerStats
-from tests.harness.test_harness_worker_process import WorkerProcess
+from tests.harness.test_worker_process import WorkerProcess
 
 # Refuses one member's credit when its transaction commits: a deferred constraint trigger, as a deferred foreign
 # key, an exclusion constraint checked at commit or a serialization failure would.

@@ -1,6 +1,6 @@
 """Seed 002's per-action retry policy (R-2) and the failure table of docs/durable-actions.md, as pure logic.
 
-tests/harness/test_harness_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
+tests/harness/test_retry.py covers ``compute_delay`` on the queue defaults; these pin the action
 defaults (``ACTION_RETRY_POLICY``) and what :func:`harness.durable.decide.decide` makes of each failure.
 """
 

@@ -31,7 +31,7 @@ from harness.queue.pgqueue import ASYNC_COMMIT
 from maintenance.api.server import session_setup
 from maintenance.runtime.db import Database
 from maintenance.settings import Settings
-from tests.durable.test_execution_crash import crash_worker, recover_leases
+from tests.harness.durable.test_execution_crash import crash_worker, recover_leases
 
 # The relations whose commits guarantees rest on: a checkpoint (STARTED: the proof nothing was sent),
 # the history, the fence with the work, a dead letter and its audit, a resolution, an alert intent

@@ -20,7 +20,7 @@ from harness.queue.rabbitmq import exhausted_queue_name
 from maintenance.cli import main
 from maintenance.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 URL = "amqp://jobs:Horizon-pw-2@rabbit:5672/%2F"
 
 

@@ -394,7 +394,7 @@ def test_worker_gives_back_the_signal_handlers_it_installed(cli, conn):
 def test_a_database_error_exits_1_with_one_line_and_no_secret(clean_env, capsys, argv):
     """An unreachable database: exit 1, one 'database error' line on stderr, no traceback, no password.
 
-    (A malformed URL is a configuration error, exit 2: tests/settings/test_settings.py.)
+    (A malformed URL is a configuration error, exit 2: tests/maintenance/settings/test_settings.py.)
     """
     clean_env.setenv("CORE_JOBS_DATABASE_URL", "postgresql://ops:s3cret-pw@127.0.0.1:1/test")
     assert main(argv) == 1
