@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 # Each public name → the module that defines it, loaded on the name's first use. The names are listed again in the
 # TYPE_CHECKING imports and __all__ because type checkers read only those (a literal __all__ is how a consumer's
-# `mypy --strict` sees them exported); tests/harness/test_harness_facade.py keeps the three equal.
+# `mypy --strict` sees them exported); tests/harness/test_facade.py keeps the three equal.
 _HOMES = {
     "Action": "harness.consumer.actions",
     "ActionContext": "harness.consumer.actions",

@@ -6,7 +6,7 @@ code that iterates. The API's response and request models use these types, so a 
 database accepts can always be serialised (once, the event kind ``EXECUTION_RESOLVED``,
 added by 0012, was missing from the API's copy and every resolved execution's detail answered
 500). A migration that adds a value changes its CHECK and this module together:
-``tests/schema/test_enumerations.py`` reads the CHECK constraints from ``pg_constraint`` and fails on
+``tests/migrations/test_enumerations.py`` reads the CHECK constraints from ``pg_constraint`` and fails on
 any difference, and on an enumerated column of a table the API serves that is not listed here.
 """
 

@@ -4,14 +4,14 @@ An action's effect class says what its call does to the provider, and so what th
 do when the call fails, answers badly or is interrupted. Each class is one entry of
 :data:`RULES`, each rule a question the executor asks (:class:`EffectRules`); no code asks which
 class an action has. docs/durable-actions.md ("Effect classes: one table of rules") is this
-table in words, checked against it by tests/durable/test_execution_policy.py. :data:`FINAL_WRITE` is the
+table in words, checked against it by tests/harness/durable/test_execution_policy.py. :data:`FINAL_WRITE` is the
 handler's local write in the fence's transaction (no effect class: it retries on the queue's
 policy, and its failure rolls back).
 
 **Adding an effect class** is this table's one entry (a member of :class:`Effect` and its row
 in :data:`RULES`; the import-time check below refuses a member without a row) plus a migration
 that adds the value to the CHECK of ``core.execution_checkpoints.effect`` (0010), and the value
-in :data:`harness.enumerations.EFFECTS`, which tests/schema/test_enumerations.py holds equal to both.
+in :data:`harness.enumerations.EFFECTS`, which tests/migrations/test_enumerations.py holds equal to both.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ has one predicate here (``*_problem``: None, or why — never the value), and:
   (not altered: an altered id would match nothing the producer knows, and could match another
   job's). The job is handled once all the same.
 
-The fields and their constraints (tests/harness/test_envelope_fields.py holds each corpus against them):
+The fields and their constraints (tests/harness/queue/test_envelope_fields.py holds each corpus against them):
 
 - ``queue``: ``btrim(queue) <> ''`` on the three tables (0001, 0003, 0010); text.
 - ``traceparent``: 0017's ``*_traceparent_w3c``: version ``00``, lower-case hex, neither id all zeros.

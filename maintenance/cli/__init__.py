@@ -3,7 +3,7 @@
 It answers at once: the parser is built from light modules only, and each command imports what
 it needs when it runs (``--help`` loads no library beyond argparse; ``check-config`` the settings
 and nothing of the jobs' code, the API, Alembic or APScheduler's scheduler, nor psycopg or httpx
-but to check a URL that is not plain, maintenance/fields/urls.py — tests/cli/test_cli_imports.py,
+but to check a URL that is not plain, maintenance/fields/urls.py — tests/maintenance/cli/test_imports.py,
 bench/cli.py; only ``migrate``/``downgrade`` load Alembic, only ``serve`` APScheduler's
 scheduler). The groups: ``schema`` (migrate, downgrade), ``config`` (check-config), ``jobs``
 (run-once, serve), ``api``, ``demo``, ``worker``, ``enqueue``, ``dead_letters``, ``relay``,

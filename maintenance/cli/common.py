@@ -4,7 +4,7 @@ consumer references of ``worker`` and ``check-config``.
 Each group (one module per group: ``schema``, ``config``, ``jobs``, ``api``, ``demo``, ``worker``, ``enqueue``,
 ``dead_letters``, ``relay``, ``executions``, and ``alerts.cli``) takes these from here and its exit codes from
 :mod:`maintenance.errors`, never from a sibling (pyproject.toml's import contracts). Light: argparse only, so
-``--help`` stays free of every library a command runs with (tests/cli/test_cli_imports.py).
+``--help`` stays free of every library a command runs with (tests/maintenance/cli/test_imports.py).
 """
 
 from __future__ import annotations

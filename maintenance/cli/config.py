@@ -3,7 +3,7 @@ TTL guard (J-B7), the queue's adapter, each ``--consumer``'s own window and guar
 durability tier against what each consumer needs; ``--json``: all of it as one document.
 
 It loads the settings and nothing of the jobs' code, the API, Alembic or APScheduler, nor psycopg or httpx but to
-check a URL that is not plain or to read the tier (tests/cli/test_cli_imports.py). Exit 0 when every guard holds,
+check a URL that is not plain or to read the tier (tests/maintenance/cli/test_imports.py). Exit 0 when every guard holds,
 2 when one does not.
 """
 

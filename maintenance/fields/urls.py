@@ -26,7 +26,7 @@ A URL written only of characters both parsers take literally (:data:`PLAIN_DATAB
 :data:`PLAIN_HTTP_URL`: no percent-encoding, no query, a plain host name) is one libpq and
 httpx parse as written, so it is accepted without importing either — psycopg and httpx were
 a quarter of ``check-config``'s import time, and it uses neither otherwise. Any other URL is
-parsed by libpq or httpx themselves; tests/settings/test_settings_plain_urls.py checks that they
+parsed by libpq or httpx themselves; tests/maintenance/settings/test_plain_urls.py checks that they
 accept every plain one.
 """
 

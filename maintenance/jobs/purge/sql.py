@@ -1,6 +1,6 @@
 """The purge's SQL: every statement written out whole under a name, with what it does and why.
 
-Each can be read, and EXPLAINed, exactly as it is sent (tests/schema/test_named_sql.py prepares every
+Each can be read, and EXPLAINed, exactly as it is sent (tests/migrations/test_named_sql.py prepares every
 one against the migrated schema). Parameters: ``cutoff`` is PostgreSQL's ``now()`` read once per
 run; ``protected_from`` is ``cutoff - TTL_MARGIN x max retry window``.
 
