@@ -233,7 +233,8 @@ END $$;
 
 # Drop the role only when no other database of the cluster still grants it anything. Two databases
 # downgrading at once may deadlock on the role (each holds a share lock on it from its REVOKE and
-# wants the exclusive one): the victim keeps it, and the other drops it once the victim commits.
+# wants the exclusive one): the victim keeps it, and the other drops it once the victim commits. A database dropped
+# while DROP ROLE reads the cluster's dependencies makes it fail internally: the role is kept then too.
 DROP_ROLE_IF_UNUSED = """
 DO $$
 BEGIN
@@ -249,6 +250,10 @@ BEGIN
                 RAISE NOTICE 'role {role} kept: another database of this cluster is dropping it at the same time';
             WHEN insufficient_privilege THEN
                 RAISE NOTICE 'role {role} kept: the migrating user may not drop roles';
+            WHEN internal_error THEN
+                -- DROP ROLE reads every database's dependencies on the role: one dropped meanwhile is a
+                -- "cache lookup failed for database" (XX000). Kept, as if that database still granted it.
+                RAISE NOTICE 'role {role} kept: another database of this cluster was dropped while its grants were read';
         END;
     END IF;
 END $$;
