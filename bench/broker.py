@@ -13,8 +13,11 @@ each round:
 - **core-jobs on its reference queue** (``core.queue_messages``, batch 10);
 - **Celery** with ``acks_late`` on the same RabbitMQ — what a Python team would pick: at-least-once,
   no fence — one ``solo`` worker per process, prefetch 10 (``worker_prefetch_multiplier``), its
-  default (classic, durable) queue, and once more on a quorum queue (``--celery-quorum``, on by
-  default), the queue type our adapter declares.
+  default (classic, durable) queue, and once more on a quorum queue (``celery-quorum``), the
+  queue type our adapter declares;
+- **Celery's default pool** (``celery-prefork``): one worker with the ``prefork`` pool, concurrency 2
+  (its parent process and 2 children), prefetch 10 per child, on a classic queue: how
+  ``celery worker`` runs when given no ``--pool``. Its crash run SIGKILLs the parent.
 
 **Throughput** is measured on the database's clock, from the first effect's commit to the last
 (``clock_timestamp()`` of each row), so no system is charged for its start-up. **Crash**: the
@@ -168,12 +171,12 @@ def _celery_app(rabbitmq: str, url: str, queue: str, quorum: bool):  # type: ign
     return app, _CELERY["effect"]
 
 
-def _celery_process(rabbitmq: str, url: str, queue: str, quorum: bool) -> None:
+def _celery_process(rabbitmq: str, url: str, queue: str, quorum: bool, pool: str = "solo") -> None:
     app, _effect = _celery_app(rabbitmq, url, queue, quorum)
     worker = app.Worker(
         hostname=f"bench-{os.getpid()}@%h",
-        pool="solo",
-        concurrency=1,
+        pool=pool,
+        concurrency=PROCESSES if pool == "prefork" else 1,
         queues=[queue],
         loglevel="ERROR",
         without_heartbeat=True,
@@ -202,14 +205,22 @@ def _delete_queues(rabbitmq: str, names: list[str]) -> None:
 
 
 class System:
-    def __init__(self, label: str, system: str, start: Callable[[], mp.Process], enqueue: Callable[[int], None]):
+    def __init__(
+        self,
+        label: str,
+        system: str,
+        start: Callable[[], mp.Process],
+        enqueue: Callable[[int], None],
+        processes: int = PROCESSES,
+    ):
         self.label, self.system, self.start, self.enqueue = label, system, start, enqueue
+        self.processes = processes  # worker processes started (a prefork worker's children are not counted)
 
 
 def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, int]:
     """Drain ``jobs`` with 2 processes (SIGKILLing one ``kills`` times); (jobs/s, effect rows, distinct jobs)."""
     system.enqueue(jobs)
-    processes = [system.start() for _ in range(PROCESSES)]
+    processes = [system.start() for _ in range(system.processes)]
     thresholds = [jobs * (k + 1) // (kills + 1) for k in range(kills)]
     with connect(url, autocommit=True) as conn:
         while True:
@@ -251,8 +262,8 @@ def main() -> None:
     parser.add_argument("--kills", type=int, default=3, help="SIGKILLs in the crash run (default 3)")
     parser.add_argument(
         "--only",
-        default="rabbitmq,reference,celery,celery-quorum",
-        help="the systems to run, comma-separated (default: rabbitmq,reference,celery,celery-quorum)",
+        default="rabbitmq,reference,celery,celery-quorum,celery-prefork",
+        help="the systems to run, comma-separated (default: rabbitmq,reference,celery,celery-quorum,celery-prefork)",
     )
     args = parser.parse_args()
     configure_logging(level="CRITICAL")
@@ -273,12 +284,13 @@ def main() -> None:
                 enqueue=lambda n: _enqueue_core_jobs(url, queue_url, system, n),
             )
 
-        def celery(label: str, queue: str, quorum: bool) -> System:
+        def celery(label: str, queue: str, quorum: bool, pool: str = "solo") -> System:
             return System(
                 label,
                 queue,
-                start=lambda: _started(_celery_process, rabbitmq, url, queue, quorum),
+                start=lambda: _started(_celery_process, rabbitmq, url, queue, quorum, pool),
                 enqueue=lambda n: _enqueue_celery(rabbitmq, url, queue, quorum, n),
+                processes=1 if pool == "prefork" else PROCESSES,
             )
 
         every = {
@@ -286,6 +298,9 @@ def main() -> None:
             "reference": lambda: core_jobs("core-jobs on its reference queue", f"pg_{tag}", None, 2),
             "celery": lambda: celery("Celery acks_late, classic queue", f"celery_{tag}", quorum=False),
             "celery-quorum": lambda: celery("Celery acks_late, quorum queue", f"celeryq_{tag}", quorum=True),
+            "celery-prefork": lambda: celery(
+                "Celery acks_late, prefork x2, classic", f"celeryp_{tag}", quorum=False, pool="prefork"
+            ),
         }
         systems = [every[name.strip()]() for name in args.only.split(",")]
         baseline = next((s for s in systems if s.label.startswith("Celery")), systems[0])
