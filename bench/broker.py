@@ -330,7 +330,11 @@ def main() -> None:
                     f" {rows - distinct} duplicated   ({rate:.0f} jobs/s)"
                 )
         finally:
-            _delete_queues(rabbitmq, [s.system for s in systems] + [f"bench.{s.system}" for s in systems])
+            # The adapter's queues include the work queue's `.exhausted` one (its broker delivery limit's dead letters).
+            names = [s.system for s in systems] + [
+                f"bench.{s.system}{tail}" for s in systems for tail in ("", ".exhausted")
+            ]
+            _delete_queues(rabbitmq, names)
 
 
 def _started(target: Callable[..., None], *args: Any) -> mp.Process:
