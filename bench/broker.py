@@ -22,8 +22,9 @@ each round:
 **Throughput** is measured on the database's clock, from the first effect's commit to the last
 (``clock_timestamp()`` of each row), so no system is charged for its start-up. **Crash**: the
 same drain, and each time another ``N/(kills+1)`` jobs have taken effect one worker process is
-SIGKILLed and a fresh one started; once every job has taken effect and the queue is empty, it
-counts effect rows per job. An at-least-once consumer redoes the job in hand when its ack was lost;
+SIGKILLed and a fresh one started; once every job has taken effect (or, on core-jobs, has a dead
+letter instead) and nothing changes for 1.5 s, it counts effect rows per job and the jobs
+dead-lettered without an effect. An at-least-once consumer redoes the job in hand when its ack was lost;
 core-jobs redelivers it too, and the fence makes the redelivery a no-op.
 
 The brokers: ``BENCH_RABBITMQ_URL`` (default ``amqp://guest:guest@127.0.0.1:5672/%2F``);
@@ -80,6 +81,12 @@ CREATE TABLE IF NOT EXISTS bench_effects (
 # The consumer's whole work: no unique key, so a second effect of a job is a second row.
 RECORD_EFFECT = "INSERT INTO bench_effects (system, job_id) VALUES (%(system)s, %(job_id)s)"
 PROGRESS = "SELECT count(DISTINCT job_id), count(*) FROM bench_effects WHERE system = %(system)s"
+# Jobs with a dead letter and no effect: settled too (core-jobs's promise is one effect or one dead letter each).
+DEAD_LETTERED = """
+SELECT count(DISTINCT job_id) FROM core.dead_letters
+ WHERE queue = 'bench.' || %(system)s
+   AND job_id NOT IN (SELECT job_id FROM bench_effects WHERE system = %(system)s)
+"""
 SPAN = "SELECT extract(epoch FROM max(at) - min(at)) FROM bench_effects WHERE system = %(system)s"
 
 
@@ -217,8 +224,9 @@ class System:
         self.processes = processes  # worker processes started (a prefork worker's children are not counted)
 
 
-def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, int]:
-    """Drain ``jobs`` with 2 processes (SIGKILLing one ``kills`` times); (jobs/s, effect rows, distinct jobs)."""
+def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, int, int]:
+    """Drain ``jobs`` with 2 processes (SIGKILLing one ``kills`` times); (jobs/s, effect rows, distinct jobs, jobs
+    dead-lettered without an effect). Done when every job has an effect or a dead letter."""
     system.enqueue(jobs)
     processes = [system.start() for _ in range(system.processes)]
     thresholds = [jobs * (k + 1) // (kills + 1) for k in range(kills)]
@@ -231,7 +239,7 @@ def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, in
                 os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 victim.join()
                 processes.append(system.start())
-            if distinct >= jobs:
+            if distinct >= jobs or distinct + _dead_lettered(conn, system.system) >= jobs:
                 break
             time.sleep(0.02)
         # Redeliveries of a killed process's messages may still take effect: wait until nothing changes for 1.5 s.
@@ -249,10 +257,15 @@ def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, in
                 process.kill()
                 process.join()
         distinct, rows = conn.execute(PROGRESS, {"system": system.system}).fetchone()  # type: ignore[misc]
+        dead = _dead_lettered(conn, system.system)
         span = conn.execute(SPAN, {"system": system.system}).fetchone()[0]  # type: ignore[index]
         conn.execute("DELETE FROM bench_effects WHERE system = %(system)s", {"system": system.system})
         conn.execute("TRUNCATE core.queue_messages, core.processed_jobs")
-    return jobs / float(span), rows, distinct
+    return jobs / float(span), rows, distinct, dead
+
+
+def _dead_lettered(conn: psycopg.Connection, system: str) -> int:
+    return int(conn.execute(DEAD_LETTERED, {"system": system}).fetchone()[0])  # type: ignore[index]
 
 
 def main() -> None:
@@ -311,7 +324,7 @@ def main() -> None:
             )
             for _ in range(args.rounds):
                 for s in systems:
-                    rate, rows, distinct = run(url, s, args.jobs, kills=0)
+                    rate, rows, distinct, _dead = run(url, s, args.jobs, kills=0)
                     assert distinct == args.jobs, (s.label, distinct)
                     rates[s.label].append(rate)
             base_rate = statistics.median(rates[baseline.label])
@@ -324,13 +337,17 @@ def main() -> None:
 
             print(f"\nCrash: the same drain, one worker process SIGKILLed {args.kills} times and replaced:")
             for s in systems:
-                rate, rows, distinct = run(url, s, args.jobs, kills=args.kills)
+                rate, rows, distinct, dead = run(url, s, args.jobs, kills=args.kills)
                 print(
                     f"  {s.label:<36} {rows} effects for {distinct} jobs: {rows / distinct:.4f} per job,"
-                    f" {rows - distinct} duplicated   ({rate:.0f} jobs/s)"
+                    f" {rows - distinct} duplicated, {dead} dead-lettered without one   ({rate:.0f} jobs/s)"
                 )
         finally:
-            _delete_queues(rabbitmq, [s.system for s in systems] + [f"bench.{s.system}" for s in systems])
+            # The adapter's queues include the work queue's `.exhausted` one (its broker delivery limit's dead letters).
+            names = [s.system for s in systems] + [
+                f"bench.{s.system}{tail}" for s in systems for tail in ("", ".exhausted")
+            ]
+            _delete_queues(rabbitmq, names)
 
 
 def _started(target: Callable[..., None], *args: Any) -> mp.Process:
