@@ -228,8 +228,8 @@ def compose_dead_letters(
             link = settings.ops_url(queue)
             lines.append(f"  {count} in {queue}" + (f": {link}" if link else ""))
         lines.append("")
-    elif group.key is not None and settings.ops_url(group.key):
-        lines += [f"Dead letters of this queue: {settings.ops_url(group.key)}", ""]
+    elif group.key is not None and (link := settings.ops_url(group.key)):
+        lines += [f"Dead letters of this queue: {link}", ""]
     lines.append(action)
     lines.append(f"Dead letter ids {group.items[0]}–{group.items[-1]} ({n}); alert key {alert_key}.")
     return PlannedIncident(group.kind, group.key, alert_key, name, summary, "\n".join(lines), group.items)

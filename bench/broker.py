@@ -231,6 +231,7 @@ def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, in
     processes = [system.start() for _ in range(system.processes)]
     thresholds = [jobs * (k + 1) // (kills + 1) for k in range(kills)]
     with connect(url, autocommit=True) as conn:
+        before = -1
         while True:
             distinct, _rows = conn.execute(PROGRESS, {"system": system.system}).fetchone()  # type: ignore[misc]
             if thresholds and distinct >= thresholds[0]:
@@ -239,8 +240,12 @@ def run(url: str, system: System, jobs: int, kills: int) -> tuple[float, int, in
                 os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
                 victim.join()
                 processes.append(system.start())
-            if distinct >= jobs or distinct + _dead_lettered(conn, system.system) >= jobs:
+            if distinct >= jobs:
                 break
+            # Dead letters are read only once the effects stop growing, not on every poll of the timed drain.
+            if distinct == before and distinct + _dead_lettered(conn, system.system) >= jobs:
+                break
+            before = distinct
             time.sleep(0.02)
         # Redeliveries of a killed process's messages may still take effect: wait until nothing changes for 1.5 s.
         settled, last = time.monotonic(), None

@@ -16,7 +16,7 @@ a ``psycopg.Rollback`` it raised refused, the transaction's health checked.
 
 :func:`harness.handling.handle_together` does the same work for a batch of jobs in one shared
 transaction; a handler that ends that transaction itself (COMMIT, ROLLBACK) is
-:class:`TransactionEnded` there.
+a permanent failure there (``TRANSACTION_ENDED``).
 """
 
 from __future__ import annotations
@@ -43,7 +43,6 @@ __all__ = [
     "DEFAULT_LEASE",
     "INSERT_FENCE",
     "Runtime",
-    "TransactionEnded",
     "check_work_transaction",
     "run_handler",
     "work_under_fence",
@@ -180,10 +179,3 @@ def check_work_transaction(
         raise TransientError(TRANSACTION_ABORTED)
     if not still_open(conn):
         raise PermanentError(TRANSACTION_ENDED)
-
-
-class TransactionEnded(PermanentError):
-    """The handler ended the transaction it shared with other jobs (COMMIT or ROLLBACK): its writes escaped the fence."""
-
-    def __init__(self) -> None:
-        super().__init__(TRANSACTION_ENDED)

@@ -36,7 +36,7 @@ from harness.errors import (
     describe_traceback,
     validation_problems,
 )
-from harness.fence import DEFAULT_LEASE, INSERT_FENCE, Runtime, TransactionEnded, run_handler, work_under_fence
+from harness.fence import DEFAULT_LEASE, INSERT_FENCE, TRANSACTION_ENDED, Runtime, run_handler, work_under_fence
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
@@ -459,11 +459,11 @@ class _SharedBatch:
                 # caller; the one in hand keeps its lease.
                 self.progress.rolled_back.extend(d for d, _fenced in shared)
                 raise
-            if not isinstance(exc, TransactionEnded) and not _in_batch_transaction(conn):
-                exc = TransactionEnded()  # it raised after ending the transaction (its refused COMMIT, say)
+            if not _in_batch_transaction(conn):
+                exc = PermanentError(TRANSACTION_ENDED)  # it raised after ending the transaction (a refused COMMIT)
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
-            return PermanentError(str(exc)) if isinstance(exc, TransactionEnded) else exc
+            return exc
         return None
 
     def _commit(self, shared: list[tuple[Delivery, bool]]) -> None:

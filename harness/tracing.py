@@ -62,7 +62,6 @@ __all__ = [
     "set_error",
     "set_redactor",
     "span",
-    "start_delivery_span",
     "tracer",
     "within",
 ]
@@ -121,28 +120,9 @@ def span(name: str, *, kind: SpanKind = SpanKind.INTERNAL, attributes: dict[str,
         yield current
 
 
-@contextmanager
-def start_delivery_span(
-    queue: str, traceparent: str | None, tracestate: str | None, attributes: dict[str, Any]
-) -> Iterator[Span]:
-    """``<queue> process``, a child of the message's context (a new trace without one), current inside the block."""
-    with (
-        tracer().start_as_current_span(
-            f"{queue} process",
-            context=context_of(traceparent, tracestate),
-            kind=SpanKind.CONSUMER,
-            attributes=_clean(attributes),
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as current,
-        _failing(current),
-    ):
-        yield current
-
-
 def open_delivery_span(queue: str, traceparent: str | None, tracestate: str | None, attributes: dict[str, Any]) -> Span:
-    """``<queue> process`` as :func:`start_delivery_span` makes it, started but not current: the caller makes it
-    current with :func:`within` for each step (a batch's deliveries share a transaction: handled, committed
+    """``<queue> process``, a child of the message's context (a new trace without one), started but not current: the
+    caller makes it current with :func:`within` for each step (a batch's deliveries share a transaction: handled, committed
     together, then settled one by one) and ends it."""
     return tracer().start_span(
         f"{queue} process",

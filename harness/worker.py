@@ -624,7 +624,7 @@ class Worker:
         try:
             with tracing.within(span):
                 try:
-                    with self._handling(span):
+                    with self._timed():
                         outcome = handle(conn, self.consumer, delivery, self.runtime)
                     self._settle(queue, delivery, outcome, done, fields, span)
                 except Exception as exc:
@@ -644,12 +644,17 @@ class Worker:
 
     @contextmanager
     def _handling(self, span: tracing.Span) -> Iterator[None]:
-        """One delivery's handling, alone or in a shared transaction: current in its span, counted and timed."""
+        """One delivery's handling in a shared transaction: current in its span, counted and timed."""
+        with tracing.within(span), self._timed():
+            yield
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """One delivery's handling, alone or in a shared transaction: counted and timed."""
         self.metrics.handling(self.consumer.name)
         started = time.perf_counter()
         try:
-            with tracing.within(span):
-                yield
+            yield
         finally:
             self.metrics.handled(self.consumer.name, time.perf_counter() - started)
 

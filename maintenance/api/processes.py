@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client import multiprocess, values
 
+from harness.errors import describe_error
 from maintenance.errors import ConfigError
 from maintenance.runtime.logs import get_logger
 
@@ -181,7 +182,7 @@ class Supervisor:
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException as exc:
-                get_logger().error("maintenance.api.process_failed", slot=slot, error=f"{type(exc).__name__}: {exc}")
+                get_logger().error("maintenance.api.process_failed", slot=slot, error=describe_error(exc))
             finally:
                 sys.stdout.flush()
                 sys.stderr.flush()
