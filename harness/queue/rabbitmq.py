@@ -49,7 +49,9 @@ Settling:
   A claim returns at most one redelivered delivery; when it does, nothing else may be at stake
   while it runs (it may be what killed the last worker, and a delivery returned by a death is
   counted): the consumer is cancelled, what it had pushed beyond the claim released, and the next
-  claim consumes anew.
+  claim consumes anew. A consumer is cancelled only once its window is full (or nothing is ready to
+  fill it): cancelled with room, the messages on their way into it would come back counted
+  (:meth:`_Consumer.stop`, docs/rabbitmq.md "Only a death counts a delivery").
 - **ack**: ``basic.ack`` on the channel that delivered it. A closed channel means the broker
   already requeued the message: lease lost (0).
 - **retry**: publish a copy (attempt base = this attempt + 1, ``x-core-jobs-last-error``) into the
@@ -180,6 +182,10 @@ MAX_ATTEMPT = 2**31 - 1
 MAX_HEADER_ERROR_CHARS = 1_000
 
 RECONNECT_ATTEMPTS = 3
+# A consumer is cancelled once its window is full (nothing in flight to come back counted): waited for this long at most,
+# polling every STOP_POLL while the broker still reports messages ready to fill it.
+STOP_WAIT = timedelta(seconds=1)
+STOP_POLL = timedelta(milliseconds=5)
 RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
 # A nacked publish is sent again after these pauses (the last one repeated), for at most PUBLISH_RETRY_WINDOW in all.
 PUBLISH_RETRY_WINDOW = timedelta(seconds=30)
@@ -214,7 +220,32 @@ class _Consumer:
     """A channel consuming one work queue and its ``.exhausted`` queue; deliveries wait in ``buffer``."""
 
     channel: BlockingChannel
+    work_queue: str
+    prefetch: int  # the work queue's: the claim's limit when it was created
     buffer: list[Delivery] = field(default_factory=list)
+
+    def stop(self, link: _Link, held: int) -> None:
+        """Cancel both subscriptions once the work queue's window is full, or nothing is ready to fill it.
+
+        A quorum queue counts every message it takes back unsettled as a delivery (``x-delivery-count``).
+        A consumer cancelled while its window has room may have had messages checked out to it that it
+        never receives — the broker takes them back, counted — and pika's cancel rejects, requeued and
+        counted, what arrives before the Cancel-OK. Either way a job that never ran would use up an
+        attempt at every such cancel (a suspect's claim cancels its consumer) and be dead-lettered unrun
+        after a few crashes. With the window full (``held`` unsettled deliveries of this consumer beside its
+        :attr:`buffer`) nothing can be in flight, and everything pushed is in the buffer for the caller to
+        release uncounted (copy + ack). Waits at most :data:`STOP_WAIT`; a message published into an empty
+        queue at the very moment of the cancel can still be counted once."""
+        deadline = time.monotonic() + STOP_WAIT.total_seconds()
+        link.connection.process_data_events(time_limit=0)
+        while (
+            held + sum(1 for delivery in self.buffer if delivery.receipt.source == self.work_queue) < self.prefetch
+            and time.monotonic() < deadline
+            and link.publisher.queue_declare(self.work_queue, passive=True).method.message_count
+        ):
+            link.connection.process_data_events(time_limit=STOP_POLL.total_seconds())
+        link.connection.process_data_events(time_limit=0)  # nothing left undispatched for pika's cancel to reject
+        self.channel.stop_consuming()
 
 
 @dataclass(eq=False)
@@ -418,15 +449,14 @@ class RabbitQueue:
             return []
         taken, consumer.buffer[:] = _at_most_one_redelivered(consumer.buffer, limit)
         if any(delivery.redelivered for delivery in taken):
-            self._set_aside(link, queue, consumer)
+            self._set_aside(link, queue, consumer, taken)
         return taken
 
-    def _set_aside(self, link: _Link, queue: str, consumer: _Consumer) -> None:
+    def _set_aside(self, link: _Link, queue: str, consumer: _Consumer, taken: list[Delivery]) -> None:
         """Nothing else of ``queue`` at stake while a redelivered delivery runs: if it kills this worker, only it
         returns counted. The consumer is cancelled (nothing more is pushed), what it buffered released (a
         redelivered one stays so), and its channel kept open for the claimed deliveries until the next claim."""
-        consumer.channel.stop_consuming()
-        link.connection.process_data_events(time_limit=0)
+        consumer.stop(link, held=sum(1 for delivery in taken if delivery.receipt.source == consumer.work_queue))
         self.release(consumer.buffer)
         consumer.buffer.clear()
         link.consumers.pop(queue, None)
@@ -439,7 +469,7 @@ class RabbitQueue:
         name = self._name(queue)
         self._declare(link, name)
         channel = link.connection.channel()
-        consumer = _Consumer(channel)
+        consumer = _Consumer(channel, work_queue=name, prefetch=limit)
 
         def deliver(source: str, offset: int) -> Any:
             def on_message(
@@ -560,8 +590,7 @@ class RabbitQueue:
             if link.alive:
                 for consumer in link.consumers.values():
                     if consumer.channel.is_open:
-                        consumer.channel.stop_consuming()  # cancels: nothing more is pushed
-                        link.connection.process_data_events(time_limit=0)
+                        consumer.stop(link, held=0)  # every claimed delivery is settled by now
                         self.release(consumer.buffer)
                         consumer.buffer.clear()
             link.connection.close()

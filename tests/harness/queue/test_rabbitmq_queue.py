@@ -439,3 +439,49 @@ def test_a_queue_declared_with_another_delivery_limit_is_refused_naming_the_argu
     rabbit.port(conn, delivery_limit=5).publish(rabbit.queue, envelope())
     with pytest.raises(pika.exceptions.ChannelClosedByBroker, match="x-delivery-limit"):
         rabbit.port(conn, delivery_limit=6).claim(rabbit.queue, 1)
+
+
+def test_a_job_counts_an_attempt_only_when_a_worker_holding_it_dies(rabbit, conn):
+    """Suspects claimed one at a time, each claim cancelling its consumer before the broker filled its window
+    (``claim_wait`` 0): what the broker pushed before the Cancel-OK is given back uncounted, so every suspect
+    arrives at attempt 2 and every fresh job at 1 (pika's own cancel rejects such deliveries: requeued, counted)."""
+    suspects, fresh = [envelope() for _ in range(40)], [envelope() for _ in range(1000)]
+    publisher = rabbit.port(conn)
+    publisher.publish_many([(rabbit.queue, e) for e in suspects])
+    crashing = rabbit.port(conn)
+    claim_all(crashing, rabbit.queue, len(suspects), limit=len(suspects))
+    rabbit.crash(crashing)  # every suspect comes back counted once: attempt 2, redelivered, ahead of the fresh ones
+    publisher.publish_many([(rabbit.queue, e) for e in fresh])
+    port = rabbit.port(conn, claim_wait=timedelta(0))
+    attempts: dict[uuid.UUID, list[int]] = {}
+
+    def claim_and_ack() -> bool:
+        deliveries = port.claim(rabbit.queue, 10)
+        for delivery in deliveries:
+            attempts.setdefault(delivery.envelope.job_id, []).append(delivery.attempt)
+        port.ack(deliveries)
+        return len(attempts) == len(suspects) + len(fresh)
+
+    wait_until(claim_and_ack, timeout=60, what="every job claimed")
+    assert {e.job_id: attempts[e.job_id] for e in suspects} == {e.job_id: [2] for e in suspects}
+    assert {e.job_id: attempts[e.job_id] for e in fresh} == {e.job_id: [1] for e in fresh}
+
+
+def test_close_gives_back_uncounted_what_the_broker_was_still_pushing(rabbit, conn):
+    """Ports that ack a claim and close at once, while the broker refills the window they opened: the deliveries in
+    flight at the close are released, not requeued counted, so every job is claimed at attempt 1 in the end."""
+    sent = [envelope() for _ in range(300)]
+    rabbit.port(conn).publish_many([(rabbit.queue, e) for e in sent])
+    attempts: dict[uuid.UUID, list[int]] = {}
+
+    def claim_ack_and_close() -> bool:
+        port = rabbit.port(conn, claim_wait=timedelta(0))
+        deliveries = port.claim(rabbit.queue, 10)
+        for delivery in deliveries:
+            attempts.setdefault(delivery.envelope.job_id, []).append(delivery.attempt)
+        port.ack(deliveries)
+        port.close()
+        return len(attempts) == len(sent)
+
+    wait_until(claim_ack_and_close, timeout=60, what="every job claimed")
+    assert {e.job_id: attempts[e.job_id] for e in sent} == {e.job_id: [1] for e in sent}
