@@ -593,9 +593,10 @@ class RabbitQueue:
                         consumer.stop(link, held=0)  # every claimed delivery is settled by now
                         self.release(consumer.buffer)
                         consumer.buffer.clear()
-            link.connection.close()
         except Exception as exc:  # the broker requeues whatever was left, counted
             log.warning("harness.rabbitmq.close_failed", url=self.url, error=describe_error(exc))
+        finally:
+            self._drop(link)  # closed whatever happened before: a connection left open would hold its deliveries
 
     # -- the connection ------------------------------------------------------------------------------------------
 

@@ -485,3 +485,17 @@ def test_close_gives_back_uncounted_what_the_broker_was_still_pushing(rabbit, co
 
     wait_until(claim_ack_and_close, timeout=60, what="every job claimed")
     assert {e.job_id: attempts[e.job_id] for e in sent} == {e.job_id: [1] for e in sent}
+
+
+def test_close_closes_the_connection_even_when_its_queue_was_deleted_meanwhile(rabbit, conn, logs):
+    """The queue deleted under a consumer: giving back what it was pushed fails (logged), the connection still closes."""
+    port = rabbit.port(conn)
+    port.publish(rabbit.queue, envelope())
+    [delivery] = claim_all(port, rabbit.queue, 1)
+    port.ack([delivery])
+    link = port._link
+    with rabbit._channel() as channel:
+        channel.queue_delete(rabbit.queue)
+    port.close()
+    assert link.connection.is_closed
+    assert len(logs.named("harness.rabbitmq.close_failed")) == 1
