@@ -49,9 +49,9 @@ Settling:
   A claim returns at most one redelivered delivery; when it does, nothing else may be at stake
   while it runs (it may be what killed the last worker, and a delivery returned by a death is
   counted): the consumer is cancelled, what it had pushed beyond the claim released, and the next
-  claim consumes anew. A consumer is cancelled only once its window is full (or nothing is ready to
-  fill it): cancelled with room, the messages on their way into it would come back counted
-  (:meth:`_Consumer.stop`, docs/rabbitmq.md "Only a death counts a delivery").
+  claim consumes anew. A consumer is cancelled once its window is full, or nothing is ready to fill
+  it, or after :data:`STOP_WAIT`: cancelled with room, the messages on their way into it would come
+  back counted (:meth:`_Consumer.stop`, docs/rabbitmq.md "Only a death counts a delivery").
 - **ack**: ``basic.ack`` on the channel that delivered it. A closed channel means the broker
   already requeued the message: lease lost (0).
 - **retry**: publish a copy (attempt base = this attempt + 1, ``x-core-jobs-last-error``) into the
@@ -183,9 +183,11 @@ MAX_HEADER_ERROR_CHARS = 1_000
 
 RECONNECT_ATTEMPTS = 3
 # A consumer is cancelled once its window is full (nothing in flight to come back counted): waited for this long at most,
-# polling every STOP_POLL while the broker still reports messages ready to fill it.
+# polling every STOP_POLL while the broker still reports messages ready to fill it; once it reports none, what it had
+# already checked out to the consumer is taken in for STOP_SETTLE.
 STOP_WAIT = timedelta(seconds=1)
 STOP_POLL = timedelta(milliseconds=5)
+STOP_SETTLE = timedelta(milliseconds=10)
 RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
 # A nacked publish is sent again after these pauses (the last one repeated), for at most PUBLISH_RETRY_WINDOW in all.
 PUBLISH_RETRY_WINDOW = timedelta(seconds=30)
@@ -223,29 +225,43 @@ class _Consumer:
     work_queue: str
     prefetch: int  # the work queue's: the claim's limit when it was created
     buffer: list[Delivery] = field(default_factory=list)
+    claimed: list[Delivery] = field(default_factory=list)  # what the last claim returned of it
 
-    def stop(self, link: _Link, held: int) -> None:
-        """Cancel both subscriptions once the work queue's window is full, or nothing is ready to fill it.
+    def stop(self, link: _Link) -> bool:
+        """Cancel both subscriptions once the work queue's window is full, or nothing is ready to fill it; False when
+        :data:`STOP_WAIT` ran out first (cancelled all the same).
 
         A quorum queue counts every message it takes back unsettled as a delivery (``x-delivery-count``).
         A consumer cancelled while its window has room may have had messages checked out to it that it
         never receives — the broker takes them back, counted — and pika's cancel rejects, requeued and
         counted, what arrives before the Cancel-OK. Either way a job that never ran would use up an
         attempt at every such cancel (a suspect's claim cancels its consumer) and be dead-lettered unrun
-        after a few crashes. With the window full (``held`` unsettled deliveries of this consumer beside its
+        after a few crashes. With the window full (the claimed deliveries not yet settled, beside the
         :attr:`buffer`) nothing can be in flight, and everything pushed is in the buffer for the caller to
-        release uncounted (copy + ack). Waits at most :data:`STOP_WAIT`; a message published into an empty
-        queue at the very moment of the cancel can still be counted once."""
+        release uncounted (copy + ack). When the queue reports nothing ready, what it had already checked
+        out to this consumer is still taken in for :data:`STOP_SETTLE` (the broker's ready count drops
+        before those deliveries arrive). What can still come back counted: a message checked out to it
+        later than that, as the queue empties, and a delivery on its way to the ``.exhausted`` consumer
+        (its attempt is past the limit already)."""
         deadline = time.monotonic() + STOP_WAIT.total_seconds()
         link.connection.process_data_events(time_limit=0)
-        while (
-            held + sum(1 for delivery in self.buffer if delivery.receipt.source == self.work_queue) < self.prefetch
-            and time.monotonic() < deadline
-            and link.publisher.queue_declare(self.work_queue, passive=True).method.message_count
-        ):
+        full = True
+        while self._room() > 0:
+            if time.monotonic() >= deadline:
+                full = False
+                break
+            if not link.publisher.queue_declare(self.work_queue, passive=True).method.message_count:
+                link.connection.process_data_events(time_limit=STOP_SETTLE.total_seconds())
+                break
             link.connection.process_data_events(time_limit=STOP_POLL.total_seconds())
         link.connection.process_data_events(time_limit=0)  # nothing left undispatched for pika's cancel to reject
         self.channel.stop_consuming()
+        return full
+
+    def _room(self) -> int:
+        """How many more deliveries of the work queue the broker may push to this consumer now."""
+        unsettled = [d for d in (*self.claimed, *self.buffer) if d.receipt.source == self.work_queue]
+        return self.prefetch - sum(1 for delivery in unsettled if not delivery.receipt.settled)
 
 
 @dataclass(eq=False)
@@ -448,15 +464,28 @@ class RabbitQueue:
             link.consumers.pop(queue, None)
             return []
         taken, consumer.buffer[:] = _at_most_one_redelivered(consumer.buffer, limit)
+        consumer.claimed = taken
         if any(delivery.redelivered for delivery in taken):
-            self._set_aside(link, queue, consumer, taken)
+            self._set_aside(link, queue, consumer)
         return taken
 
-    def _set_aside(self, link: _Link, queue: str, consumer: _Consumer, taken: list[Delivery]) -> None:
+    def _stop_timed_out(self, queue: str) -> None:
+        """A consumer cancelled with room in its window after :data:`STOP_WAIT`: what was on its way may come back
+        counted (docs/rabbitmq.md, "Only a death counts a delivery")."""
+        log.warning(
+            "harness.rabbitmq.cancelled_with_room",
+            url=self.url,
+            worker=self.worker,
+            queue=queue,
+            waited_s=STOP_WAIT.total_seconds(),
+        )
+
+    def _set_aside(self, link: _Link, queue: str, consumer: _Consumer) -> None:
         """Nothing else of ``queue`` at stake while a redelivered delivery runs: if it kills this worker, only it
         returns counted. The consumer is cancelled (nothing more is pushed), what it buffered released (a
         redelivered one stays so), and its channel kept open for the claimed deliveries until the next claim."""
-        consumer.stop(link, held=sum(1 for delivery in taken if delivery.receipt.source == consumer.work_queue))
+        if not consumer.stop(link):
+            self._stop_timed_out(queue)
         self.release(consumer.buffer)
         consumer.buffer.clear()
         link.consumers.pop(queue, None)
@@ -588,9 +617,10 @@ class RabbitQueue:
             return
         try:
             if link.alive:
-                for consumer in link.consumers.values():
+                for queue, consumer in link.consumers.items():
                     if consumer.channel.is_open:
-                        consumer.stop(link, held=0)  # every claimed delivery is settled by now
+                        if not consumer.stop(link):
+                            self._stop_timed_out(queue)
                         self.release(consumer.buffer)
                         consumer.buffer.clear()
         except Exception as exc:  # the broker requeues whatever was left, counted

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 import uuid
 from datetime import timedelta
 
@@ -499,3 +500,26 @@ def test_close_closes_the_connection_even_when_its_queue_was_deleted_meanwhile(r
     port.close()
     assert link.connection.is_closed
     assert len(logs.named("harness.rabbitmq.close_failed")) == 1
+
+
+def test_close_with_deliveries_in_hand_counts_only_those_and_does_not_wait_out_the_window(rabbit, conn, logs):
+    """A worker closing on an error path with a claim unsettled: its window is full with them, so the cancel neither
+    waits for it to fill nor leaves room; the deliveries in hand come back counted (attempt 2), the rest at 1."""
+    sent = [envelope() for _ in range(25)]
+    rabbit.port(conn).publish_many([(rabbit.queue, e) for e in sent])
+    port = rabbit.port(conn)
+    in_hand = {delivery.envelope.job_id for delivery in claim_all(port, rabbit.queue, 10, limit=10)}
+    started = time.monotonic()
+    port.close()
+    assert time.monotonic() - started < rabbitmq.STOP_WAIT.total_seconds() / 2
+    assert logs.named("harness.rabbitmq.cancelled_with_room") == []
+    other, attempts = rabbit.port(conn), {}
+
+    def claim_and_ack() -> bool:
+        deliveries = other.claim(rabbit.queue, 10)
+        attempts.update({delivery.envelope.job_id: delivery.attempt for delivery in deliveries})
+        other.ack(deliveries)
+        return len(attempts) == len(sent)
+
+    wait_until(claim_and_ack, what="every job claimed again")
+    assert attempts == {e.job_id: 2 if e.job_id in in_hand else 1 for e in sent}
