@@ -597,14 +597,18 @@ class RabbitQueue:
         return _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack."""
+        """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack.
+
+        An attempt past the delivery limit goes back as the limit: a base above it reads as a first attempt
+        (:meth:`_delivery`), and the limit is above any ``max_attempts`` (``delivery_limit_problem``), so the
+        copy is still past the budget."""
         released = 0
         for delivery in deliveries:
             receipt: _Receipt = delivery.receipt
             if receipt.alive and self._republish(
                 receipt,
                 receipt.source,
-                attempt_base=delivery.attempt - receipt.offset,
+                attempt_base=min(delivery.attempt - receipt.offset, self.delivery_limit),
                 extra={REDELIVERED_HEADER: 1} if delivery.redelivered else None,
             ):
                 released += _ack(receipt)

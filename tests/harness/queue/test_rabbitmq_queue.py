@@ -177,6 +177,22 @@ def test_release_gives_a_delivery_back_without_counting_an_attempt(rabbit, conn)
     assert (again.envelope, again.attempt) == (delivery.envelope, 1)
 
 
+def test_a_released_delivery_past_the_delivery_limit_comes_back_at_the_limit_never_as_a_first_attempt(rabbit, conn):
+    """Two crashes take a job to attempt 3 under delivery limit 2 (the broker moves it on the third); released, its
+    copy says the limit — above any max_attempts the limit allows, so still past the budget — not attempt 1."""
+    rabbit.port(conn, delivery_limit=2).publish(rabbit.queue, envelope())
+    for _ in range(2):
+        crashing = rabbit.port(conn, delivery_limit=2)
+        claim_all(crashing, rabbit.queue, 1)
+        rabbit.crash(crashing)
+    port = rabbit.port(conn, delivery_limit=2)
+    [delivery] = claim_all(port, rabbit.queue, 1)
+    assert delivery.attempt == 3
+    assert port.release([delivery]) == 1
+    [again] = claim_all(rabbit.port(conn, delivery_limit=2), rabbit.queue, 1)
+    assert (again.attempt, again.redelivered) == (2, True)
+
+
 def test_close_gives_back_what_the_broker_pushed_but_no_claim_returned(rabbit, conn):
     """A message prefetched after the last claim is released on close: the next worker sees attempt 1."""
     port = rabbit.port(conn)
