@@ -69,10 +69,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg
 from prometheus_client import CollectorRegistry
 from psycopg import sql
-from pydantic import BaseModel
 
+from bench.harness import DEFAULT_SERVER, TENANT, TTL, Anything, _noop, percentile
 from core_jobs_demo import with_database
-from harness.consumer.consumer import Consumer, JobContext
+from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy
 from harness.fence import INSERT_FENCE
 from harness.metrics import HarnessMetrics
@@ -84,9 +84,6 @@ from harness.worker import Worker, WorkerConfig
 from maintenance.runtime import migrate
 from maintenance.runtime.logs import configure_logging
 
-DEFAULT_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
-TTL = timedelta(days=7)
-TENANT = uuid.UUID("00000000-0000-4000-8000-0000000000be")
 QUEUE = "bench.fence_scale"
 CHUNK = 1_000_000  # rows per load statement: progress, and a build rate to project from
 
@@ -140,14 +137,6 @@ KINDS = ("v4", "v7")
 
 def load() -> float:
     return os.getloadavg()[0]
-
-
-class Anything(BaseModel):
-    n: int
-
-
-def _noop(conn: Any, payload: Anything, ctx: JobContext) -> None:
-    return None
 
 
 TRIVIAL = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Anything, handler=_noop)
@@ -250,11 +239,6 @@ class FenceInsert:
     wal_bytes: float
     fpi: float
     load: float
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def fence_inserts(url: str, new_id: Callable[[], uuid.UUID], samples: int) -> FenceInsert:

@@ -182,13 +182,13 @@ MAX_ATTEMPT = 2**31 - 1
 MAX_HEADER_ERROR_CHARS = 1_000
 
 RECONNECT_ATTEMPTS = 3
+RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
 # A consumer is cancelled once its window is full (nothing in flight to come back counted): waited for this long at most,
 # polling every STOP_POLL while the broker still reports messages ready to fill it; once it reports none, what it had
 # already checked out to the consumer is taken in for STOP_SETTLE.
 STOP_WAIT = timedelta(seconds=1)
 STOP_POLL = timedelta(milliseconds=5)
 STOP_SETTLE = timedelta(milliseconds=10)
-RECONNECT_BACKOFF_S = (0.0, 0.2, 1.0)
 # A nacked publish is sent again after these pauses (the last one repeated), for at most PUBLISH_RETRY_WINDOW in all.
 PUBLISH_RETRY_WINDOW = timedelta(seconds=30)
 PUBLISH_RETRY_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
@@ -260,8 +260,8 @@ class _Consumer:
 
     def _room(self) -> int:
         """How many more deliveries of the work queue the broker may push to this consumer now."""
-        unsettled = [d for d in (*self.claimed, *self.buffer) if d.receipt.source == self.work_queue]
-        return self.prefetch - sum(1 for delivery in unsettled if not delivery.receipt.settled)
+        held = (*self.claimed, *self.buffer)
+        return self.prefetch - sum(1 for d in held if d.receipt.source == self.work_queue and not d.receipt.settled)
 
 
 @dataclass(eq=False)
@@ -469,25 +469,26 @@ class RabbitQueue:
             self._set_aside(link, queue, consumer)
         return taken
 
-    def _stop_timed_out(self, queue: str) -> None:
-        """A consumer cancelled with room in its window after :data:`STOP_WAIT`: what was on its way may come back
-        counted (docs/rabbitmq.md, "Only a death counts a delivery")."""
-        log.warning(
-            "harness.rabbitmq.cancelled_with_room",
-            url=self.url,
-            worker=self.worker,
-            queue=queue,
-            waited_s=STOP_WAIT.total_seconds(),
-        )
+    def _cancel(self, link: _Link, queue: str, consumer: _Consumer) -> None:
+        """Cancel ``consumer`` (:meth:`_Consumer.stop`) and give back, uncounted, what it was pushed beyond the claims;
+        a cancel with room in its window after :data:`STOP_WAIT` is logged: what was on its way may come back counted
+        (docs/rabbitmq.md, "Only a death counts a delivery")."""
+        if not consumer.stop(link):
+            log.warning(
+                "harness.rabbitmq.cancelled_with_room",
+                url=self.url,
+                worker=self.worker,
+                queue=queue,
+                waited_s=STOP_WAIT.total_seconds(),
+            )
+        self.release(consumer.buffer)
+        consumer.buffer.clear()
 
     def _set_aside(self, link: _Link, queue: str, consumer: _Consumer) -> None:
         """Nothing else of ``queue`` at stake while a redelivered delivery runs: if it kills this worker, only it
         returns counted. The consumer is cancelled (nothing more is pushed), what it buffered released (a
         redelivered one stays so), and its channel kept open for the claimed deliveries until the next claim."""
-        if not consumer.stop(link):
-            self._stop_timed_out(queue)
-        self.release(consumer.buffer)
-        consumer.buffer.clear()
+        self._cancel(link, queue, consumer)
         link.consumers.pop(queue, None)
         link.set_aside.append(consumer.channel)
 
@@ -597,18 +598,14 @@ class RabbitQueue:
         return _ack(receipt)  # lost: the broker redelivers it, and the harness finds the letter already written
 
     def release(self, deliveries: Sequence[Delivery]) -> int:
-        """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack.
-
-        An attempt past the delivery limit goes back as the limit: a base above it reads as a first attempt
-        (:meth:`_delivery`), and the limit is above any ``max_attempts`` (``delivery_limit_problem``), so the
-        copy is still past the budget."""
+        """Give deliveries back uncounted: a copy with the same attempt where each came from, then the ack."""
         released = 0
         for delivery in deliveries:
             receipt: _Receipt = delivery.receipt
             if receipt.alive and self._republish(
                 receipt,
                 receipt.source,
-                attempt_base=min(delivery.attempt - receipt.offset, self.delivery_limit),
+                attempt_base=delivery.attempt - receipt.offset,
                 extra={REDELIVERED_HEADER: 1} if delivery.redelivered else None,
             ):
                 released += _ack(receipt)
@@ -623,10 +620,7 @@ class RabbitQueue:
             if link.alive:
                 for queue, consumer in link.consumers.items():
                     if consumer.channel.is_open:
-                        if not consumer.stop(link):
-                            self._stop_timed_out(queue)
-                        self.release(consumer.buffer)
-                        consumer.buffer.clear()
+                        self._cancel(link, queue, consumer)
         except Exception as exc:  # the broker requeues whatever was left, counted
             log.warning("harness.rabbitmq.close_failed", url=self.url, error=describe_error(exc))
         finally:
@@ -748,13 +742,17 @@ class RabbitQueue:
     def _republish(
         self, receipt: _Receipt, target: str, *, attempt_base: int, extra: dict[str, Any] | None = None
     ) -> bool:
-        """Publish a copy of the delivered message into ``target`` (confirmed) with a new attempt base."""
+        """Publish a copy of the delivered message into ``target`` (confirmed) with a new attempt base.
+
+        A base past the delivery limit is written as the limit: one above it reads as a first attempt
+        (:meth:`_delivery`), and the limit is above any ``max_attempts`` (``delivery_limit_problem``), so the
+        copy is still past the budget."""
         headers = {
             k: v
             for k, v in (receipt.properties.headers or {}).items()
             if k not in _BROKER_HEADERS and k != REDELIVERED_HEADER
         }
-        headers[ATTEMPT_HEADER] = attempt_base
+        headers[ATTEMPT_HEADER] = min(attempt_base, self.delivery_limit)
         headers.update(extra or {})
         properties = pika.BasicProperties(
             content_type=receipt.properties.content_type,

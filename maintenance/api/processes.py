@@ -132,9 +132,7 @@ class Supervisor:
                     stopping_since = time.monotonic()
                     waiting.clear()
                     self.on_stopping()
-                    for pid in self.children:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGTERM)
+                    self._signal_all(signal.SIGTERM)
                 for pid, status in self._reaped():
                     slot = self.children.pop(pid)
                     multiprocess.mark_process_dead(pid, self.metrics_directory)
@@ -149,12 +147,15 @@ class Supervisor:
                         del waiting[slot]
                         self._start(slot, mask)
                 if stopping_since is not None and time.monotonic() >= stopping_since + self.grace_s + KILL_MARGIN_S:
-                    for pid in self.children:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(pid, signal.SIGKILL)
+                    self._signal_all(signal.SIGKILL)
             return 1 if failed else 0
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _signal_all(self, signo: signal.Signals) -> None:
+        for pid in self.children:
+            with contextlib.suppress(ProcessLookupError):  # exited, not reaped yet
+                os.kill(pid, signo)
 
     def _reaped(self) -> Iterator[tuple[int, int]]:
         while self.children:
