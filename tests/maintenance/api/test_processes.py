@@ -83,7 +83,12 @@ def served(database_url: str, jwks_url: str, processes: int = 2, **extra: str) -
     try:
         server = Served(process)
         if processes > 1:
-            wait_until(lambda: len(server.children()) == processes, what=f"{processes} children serving")
+            wait_until(lambda: len(server.children()) == processes, what=f"{processes} children started")
+            # Started is the fork: a child serves, and counts itself in core_jobs_api_processes, once its app is up.
+            wait_until(
+                lambda: sample(scrape(server.url), "core_jobs_api_processes") == processes,
+                what=f"{processes} children serving",
+            )
         yield server
     finally:
         if process.poll() is None:
