@@ -27,7 +27,7 @@ import psycopg
 import structlog
 from psycopg.pq import TransactionStatus
 
-from harness import replication, tracing
+from harness import replication, tracing, waiting
 from harness.consumer.consumer import Consumer
 from harness.consumer.retry import RetryPolicy, compute_delay
 from harness.durability import DurabilityTier, DurabilityTierTooLow, needs_of, read_tier
@@ -240,8 +240,7 @@ class Worker:
         try:
             for thread in threads:
                 thread.start()
-            for thread in threads:
-                thread.join()
+            waiting.join(threads)  # in the main thread, in slices: a SIGTERM another thread caught is handled
         finally:
             if self._wakeup is not None:
                 self._wakeup.close()
@@ -935,8 +934,7 @@ class WorkerGroup:
         ]
         for thread in threads:
             thread.start()
-        for thread in threads:
-            thread.join()
+        waiting.join(threads)  # in the main thread, in slices: a SIGTERM another thread caught is handled
         if failures:
             raise failures[0]
         return results

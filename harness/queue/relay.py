@@ -72,6 +72,7 @@ from typing import Any, Protocol
 import psycopg
 import structlog
 
+from harness import waiting
 from harness.errors import describe_error
 from harness.queue.pgqueue import PgQueue
 from harness.queue.port import Delivery, Envelope, InvalidEnvelope, check_fields, check_payload
@@ -254,7 +255,7 @@ class Relay:
                     self._connection_lost(exc)
                     self._reconnect(reconnect, outage, stop)
                     continue
-                stop.wait(max(0.0, interval.total_seconds() - (time.monotonic() - started)))
+                waiting.wait(stop, max(0.0, interval.total_seconds() - (time.monotonic() - started)))
             ok = True
         finally:
             log.info("harness.relay.stop", queues=self.queues, **total.fields(), ok=ok)
@@ -285,7 +286,7 @@ class Relay:
                     delay_s=delay,
                     error=describe_error(exc),
                 )
-                stop.wait(delay)
+                waiting.wait(stop, delay)
                 continue
             except Exception as exc:  # not the database (the broker's port would not open): the relay's failure
                 log.error("harness.relay.error", queues=self.queues, error=describe_error(exc))

@@ -41,6 +41,7 @@ from apscheduler.schedulers.background import BackgroundScheduler
 from apscheduler.schedulers.base import STATE_RUNNING, BaseScheduler
 from apscheduler.triggers.cron import CronTrigger
 
+from harness import waiting
 from maintenance.jobs.base import Job, JobSpec
 from maintenance.runtime.db import Database
 from maintenance.runtime.logs import SecretRedactor, get_logger
@@ -156,7 +157,7 @@ def serve(
             serving = True
             host, port = server.server_address[:2]
             log.info("maintenance.serve.started", host=host, port=port, schedules=jobs.schedules)
-            stop.wait()
+            waiting.wait(stop)  # in slices: a signal another thread caught is handled (harness/waiting.py)
             log.info("maintenance.serve.stopping", signal=received[0] if received else None)
         finally:
             stop.set()  # batch loops (the purge) end after the batch in hand

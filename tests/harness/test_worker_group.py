@@ -10,6 +10,8 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -265,3 +267,57 @@ def test_two_consumers_in_one_process_each_drain_their_own_rabbitmq_queue_once(d
             for queue in (first, second):
                 for name in (queue, exhausted_queue_name(queue)):
                     channel.queue_delete(name)
+
+
+def test_a_sigterm_caught_by_another_thread_stops_a_group_run_in_the_main_thread(database_url):
+    """``core-jobs worker`` runs the group in its main thread, where the SIGTERM handler runs. When the kernel hands
+    the signal to another of its threads, the group still stops within a second (it blocked in a plain join until
+    then: the CI failure of stop 33, a worker that never exited)."""
+    from support.harness_support import TTL
+
+    from harness.consumer.consumer import Consumer
+    from harness.consumer.retry import RetryPolicy
+    from harness.examples.points import CreditPoints
+    from harness.examples.points import consumer as points
+    from harness.worker import Worker, WorkerConfig, WorkerGroup
+
+    suffix = uuid.uuid4().hex[:8]
+    stop = threading.Event()
+    group = WorkerGroup(
+        [
+            Worker(
+                database_url,
+                Consumer(
+                    name=f"{name}.{suffix}",
+                    queue=f"{name}.{suffix}",
+                    payload_schema=CreditPoints,
+                    handler=points.handler,
+                ),
+                policy=RetryPolicy(),
+                config=WorkerConfig(fence_ttl=TTL),
+                stop=stop,
+            )
+            for name in ("group.first", "group.second")
+        ]
+    )
+    signalled: list[float] = []
+
+    def deliver() -> None:
+        wait_until(lambda: group.health()[0], timeout=30, what="both consumers running")
+        time.sleep(0.2)  # each worker in its idle wait
+        signalled.append(time.monotonic())
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # the C handler runs here, not in the main thread
+        if not stop.wait(15):  # never handled: unblock the test, whose assertion then fails
+            stop.set()
+
+    previous = signal.signal(signal.SIGTERM, lambda _signum, _frame: stop.set())
+    deliverer = threading.Thread(target=deliver, name="caught-elsewhere")
+    try:
+        deliverer.start()
+        group.run()
+        stopped = time.monotonic()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop.set()
+        deliverer.join(30)
+    assert signalled and stopped - signalled[0] < 1.0, stopped - signalled[0]
