@@ -426,9 +426,14 @@ def main(argv: list[str] | None = None) -> int:
 
     decision = chosen[0]
     print()
+    measured = (
+        f"{decision['expired_rows']:,} expired fences counted, no sample"
+        if decision["expired_rows"] is not None
+        else f"expired fraction {decision['expired_fraction']} in a sample of {decision['sampled_rows']:,} rows,"
+        f" correlation of expires_at {decision['correlation']}"
+    )
     print(
-        f"auto chose {decision['strategy']} ({decision['reason']}): expired fraction {decision['expired_fraction']}"
-        f" in a sample of {decision['sampled_rows']:,} rows, correlation of expires_at {decision['correlation']},"
+        f"auto chose {decision['strategy']} ({decision['reason']}): {measured},"
         f" {decision['table_blocks']:,} blocks, {decision['rows_per_page']} rows/page; estimated in"
         f" {decision['estimate_ms']} ms; auto's choices over the rounds: {[c['strategy'] for c in chosen]}"
     )

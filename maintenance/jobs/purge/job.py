@@ -328,6 +328,7 @@ class Purger:
             reason=reason,
             expired_fraction=_rounded(estimates.expired_fraction, 4),
             sampled_rows=estimates.sampled_rows,
+            expired_rows=estimates.expired_rows,
             correlation=_rounded(estimates.correlation, 4),
             table_blocks=estimates.table_blocks,
             rows_per_page=round(estimates.rows_per_page, 1),

@@ -13,7 +13,10 @@ rows: every batch statement applies the same guards (``sql.py``).
   of the run (rows inserted later are not expired). It reads every page once, in order, whatever
   the layout; wasteful when few rows have expired.
 
-``auto`` decides once per run, before the first batch (``choose``), from two cheap estimates:
+``auto`` decides once per run, before the first batch (``choose``). First it counts the expired fences along
+the index, up to the fewest at which the sweep could be estimated cheaper in any layout
+(``sweep_floor``): fewer than that — the steady state of a purge run every few minutes — and the run
+walks the index, nothing sampled. Otherwise from two cheap estimates:
 the fraction of deletable rows in a ``TABLESAMPLE SYSTEM`` of ~1 % of the pages, and the
 physical correlation of ``expires_at`` ranked over the same sample, as ANALYZE computes it. Never
 from ``pg_stats``: missing before the first ANALYZE, and stale after a bulk load, a reshuffle or
@@ -35,6 +38,7 @@ from typing import Any
 import psycopg
 
 from maintenance.jobs.purge.sql import (
+    EXPIRED_UP_TO,
     INDEX_BATCH,
     INDEX_BATCH_END,
     INDEX_ROWS_LEFT,
@@ -140,21 +144,40 @@ class Estimates:
     # the rank correlation of expires_at with the physical order over the sample, as ANALYZE
     # computes it (None when the sample has fewer than two rows)
     correlation: float | None = None
+    # the expired fences counted along the index when fewer than sweep_floor: then nothing is sampled
+    expired_rows: int | None = None
+
+    @property
+    def rows(self) -> float:
+        """The table's rows, estimated: its blocks now at the planner's rows per page."""
+        return self.rows_per_page * self.table_blocks
 
     def deletable_rows(self) -> int | None:
-        """The rows the sample says are deletable, scaled to the table; None without a sample."""
+        """The rows counted expired, or the rows the sample says are deletable scaled to the table; None unmeasured."""
+        if self.expired_rows is not None:
+            return self.expired_rows
         if self.expired_fraction is None:
             return None
-        return round(self.expired_fraction * self.rows_per_page * self.table_blocks)
+        return round(self.expired_fraction * self.rows)
 
     def seconds(self) -> tuple[float, float]:
         """Auto's estimated run time (index walk, sweep) from the per-row costs above."""
-        rows = self.rows_per_page * self.table_blocks
+        rows = self.rows
         expired = self.expired_fraction or 0.0
         scatter = 1.0 - min(1.0, abs(self.correlation or 0.0))
         index = rows * expired * (INDEX_DELETE_COST + scatter * INDEX_SCATTER_COST)
         sweep = rows * (SWEEP_READ_COST + expired * SWEEP_DELETE_COST)
         return index / 1e6, sweep / 1e6
+
+
+def sweep_floor(estimates: Estimates) -> int:
+    """The fewest expired rows at which the sweep could be estimated cheaper, in the layout that favours it most
+    (random order: each expired row a random page for the index walk); with fewer, ``choose`` would walk the index
+    whatever the sample said, so it is not read. From the same per-row costs as :meth:`Estimates.seconds`:
+    ``rows x SWEEP_READ_COST + e x SWEEP_DELETE_COST < SWEEP_MARGIN x e x (INDEX_DELETE_COST + INDEX_SCATTER_COST)``.
+    """
+    per_expired_row = SWEEP_MARGIN * (INDEX_DELETE_COST + INDEX_SCATTER_COST) - SWEEP_DELETE_COST
+    return int(estimates.rows * SWEEP_READ_COST / per_expired_row) + 1
 
 
 def sample_percent(table_blocks: int) -> float:
@@ -166,12 +189,17 @@ def sample_percent(table_blocks: int) -> float:
 
 
 def read_estimates(conn: psycopg.Connection, timeout: str, params: dict[str, Any], *, sample: bool) -> Estimates:
-    """The table's size, and with ``sample`` the expired fraction and the physical correlation."""
+    """The table's size, and with ``sample`` either the expired rows (fewer than :func:`sweep_floor`, counted along
+    the index) or the sample's expired fraction and physical correlation."""
     blocks, reltuples, relpages = fetch_limited(conn, timeout, TABLE_SIZE, {})
     rows_per_page = reltuples / relpages if relpages > 0 and reltuples > 0 else FALLBACK_ROWS_PER_PAGE
     estimates = Estimates(table_blocks=int(blocks), rows_per_page=rows_per_page)
     if not sample:
         return estimates
+    cap = sweep_floor(estimates)
+    (expired,) = fetch_limited(conn, timeout, EXPIRED_UP_TO, params | {"cap": cap})
+    if expired < cap:
+        return Estimates(table_blocks=int(blocks), rows_per_page=rows_per_page, expired_rows=int(expired))
     percent = {"percent": sample_percent(blocks)}
     sampled, expired, correlation = fetch_limited(conn, timeout, SAMPLE_ESTIMATES, params | percent)
     return Estimates(
@@ -187,6 +215,11 @@ def choose(setting: str, estimates: Estimates) -> tuple[str, str]:
     """(strategy, reason): the setting when it names one, else the path auto estimates cheaper."""
     if setting != "auto":
         return setting, "set by CORE_JOBS_PURGE_STRATEGY"
+    if estimates.expired_rows is not None:
+        return "index", (
+            f"few expired: {estimates.expired_rows} fences, fewer than the {sweep_floor(estimates)} from which"
+            " the sweep could be cheaper (not sampled)"
+        )
     if estimates.correlation is None:
         return "index", "no correlation: the sample has fewer than two rows"
     index_s, sweep_s = estimates.seconds()

@@ -235,6 +235,19 @@ SELECT pg_relation_size('core.processed_jobs') / current_setting('block_size')::
   FROM pg_class AS c
  WHERE c.oid = 'core.processed_jobs'::regclass"""
 
+# auto's first look, before any sample: the fences expired before the cutoff, counted along the
+# expires_at index (an index-only read where the pages are all-visible) and never more than
+# :cap of them — the fewest at which the sweep could be estimated cheaper in any layout
+# (paths.sweep_floor). Below that the run walks the index and the sample is not read: the steady
+# state (~1 % expired) spent ~12 % of its run on the sample (docs/performance.md). Held fences are
+# counted too: an upper bound of the deletable ones, so it can only send a run on to the sample.
+EXPIRED_UP_TO = """
+SELECT count(*) FROM (
+    SELECT 1 FROM core.processed_jobs AS p
+     WHERE p.expires_at < %(cutoff)s
+     LIMIT %(cap)s
+) AS expired"""
+
 # auto's estimates, read from a random sample of whole pages (SYSTEM sampling reads only the chosen
 # pages), in one pass: the rows sampled, the deletable ones among them (the time guards; the fence
 # holders are left out, too few to change the choice), and the physical order of expires_at —

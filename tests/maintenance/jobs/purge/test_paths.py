@@ -29,9 +29,11 @@ from support.purge_support import (
 )
 from support.round_trips import protocol_trace
 
+from maintenance.jobs.purge import paths
 from maintenance.jobs.purge.job import Purger
-from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, sample_percent
+from maintenance.jobs.purge.paths import BlockSweep, Estimates, IndexWalk, choose, sample_percent, sweep_floor
 from maintenance.jobs.purge.settings import PurgeFields
+from maintenance.jobs.purge.sql import EXPIRED_UP_TO, SAMPLE_ESTIMATES
 from maintenance.settings import ConfigError, load_settings
 
 
@@ -166,25 +168,63 @@ def test_auto_sweeps_a_shuffled_mostly_expired_table(db, conn, now, events):
     assert result.num_deleted == 2100
 
 
-@pytest.mark.parametrize(("expired_share", "shuffled"), [(0.3, False), (0.01, True)], ids=["ordered", "mostly-fresh"])
-def test_auto_walks_the_index_on_an_ordered_or_mostly_fresh_table(db, conn, now, events, expired_share, shuffled):
-    """Auto: rows in expiry order (30 % expired), or few rows expired (1 %, shuffled), take the index walk."""
-    load_fences(conn, now, 3000, expired_share, shuffled=shuffled)
+def test_auto_walks_the_index_on_a_table_in_expiry_order(db, conn, now, events):
+    """Auto: rows in expiry order, 30 % expired (past the count that skips the sample): sampled, it walks the index."""
+    load_fences(conn, now, 3000, 0.3, shuffled=False)
     result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
     assert (chosen["strategy"], result.used_sweep) == ("index", 0)
     assert chosen["reason"].startswith("index estimated cheaper")
-    assert chosen["expired_fraction"] == expired_share
-    assert result.num_deleted == round(3000 * expired_share)
+    assert (chosen["expired_fraction"], chosen["expired_rows"]) == (0.3, None)
+    assert result.num_deleted == 900
+
+
+def test_auto_walks_the_index_without_a_sample_when_few_fences_have_expired(db, conn, now, events, monkeypatch):
+    """Auto, 1 % expired in random order (the steady state): the expired fences, counted along the index, are fewer
+    than the sweep could ever win with; it walks the index and reads no sample (no TABLESAMPLE statement is sent)."""
+    load_fences(conn, now, 3000, 0.01, shuffled=True)
+    sent: list[str] = []
+    real = paths.fetch_limited
+    monkeypatch.setattr(
+        paths, "fetch_limited", lambda c, t, query, *a, **k: sent.append(query) or real(c, t, query, *a, **k)
+    )
+    result = purger(db, purge_strategy="auto").run_once(now)
+    (chosen,) = events.named("maintenance.purge.strategy_chosen")
+    assert (chosen["strategy"], result.used_sweep, result.num_deleted) == ("index", 0, 30)
+    assert (chosen["expired_rows"], chosen["sampled_rows"], chosen["expired_fraction"], chosen["correlation"]) == (
+        30,
+        None,
+        None,
+        None,
+    )
+    assert chosen["reason"].startswith("few expired: 30 fences, fewer than the ")
+    assert SAMPLE_ESTIMATES not in sent and EXPIRED_UP_TO in sent
 
 
 def test_auto_walks_the_index_on_an_empty_table_never_analyzed(db, conn, now, events):
-    """Auto: never analyzed and empty, the sample has no correlation to give: it takes the index walk and deletes nothing."""
+    """Auto: never analyzed and empty, no fence has expired: it takes the index walk, samples nothing, deletes nothing."""
     result = purger(db, purge_strategy="auto").run_once(now)
     (chosen,) = events.named("maintenance.purge.strategy_chosen")
-    assert (chosen["strategy"], chosen["correlation"], result.num_deleted) == ("index", None, 0)
-    assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"]) == (None, None)
-    assert chosen["reason"].startswith("no correlation")
+    assert (chosen["strategy"], chosen["expired_rows"], result.num_deleted) == ("index", 0, 0)
+    assert (chosen["estimated_index_s"], chosen["estimated_sweep_s"], chosen["sampled_rows"]) == (None, None, None)
+    assert chosen["reason"].startswith("few expired: 0 fences")
+
+
+@pytest.mark.parametrize("rows_per_page", [86.0, 20.0])
+@pytest.mark.parametrize("table_blocks", [35, 23_000, 1_200_000])
+def test_the_count_that_skips_the_sample_is_the_fewest_expired_the_sweep_could_win_with(table_blocks, rows_per_page):
+    """sweep_floor is exact against choose's own estimate in the layout most in the sweep's favour (random order):
+    one expired row fewer, the index walk; at the floor, the sweep."""
+    floor = sweep_floor(Estimates(table_blocks=table_blocks, rows_per_page=rows_per_page))
+
+    def chosen(expired: int) -> str:
+        rows = table_blocks * rows_per_page
+        estimates = Estimates(
+            table_blocks=table_blocks, rows_per_page=rows_per_page, expired_fraction=expired / rows, correlation=0.0
+        )
+        return choose("auto", estimates)[0]
+
+    assert (chosen(floor - 1), chosen(floor)) == ("index", "sweep")
 
 
 @pytest.mark.parametrize(
