@@ -57,6 +57,7 @@ from core_jobs_demo import with_database
 from harness.consumer.retry import RetryPolicy, max_retry_window
 from harness.pg import connect
 from maintenance.jobs.base import JobEnv
+from maintenance.jobs.purge import paths
 from maintenance.jobs.purge.job import Purger
 from maintenance.jobs.purge.settings import PurgeFields
 from maintenance.runtime import migrate
@@ -290,6 +291,20 @@ def purge_action(batch_size: int, target: timedelta, strategy: str, chosen: list
     return action
 
 
+def always_sampled(action):
+    """``action`` with auto's first look disabled (``sweep_floor`` 0: the count never skips the sample), as it was."""
+
+    def sampled(url: str) -> tuple[int, float]:
+        real = paths.sweep_floor
+        paths.sweep_floor = lambda _estimates: 0  # type: ignore[assignment]
+        try:
+            return action(url)
+        finally:
+            paths.sweep_floor = real
+
+    return sampled
+
+
 def guarded_delete_action(url: str) -> tuple[int, float]:
     """GUARDED_DELETE on PostgreSQL's clock read just before, in one transaction."""
     with connect(url) as conn:
@@ -355,6 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         help="also run the auto purge with batches of at most N rows, to compare with --batch-size",
     )
     parser.add_argument("--skip-other", action="store_true", help="leave out the purge forced onto the other strategy")
+    parser.add_argument(
+        "--compare-sampled",
+        action="store_true",
+        help="also the auto purge as before the expired count: always reading the sample to choose",
+    )
     args = parser.parse_args(argv)
     if not 0 < args.expired_percent < 100:
         parser.error("--expired-percent must be between 0 and 100")
@@ -381,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     chosen: list[dict] = []
     # label -> per round: (Run, writer samples); the purges' result fields by label, per round
     runs: dict[str, list[tuple[Run, list]]] = {}
-    fields: dict[str, list[dict]] = {"auto": [], "other": [], "auto@": []}
+    fields: dict[str, list[dict]] = {"auto": [], "other": [], "auto@": [], "sampled": []}
     try:
         _, load_s = build_template(
             server, template, args.rows, shuffled, args.expired_percent / 100, args.replay_history
@@ -396,6 +416,10 @@ def main(argv: list[str] | None = None) -> int:
             }
             if args.compare_batch_size:
                 actions["auto@"] = purge_action(args.compare_batch_size, target, "auto", [], fields["auto@"])
+            if args.compare_sampled:
+                actions["sampled"] = always_sampled(
+                    purge_action(args.batch_size, target, "auto", [], fields["sampled"])
+                )
             if not args.skip_other and other_strategy:
                 actions["other"] = purge_action(args.batch_size, target, other_strategy, [], fields["other"])
             labels = list(actions)
@@ -444,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         "guarded": "(b)  guarded single DELETE",
         "unguarded": "(b') unguarded single DELETE",
         "auto@": f'(a") purge, auto, batch <= {args.compare_batch_size:,}',
+        "sampled": "(a~) purge, auto, always sampled",
     }
     print(f"medians (min-max) over {args.rounds} rounds, interleaved:")
     for label, pairs in runs.items():
@@ -469,6 +494,12 @@ def main(argv: list[str] | None = None) -> int:
         + (
             f"; {names['auto@']} / guarded DELETE {spread(ratios('auto@', 'guarded'), '.2f')}"
             if "auto@" in runs
+            else ""
+        )
+        + (
+            f"; auto / auto always sampled {spread(ratios('auto', 'sampled'), '.2f')}"
+            f"; {names['sampled']} / guarded DELETE {spread(ratios('sampled', 'guarded'), '.2f')}"
+            if "sampled" in runs
             else ""
         )
     )
