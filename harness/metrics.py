@@ -58,7 +58,7 @@ registry unless given another — a registry takes the counters once) and passes
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -160,6 +160,7 @@ class HarnessMetrics:
                 " core-jobs-harness[metrics], or pass no metrics (counts nothing)"
             ) from exc
         self.registry = REGISTRY if registry is None else registry
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}  # (id(metric), label values): its child
         self._processed = Counter(
             "harness_jobs_processed", "Jobs whose work and fence committed.", ["consumer"], registry=self.registry
         )
@@ -228,6 +229,15 @@ class HarnessMetrics:
             registry=self.registry,
         )
 
+    def _child(self, metric: Any, *values: str) -> Any:
+        """``metric.labels(*values)``, looked up once: a job's counting asks for the same few children every time, and
+        prometheus_client's ``labels`` takes a lock and builds its key on each call (~3 % of a drain's Python a job)."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def watch(self, consumer: str, queue: str) -> None:
         for per_consumer in (
             self._processed,
@@ -245,22 +255,22 @@ class HarnessMetrics:
         self._oldest_age.labels(queue)
 
     def handling(self, consumer: str) -> None:
-        self._in_flight.labels(consumer).inc()
+        self._child(self._in_flight, consumer).inc()
 
     def handled(self, consumer: str, seconds: float) -> None:
-        self._in_flight.labels(consumer).dec()
-        self._duration.labels(consumer).observe(seconds)
+        self._child(self._in_flight, consumer).dec()
+        self._child(self._duration, consumer).observe(seconds)
 
     def leases_lost(self, consumer: str, n: int = 1) -> None:
-        self._leases_lost.labels(consumer).inc(n)
+        self._child(self._leases_lost, consumer).inc(n)
 
     def relayed(self, queue: str, published: int, refused: int, leases_lost: int) -> None:
         """One relay run's counts of ``queue`` (harness/queue/relay.py)."""
         for name, n in (("published", published), ("refused", refused), ("leases_lost", leases_lost)):
-            self._relay[name].labels(queue).inc(n)
+            self._child(self._relay[name], queue).inc(n)
 
     def relay_failed(self, queue: str) -> None:
-        self._relay["failures"].labels(queue).inc()
+        self._child(self._relay["failures"], queue).inc()
 
     def relay_connection_lost(self) -> None:
         """The relay's database connection was lost (harness/queue/relay.py: it reconnects)."""
@@ -268,23 +278,23 @@ class HarnessMetrics:
 
     def connection_lost(self, consumer: str) -> None:
         """Optional in a :class:`WorkerMetrics` (the worker calls it when there): a connection was lost."""
-        self._connections_lost.labels(consumer).inc()
+        self._child(self._connections_lost, consumer).inc()
 
     def queue_figures(self, queue: str, depth: int, oldest_ready_age_s: float) -> None:
-        self._depth.labels(queue).set(depth)
-        self._oldest_age.labels(queue).set(oldest_ready_age_s)
+        self._child(self._depth, queue).set(depth)
+        self._child(self._oldest_age, queue).set(oldest_ready_age_s)
 
     def processed(self, consumer: str) -> None:
-        self._processed.labels(consumer).inc()
+        self._child(self._processed, consumer).inc()
 
     def duplicate(self, consumer: str) -> None:
-        self._duplicates.labels(consumer).inc()
+        self._child(self._duplicates, consumer).inc()
 
     def retry(self, consumer: str) -> None:
-        self._retries.labels(consumer).inc()
+        self._child(self._retries, consumer).inc()
 
     def dead_lettered(self, consumer: str, reason: str) -> None:
-        self._dead_lettered.labels(consumer, reason).inc()
+        self._child(self._dead_lettered, consumer, reason).inc()
 
     def value(self, name: str, **labels: str) -> float:
         """The current value of one counter (``name`` without ``_total``), 0 when never incremented."""

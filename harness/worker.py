@@ -638,6 +638,8 @@ class Worker:
         """The delivery's ``<queue> process`` span, started, not current: every attempt is a child of the message's
         context (the job's publish, or the replayed letter's)."""
         envelope = delivery.envelope
+        if not tracing.records(envelope.traceparent):
+            return tracing.NO_SPAN
         attributes = _attributes(delivery, self.consumer.name, queue)
         return tracing.open_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes)
 
