@@ -65,7 +65,7 @@ from psycopg.types.json import Jsonb
 
 from harness.dead_letters import DeadLetter, write_dead_letter
 from harness.pg import SchemaNotMigrated
-from harness.pipelined import Statement, transaction_in_one_round_trip
+from harness.pipelined import Statement
 from harness.queue.port import (
     Delivery,
     Envelope,
@@ -126,6 +126,7 @@ SELECT m.queue, m.job_id, m.tenant_id, m.correlation_id, m.payload, m.replay_of,
 # alone after the rest (harness/worker.py), so a job that kills its worker takes only itself.
 # The payload comes back as text and is decoded per delivery, after the claim committed: one the
 # worker cannot decode is that delivery's poison, never an error that rolls the claim back.
+# The claim, the ack and the release commit asynchronously (_ASYNC_COMMIT: from inside the statement).
 CLAIM = """
 WITH candidates AS (
     SELECT id, lease_expires_at IS NOT NULL AS redelivered, run_at
@@ -133,6 +134,7 @@ WITH candidates AS (
      WHERE queue = %(queue)s
        AND run_at <= now()
        AND (lease_expires_at IS NULL OR lease_expires_at <= now())
+       AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'
      ORDER BY run_at, id
      LIMIT %(limit)s
        FOR UPDATE SKIP LOCKED
@@ -156,6 +158,11 @@ RETURNING m.id, m.lease_token, m.job_id, m.tenant_id, m.correlation_id, m.payloa
 
 # Transaction-local: this transaction's commit does not wait for its WAL to reach the disk.
 ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
+# The same from inside a statement: an uncorrelated subquery, run once (an InitPlan) before the first row that
+# passes the conditions before it is locked or written, so every row the statement writes was written after it.
+# On an idle connection the statement is then its own transaction, committing asynchronously, in one round trip:
+# no BEGIN, SET and COMMIT around it (those cost a claim or an ack ~70 us of the worker's CPU, docs/performance.md).
+_ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 
 # The fencing condition shared by every settling write: this lease, still alive.
 _HELD = "m.id = h.id AND m.lease_token = h.token AND m.lease_expires_at > now()"
@@ -164,6 +171,7 @@ ACK = f"""
 DELETE FROM core.queue_messages AS m
  USING unnest(%(ids)s::bigint[], %(tokens)s::bigint[]) AS h(id, token)
  WHERE {_HELD}
+   AND {_ASYNC_COMMIT}
 """
 
 RETRY = f"""
@@ -194,6 +202,7 @@ UPDATE core.queue_messages AS m
        leased_by = CASE WHEN h.redelivered THEN m.leased_by END
   FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[], %(redelivered)s::boolean[]) AS h(id, token, redelivered)
  WHERE {_HELD}
+   AND {_ASYNC_COMMIT}
 """
 
 
@@ -439,14 +448,13 @@ class PgQueue:
         return self._cheap((statement, {"ids": ids, "tokens": tokens, **params})).rowcount
 
     def _cheap(self, statement: Statement) -> psycopg.Cursor[Any]:
-        """``statement`` in a transaction of its own that commits asynchronously (:data:`ASYNC_COMMIT`): BEGIN, both
-        and COMMIT in one round trip on an idle connection (a claim or ack the server commits after its worker died
-        is one lost to a crash just after: a redelivery, which the fence absorbs); inside the caller's transaction,
-        a savepoint of it."""
+        """``statement`` (CLAIM, ACK, RELEASE: each sets its transaction's commit asynchronous, :data:`_ASYNC_COMMIT`)
+        as a transaction of its own on an idle connection in autocommit — one round trip (a claim or ack the server
+        commits after its worker died is one lost to a crash just after: a redelivery, which the fence absorbs);
+        inside the caller's transaction, a savepoint of it."""
         if self.conn.info.transaction_status == TransactionStatus.IDLE and self.conn.autocommit:
-            return transaction_in_one_round_trip(self.conn, (ASYNC_COMMIT, None), statement)[1]
+            return self.conn.execute(*statement)
         with self.conn.transaction():
-            self.conn.execute(ASYNC_COMMIT)
             return self.conn.execute(*statement)
 
 

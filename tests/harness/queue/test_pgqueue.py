@@ -397,6 +397,44 @@ def test_release_gives_messages_back_at_once_without_using_an_attempt(conn):
     assert again.attempt == 1
 
 
+# A deferred constraint trigger runs at COMMIT, so it sees the synchronous_commit that commit uses.
+NOTE_QUEUE_COMMITS = """
+CREATE TABLE public.queue_commits (id bigserial PRIMARY KEY, operation text NOT NULL, setting text NOT NULL);
+CREATE FUNCTION public.note_queue_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO public.queue_commits (operation, setting) VALUES (TG_OP, current_setting('synchronous_commit'));
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER note_queue_commit AFTER UPDATE OR DELETE ON core.queue_messages
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.note_queue_commit();
+"""
+
+
+def test_claim_ack_and_release_each_commit_asynchronously_in_one_statement(database_url, conn):
+    """On an idle connection a claim, an ack and a release are each one statement, one round trip, in a transaction of
+    its own that commits without waiting for the WAL flush (a claim or ack lost to a crash is a redelivery, which the
+    fence absorbs); the session's own setting is left as it was."""
+    from support.round_trips import protocol_trace
+
+    for member in ("a", "b"):
+        publish(conn, {"member_id": member, "points": 1})
+    conn.execute(NOTE_QUEUE_COMMITS)
+    with psycopg.connect(database_url, autocommit=True) as worker:
+        queue = PgQueue(worker)
+        with protocol_trace(worker) as claimed_trace:
+            first, second = queue.claim(QUEUE, 10)
+        with protocol_trace(worker) as acked_trace:
+            assert queue.ack([first]) == 1
+        with protocol_trace(worker) as released_trace:
+            assert queue.release([second]) == 1
+        assert scalar(worker, "SHOW synchronous_commit") == "on"
+    for trace in (claimed_trace, acked_trace, released_trace):
+        sent = [line.split("\t")[2].split(" ")[0] for line in trace if line.startswith("F\t")]
+        assert (sent.count("Execute"), sent.count("Sync"), "Query" in sent) == (1, 1, False), sent  # no BEGIN, COMMIT
+    noted = conn.execute("SELECT operation, setting FROM public.queue_commits ORDER BY id").fetchall()
+    assert noted == [("UPDATE", "off"), ("UPDATE", "off"), ("DELETE", "off"), ("UPDATE", "off")]
+
+
 def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_dead_letter(
     database_url, conn, metrics
 ):
