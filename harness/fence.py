@@ -175,7 +175,7 @@ def check_work_transaction(
     ends it early (``still_open`` false): writes after that escape the fence, so a retry could
     apply them twice.
     """
-    if conn.info.transaction_status == TransactionStatus.INERROR:
+    if conn.pgconn.transaction_status == TransactionStatus.INERROR:
         raise TransientError(TRANSACTION_ABORTED)
     if not still_open(conn):
         raise PermanentError(TRANSACTION_ENDED)

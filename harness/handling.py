@@ -289,15 +289,21 @@ def handle_together(
     _rolled_back_alone(todo, progress)  # stopping after a failed commit: not run again, retried by the caller
 
 
-# A shared batch transaction opens with these, in one round trip: its row in core.open_work_batches (migration
-# 0027: a COMMIT that finds it is refused), its mark and every job's fence.
-OPEN_BATCH = "INSERT INTO core.open_work_batches DEFAULT VALUES"
-# Transaction-local, so it reverts however the transaction ends; PostgreSQL reports the setting to the client as it
-# changes (ParameterStatus), so after each handler the worker sees, without a round trip, whether it is still in
-# the transaction it opened. It changes nothing in that transaction (only the default of transactions to come).
-MARK_BATCH = "SET LOCAL default_transaction_read_only = on"
+# A shared batch transaction opens with BEGIN and this one statement, in one round trip: its row in
+# core.open_work_batches (migration 0027: a COMMIT that finds it is refused), its mark and every job's fence.
+# The mark is transaction-local, so it reverts however the transaction ends; PostgreSQL reports the setting to the
+# client as it changes (ParameterStatus), so after each handler the worker sees, without a round trip, whether it is
+# still in the transaction it opened. It changes nothing in that transaction (only the default of transactions to
+# come). It is set in the batch row's RETURNING: a data-modifying CTE runs to its end whether or not it is read, so
+# the mark is set even for a chunk with no fence to write. One statement where there were three (OPEN_BATCH, MARK,
+# the fences): each statement costs the worker ~25 us of CPU in a pipeline (docs/performance.md).
 MARK = ("default_transaction_read_only", "on")
-BATCH_FENCES = """
+_MARK_NAME, _MARK_ON = (part.encode("ascii") for part in MARK)  # as libpq reports it, without decoding each time
+OPEN_BATCH_WITH_FENCES = """
+WITH batch AS (
+    INSERT INTO core.open_work_batches DEFAULT VALUES
+    RETURNING set_config('default_transaction_read_only', 'on', true)
+)
 INSERT INTO core.processed_jobs (job_id, consumer, tenant_id, expires_at)
 SELECT j.job_id, %(consumer)s, j.tenant_id, now() + %(ttl)s
   FROM unnest(%(job_ids)s::uuid[], %(tenant_ids)s::uuid[]) AS j(job_id, tenant_id)
@@ -420,9 +426,7 @@ class _SharedBatch:
         }
         with conn.pipeline():
             conn.execute("BEGIN")
-            conn.execute(OPEN_BATCH)
-            conn.execute(MARK_BATCH)
-            fences = conn.execute(BATCH_FENCES, params)
+            fences = conn.execute(OPEN_BATCH_WITH_FENCES, params)
         inserted = {row[0] for row in fences.fetchall()}
         new: dict[UUID, Delivery] = {}
         for delivery in admitted:
@@ -488,12 +492,12 @@ class _SharedBatch:
 
 
 def _in_batch_transaction(conn: psycopg.Connection) -> bool:
-    """Whether ``conn`` is still in the shared transaction the worker opened (its mark, :data:`MARK_BATCH`): not if
+    """Whether ``conn`` is still in the shared transaction the worker opened (its mark, :data:`MARK`, set by :data:`OPEN_BATCH_WITH_FENCES`): not if
     the handler's COMMIT was refused (migration 0027) or it rolled back, and perhaps began a transaction of its own."""
-    status = conn.info.transaction_status
+    status = conn.pgconn.transaction_status  # libpq's own, read per handler: not through ConnectionInfo's wrappers
     if status == TransactionStatus.INERROR:  # aborted: nothing of it can commit (an abort reports the mark reverted)
         return True
-    return status == TransactionStatus.INTRANS and conn.info.parameter_status(MARK[0]) == MARK[1]
+    return status == TransactionStatus.INTRANS and conn.pgconn.parameter_status(_MARK_NAME) == _MARK_ON
 
 
 def _rolled_back_alone(todo: deque[tuple[Delivery, bool]], progress: BatchProgress) -> None:

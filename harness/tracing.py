@@ -59,6 +59,7 @@ __all__ = [
     "context_of",
     "current_context",
     "open_delivery_span",
+    "provider_set",
     "records",
     "redact",
     "set_error",
@@ -99,16 +100,22 @@ def tracer() -> trace.Tracer:
     return trace.get_tracer(TRACER_NAME)
 
 
-def records(traceparent: str | None) -> bool:
+def provider_set() -> bool:
+    """Whether a tracer provider is set (an SDK): not the API's default proxy, nor its explicit no-op."""
+    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+
+
+def records(traceparent: str | None, *, provider: bool | None = None) -> bool:
     """Whether a delivery's span could carry anything: a tracer provider is set (an SDK), or the message has a context
     to pass on (the API's no-op tracer hands it through to the handler's logs and publishes).
 
     False is the common case without an SDK — the worker then uses :data:`NO_SPAN` and skips the span's making and
     attributes, ~12 % of a drain's Python a job (docs/performance.md): the same observable result, for nothing.
+    ``provider``: :func:`provider_set` as read once for a batch (it reads the environment when none is set).
     """
     if traceparent is not None:
         return True
-    return not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return provider_set() if provider is None else provider
 
 
 def current_context() -> TraceContext:

@@ -553,12 +553,13 @@ class Worker:
         """
         progress = BatchProgress()
         spans: dict[int, tracing.Span] = {}
+        provider = tracing.provider_set()  # read once for the batch
         since = replication.uncertain_commits(conn)  # a commit of this batch that comes back uncertain: no ack
 
         def each(delivery: Delivery) -> AbstractContextManager[None]:
             span = spans.get(id(delivery))
             if span is None:
-                span = spans[id(delivery)] = self._open_span(delivery, queue)
+                span = spans[id(delivery)] = self._open_span(delivery, queue, provider)
             return self._handling(span)
 
         done: list[Delivery] = []
@@ -634,11 +635,11 @@ class Worker:
         finally:
             span.end()
 
-    def _open_span(self, delivery: Delivery, queue: QueuePort) -> tracing.Span:
+    def _open_span(self, delivery: Delivery, queue: QueuePort, provider: bool | None = None) -> tracing.Span:
         """The delivery's ``<queue> process`` span, started, not current: every attempt is a child of the message's
         context (the job's publish, or the replayed letter's)."""
         envelope = delivery.envelope
-        if not tracing.records(envelope.traceparent):
+        if not tracing.records(envelope.traceparent, provider=provider):
             return tracing.NO_SPAN
         attributes = _attributes(delivery, self.consumer.name, queue)
         return tracing.open_delivery_span(delivery.queue, envelope.traceparent, envelope.tracestate, attributes)

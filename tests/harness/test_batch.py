@@ -199,3 +199,24 @@ def test_a_redelivered_job_in_a_batch_is_reported_acked_only_once_its_work_is_co
     acked = [d for d, outcome in progress.settled if isinstance(outcome, Acked)]
     assert [fences(conn, d.envelope.job_id) for d in acked] == [1] * len(acked)
     assert [points(conn, d.envelope.payload["member_id"]) for d in acked] == [1] * len(acked)
+
+
+@pytest.mark.parametrize("jobs", [0, 2])
+def test_opening_a_shared_transaction_sets_its_mark_whether_or_not_a_fence_is_written(database_url, jobs):
+    """The one statement that opens a batch writes its row and its fences and sets the mark the worker reads after
+    each handler (reported by the server, no round trip) — with no fence to write too (a chunk of poison only)."""
+    from datetime import timedelta
+
+    from harness.handling import MARK, OPEN_BATCH_WITH_FENCES
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        ids = [uuid.uuid4() for _ in range(jobs)]
+        params = {"consumer": "c", "ttl": timedelta(days=7), "job_ids": ids, "tenant_ids": [TENANT] * jobs}
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            fenced = conn.execute(OPEN_BATCH_WITH_FENCES, params)
+        assert sorted(row[0] for row in fenced.fetchall()) == sorted(ids)
+        assert conn.info.parameter_status(MARK[0]) == MARK[1]
+        assert conn.execute("SELECT count(*) FROM core.open_work_batches").fetchone() == (1,)
+        conn.execute("ROLLBACK")
+        assert conn.info.parameter_status(MARK[0]) == "off"
