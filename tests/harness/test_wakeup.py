@@ -87,12 +87,12 @@ def listening(conn) -> bool:
 
 
 def claimed(conn) -> bool:
-    """The worker's thread ran its claim (a transaction: its last statement a COMMIT) and sits idle after it."""
+    """The worker's thread ran its claim (one statement, its own transaction) and sits idle after it."""
     return bool(
         scalar(
             conn,
             "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'core-jobs-worker'"
-            " AND datname = current_database() AND state = 'idle' AND query = 'COMMIT'",
+            " AND datname = current_database() AND state = 'idle' AND query LIKE '%%FOR UPDATE SKIP LOCKED%%'",
         )
     )
 
