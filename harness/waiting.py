@@ -10,6 +10,11 @@ So the waits of a process's main thread — a worker or worker group joining its
 runs, ``core-jobs serve`` until stopped — go through :func:`wait` and :func:`join`, which in the main thread
 wait in slices of :data:`SLICE_S`: a signal is handled within one slice. In any other thread they are the plain
 waits (no handler can run there anyway).
+
+In the main thread :func:`wait` never takes the event's lock: it sleeps and reads ``is_set()``, which takes none.
+The handler's ``stop.set()`` takes that lock, and runs in the main thread between two bytecodes — had the main
+thread been inside ``Event.wait`` holding it (a few microseconds at each slice's start and end), the handler would
+wait for itself forever. The price: a ``set()`` from another thread is seen within a slice, not at once.
 """
 
 from __future__ import annotations
@@ -29,12 +34,12 @@ def wait(event: threading.Event, timeout: float | None = None) -> bool:
     if threading.current_thread() is not threading.main_thread():
         return event.wait(timeout)
     deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
+    while not event.is_set():
         slice_s = SLICE_S if deadline is None else min(SLICE_S, deadline - time.monotonic())
         if slice_s <= 0:
-            return event.is_set()
-        if event.wait(slice_s):
-            return True
+            return False
+        time.sleep(slice_s)
+    return True
 
 
 def join(threads: Iterable[threading.Thread]) -> None:

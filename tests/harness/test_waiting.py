@@ -83,3 +83,22 @@ def test_outside_the_main_thread_a_wait_is_the_plain_one():
     stop.set()
     waiter.join(5)
     assert answers == [True]
+
+
+class LockedEvent(threading.Event):
+    """An event whose waiting (which takes its lock) is refused in the main thread."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert threading.current_thread() is not threading.main_thread(), "the main thread took the event's lock"
+        return super().wait(timeout)
+
+
+def test_the_main_thread_never_takes_the_events_lock_so_a_handlers_set_cannot_wait_for_it():
+    """A handler's ``set()`` runs in the main thread and takes the event's lock: had the main thread been inside
+    ``Event.wait`` holding it, the handler would wait for itself. In the main thread the wait only reads ``is_set``."""
+    stop = LockedEvent()
+    with sigterm_sets(stop):
+        deliverer = sigterm_to_another_thread()
+        assert waiting.wait(stop, 10) is True
+    deliverer.join()
+    assert waiting.wait(LockedEvent(), 0.15) is False
