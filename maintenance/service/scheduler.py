@@ -147,10 +147,13 @@ def serve(
         settings, db, build_jobs(settings, job_env(settings, db, stop=stop)), telemetry=telemetry, after_run=after_run
     )
     server = make_server(settings.http_host, settings.http_port, health=jobs.health, registry=jobs.telemetry.registry)
-    received: list[str] = []
     serving = False
+
+    def stopping(signal_name: str) -> None:  # from on_signals' own thread, as the signal comes
+        log.info("maintenance.serve.stopping", signal=signal_name)
+
     # The handlers stay until the runs in hand have finished: a second SIGTERM must not kill them.
-    with on_signals(stop, on_signal=received.append):
+    with on_signals(stop, on_signal=stopping):
         try:
             jobs.start()
             serve_in_background(server)
@@ -158,7 +161,6 @@ def serve(
             host, port = server.server_address[:2]
             log.info("maintenance.serve.started", host=host, port=port, schedules=jobs.schedules)
             waiting.wait(stop)  # in slices: a signal another thread caught is handled (harness/waiting.py)
-            log.info("maintenance.serve.stopping", signal=received[0] if received else None)
         finally:
             stop.set()  # batch loops (the purge) end after the batch in hand
             jobs.stop()  # the runs in hand finish first

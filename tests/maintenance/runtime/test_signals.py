@@ -105,3 +105,46 @@ def test_importing_the_runtime_creates_no_process_wide_state():
     import maintenance.service.telemetry as telemetry
 
     assert not hasattr(telemetry, "default") and not hasattr(telemetry, "_DEFAULT")
+
+
+def test_a_signal_caught_while_the_main_thread_holds_the_logs_lock_is_still_reported():
+    """The handler runs in the main thread between two bytecodes — perhaps while that thread holds a lock the log
+    line's writer needs (structlog's write lock is not reentrant). The line is written by a thread of the block,
+    which waits for the lock; the handler itself only sets the event: no deadlock, the line comes once released."""
+    writer_lock, reported = threading.Lock(), []
+
+    def log_line(name: str) -> None:  # as a log line's write would: take the writer's lock
+        got = writer_lock.acquire(timeout=5)
+        reported.append((name, got))
+        if got:
+            writer_lock.release()
+
+    stop = threading.Event()
+    with on_signals(stop, on_signal=log_line), writer_lock:  # the main thread is writing a log line, then the signal
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.is_set()
+    assert reported == [("SIGTERM", True)]
+
+
+def test_a_signal_another_thread_caught_sets_the_event_while_the_main_thread_is_blocked():
+    """The kernel may hand the signal to any thread, and Python runs the handler only in the main thread once it runs
+    bytecode again: the block's own thread, woken by the signal itself, sets the event (and reports the signal) while
+    the main thread still sits in a plain lock wait, which a signal caught elsewhere does not interrupt."""
+    import time
+
+    stop, reported, blocked, seen = threading.Event(), [], threading.Lock(), []
+
+    def deliver() -> None:
+        time.sleep(0.2)  # the main thread in its lock wait by then
+        sent = time.monotonic()
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # caught here, not in the main thread
+        seen.append(time.monotonic() - sent if stop.wait(10) else None)
+        blocked.release()  # now let the main thread go
+
+    with on_signals(stop, on_signal=reported.append):
+        blocked.acquire()
+        threading.Timer(3, lambda: blocked.locked() and not seen and blocked.release()).start()  # a test that fails
+        threading.Thread(target=deliver).start()
+        assert blocked.acquire(timeout=15)
+    assert seen and seen[0] is not None and seen[0] < 1.0, seen
+    assert reported == ["SIGTERM"]
