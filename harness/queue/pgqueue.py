@@ -164,6 +164,10 @@ ASYNC_COMMIT = "SELECT set_config('synchronous_commit', 'off', true)"
 # no BEGIN, SET and COMMIT around it (those cost a claim or an ack ~70 us of the worker's CPU, docs/performance.md).
 _ASYNC_COMMIT = "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
 
+# Inside a caller's transaction: its setting before the statement, and put back after it (PgQueue._cheap).
+CURRENT_COMMIT = "SELECT current_setting('synchronous_commit')"
+RESTORE_COMMIT = "SELECT set_config('synchronous_commit', %(setting)s, true)"
+
 # The fencing condition shared by every settling write: this lease, still alive.
 _HELD = "m.id = h.id AND m.lease_token = h.token AND m.lease_expires_at > now()"
 
@@ -450,12 +454,18 @@ class PgQueue:
     def _cheap(self, statement: Statement) -> psycopg.Cursor[Any]:
         """``statement`` (CLAIM, ACK, RELEASE: each sets its transaction's commit asynchronous, :data:`_ASYNC_COMMIT`)
         as a transaction of its own on an idle connection in autocommit — one round trip (a claim or ack the server
-        commits after its worker died is one lost to a crash just after: a redelivery, which the fence absorbs);
-        inside the caller's transaction, a savepoint of it."""
+        commits after its worker died is one lost to a crash just after: a redelivery, which the fence absorbs).
+
+        Inside the caller's transaction, a savepoint of it, and the transaction's setting put back after it: the
+        caller's own writes commit as the caller's transaction does, never asynchronously because of this one.
+        """
         if self.conn.info.transaction_status == TransactionStatus.IDLE and self.conn.autocommit:
             return self.conn.execute(*statement)
         with self.conn.transaction():
-            return self.conn.execute(*statement)
+            (setting,) = self.conn.execute(CURRENT_COMMIT).fetchone()  # type: ignore[misc]
+            cursor = self.conn.execute(*statement)
+            self.conn.execute(RESTORE_COMMIT, {"setting": setting})
+            return cursor
 
 
 def _stored(payload: Any) -> Jsonb:

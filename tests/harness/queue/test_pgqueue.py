@@ -435,6 +435,25 @@ def test_claim_ack_and_release_each_commit_asynchronously_in_one_statement(datab
     assert noted == [("UPDATE", "off"), ("UPDATE", "off"), ("DELETE", "off"), ("UPDATE", "off")]
 
 
+def test_a_claim_ack_or_release_inside_the_callers_transaction_leaves_its_commit_synchronous(database_url, conn):
+    """Called inside a transaction of the caller's, the statement runs in a savepoint of it and the caller's commit
+    keeps the caller's synchronous_commit: the caller's own writes in it are never committed asynchronously."""
+    for member in ("a", "b", "c"):
+        publish(conn, {"member_id": member, "points": 1})
+    conn.execute(NOTE_QUEUE_COMMITS)
+    with psycopg.connect(database_url) as caller:  # not autocommit: each block below is the caller's transaction
+        queue = PgQueue(caller)
+        first, second, _third = queue.claim(QUEUE, 10)
+        caller.commit()
+        assert queue.ack([first]) == 1
+        caller.commit()
+        assert queue.release([second]) == 1
+        assert scalar(caller, "SHOW synchronous_commit") == "on"
+        caller.commit()
+    noted = conn.execute("SELECT operation, array_agg(DISTINCT setting) FROM public.queue_commits GROUP BY 1")
+    assert dict(noted.fetchall()) == {"UPDATE": ["on"], "DELETE": ["on"]}
+
+
 def test_transient_failures_retry_five_times_at_growing_jittered_intervals_then_dead_letter(
     database_url, conn, metrics
 ):
