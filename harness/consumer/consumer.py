@@ -31,8 +31,9 @@ operator (``RECONCILIATION_REQUIRED``) by effect class (harness/durable/executor
 docs/durable-actions.md). ``business_scope`` names the business area whose operators may resolve
 its executions (R-5). A consumer with no actions works exactly as before.
 
-Shared work transactions: the worker commits a batch's deliveries of a plain consumer together,
-each under its own savepoint (harness/handling.py, :func:`~harness.handling.handle_together`).
+Shared work transactions: the worker commits a batch's deliveries of a plain consumer together, in
+one transaction (harness/handling.py, :func:`~harness.handling.handle_together`; a failing job rolls it back
+and is settled alone, its batch-mates run again).
 A handler that must not share its transaction with other jobs' — it takes a transaction-wide
 lock (``pg_advisory_xact_lock``, ``LOCK TABLE``) that would then be held for the whole batch,
 sets ``SET LOCAL`` settings, or must be visible to others the moment it commits — says
