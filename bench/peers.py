@@ -9,8 +9,10 @@ be used:
 
 - **core-jobs**: ``harness.worker.Worker`` on the reference queue (``PgQueue``), batch 10 and
   100. Exactly once: the INSERT and the job's fence commit in one transaction, shared by
-  the batch's jobs with a savepoint each (docs/harness.md, "Batched work transactions"); and the
-  same consumer with ``shares_transactions=False`` (``--per-job``) — one transaction per job.
+  the batch's jobs (docs/harness.md, "Batched work transactions"); the same consumer with
+  ``shares_transactions=False`` (``--per-job``) — one transaction per job; and with a **batch handler**
+  (``--batch-handler``): the same effects, a shared transaction's jobs in one ``INSERT`` (docs/harness.md,
+  "Batch handlers") — the shape of the database's limit below, which is one statement a batch.
 - **pgqueuer** 1.6 as its users run it: its recommended asyncpg driver (``QueueManager`` over
   ``Queries.from_asyncpg_connection``, ``mode=drain``) and an asyncpg pool of 10 per process for
   the jobs' work, batch 10 and 100. At least once: the INSERT commits on a pool connection, then
@@ -96,6 +98,15 @@ def _effect(conn: psycopg.Connection, payload: Numbered, ctx: JobContext) -> Non
 
 
 CORE_JOBS = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect)
+
+
+def _effects(conn: psycopg.Connection, payloads: list[Numbered], contexts: list[JobContext]) -> None:
+    conn.execute(EFFECTS_MANY, ([p.n for p in payloads],))
+
+
+EFFECTS_MANY = "INSERT INTO bench_effects (n) SELECT unnest(%s::bigint[])"
+# The same consumer with a batch handler: a shared transaction's effects in one INSERT.
+BATCHED = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect, batch_handler=_effects)
 # The same consumer opting out of shared transactions: one commit per job, as before batched work transactions.
 ALONE = Consumer(name=QUEUE, queue=QUEUE, payload_schema=Numbered, handler=_effect, shares_transactions=False)
 
@@ -334,6 +345,9 @@ def main() -> None:
     parser.add_argument("--skip-enqueue", action="store_true", help="only the drain rates")
     parser.add_argument("--procrastinate", action="store_true", help="procrastinate's drain too")
     parser.add_argument("--per-job", action="store_true", help="core-jobs with a transaction per job too")
+    parser.add_argument(
+        "--batch-handler", action="store_true", help="core-jobs with a batch handler too (one INSERT a transaction)"
+    )
     args = parser.parse_args()
     configure_logging(level="ERROR")
     server = os.environ.get("HARNESS_BENCH_DATABASE_URL", DEFAULT_SERVER)
@@ -395,6 +409,9 @@ def main() -> None:
             if args.per_job:
                 configs["core-jobs, batch 10, a transaction per job"] = core(10, ALONE)
                 configs["core-jobs, batch 100, a transaction per job"] = core(100, ALONE)
+            if args.batch_handler:
+                configs["core-jobs, batch 10, batch handler"] = core(10, BATCHED)
+                configs["core-jobs, batch 100, batch handler"] = core(100, BATCHED)
             print(f"load average before: {_loadavg()}", flush=True)
             rates: dict[str, list[float]] = {label: [] for label in configs}
             for _ in range(args.rounds):
@@ -412,6 +429,11 @@ def main() -> None:
                 ours = medians[f"core-jobs, batch {batch}"]
                 for peer in ("pgqueuer", "pgqueuer doing nothing", "database limit"):
                     print(f"  core-jobs / {peer}, batch {batch}: {ours / medians[f'{peer}, batch {batch}']:.2f}x")
+                if args.batch_handler:
+                    batched = medians[f"core-jobs, batch {batch}, batch handler"]
+                    for peer in ("pgqueuer doing nothing", "database limit"):
+                        ratio = batched / medians[f"{peer}, batch {batch}"]
+                        print(f"  core-jobs with a batch handler / {peer}, batch {batch}: {ratio:.2f}x")
             print(f"load average after: {_loadavg()}", flush=True)
             if args.skip_enqueue:
                 return

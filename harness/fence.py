@@ -44,6 +44,7 @@ __all__ = [
     "INSERT_FENCE",
     "Runtime",
     "check_work_transaction",
+    "run_batch_handler",
     "run_handler",
     "work_under_fence",
 ]
@@ -159,6 +160,24 @@ def run_handler(
     try:
         consumer.handler(conn, payload, context)
     except psycopg.Rollback as exc:  # it would end the block quietly: nothing committed, yet acked
+        raise TransientError(HANDLER_ROLLED_BACK) from exc
+    check_work_transaction(conn, still_open=still_open)
+
+
+def run_batch_handler(
+    conn: psycopg.Connection,
+    consumer: Consumer[Any],
+    payloads: list[Any],
+    contexts: list[JobContext],
+    *,
+    still_open: Callable[[psycopg.Connection], bool],
+) -> None:
+    """The consumer's ``batch_handler`` on a shared transaction holding every one of these jobs' fences, then that
+    transaction checked, as :func:`run_handler` does for one job (harness/handling.py calls it)."""
+    assert consumer.batch_handler is not None
+    try:
+        consumer.batch_handler(conn, payloads, contexts)
+    except psycopg.Rollback as exc:
         raise TransientError(HANDLER_ROLLED_BACK) from exc
     check_work_transaction(conn, still_open=still_open)
 

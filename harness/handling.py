@@ -14,13 +14,14 @@ from __future__ import annotations
 import random as _random
 from collections import deque
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager, nullcontext, suppress
+from contextlib import AbstractContextManager, ExitStack, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, overload
 from uuid import UUID
 
 import psycopg
+import structlog
 from psycopg.pq import TransactionStatus
 from pydantic import ValidationError
 
@@ -36,7 +37,15 @@ from harness.errors import (
     describe_traceback,
     validation_problems,
 )
-from harness.fence import DEFAULT_LEASE, INSERT_FENCE, TRANSACTION_ENDED, Runtime, run_handler, work_under_fence
+from harness.fence import (
+    DEFAULT_LEASE,
+    INSERT_FENCE,
+    TRANSACTION_ENDED,
+    Runtime,
+    run_batch_handler,
+    run_handler,
+    work_under_fence,
+)
 from harness.metrics import NO_METRICS, Metrics
 from harness.pg import server_now
 from harness.queue.port import Acked, DeadLettered, Delivery, Duplicate, Outcome, RetryAfter, UndecodablePayload
@@ -57,6 +66,8 @@ __all__ = [
 # cache of them overflows and every other session's snapshot must look them up in pg_subtrans until it ends).
 # A claimed batch of 100 commits as two transactions.
 JOBS_PER_TRANSACTION = 50
+
+log = structlog.get_logger()
 
 # The probe of a redelivered delivery (step 0): its failure is already a pending dead letter of this
 # consumer (migration 0018's unique index answers it) and, for a replay, the replay was already handled.
@@ -239,13 +250,16 @@ class BatchProgress:
     (at a statement, at its COMMIT, with its connection) and that were not run again alone — the
     worker stopping, or the connection lost: the caller retries each with its attempt counted
     (never a release, which counts nothing: whichever job made the transaction fail would share
-    the next one again, forever). Deliveries in none of the three were not started: the caller
-    gives them back.
+    the next one again, forever). ``kept``: deliveries that, like the one in hand when the worker
+    fails, keep their lease and counted attempt, so each comes back redelivered and runs alone — a
+    batch handler's call that lost the connection or was interrupted, where which job did it is
+    unknown. Deliveries in none of these were not started: the caller gives them back.
     """
 
     settled: list[tuple[Delivery, Outcome | Exception]] = field(default_factory=list)
     in_hand: Delivery | None = None
     rolled_back: list[Delivery] = field(default_factory=list)
+    kept: list[Delivery] = field(default_factory=list)
 
 
 def handle_together(
@@ -357,6 +371,7 @@ class _SharedBatch:
     ) -> None:
         self.conn, self.consumer, self.runtime, self.progress = conn, consumer, runtime, progress
         self.todo, self.each, self.stopping = todo, each, stopping
+        self.one_by_one: set[int] = set()  # deliveries whose batch_handler call failed: each runs with handler
 
     def run(self, chunk: list[tuple[Delivery, Admitted | None]]) -> None:
         conn, progress = self.conn, self.progress
@@ -368,6 +383,13 @@ class _SharedBatch:
             if conn.info.transaction_status != TransactionStatus.IDLE:
                 conn.rollback()
             self._again(chunk, alone=True)  # the batch could not open (a fence refused): each job on its own
+            return
+        if (
+            self.consumer.batch_handler is not None
+            and not any(id(d) in self.one_by_one for d, _a in chunk)
+            and not self.stopping()
+        ):
+            self._run_batched(chunk, new)
             return
         # The transaction's jobs so far: (delivery, whether it wrote the fence).
         shared: list[tuple[Delivery, bool]] = []
@@ -413,6 +435,82 @@ class _SharedBatch:
                 return
             shared.append((delivery, fenced))
         self._commit(shared)
+
+    def _run_batched(self, chunk: list[tuple[Delivery, Admitted | None]], new: dict[UUID, Delivery]) -> None:
+        """The chunk's new jobs through the consumer's ``batch_handler`` in one call, in the open transaction, then
+        committed (docs/harness.md, "Batch handlers"). If the call fails, the transaction is rolled back and each of
+        the chunk's jobs runs again with ``handler``, in the next shared transaction: the failing one is settled
+        alone, the others commit once. A lost connection: each is retried, counted (which one broke it is unknown);
+        the caller's stop (KeyboardInterrupt): nothing commits, the first new job keeps its lease, the rest go back."""
+        conn, progress, consumer = self.conn, self.progress, self.consumer
+        jobs: list[tuple[Delivery, Admitted]] = []
+        for delivery, admitted in chunk:
+            if admitted is None:  # poison: its dead letter, no SQL (it never enters the transaction)
+                progress.in_hand = delivery
+                with self.each(delivery):
+                    progress.settled.append((delivery, handle(conn, consumer, delivery, self.runtime)))
+            else:
+                jobs.append((delivery, admitted))
+        fresh = [(d, a) for d, a in jobs if new.get(d.envelope.job_id) is d]  # a job twice in a chunk: its first
+        progress.in_hand = None
+        failure: BaseException | None = None
+        try:
+            with ExitStack() as handling:  # each delivery's span and timing around the one call
+                for delivery, _a in jobs:
+                    handling.enter_context(self.each(delivery))
+                try:  # caught inside: a batch-mate's span is not marked failed by another job's error
+                    if fresh:
+                        payloads, contexts = [a[0] for _d, a in fresh], [a[1] for _d, a in fresh]
+                        run_batch_handler(conn, consumer, payloads, contexts, still_open=_in_batch_transaction)
+                    for delivery, _a in jobs:
+                        if delivery.envelope.replay_of is not None:
+                            mark_replay_handled(
+                                conn,
+                                delivery.envelope.replay_of,
+                                "processed" if new.get(delivery.envelope.job_id) is delivery else "duplicate",
+                                job_id=delivery.envelope.job_id,
+                                consumer=consumer.name,
+                            )
+                except BaseException as exc:
+                    failure = exc
+        except BaseException as exc:  # entering a delivery's span or timing failed: the call never ran
+            failure = exc
+        if failure is None:
+            self._commit([(d, new.get(d.envelope.job_id) is d) for d, _a in jobs])
+            return
+        # Which job lost the connection, or was running when the worker was interrupted, is unknown: each new job
+        # keeps its lease and counted attempt and comes back redelivered, to run alone (a per-job handler's job in
+        # hand does the same); the duplicates did nothing and go back.
+        if isinstance(failure, KeyboardInterrupt) or conn.closed or conn.broken:
+            if not (conn.closed or conn.broken):
+                with suppress(psycopg.Error):
+                    conn.rollback()
+            progress.kept.extend(d for d, _a in fresh)
+            raise failure
+        ended = not _in_batch_transaction(conn)  # the call ended the transaction: its later writes escaped the fences
+        try:
+            if conn.info.transaction_status != TransactionStatus.IDLE:
+                conn.rollback()
+        except psycopg.Error:
+            if conn.closed or conn.broken:
+                progress.kept.extend(d for d, _a in fresh)
+            raise
+        log.warning(
+            "harness.job.batch_handler_failed",
+            consumer=consumer.name,
+            num_jobs=len(jobs),
+            error=describe_error(failure),
+        )
+        again = jobs
+        if ended:  # run again, they would apply what escaped twice: each new job is dead-lettered, as alone
+            ended_error = PermanentError(TRANSACTION_ENDED)
+            for delivery, _a in fresh:
+                progress.settled.append(
+                    (delivery, failure_outcome(conn, consumer, delivery, ended_error, self.runtime))
+                )
+            again = [(d, a) for d, a in jobs if new.get(d.envelope.job_id) is not d]
+        self.one_by_one.update(id(d) for d, _a in again)
+        self._again([(d, None) for d, _a in again], alone=False)
 
     def _open(self, chunk: Sequence[tuple[Delivery, Admitted | None]]) -> dict[UUID, Delivery]:
         """BEGIN, the batch's row and mark, every job's fence: one round trip. The new fences, each by its delivery."""

@@ -591,8 +591,10 @@ class Worker:
                 span.end()
             ended = {id(delivery) for delivery, _outcome in progress.settled}
             ended |= {id(delivery) for delivery in progress.rolled_back}
-            kept = id(progress.in_hand) if failure is not None else None  # it keeps its lease and its attempt
-            unstarted = [d for d in batch if id(d) not in ended and id(d) != kept]
+            kept = {id(d) for d in progress.kept}  # each keeps its lease and its attempt: back redelivered, alone
+            if failure is not None and progress.in_hand is not None:  # it keeps its lease and its attempt
+                kept.add(id(progress.in_hand))
+            unstarted = [d for d in batch if id(d) not in ended and id(d) not in kept]
             self._end_batch(conn, queue, done, unstarted, progress.rolled_back, since=since)
         if failure is not None:
             raise failure

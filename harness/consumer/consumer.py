@@ -38,6 +38,15 @@ A handler that must not share its transaction with other jobs' — it takes a tr
 lock (``pg_advisory_xact_lock``, ``LOCK TABLE``) that would then be held for the whole batch,
 sets ``SET LOCAL`` settings, or must be visible to others the moment it commits — says
 ``shares_transactions=False`` and gets one transaction per job, as before.
+
+Batch handlers: a plain consumer whose work for many jobs is one statement (an ``INSERT … SELECT FROM
+unnest(…)``) may add ``batch_handler(conn, payloads, contexts)``, doing in one call what ``handler`` does for
+each job in turn. The worker calls it once per shared transaction with that transaction's new jobs (their fences
+written, duplicates left out), in order. If it raises, or leaves the transaction aborted, the transaction rolls
+back and each of its jobs runs again with ``handler`` — so a failing job is found and settled alone, as ever, and
+``handler`` stays required (a call that ended the transaction dead-letters its jobs, as a handler's would). A job
+run alone (redelivered, past its attempts) uses ``handler`` too.
+docs/harness.md, "Batch handlers".
 """
 
 from __future__ import annotations
@@ -96,6 +105,7 @@ class Consumer(Generic[Payload]):
     actions: tuple[Action, ...] = ()
     business_scope: str | None = None
     shares_transactions: bool = True
+    batch_handler: Callable[[psycopg.Connection, list[Payload], list[JobContext]], Any] | None = None
 
     def __post_init__(self) -> None:
         for attribute in ("name", "queue"):
@@ -124,6 +134,22 @@ class Consumer(Generic[Payload]):
             raise ConsumerError(
                 f"consumer {self.name}: shares_transactions must be True or False, got {self.shares_transactions!r}"
             )
+        if self.batch_handler is not None:
+            if not callable(self.batch_handler):
+                raise ConsumerError(f"consumer {self.name}: batch_handler must be callable, got {self.batch_handler!r}")
+            problem = uncallable_as(self.batch_handler, "batch_handler", ("conn", "payloads", "contexts"))
+            if problem is not None:
+                raise ConsumerError(f"consumer {self.name}: {problem}")
+            if self.actions:
+                raise ConsumerError(
+                    f"consumer {self.name}: a batch_handler is for a plain consumer; one with actions runs each job"
+                    " as a durable execution of its own"
+                )
+            if not self.shares_transactions:
+                raise ConsumerError(
+                    f"consumer {self.name}: a batch_handler runs its jobs in one shared transaction;"
+                    " shares_transactions=False asks for one transaction per job"
+                )
         if self.business_scope is not None and not valid_name(self.business_scope):
             raise ConsumerError(
                 f"consumer {self.name}: business_scope must be a name of letters, digits and . _ : -, "

@@ -109,10 +109,26 @@ DO UPDATE SET points = b.points + EXCLUDED.points, updated_at = now()
 """
 
 
+# A batch's credits in one statement: summed per member first (one statement cannot update a row twice).
+CREDIT_POINTS_MANY = """
+INSERT INTO example.loyalty_points AS b (tenant_id, member_id, points)
+SELECT c.tenant_id, c.member_id, sum(c.points)
+  FROM unnest(%(tenant_ids)s::uuid[], %(member_ids)s::text[], %(points)s::integer[]) AS c(tenant_id, member_id, points)
+ GROUP BY c.tenant_id, c.member_id
+ON CONFLICT (tenant_id, member_id)
+DO UPDATE SET points = b.points + EXCLUDED.points, updated_at = now()
+"""
+
+
 def make_consumer(
-    ledger: LoyaltyLedger | None = None, *, name: str = "points.credit", queue: str = "points.credit"
+    ledger: LoyaltyLedger | None = None,
+    *,
+    name: str = "points.credit",
+    queue: str = "points.credit",
+    batched: bool = False,
 ) -> Consumer[CreditPoints]:
-    """The points consumer, confirming with ``ledger`` (default: one that always confirms)."""
+    """The points consumer, confirming with ``ledger`` (default: one that always confirms); ``batched``: with a
+    batch handler too, crediting a shared transaction's jobs in one statement (docs/harness.md, "Batch handlers")."""
     provider = ledger or AlwaysConfirms()
 
     def credit(conn: psycopg.Connection, payload: CreditPoints, ctx: JobContext) -> None:
@@ -121,7 +137,25 @@ def make_consumer(
             CREDIT_POINTS, {"tenant_id": ctx.tenant_id, "member_id": payload.member_id, "points": payload.points}
         )
 
-    return Consumer(name=name, queue=queue, payload_schema=CreditPoints, handler=credit)
+    def credit_many(conn: psycopg.Connection, payloads: list[CreditPoints], contexts: list[JobContext]) -> None:
+        for payload, ctx in zip(payloads, contexts, strict=True):
+            provider.confirm(payload, ctx)
+        conn.execute(
+            CREDIT_POINTS_MANY,
+            {
+                "tenant_ids": [ctx.tenant_id for ctx in contexts],
+                "member_ids": [payload.member_id for payload in payloads],
+                "points": [payload.points for payload in payloads],
+            },
+        )
+
+    return Consumer(
+        name=name,
+        queue=queue,
+        payload_schema=CreditPoints,
+        handler=credit,
+        batch_handler=credit_many if batched else None,
+    )
 
 
 consumer = make_consumer()

@@ -15,8 +15,9 @@ import random
 import signal
 import uuid
 
+import pytest
+from support import harness_consumers
 from support.factories import TENANT
-from support.harness_consumers import crashing
 from support.harness_support import expire_leases, make_due, run_worker, scalar
 from support.waiting import wait_until
 
@@ -32,7 +33,12 @@ def committed_effects(conn) -> int:
     return scalar(conn, "SELECT count(*) FROM crash_effects")
 
 
-def test_a_drain_killed_at_random_points_leaves_each_job_exactly_one_effect_or_one_dead_letter(database_url, conn):
+@pytest.mark.parametrize("name", ["crashing", "crashing_batched"], ids=["handler", "batch-handler"])
+def test_a_drain_killed_at_random_points_leaves_each_job_exactly_one_effect_or_one_dead_letter(
+    database_url, conn, name
+):
+    """Its consumer's handler per job, or its batch handler (a shared transaction's effects in one INSERT)."""
+    crashing = getattr(harness_consumers, name)
     seed = int(os.environ.get("CORE_JOBS_TEST_CRASH_SEED") or random.randrange(1 << 32))
     draw = random.Random(seed)
     conn.execute("CREATE TABLE crash_effects (job_id uuid NOT NULL)")  # no key: a second effect would show
@@ -52,13 +58,13 @@ def test_a_drain_killed_at_random_points_leaves_each_job_exactly_one_effect_or_o
         if _round == 0 or draw.random() < 0.5:
             env = {"CRASH_AT_CALL": str(draw.randint(1, 120)), "CRASH_PHASE": draw.choice(["before", "after"])}
             worker = WorkerProcess(
-                database_url, "--once", "--batch-size", batch, consumer="support.harness_consumers:crashing", env=env
+                database_url, "--once", "--batch-size", batch, consumer=f"support.harness_consumers:{name}", env=env
             )
             code = worker.process.wait(120)
         else:  # from outside, once some more effects have committed
             target = committed_effects(conn) + draw.randint(1, 150)
             worker = WorkerProcess(
-                database_url, "--once", "--batch-size", batch, consumer="support.harness_consumers:crashing"
+                database_url, "--once", "--batch-size", batch, consumer=f"support.harness_consumers:{name}"
             )
             wait_until(
                 lambda: worker.process.poll() is not None or committed_effects(conn) >= target,  # noqa: B023

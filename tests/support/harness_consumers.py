@@ -170,6 +170,32 @@ def _effect_then_perhaps_die(conn: psycopg.Connection, payload: CreditPoints, ct
 
 crashing = Consumer(name="crash", queue="crash.effects", payload_schema=CreditPoints, handler=_effect_then_perhaps_die)
 
+# The same with a batch handler: a shared transaction's effects in one INSERT; the jobs are counted as calls, so the
+# process dies on the call holding its CRASH_AT_CALL-th job, before or after that call's INSERT.
+CRASH_EFFECTS = "INSERT INTO crash_effects (job_id) SELECT unnest(%s::uuid[])"
+
+
+def _effects_then_perhaps_die(
+    conn: psycopg.Connection, payloads: list[CreditPoints], contexts: list[JobContext]
+) -> None:
+    first = _crash_calls[0] + 1
+    _crash_calls[0] += len(contexts)
+    dies = first <= int(os.environ.get("CRASH_AT_CALL") or 0) <= _crash_calls[0]
+    if dies and os.environ.get("CRASH_PHASE") == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    conn.execute(CRASH_EFFECTS, ([ctx.job_id for ctx in contexts],))
+    if dies:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+crashing_batched = Consumer(
+    name="crash",
+    queue="crash.effects",
+    payload_schema=CreditPoints,
+    handler=_effect_then_perhaps_die,
+    batch_handler=_effects_then_perhaps_die,
+)
+
 
 # The points consumer with two handlers that each try to end the shared transaction, after crediting: m-swallow's
 # COMMIT is refused (the batch is the worker's to commit), it swallows the refusal and begins a transaction of its

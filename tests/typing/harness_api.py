@@ -50,6 +50,16 @@ consumer = Consumer(name="credit", queue="members.credit", payload_schema=Credit
 assert_type(consumer, Consumer[Credit])
 assert_type(consumer.payload_schema, type[Credit])
 
+
+def credit_many(conn: psycopg.Connection[Any], payloads: list[Credit], contexts: list[JobContext]) -> None:
+    conn.execute("SELECT 1")
+
+
+batched = Consumer(
+    name="credit", queue="members.credit", payload_schema=Credit, handler=credit, batch_handler=credit_many
+)
+assert_type(batched, Consumer[Credit])
+
 policy = RetryPolicy(max_attempts=3, base_delay=timedelta(seconds=1))
 assert_type(policy.max_attempts, int)
 
