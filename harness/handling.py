@@ -463,14 +463,7 @@ class _SharedBatch:
                         payloads, contexts = [a[0] for _d, a in fresh], [a[1] for _d, a in fresh]
                         run_batch_handler(conn, consumer, payloads, contexts, still_open=_in_batch_transaction)
                     for delivery, _a in jobs:
-                        if delivery.envelope.replay_of is not None:
-                            mark_replay_handled(
-                                conn,
-                                delivery.envelope.replay_of,
-                                "processed" if new.get(delivery.envelope.job_id) is delivery else "duplicate",
-                                job_id=delivery.envelope.job_id,
-                                consumer=consumer.name,
-                            )
+                        self._mark_replay(delivery, fenced=new.get(delivery.envelope.job_id) is delivery)
                 except BaseException as exc:
                     failure = exc
         except BaseException as exc:  # entering a delivery's span or timing failed: the call never ran
@@ -532,6 +525,17 @@ class _SharedBatch:
                 new.setdefault(delivery.envelope.job_id, delivery)
         return new
 
+    def _mark_replay(self, delivery: Delivery, *, fenced: bool) -> None:
+        """A replay's delivery marks its replay handled in the open transaction: processed if its fence is new."""
+        if delivery.envelope.replay_of is not None:
+            mark_replay_handled(
+                self.conn,
+                delivery.envelope.replay_of,
+                "processed" if fenced else "duplicate",
+                job_id=delivery.envelope.job_id,
+                consumer=self.consumer.name,
+            )
+
     def _work(
         self, delivery: Delivery, payload: Any, context: JobContext, fenced: bool, shared: list[tuple[Delivery, bool]]
     ) -> BaseException | None:
@@ -541,14 +545,7 @@ class _SharedBatch:
         try:
             if fenced:
                 run_handler(conn, self.consumer, payload, context, still_open=_in_batch_transaction)
-            if delivery.envelope.replay_of is not None:
-                mark_replay_handled(
-                    conn,
-                    delivery.envelope.replay_of,
-                    "processed" if fenced else "duplicate",
-                    job_id=delivery.envelope.job_id,
-                    consumer=self.consumer.name,
-                )
+            self._mark_replay(delivery, fenced=fenced)
         except BaseException as exc:
             if isinstance(exc, KeyboardInterrupt) and not (conn.closed or conn.broken):
                 # The caller's stop: nothing of this transaction can commit (the job in hand has no savepoint to
